@@ -1,0 +1,33 @@
+"""rlm-magic: Recursive Language Models in Jupyter.
+
+``%load_ext rlm_magic`` puts awaitable ``llm_query``, ``llm_query_batch``, ``rlm_query``
+and ``rlm_query_batch`` into the notebook and registers ``%%rlm`` and ``%rlm``.
+Nothing heavy is imported here: litellm loads on the first model call.
+"""
+
+from __future__ import annotations
+
+from .engine import RLM
+from .errors import (BatchError, BudgetExceeded, ConfigError, LLMQueryError, RLMError)
+from .result import CodeRun, Iteration, RLMResult, RLMRunError
+from .usage import CallRecord, UsageLedger, UsageSummary, usage
+
+__version__ = "0.1.0"
+__all__ = [
+    "RLM", "RLMResult", "RLMRunError", "Iteration", "CodeRun",
+    "RLMError", "ConfigError", "LLMQueryError", "BatchError", "BudgetExceeded",
+    "UsageLedger", "UsageSummary", "CallRecord", "usage",
+    "load_ipython_extension", "unload_ipython_extension",
+]
+
+
+def load_ipython_extension(shell) -> None:
+    from . import extension
+
+    extension.load(shell)
+
+
+def unload_ipython_extension(shell) -> None:
+    from . import extension
+
+    extension.unload(shell)

@@ -1,0 +1,65 @@
+"""Running many calls concurrently under a shared limit, losing no result.
+
+Tasks are started as limiter slots free up, one per loop iteration, not all at once:
+litellm spends milliseconds of CPU building each request, and starting 64 in one
+loop iteration would stall timers, widgets and other tasks for that long.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Awaitable, Callable, Protocol, Sequence
+
+from .limiter import ConcurrencyLimiter
+
+
+class BatchObserver(Protocol):
+    def item_started(self, index: int) -> None: ...
+    def item_finished(self, index: int, result: Any) -> None: ...
+    def item_failed(self, index: int, error: BaseException) -> None: ...
+
+
+async def gather_limited(
+    calls: Sequence[Callable[[], Awaitable[Any]]],
+    limiter: ConcurrencyLimiter,
+    observer: BatchObserver | None = None,
+) -> tuple[list[Any], dict[int, Exception]]:
+    """Run every call, at most as many at once as ``limiter`` admits.
+
+    Returns ``(results, errors)``: ``results[i]`` is call i's value (None if it failed)
+    and ``errors`` maps failed indices to their exceptions. One failure never stops the
+    others. If the caller is cancelled, every started call is cancelled and awaited
+    before the cancellation propagates, so nothing is left running.
+    """
+    results: list[Any] = [None] * len(calls)
+    errors: dict[int, Exception] = {}
+    tasks: list[asyncio.Task] = []
+
+    async def run(index: int) -> None:
+        try:
+            if observer:
+                observer.item_started(index)
+            results[index] = await calls[index]()
+            if observer:
+                observer.item_finished(index, results[index])
+        except Exception as exc:  # noqa: BLE001 - kept per item, reported by the caller
+            errors[index] = exc
+            if observer:
+                observer.item_failed(index, exc)
+        finally:
+            limiter.release()
+
+    try:
+        for index in range(len(calls)):
+            await limiter.acquire()
+            tasks.append(asyncio.ensure_future(run(index)))
+            await asyncio.sleep(0)  # let the new task take its first step on its own
+        if tasks:
+            await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        # Wait for the cancelled calls to unwind, so no request outlives the batch.
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+    return results, errors

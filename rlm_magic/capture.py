@@ -1,0 +1,85 @@
+"""Per-run capture of stdout/stderr that works for concurrent runs.
+
+``contextlib.redirect_stdout`` swaps the process-wide ``sys.stdout``: two concurrent
+runs would mix their output and leak it into the cell. Instead ``sys.stdout`` is
+replaced, while any run is active, by a router that writes to the buffer named by a
+``ContextVar``. Tasks and the REPL's worker threads inherit the context of the run
+that started them, so each run's prints land in its own buffer; everything else goes
+to the stream that was there before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import sys
+import threading
+from contextvars import ContextVar
+
+_target: ContextVar[io.StringIO | None] = ContextVar("rlm_capture_target", default=None)
+_lock = threading.Lock()
+_active = 0
+_saved: tuple = ()
+
+
+class _StreamRouter(io.TextIOBase):
+    def __init__(self, fallback):
+        self._fallback = fallback
+
+    def _stream(self):
+        target = _target.get()
+        return self._fallback if target is None else target
+
+    def write(self, text):
+        return self._stream().write(text)
+
+    def writelines(self, lines):
+        for line in lines:
+            self.write(line)
+
+    def flush(self):
+        stream = self._stream()
+        if hasattr(stream, "flush"):
+            stream.flush()
+
+    def isatty(self):
+        return _target.get() is None and getattr(self._fallback, "isatty", lambda: False)()
+
+    def fileno(self):
+        return self._fallback.fileno()
+
+    @property
+    def encoding(self):
+        return getattr(self._fallback, "encoding", "utf-8")
+
+    def __getattr__(self, name):
+        return getattr(self._fallback, name)
+
+
+@contextlib.contextmanager
+def routing_installed():
+    """Keep the router in place while at least one run needs it."""
+    global _active, _saved
+    with _lock:
+        if _active == 0:
+            _saved = (sys.stdout, sys.stderr)
+            sys.stdout, sys.stderr = _StreamRouter(sys.stdout), _StreamRouter(sys.stderr)
+        _active += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _active -= 1
+            if _active == 0:
+                sys.stdout, sys.stderr = _saved
+                _saved = ()
+
+
+@contextlib.contextmanager
+def captured_into(buffer: io.StringIO):
+    """Within this context (and tasks/threads started from it) output goes to buffer."""
+    token = _target.set(buffer)
+    try:
+        yield buffer
+    finally:
+        _target.reset(token)

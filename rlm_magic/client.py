@@ -1,0 +1,247 @@
+"""The async LLM client: every model call in rlm-magic goes through ``LLMClient.complete``.
+
+It owns the things that must be shared by all calls of a session: the concurrency
+limit, timeouts, retries with backoff, the optional disk cache and the usage ledger.
+Only ``litellm.acompletion`` is used, on the caller's running loop: litellm caches its
+async HTTP clients per event loop, so running a call on a second loop would break them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .errors import LLMQueryError, describe_exception
+from .limiter import ConcurrencyLimiter
+from .redaction import Redactor
+from .usage import CallRecord, UsageLedger
+
+if TYPE_CHECKING:
+    from .cache import ResponseCache
+    from .config import RLMConfig
+
+Messages = list[dict[str, Any]]
+
+_litellm = None
+_litellm_lock: asyncio.Lock | None = None
+
+
+def _import_litellm():
+    global _litellm
+    if _litellm is None:
+        # Without this, importing litellm fetches its price map from the internet (and
+        # logs warnings when offline). The bundled map is current for our pinned range.
+        os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+        import litellm
+
+        litellm.suppress_debug_info = True  # no "Give Feedback / Get Help" banners in cells
+        _litellm = litellm
+    return _litellm
+
+
+async def load_litellm():
+    """Import litellm on first use, in a thread: the import takes seconds, and the
+    kernel's loop (progress bars, other cells' tasks) should keep running meanwhile."""
+    global _litellm_lock
+    if _litellm is not None:
+        return _litellm
+    if _litellm_lock is None:
+        _litellm_lock = asyncio.Lock()
+    async with _litellm_lock:
+        if _litellm is None:
+            await asyncio.to_thread(_import_litellm)
+    return _litellm
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A model's answer and what it cost."""
+
+    text: str
+    model: str
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float | None = None
+    retries: int = 0
+    elapsed_s: float = 0.0
+    cached: bool = False
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """429, 408/409, 5xx, timeouts and connection failures are worth another try;
+    authentication, bad requests and unknown models are not."""
+    if isinstance(exc, (asyncio.TimeoutError, TimeoutError, ConnectionError)):
+        return True
+    status = getattr(exc, "status_code", None)
+    if isinstance(status, int):
+        return status in (408, 409, 429) or status >= 500
+    return type(exc).__name__ in {"APIConnectionError", "Timeout", "APITimeoutError"}
+
+
+def _retry_after(exc: BaseException) -> float | None:
+    response = getattr(exc, "response", None)
+    headers = getattr(response, "headers", None)
+    try:
+        return float(headers.get("retry-after")) if headers else None
+    except (TypeError, ValueError):
+        return None
+
+
+class LLMClient:
+    """Sends chat requests, shares one concurrency limit and records usage."""
+
+    def __init__(self, config: "RLMConfig", ledger: UsageLedger | None = None):
+        self.config = config
+        self.ledger = ledger if ledger is not None else UsageLedger()
+        self.limiter = ConcurrencyLimiter(lambda: config.max_concurrency)
+        self._cache: ResponseCache | None = None
+
+    # -- cache ------------------------------------------------------------------------
+    @property
+    def cache(self) -> "ResponseCache | None":
+        if not self.config.cache:
+            return None
+        directory = self.config.cache_dir
+        if self._cache is None or self._cache.directory != directory:
+            from .cache import ResponseCache
+
+            self._cache = ResponseCache(directory)
+        return self._cache
+
+    # -- calls ------------------------------------------------------------------------
+    async def complete(
+        self,
+        messages: Messages,
+        *,
+        model: str | None = None,
+        max_tokens: int | None = None,
+        ledger: UsageLedger | None = None,
+        slot_held: bool = False,
+    ) -> Completion:
+        """One chat completion with retries. Raises ``LLMQueryError`` when it fails.
+
+        ``slot_held`` says the caller already holds a limiter slot for this call (the
+        batch runner acquires slots itself so it can start tasks as slots free up).
+        """
+        model = model or self.config.effective_sub_model
+        ledger = ledger if ledger is not None else self.ledger
+        if slot_held:
+            return await self._complete(messages, model, max_tokens, ledger)
+        async with self.limiter:
+            return await self._complete(messages, model, max_tokens, ledger)
+
+    async def _complete(self, messages, model, max_tokens, ledger) -> Completion:
+        config = self.config
+        params = {"max_tokens": max_tokens or config.max_tokens, **config.litellm_kwargs}
+        started = time.perf_counter()
+
+        cache, key = self.cache, None
+        if cache is not None:
+            from .cache import request_key
+
+            key = request_key({"model": model, "messages": messages,
+                               "api_base": config.api_base, **params})
+            hit = cache.get(key)
+            if hit is not None:
+                completion = Completion(hit["text"], model, hit["input_tokens"],
+                                        hit["output_tokens"], cost_usd=0.0, cached=True,
+                                        elapsed_s=time.perf_counter() - started)
+                ledger.record(CallRecord(model, completion.input_tokens,
+                                         completion.output_tokens, 0.0, cached=True,
+                                         elapsed_s=completion.elapsed_s))
+                return completion
+
+        litellm = await load_litellm()
+        messages = await redact_messages(messages, Redactor(extra=[config.api_key]))
+        request = {"model": model, "messages": messages, "timeout": config.timeout,
+                   # Retries are ours (backoff, jitter, counted in the ledger): stop the
+                   # provider SDK from retrying underneath us.
+                   "max_retries": 0, **params}
+        if config.api_base:
+            request["api_base"] = config.api_base
+        if config.api_key:
+            request["api_key"] = config.api_key
+
+        retries = 0
+        while True:
+            try:
+                response = await asyncio.wait_for(litellm.acompletion(**request),
+                                                  config.timeout)
+                break
+            except asyncio.CancelledError:
+                ledger.record(CallRecord(model, retries=retries, error="cancelled",
+                                         elapsed_s=time.perf_counter() - started))
+                raise
+            except Exception as exc:  # noqa: BLE001 - every failure is reported below
+                if retries < config.max_retries and is_retryable(exc):
+                    delay = random.uniform(0, config.retry_backoff * 2 ** retries)
+                    delay = max(delay, min(_retry_after(exc) or 0.0, 60.0))
+                    retries += 1
+                    await asyncio.sleep(delay)
+                    continue
+                if isinstance(exc, asyncio.TimeoutError):
+                    exc = TimeoutError(f"no answer within timeout={config.timeout:g}s")
+                error = LLMQueryError(model, exc, retries=retries)
+                ledger.record(CallRecord(model, retries=retries, error=str(error),
+                                         elapsed_s=time.perf_counter() - started))
+                raise error from exc
+
+        completion = _completion_from(response, model, retries,
+                                      time.perf_counter() - started, litellm)
+        ledger.record(CallRecord(model, completion.input_tokens, completion.output_tokens,
+                                 completion.cost_usd, retries=retries,
+                                 elapsed_s=completion.elapsed_s))
+        if key is not None:
+            cache.set(key, {"text": completion.text,
+                            "input_tokens": completion.input_tokens,
+                            "output_tokens": completion.output_tokens})
+        return completion
+
+
+# Above this many characters, redaction runs in a thread so the loop keeps turning.
+_REDACT_IN_THREAD_CHARS = 256_000
+
+
+async def redact_messages(messages: Messages, redactor: Redactor) -> Messages:
+    """Every message as it may be sent: with secrets removed. The last line of defence:
+    whatever code built the prompt, no environment secret reaches a provider."""
+    if not redactor:
+        return messages
+
+    def redact_all():
+        return [{**m, "content": redactor(m["content"])} if isinstance(m.get("content"), str)
+                else m for m in messages]
+
+    size = sum(len(m.get("content") or "") for m in messages
+               if isinstance(m.get("content"), str))
+    if size > _REDACT_IN_THREAD_CHARS:
+        return await asyncio.to_thread(redact_all)
+    return redact_all()
+
+
+def _completion_from(response, model: str, retries: int, elapsed: float,
+                     litellm) -> Completion:
+    choice = response.choices[0]
+    text = getattr(choice.message, "content", None) or ""
+    usage = getattr(response, "usage", None)
+    input_tokens = int(getattr(usage, "prompt_tokens", 0) or 0)
+    output_tokens = int(getattr(usage, "completion_tokens", 0) or 0)
+    return Completion(text, model, input_tokens, output_tokens,
+                      cost_usd=_cost_of(response, litellm), retries=retries,
+                      elapsed_s=elapsed)
+
+
+def _cost_of(response, litellm) -> float | None:
+    """Dollars for this response, or None when litellm does not know the price."""
+    hidden = getattr(response, "_hidden_params", None) or {}
+    cost = hidden.get("response_cost")
+    if cost is None:
+        try:
+            cost = litellm.completion_cost(completion_response=response)
+        except Exception:  # noqa: BLE001 - litellm raises for models without a price
+            return None
+    return float(cost) if cost is not None else None

@@ -1,0 +1,183 @@
+"""Settings of rlm-magic: one traitlets configurable, so ``%config RLM.model = ...`` and
+``c.RLM.model = ...`` in ``ipython_config.py`` both work.
+
+``RLMConfig`` holds the traits; the engine class ``rlm_magic.RLM`` subclasses it, so the
+configurable users address is named ``RLM``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from urllib.parse import urlparse
+
+from traitlets import Bool, Dict, Float, Int, TraitError, Unicode, default, validate
+from traitlets.config import Configurable
+
+# Keys of litellm_kwargs that rlm-magic sets itself; passing them would silently fight it.
+_OWNED_KWARGS = {"model", "messages", "stream", "api_key", "api_base", "base_url",
+                 "timeout", "max_retries", "num_retries", "max_tokens", "caching"}
+
+
+def default_cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
+    return os.path.join(base, "rlm-magic")
+
+
+def _at_least(minimum):
+    def check(self, proposal):
+        value = proposal["value"]
+        if value < minimum:
+            raise TraitError(f"RLM.{proposal['trait'].name} must be >= {minimum}, got {value!r}")
+        return value
+    return check
+
+
+def _positive(self, proposal):
+    value = proposal["value"]
+    if not value > 0:
+        raise TraitError(f"RLM.{proposal['trait'].name} must be > 0, got {value!r}")
+    return value
+
+
+class RLMConfig(Configurable):
+    """Settings shared by the notebook helpers and the ``%%rlm`` engine."""
+
+    # -- models and provider ------------------------------------------------------------
+    model = Unicode(help="Root model: any litellm model string, e.g. 'gpt-4o-mini', "
+                         "'anthropic/claude-sonnet-4-5', 'ollama/llama3'. "
+                         "Default: $RLM_MODEL, else 'gpt-4o-mini'.").tag(config=True)
+    sub_model = Unicode(help="Model for llm_query sub-calls. Default: $RLM_SUB_MODEL, "
+                             "else the root model.").tag(config=True)
+    api_base = Unicode(None, allow_none=True,
+                       help="Provider base URL, e.g. 'http://localhost:11434'. "
+                            "Default: litellm's usual environment variables.").tag(config=True)
+    api_key = Unicode(None, allow_none=True,
+                      help="API key. Default: litellm's usual environment variables "
+                           "(OPENAI_API_KEY, ANTHROPIC_API_KEY, ...).").tag(config=True)
+    litellm_kwargs = Dict(help="Extra keyword arguments for litellm.acompletion, "
+                               "e.g. {'temperature': 0}.").tag(config=True)
+
+    # -- calls --------------------------------------------------------------------------
+    max_concurrency = Int(16, help="Most model requests in flight at once.").tag(config=True)
+    timeout = Float(120.0, help="Seconds per model call attempt.").tag(config=True)
+    max_retries = Int(2, help="Retries on 429, 5xx, timeouts and connection errors, "
+                              "with exponential backoff and jitter.").tag(config=True)
+    retry_backoff = Float(0.5, help="Seconds before the first retry; doubles each "
+                                    "retry, with full jitter.").tag(config=True)
+    max_tokens = Int(4096, help="Most output tokens per sub-call.").tag(config=True)
+    progress = Bool(True, help="Show progress bars and status panels.").tag(config=True)
+    cache = Bool(False, help="Answer identical requests from an on-disk cache that "
+                             "survives kernel restarts.").tag(config=True)
+    cache_dir = Unicode(help="Where the cache lives. Default: "
+                             "~/.cache/rlm-magic (or $XDG_CACHE_HOME/rlm-magic).").tag(config=True)
+
+    # -- the RLM loop ---------------------------------------------------------------------
+    max_iterations = Int(30, help="Most root-model turns per run.").tag(config=True)
+    max_depth = Int(1, help="How deep rlm_query may nest child RLMs; 0 makes rlm_query "
+                            "a plain llm_query.").tag(config=True)
+    max_sub_calls = Int(500, help="Most sub-calls per run; past it they return an "
+                                  "error string and send nothing.").tag(config=True)
+    max_cost_usd = Float(None, allow_none=True,
+                         help="Stop a run once its known cost passes this many dollars. "
+                              "Default: no limit.").tag(config=True)
+    step_timeout = Float(300.0, help="Seconds one REPL step may run before it is "
+                                     "stopped.").tag(config=True)
+    max_output_chars = Int(20_000, help="Most characters of REPL output shown to the "
+                                        "model per step.").tag(config=True)
+    system_prompt = Unicode(None, allow_none=True,
+                            help="Replace the built-in RLM system prompt. It is "
+                                 "formatted with {context_type}, {context_length}, "
+                                 "{context_preview}, {max_depth}.").tag(config=True)
+
+    @default("model")
+    def _default_model(self):
+        return os.environ.get("RLM_MODEL") or "gpt-4o-mini"
+
+    @default("sub_model")
+    def _default_sub_model(self):
+        return os.environ.get("RLM_SUB_MODEL", "")
+
+    @default("cache_dir")
+    def _default_cache_dir(self):
+        return default_cache_dir()
+
+    @validate("model")
+    def _check_model(self, proposal):
+        value = proposal["value"].strip()
+        if not value:
+            raise TraitError("RLM.model must be a non-empty litellm model string, "
+                             "e.g. 'gpt-4o-mini'")
+        return value
+
+    @validate("sub_model")
+    def _check_sub_model(self, proposal):
+        return proposal["value"].strip()
+
+    @validate("api_base")
+    def _check_api_base(self, proposal):
+        value = proposal["value"]
+        if value is None or value == "":
+            return None
+        parsed = urlparse(value)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise TraitError(f"RLM.api_base must be an http(s) URL, got {value!r}")
+        return value.rstrip("/")
+
+    @validate("api_key")
+    def _check_api_key(self, proposal):
+        return proposal["value"] or None
+
+    @validate("litellm_kwargs")
+    def _check_litellm_kwargs(self, proposal):
+        value = proposal["value"]
+        clash = sorted(set(value) & _OWNED_KWARGS)
+        if clash:
+            raise TraitError(
+                f"RLM.litellm_kwargs may not set {', '.join(clash)}: "
+                "use the RLM setting of that name instead")
+        return value
+
+    _check_concurrency = validate("max_concurrency")(_at_least(1))
+    _check_timeout = validate("timeout", "step_timeout")(_positive)
+    _check_retries = validate("max_retries", "max_depth", "max_sub_calls")(_at_least(0))
+    _check_backoff = validate("retry_backoff")(_at_least(0))
+    _check_counts = validate("max_tokens", "max_iterations", "max_output_chars")(_at_least(1))
+
+    @validate("max_cost_usd")
+    def _check_cost(self, proposal):
+        value = proposal["value"]
+        if value is not None and value < 0:
+            raise TraitError(f"RLM.max_cost_usd must be >= 0 or None, got {value!r}")
+        return value
+
+    # -- derived --------------------------------------------------------------------------
+    @property
+    def effective_sub_model(self) -> str:
+        return self.sub_model or self.model
+
+    def settings(self, *, mask_secrets: bool = True) -> dict:
+        """The effective value of every setting, with secrets masked."""
+        values = {name: getattr(self, name) for name in sorted(self.class_trait_names(config=True))}
+        values["sub_model"] = self.effective_sub_model
+        if mask_secrets:
+            values["api_key"] = mask_secret(values["api_key"])
+            values["litellm_kwargs"] = {
+                k: (mask_secret(v) if looks_secret(k) else v)
+                for k, v in values["litellm_kwargs"].items()}
+        return values
+
+
+_SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
+
+
+def looks_secret(name: str) -> bool:
+    upper = name.upper()
+    return any(marker in upper for marker in _SECRET_MARKERS)
+
+
+def mask_secret(value) -> str | None:
+    if not value:
+        return value
+    text = str(value)
+    return "****" if len(text) < 12 else f"{text[:3]}...{text[-4:]}"

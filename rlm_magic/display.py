@@ -1,0 +1,102 @@
+"""Rich renderings of results: HTML and Markdown for ``RLMResult`` and settings.
+
+The answer comes first; the trajectory follows, collapsed, with syntax-highlighted code
+and each block's output exactly as the model saw it.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .result import RLMResult
+
+_CSS = """<style>
+.rlm-result{font-family:var(--jp-content-font-family,sans-serif);line-height:1.45}
+.rlm-result .rlm-answer{padding:.5em .8em;border-left:4px solid #2e7d32;background:rgba(46,125,50,.07);white-space:pre-wrap}
+.rlm-result.rlm-failed .rlm-answer{border-color:#c62828;background:rgba(198,40,40,.07)}
+.rlm-result details{margin:.3em 0}
+.rlm-result summary{cursor:pointer;font-weight:600}
+.rlm-result pre{margin:.2em 0;padding:.4em;background:rgba(127,127,127,.08);overflow-x:auto;max-height:30em}
+.rlm-result table{border-collapse:collapse;margin-top:.5em}
+.rlm-result td,.rlm-result th{padding:2px 8px;border-bottom:1px solid rgba(127,127,127,.3);text-align:right}
+.rlm-result td:first-child,.rlm-result th:first-child{text-align:left}
+.rlm-result .rlm-meta{color:#777;font-size:90%}
+</style>"""
+
+
+def _highlight(code: str) -> str:
+    try:
+        from pygments import highlight
+        from pygments.formatters import HtmlFormatter
+        from pygments.lexers import PythonLexer
+    except ImportError:
+        return f"<pre>{html.escape(code)}</pre>"
+    return highlight(code, PythonLexer(), HtmlFormatter(noclasses=True, nowrap=False))
+
+
+def _status_line(result: "RLMResult") -> str:
+    usage = result.usage
+    from .usage import format_cost
+
+    status = "answered" if result.success else (result.stop_reason or "failed")
+    return (f"{status} · {result.iterations} iteration(s) · "
+            f"{sum(i.sub_calls for i in result.trajectory)} sub-call(s) · "
+            f"{usage.total.total_tokens:,} tokens · "
+            f"{format_cost(usage.cost_usd, usage.total.unpriced_calls)} · "
+            f"{result.elapsed_s:.1f}s")
+
+
+def result_html(result: "RLMResult") -> str:
+    answer = result.final_answer if result.final_answer is not None else ""
+    parts = [_CSS, f"<div class='rlm-result{'' if result.success else ' rlm-failed'}'>"]
+    if not result.success and result.error:
+        parts.append(f"<p><b>{html.escape(result.stop_reason or 'failed')}:</b> "
+                     f"{html.escape(result.error)}</p>")
+    parts.append(f"<div class='rlm-answer'>{html.escape(answer) or '<i>(no answer)</i>'}</div>")
+    parts.append(f"<p class='rlm-meta'>{html.escape(_status_line(result))}</p>")
+    parts.append(f"<details><summary>Trajectory ({result.iterations} iterations)</summary>")
+    for it in result.trajectory:
+        parts.append(f"<details><summary>Iteration {it.index} · {len(it.code)} block(s) · "
+                     f"{it.sub_calls} sub-call(s) · {it.elapsed_s:.2f}s</summary>")
+        parts.append(f"<div><b>Model</b><pre>{html.escape(it.response)}</pre></div>")
+        for number, block in enumerate(it.code, 1):
+            parts.append(f"<div><b>Block {number}</b> ({block.elapsed_s:.2f}s)"
+                         f"{_highlight(block.code)}<b>Output</b>"
+                         f"<pre>{html.escape(block.output)}</pre></div>")
+        parts.append("</details>")
+    parts.append("</details>")
+    parts.append("<details><summary>Usage</summary>" + result.usage._repr_html_()
+                 + "</details></div>")
+    return "".join(parts)
+
+
+def result_markdown(result: "RLMResult") -> str:
+    answer = result.final_answer if result.final_answer is not None else "*(no answer)*"
+    lines = []
+    if not result.success and result.error:
+        lines.append(f"**{result.stop_reason or 'failed'}:** {result.error}\n")
+    lines += [answer, "", f"*{_status_line(result)}*"]
+    return "\n".join(lines)
+
+
+def settings_html(settings: dict) -> str:
+    rows = "".join(f"<tr><td><code>RLM.{html.escape(k)}</code></td>"
+                   f"<td><code>{html.escape(repr(v))}</code></td></tr>"
+                   for k, v in settings.items())
+    return f"<table><thead><tr><th>setting</th><th>value</th></tr></thead><tbody>{rows}</tbody></table>"
+
+
+class SettingsView:
+    """``%rlm config``: a table in Jupyter, aligned text elsewhere."""
+
+    def __init__(self, settings: dict):
+        self.settings = settings
+
+    def __repr__(self) -> str:
+        width = max(len(k) for k in self.settings) + 4
+        return "\n".join(f"RLM.{k}".ljust(width) + repr(v) for k, v in self.settings.items())
+
+    def _repr_html_(self) -> str:
+        return settings_html(self.settings)

@@ -1,0 +1,467 @@
+"""The RLM loop: a root model answers a question by writing code in a REPL where the
+context is a variable, calling sub-models on pieces of it, until it gives FINAL(...).
+
+``RLM`` is both the traitlets configurable users set (``%config RLM.model = ...``) and
+the engine: ``await RLM(...).arun(query, context=...)``. Each ``arun`` builds a ``Run``
+holding all of its state, so several runs of one ``RLM`` may go on at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .batch import gather_limited
+from .client import LLMClient
+from .config import RLMConfig
+from .errors import LLMQueryError, describe_exception
+from .helpers import NotebookHelpers, build_messages
+from .limiter import ConcurrencyLimiter
+from .prompts import (CONTINUE_PROMPT, ITERATION_LIMIT_PROMPT, SYSTEM_PROMPT, code_blocks,
+                      describe_context, find_final)
+from .redaction import Redactor
+from .repl import AsyncREPL
+from .result import CodeRun, Iteration, RLMResult
+from .usage import SESSION_LEDGER, UsageLedger
+
+# Above this many characters, redacting step output moves to a thread.
+_REDACT_IN_THREAD_CHARS = 256_000
+_run_ids = itertools.count(1)
+
+
+class RLM(RLMConfig):
+    """Recursive Language Model runner and the ``RLM`` settings of rlm-magic."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._client: LLMClient | None = None
+        self._helpers: NotebookHelpers | None = None
+
+    @property
+    def client(self) -> LLMClient:
+        """The client all calls of this RLM go through (one limit, one ledger)."""
+        if self._client is None:
+            self._client = LLMClient(self, UsageLedger(parent=SESSION_LEDGER))
+        return self._client
+
+    @property
+    def helpers(self) -> NotebookHelpers:
+        if self._helpers is None:
+            self._helpers = NotebookHelpers(self)
+        return self._helpers
+
+    def usage(self):
+        """Usage of every call made through this RLM."""
+        return self.client.ledger.summary()
+
+    def start(self, query: str, context: Any = None, **overrides) -> "Run":
+        """A run, not yet started: ``await run.execute()``; ``run.result`` is kept up
+        to date, so a caller still has the partial result after an interrupt."""
+        return Run(self, query, context, **overrides)
+
+    async def arun(self, query: str, context: Any = None, *, model: str | None = None,
+                   sub_model: str | None = None, max_iterations: int | None = None,
+                   max_depth: int | None = None,
+                   namespace: dict[str, Any] | None = None) -> RLMResult:
+        """Answer ``query`` about ``context``; returns an ``RLMResult`` (check ``.success``).
+
+        ``namespace``: run the REPL in this dict instead of a fresh one (what ``--live``
+        does with the notebook's namespace).
+        """
+        return await self.start(query, context, model=model, sub_model=sub_model,
+                                max_iterations=max_iterations, max_depth=max_depth,
+                                namespace=namespace).execute()
+
+    def run(self, query: str, context: Any = None, **overrides) -> RLMResult:
+        """Blocking ``arun``, for scripts. In a notebook, ``await rlm.arun(...)``."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(self.arun(query, context, **overrides))
+        raise RuntimeError("RLM.run() cannot be used inside a running event loop (such as "
+                           "a notebook cell): use `await rlm.arun(...)` instead")
+
+
+@dataclass
+class RunTree:
+    """What a run shares with its child runs: ledger, sub-call budget, status."""
+
+    ledger: UsageLedger
+    max_sub_calls: int
+    max_cost_usd: float | None
+    sub_calls: int = 0
+    in_flight: int = 0
+    done: int = 0
+    failed: int = 0
+    phase: str = "starting"
+    iteration: int = 0
+    max_iterations: int = 0
+    listeners: list = field(default_factory=list)
+
+    def take_sub_calls(self, wanted: int) -> int:
+        """Reserve up to ``wanted`` sub-calls; returns how many are allowed."""
+        allowed = max(0, min(wanted, self.max_sub_calls - self.sub_calls))
+        self.sub_calls += allowed
+        return allowed
+
+    def over_budget(self) -> bool:
+        return self.max_cost_usd is not None and self.ledger.cost_usd > self.max_cost_usd
+
+    def changed(self) -> None:
+        for listener in self.listeners:
+            listener()
+
+
+class Run:
+    """One RLM run (root or child): its REPL, messages and result."""
+
+    def __init__(self, rlm: RLM, query: str, context: Any = None, *,
+                 model: str | None = None, sub_model: str | None = None,
+                 max_iterations: int | None = None, max_depth: int | None = None,
+                 namespace: dict[str, Any] | None = None,
+                 depth: int = 0, tree: RunTree | None = None):
+        self.rlm = rlm
+        self.id = next(_run_ids)
+        self.query = query
+        self.context = context
+        self.depth = depth
+        # Settings are read once, so a %config during the run cannot change it halfway.
+        self.model = model or rlm.model
+        self.sub_model = sub_model or rlm.effective_sub_model
+        self.max_iterations = max_iterations if max_iterations is not None else rlm.max_iterations
+        self.max_depth = max_depth if max_depth is not None else rlm.max_depth
+        self.step_timeout = rlm.step_timeout
+        self.max_output_chars = rlm.max_output_chars
+        self.max_tokens = rlm.max_tokens
+        self.tree = tree or RunTree(UsageLedger(parent=rlm.client.ledger),
+                                    rlm.max_sub_calls, rlm.max_cost_usd)
+        self.namespace = namespace
+        self.own_sub_calls = 0
+        self.result = RLMResult(query=query, model=self.model, sub_model=self.sub_model,
+                                depth=depth)
+
+    @property
+    def client(self) -> LLMClient:
+        return self.rlm.client
+
+    # -- the loop ---------------------------------------------------------------------
+    async def execute(self) -> RLMResult:
+        started = time.perf_counter()
+        result = self.result
+        live = self.namespace is not None
+        namespace = self.namespace if live else {"__name__": "__rlm__"}
+        saved = {}
+        try:
+            injected = self._repl_globals()
+            if live:
+                saved = {name: namespace[name] for name in injected if name in namespace}
+            namespace.update(injected)
+            self.repl = AsyncREPL(namespace, self._repl_helpers())
+            await self._loop(result)
+        except asyncio.CancelledError:
+            result.stop_reason, result.error = "interrupted", "interrupted by the user"
+            raise
+        except Exception as exc:  # noqa: BLE001 - the run fails, the result keeps it
+            result.stop_reason, result.error = "error", describe_exception(exc)
+        finally:
+            if live:
+                for name in ("context", "answer", "SHOW_VARS", "__rlm_async__",
+                             *self._repl_helpers()):
+                    namespace.pop(name, None)
+                namespace.update(saved)
+            result.success = result.stop_reason == "final"
+            result.iterations = len(result.trajectory)
+            result.usage = self.tree.ledger.summary()
+            result.elapsed_s = time.perf_counter() - started
+        return result
+
+    async def _loop(self, result: RLMResult) -> None:
+        messages = [{"role": "system", "content": self._system_prompt()},
+                    {"role": "user", "content": self._first_message()}]
+        for index in range(1, self.max_iterations + 1):
+            self._status("thinking", iteration=index)
+            turn_started = time.perf_counter()
+            calls_before = self.own_sub_calls
+            reply = await self._ask_root(messages)
+            iteration = Iteration(index=index, response=reply)
+            result.trajectory.append(iteration)
+            feedback, final = await self._act_on(reply, iteration)
+            iteration.sub_calls = self.own_sub_calls - calls_before
+            iteration.elapsed_s = time.perf_counter() - turn_started
+            if final is not None:
+                result.final_answer, result.stop_reason = final, "final"
+                return
+            if self._stopped_by_budget(result):
+                return
+            messages += [{"role": "assistant", "content": reply},
+                         {"role": "user", "content": feedback}]
+
+        # Out of iterations: one last chance to answer, without running code.
+        self._status("thinking", iteration=self.max_iterations)
+        reply = await self._ask_root(messages + [{"role": "user",
+                                                  "content": ITERATION_LIMIT_PROMPT}])
+        marker = find_final(reply)
+        answer = self._resolve_final(marker)[0] if marker else None
+        if answer is not None:
+            result.final_answer, result.stop_reason = answer, "final"
+        else:
+            result.final_answer = reply.strip() or None
+            result.stop_reason = "max_iterations"
+            result.error = (f"no FINAL answer within max_iterations={self.max_iterations}; "
+                            "final_answer holds the model's last reply")
+
+    async def _ask_root(self, messages) -> str:
+        completion = await self.client.complete(messages, model=self.model,
+                                                max_tokens=self.max_tokens,
+                                                ledger=self.tree.ledger)
+        return completion.text
+
+    async def _act_on(self, reply: str, iteration: Iteration) -> tuple[str, str | None]:
+        """Run the reply's code; return (feedback for the model, final answer or None)."""
+        blocks = code_blocks(reply)
+        outputs = []
+        for number, code in enumerate(blocks, 1):
+            self._status("running code")
+            step = await self.repl.run(code, timeout=self.step_timeout)
+            seen = await self._as_model_sees_it(step.as_text())
+            iteration.code.append(CodeRun(code, seen, step.elapsed_s,
+                                          error=step.error is not None))
+            outputs.append(f"Output of block {number}:\n{seen}")
+            ready = self._answer_ready()
+            if ready is not None:
+                return "", ready
+        marker = find_final(reply)
+        if marker is not None:
+            answer, problem = self._resolve_final(marker)
+            if answer is not None:
+                return "", answer
+            outputs.append(problem)
+        if not blocks and marker is None:
+            outputs.append("You wrote no ```repl code and gave no FINAL answer.")
+        return "\n\n".join(outputs + [CONTINUE_PROMPT]), None
+
+    def _resolve_final(self, marker) -> tuple[str | None, str]:
+        if marker.kind == "FINAL":
+            return marker.value, ""
+        namespace = self.repl.namespace if hasattr(self, "repl") else {}
+        if marker.value in namespace:
+            value = namespace[marker.value]
+            return (value if isinstance(value, str) else str(value)), ""
+        names = ", ".join(self._user_variables(namespace)) or "none yet"
+        return None, (f"FINAL_VAR({marker.value}): there is no variable named "
+                      f"{marker.value!r} in the REPL (variables: {names}).")
+
+    def _answer_ready(self) -> str | None:
+        answer = self.repl.namespace.get("answer")
+        if isinstance(answer, dict) and answer.get("ready"):
+            content = answer.get("content")
+            return content if isinstance(content, str) else str(content)
+        return None
+
+    def _stopped_by_budget(self, result: RLMResult) -> bool:
+        if not self.tree.over_budget():
+            return False
+        result.stop_reason = "budget"
+        result.error = (f"cost budget exceeded: spent ${self.tree.ledger.cost_usd:.4f} of "
+                        f"max_cost_usd=${self.tree.max_cost_usd:g}")
+        return True
+
+    async def _as_model_sees_it(self, text: str) -> str:
+        limit = self.max_output_chars
+        redact = Redactor(extra=[self.rlm.api_key])
+        # Cut before redacting (cheaper), with room so a secret is never cut in half.
+        head = text[: limit + redact.longest]
+        if len(head) > _REDACT_IN_THREAD_CHARS:
+            head = await asyncio.to_thread(redact, head)
+        else:
+            head = redact(head)
+        if len(text) > limit:
+            head = (head[:limit] + f"\n... [output cut: {len(text) - limit:,} more characters "
+                    "not shown; print smaller slices]")
+        return head
+
+    # -- prompts ----------------------------------------------------------------------
+    def _system_prompt(self) -> str:
+        type_name, length, preview = describe_context(self.context)
+        fields = _Fields(context_type=type_name, context_length=length,
+                         context_preview=Redactor(extra=[self.rlm.api_key])(preview),
+                         max_depth=self.max_depth, depth_left=self.max_depth - self.depth,
+                         max_output_chars=self.max_output_chars)
+        template = self.rlm.system_prompt or SYSTEM_PROMPT
+        try:
+            return template.format_map(fields)
+        except (ValueError, IndexError):
+            return template  # a custom prompt with literal braces: use it as written
+
+    def _first_message(self) -> str:
+        return (f"Question: {self.query}\n\nThe data is in the REPL variable `context`. "
+                "Look at it before you answer.")
+
+    # -- the REPL's view --------------------------------------------------------------
+    def _repl_globals(self) -> dict[str, Any]:
+        return {"context": self.context,
+                "answer": {"content": "", "ready": False},
+                "SHOW_VARS": self._show_vars}
+
+    def _repl_helpers(self) -> dict[str, Any]:
+        return {"llm_query": self.llm_query,
+                "llm_query_batch": self.llm_query_batch,
+                "llm_query_batched": self.llm_query_batch,
+                "rlm_query": self.rlm_query,
+                "rlm_query_batch": self.rlm_query_batch,
+                "rlm_query_batched": self.rlm_query_batch}
+
+    def _user_variables(self, namespace) -> list[str]:
+        hidden = {"context", "answer", "SHOW_VARS", *self._repl_helpers()}
+        return [name for name in namespace
+                if not name.startswith("_") and name not in hidden]
+
+    def _show_vars(self) -> None:
+        """Print the variables made in this REPL so far, with their types."""
+        namespace = self.repl.namespace
+        names = self._user_variables(namespace)
+        if not names:
+            print("No variables yet.")
+        for name in names:
+            print(f"{name}: {type(namespace[name]).__name__}")
+
+    def _status(self, phase: str, iteration: int | None = None) -> None:
+        if self.depth == 0:
+            self.tree.phase = phase
+            if iteration is not None:
+                self.tree.iteration = iteration
+                self.tree.max_iterations = self.max_iterations
+            self.tree.changed()
+
+    # -- helpers as model code sees them: pinned model, errors as values -------------
+    async def llm_query(self, prompt: Any, model: str | None = None, *,
+                        system: str | None = None, max_tokens: int | None = None,
+                        **_ignored) -> str:
+        """Ask the sub-model one question; a failure comes back as 'Error: ...'."""
+        del model  # pinned: generated code may not switch to another model
+        if not self._take_sub_calls(1):
+            return self._limit_error()
+        return await self._sub_call(prompt, system, max_tokens)
+
+    async def llm_query_batch(self, prompts: Any, model: str | None = None, *,
+                              system: str | None = None, max_tokens: int | None = None,
+                              **_ignored) -> list[str]:
+        """Ask many questions concurrently; failures come back as 'Error: ...' in place."""
+        del model
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        prompts = list(prompts)
+        allowed = self._take_sub_calls(len(prompts))
+        calls = [(lambda p=p: self._sub_call(p, system, max_tokens, slot_held=True))
+                 for p in prompts[:allowed]]
+        answers, _ = await gather_limited(calls, self.client.limiter, _TreeObserver(self.tree))
+        return answers + [self._limit_error()] * (len(prompts) - allowed)
+
+    async def rlm_query(self, prompt: Any, context: Any = None, model: str | None = None,
+                        **_ignored) -> str:
+        """Solve a sub-problem with a child RLM (or llm_query at the depth limit)."""
+        del model
+        prompt = prompt if isinstance(prompt, str) else str(prompt)
+        if self.depth >= self.max_depth:
+            if context is not None:
+                prompt = f"{prompt}\n\nContext:\n{context}"
+            return await self.llm_query(prompt)
+        if not self._take_sub_calls(1):
+            return self._limit_error()
+        child = Run(self.rlm, prompt, context, model=self.sub_model, sub_model=self.sub_model,
+                    max_iterations=self.max_iterations, max_depth=self.max_depth,
+                    depth=self.depth + 1, tree=self.tree)
+        self._track(+1)
+        outcome = await child.execute()
+        self._track(-1, failed=not outcome.success)
+        if outcome.success:
+            return outcome.final_answer
+        return f"Error: child RLM failed: {outcome.error}"
+
+    async def rlm_query_batch(self, prompts: Any, contexts: Any = None,
+                              model: str | None = None, **_ignored) -> list[str]:
+        """Run child RLMs concurrently; answers in order, failures as 'Error: ...'."""
+        del model
+        prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+        contexts = [None] * len(prompts) if contexts is None else list(contexts)
+        if len(contexts) != len(prompts):
+            return [f"Error: rlm_query_batch got {len(prompts)} prompts and "
+                    f"{len(contexts)} contexts"] * len(prompts)
+        # Children hold no client slot while they think: a limiter of their own.
+        limiter = ConcurrencyLimiter(lambda: self.rlm.max_concurrency)
+        calls = [(lambda p=p, c=c: self.rlm_query(p, c)) for p, c in zip(prompts, contexts)]
+        answers, errors = await gather_limited(calls, limiter)
+        return [f"Error: {errors[i]}" if i in errors else a for i, a in enumerate(answers)]
+
+    async def _sub_call(self, prompt: Any, system: str | None, max_tokens: int | None,
+                        slot_held: bool = False) -> str:
+        if self.tree.over_budget():
+            return (f"Error: cost budget max_cost_usd=${self.tree.max_cost_usd:g} is spent; "
+                    "no request was sent")
+        prompt = prompt if isinstance(prompt, str) else str(prompt)
+        tokens = min(max_tokens, self.max_tokens) if isinstance(max_tokens, int) \
+            and max_tokens > 0 else self.max_tokens
+        if not slot_held:
+            self._track(+1)
+        try:
+            completion = await self.client.complete(
+                build_messages(prompt, system if isinstance(system, str) else None),
+                model=self.sub_model, max_tokens=tokens, ledger=self.tree.ledger,
+                slot_held=slot_held)
+        except LLMQueryError as exc:
+            if not slot_held:
+                self._track(-1, failed=True)
+            return f"Error: {exc}"
+        if not slot_held:
+            self._track(-1)
+        return completion.text
+
+    def _take_sub_calls(self, wanted: int) -> int:
+        allowed = self.tree.take_sub_calls(wanted)
+        self.own_sub_calls += allowed
+        return allowed
+
+    def _limit_error(self) -> str:
+        return (f"Error: max_sub_calls={self.tree.max_sub_calls} reached for this run; "
+                "no request was sent")
+
+    def _track(self, delta: int, failed: bool = False) -> None:
+        tree = self.tree
+        tree.in_flight += delta
+        if delta < 0:
+            tree.failed += failed
+            tree.done += not failed
+        tree.changed()
+
+
+class _TreeObserver:
+    """Counts a REPL batch's items into the run's status (for the status panel)."""
+
+    def __init__(self, tree: RunTree):
+        self.tree = tree
+
+    def item_started(self, index: int) -> None:
+        self.tree.in_flight += 1
+        self.tree.changed()
+
+    def item_finished(self, index: int, result: Any) -> None:
+        failed = isinstance(result, str) and result.startswith("Error:")
+        self.tree.in_flight -= 1
+        self.tree.failed += failed
+        self.tree.done += not failed
+        self.tree.changed()
+
+    def item_failed(self, index: int, error: BaseException) -> None:
+        self.tree.in_flight -= 1
+        self.tree.failed += 1
+        self.tree.changed()
+
+
+class _Fields(dict):
+    """Format fields for a custom system prompt; unknown {names} stay as written."""
+
+    def __missing__(self, key: str) -> str:
+        return "{" + key + "}"

@@ -1,0 +1,149 @@
+"""The awaitable helpers put into the notebook: ``llm_query``, ``llm_query_batch``,
+``rlm_query``, ``rlm_query_batch`` (and the ``_batched`` aliases).
+
+They are coroutine functions bound to one ``RLM`` (its settings, client and ledger), so
+``await llm_query_batch(prompts)`` in a cell runs every prompt concurrently on the
+kernel's own loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from .batch import gather_limited
+from .errors import BatchError, ConfigError
+from .progress import BatchProgress
+
+if TYPE_CHECKING:
+    from .engine import RLM
+
+
+def build_messages(prompt: str, system: str | None, *, caller: str = "llm_query") -> list[dict]:
+    if not isinstance(prompt, str):
+        raise ConfigError(f"{caller} expects the prompt as a str, got {type(prompt).__name__}")
+    if system is not None and not isinstance(system, str):
+        raise ConfigError(f"{caller} expects system= as a str, got {type(system).__name__}")
+    messages = [{"role": "system", "content": system}] if system else []
+    messages.append({"role": "user", "content": prompt})
+    return messages
+
+
+def as_prompt_list(prompts: Any, caller: str) -> list[str]:
+    """Accept any iterable of str (list, tuple, pandas Series, generator) but not a str,
+    which would otherwise become one prompt per character."""
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Iterable):
+        raise ConfigError(f"{caller} expects a list of prompts, got {type(prompts).__name__}"
+                          + (f"; for one prompt use {caller.replace('_batch', '')}"
+                             if isinstance(prompts, str) else ""))
+    prompts = list(prompts)
+    for index, prompt in enumerate(prompts):
+        if not isinstance(prompt, str):
+            raise ConfigError(f"{caller}: prompt {index} is a {type(prompt).__name__}, "
+                              "expected str")
+    return prompts
+
+
+def check_max_tokens(max_tokens: int | None, caller: str) -> None:
+    if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
+        raise ConfigError(f"{caller}: max_tokens must be a positive int, got {max_tokens!r}")
+
+
+class NotebookHelpers:
+    """The helpers as a user sees them in the notebook, bound to one ``RLM``."""
+
+    def __init__(self, rlm: "RLM"):
+        self.rlm = rlm
+
+    @property
+    def client(self):
+        return self.rlm.client
+
+    async def llm_query(self, prompt: str, *, system: str | None = None,
+                        model: str | None = None, max_tokens: int | None = None) -> str:
+        """Ask a model one question and return its answer.
+
+        Uses ``RLM.sub_model`` unless ``model`` is given. Raises ``LLMQueryError``
+        (naming the model and the cause) when the call fails after its retries.
+        """
+        check_max_tokens(max_tokens, "llm_query")
+        messages = build_messages(prompt, system)
+        completion = await self.client.complete(messages, model=model, max_tokens=max_tokens)
+        return completion.text
+
+    async def llm_query_batch(self, prompts: Iterable[str], *, system: str | None = None,
+                              model: str | None = None, max_tokens: int | None = None,
+                              return_exceptions: bool = False) -> list:
+        """Ask many questions concurrently; answers come back in the prompts' order.
+
+        At most ``RLM.max_concurrency`` requests are in flight. If any item fails,
+        raises ``BatchError`` carrying ``.results`` (None where an item failed) and
+        ``.errors``; with ``return_exceptions=True`` the exceptions sit in place instead.
+        """
+        prompts = as_prompt_list(prompts, "llm_query_batch")
+        check_max_tokens(max_tokens, "llm_query_batch")
+        conversations = [build_messages(p, system, caller="llm_query_batch") for p in prompts]
+        client = self.client
+
+        def call(messages):
+            return lambda: client.complete(messages, model=model, max_tokens=max_tokens,
+                                           slot_held=True)
+
+        progress = BatchProgress(len(prompts), "llm_query_batch",
+                                 enabled=self.rlm.progress and len(prompts) > 1)
+        with progress:
+            completions, errors = await gather_limited(
+                [call(m) for m in conversations], client.limiter, progress)
+        return _collect([c.text if c is not None else None for c in completions],
+                        errors, return_exceptions)
+
+    async def rlm_query(self, prompt: str, context: Any = None) -> str:
+        """Run a child RLM on ``context`` and return its final answer (a str)."""
+        result = await self.rlm.arun(prompt, context=context)
+        if not result.success:
+            raise result.as_exception()
+        return result.final_answer
+
+    async def rlm_query_batch(self, prompts: Iterable[str], contexts: Iterable[Any] | None = None,
+                              *, return_exceptions: bool = False) -> list:
+        """Run one child RLM per prompt, concurrently; answers in the prompts' order."""
+        prompts = as_prompt_list(prompts, "rlm_query_batch")
+        contexts = [None] * len(prompts) if contexts is None else list(contexts)
+        if len(contexts) != len(prompts):
+            raise ConfigError(f"rlm_query_batch got {len(prompts)} prompts but "
+                              f"{len(contexts)} contexts")
+        from .limiter import ConcurrencyLimiter
+
+        # Child runs hold no client slot while they think (their own calls take slots),
+        # so they get a limiter of their own: sharing one could deadlock.
+        limiter = ConcurrencyLimiter(lambda: self.rlm.max_concurrency)
+        calls = [(lambda p=p, c=c: self.rlm_query(p, c)) for p, c in zip(prompts, contexts)]
+        progress = BatchProgress(len(prompts), "rlm_query_batch",
+                                 enabled=self.rlm.progress and len(prompts) > 1)
+        with progress:
+            results, errors = await gather_limited(calls, limiter, progress)
+        return _collect(results, errors, return_exceptions)
+
+    def namespace(self) -> dict[str, Any]:
+        return {
+            "llm_query": self.llm_query,
+            "llm_query_batch": self.llm_query_batch,
+            "llm_query_batched": self.llm_query_batch,
+            "rlm_query": self.rlm_query,
+            "rlm_query_batch": self.rlm_query_batch,
+            "rlm_query_batched": self.rlm_query_batch,
+        }
+
+
+def _collect(results: list, errors: dict[int, Exception], return_exceptions: bool) -> list:
+    if not errors:
+        return results
+    if return_exceptions:
+        return [errors.get(i, r) for i, r in enumerate(results)]
+    raise BatchError(results, errors)
+
+
+# Code objects of the helpers, to recognise a helper coroutine that was never awaited.
+HELPER_CODES = {fn.__code__: fn.__name__ for fn in (
+    NotebookHelpers.llm_query, NotebookHelpers.llm_query_batch,
+    NotebookHelpers.rlm_query, NotebookHelpers.rlm_query_batch)}

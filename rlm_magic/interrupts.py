@@ -1,0 +1,77 @@
+"""Interrupts that stop a cell at once.
+
+ipykernel's own SIGINT handler for async cells schedules its cancellation with
+``call_soon``, which does not wake a loop asleep in ``select()``: the interrupt lands
+only when a timer fires, often seconds later (ipykernel issue 881). While rlm-magic
+work is running, this module's handler replaces it and cancels that work with
+``call_soon_threadsafe``, which wakes the loop at once. Model code runs in worker
+threads (see ``repl``), so the main thread is always free to take the signal, even
+when the model's code blocks. The previous handler is restored when the work ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+from typing import Awaitable, TypeVar
+
+T = TypeVar("T")
+
+_guarded: dict[asyncio.Task, asyncio.AbstractEventLoop] = {}
+_interrupted: set[asyncio.Task] = set()
+_previous_handler = None
+
+
+def _handle_sigint(signum, frame) -> None:
+    if not _guarded:
+        if callable(_previous_handler):
+            _previous_handler(signum, frame)
+        return
+    for task, loop in list(_guarded.items()):
+        _interrupted.add(task)
+        loop.call_soon_threadsafe(task.cancel)
+
+
+def _install(task: asyncio.Task, loop) -> bool:
+    global _previous_handler
+    if threading.current_thread() is not threading.main_thread():
+        return False  # signals reach the main thread only
+    if not _guarded:
+        _previous_handler = signal.signal(signal.SIGINT, _handle_sigint)
+    _guarded[task] = loop
+    return True
+
+
+def _uninstall(task: asyncio.Task) -> None:
+    global _previous_handler
+    _guarded.pop(task, None)
+    _interrupted.discard(task)
+    if not _guarded and _previous_handler is not None:
+        signal.signal(signal.SIGINT, _previous_handler)
+        _previous_handler = None
+
+
+async def run_interruptibly(awaitable: Awaitable[T]) -> T:
+    """Await ``awaitable`` in a task of its own that SIGINT cancels promptly; an
+    interrupt then surfaces here as KeyboardInterrupt, as it would in sync code."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(awaitable)
+    installed = _install(task, loop)
+    try:
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            # Either SIGINT cancelled the task, or our caller was cancelled: in both
+            # cases the work must stop, and be awaited so nothing is left running.
+            task.cancel()
+            try:
+                await task
+            except BaseException:  # noqa: BLE001 - it was cancelled on purpose
+                pass
+            if task in _interrupted:
+                raise KeyboardInterrupt from None
+            raise
+    finally:
+        if installed:
+            _uninstall(task)

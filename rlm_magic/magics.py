@@ -1,0 +1,179 @@
+"""``%%rlm`` (run an RLM over a notebook variable) and ``%rlm`` (config, usage, demo).
+
+IPython has no async magics, so a ``%%rlm`` cell is rewritten by an input transformer
+into a top-level ``await``: ipykernel then runs the cell as a coroutine on its own loop,
+sub-calls run concurrently and the loop stays responsive. (A plain magic would have to
+block the loop, or nest a second one, and litellm's clients are tied to one loop.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import keyword
+import string
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from .interrupts import run_interruptibly
+
+
+@magics_class
+class RLMMagics(Magics):
+    """The magics of rlm-magic, bound to the session's ``RLM``."""
+
+    def __init__(self, shell, rlm):
+        super().__init__(shell)
+        self.rlm = rlm
+
+    @magic_arguments()
+    @argument("-c", "--context", metavar="NAME",
+              help="Notebook variable the model sees as `context` (str, list, dict, "
+                   "DataFrame, ...).")
+    @argument("-o", "--out", metavar="NAME", default="_rlm",
+              help="Variable that receives the RLMResult (default: _rlm).")
+    @argument("--model", help="Root model for this run (default: RLM.model).")
+    @argument("--sub-model", help="Sub-call model for this run (default: RLM.sub_model).")
+    @argument("--max-iterations", type=int, metavar="N", help="Most root-model turns.")
+    @argument("--max-depth", type=int, metavar="N", help="Most rlm_query nesting.")
+    @argument("--live", action="store_true",
+              help="Run the model's code in the notebook's own namespace. It can then "
+                   "read and change your variables: use only with code you would run.")
+    @argument("-q", "--quiet", action="store_true", help="Do not display the result.")
+    @argument("--no-interpolate", action="store_true",
+              help="Send the query as written: no {variable} substitution.")
+    @cell_magic("rlm")
+    def rlm_cell(self, line: str, cell: str):
+        """Answer the question in the cell body with a Recursive Language Model.
+
+        The cell body is the query; ``{name}`` inserts a notebook variable (``{{`` is a
+        literal brace). The answer is shown as Markdown and the full ``RLMResult``
+        (answer, trajectory, usage) is stored in the ``--out`` variable.
+
+        Example::
+
+            %%rlm --context logs --out res
+            Which services had the most timeouts last week, and why?
+        """
+        # Reached only when the input transformer did not run (e.g. a direct
+        # run_cell_magic call); inside a running loop we cannot wait for the run.
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(run_rlm_cell(line, cell, self.shell))
+        raise UsageError("%%rlm must be the first line of a cell (it runs as a top-level "
+                         "await); from code, use `await rlm_magic.RLM().arun(...)`")
+
+    @line_magic("rlm")
+    def rlm_line(self, line: str):
+        """%rlm config | usage | demo [stop] | help"""
+        from . import subcommands
+
+        return subcommands.dispatch(self, line)
+
+
+def transform_rlm_cell(lines: list[str]) -> list[str]:
+    """Input transformer: ``%%rlm ARGS\\nQUERY`` -> ``await <run the magic>``.
+
+    ``%%rlm?`` and ``%%rlm??`` are left alone so IPython shows the help."""
+    if not lines or not lines[0].startswith("%%rlm"):
+        return lines
+    first = lines[0].rstrip("\n")
+    if first.rstrip().endswith("?") or not (first == "%%rlm" or first[5:6].isspace()):
+        return lines
+    args, body = first[5:].strip(), "".join(lines[1:])
+    return [f"await __import__('rlm_magic.magics').magics.run_rlm_cell({args!r}, {body!r})\n"]
+
+
+async def run_rlm_cell(line: str, body: str, shell=None):
+    """What a ``%%rlm`` cell runs: parse, run on this loop, store, display."""
+    if shell is None:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+    magics = shell.magics_manager.registry.get("RLMMagics")
+    if magics is None:
+        raise UsageError("rlm_magic is not loaded: run %load_ext rlm_magic")
+    args = parse_argstring(magics.rlm_cell, line)
+    options = _checked_options(args)
+    context = _resolve_variable(shell.user_ns, args.context) if args.context else None
+    query = body if args.no_interpolate else _interpolate(body, shell.user_ns)
+    if not query.strip():
+        raise UsageError("%%rlm needs a question in the cell body, below the %%rlm line")
+
+    rlm = magics.rlm
+    run = rlm.start(query.strip(), context, namespace=shell.user_ns if args.live else None,
+                    **options)
+    from .progress import RunStatus
+
+    try:
+        with RunStatus(run, enabled=rlm.progress):
+            result = await run_interruptibly(run.execute())
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        run.result.stop_reason = "interrupted"
+        run.result.error = "interrupted by the user"
+        shell.user_ns[args.out] = run.result
+        raise
+    shell.user_ns[args.out] = result
+    if not args.quiet:
+        from IPython.display import display
+
+        display(result)
+    if not result.success:
+        raise result.as_exception()
+    return None
+
+
+def _checked_options(args) -> dict[str, Any]:
+    if not args.out.isidentifier() or keyword.iskeyword(args.out):
+        raise UsageError(f"--out needs a variable name, got {args.out!r}")
+    if args.max_iterations is not None and args.max_iterations < 1:
+        raise UsageError(f"--max-iterations must be >= 1, got {args.max_iterations}")
+    if args.max_depth is not None and args.max_depth < 0:
+        raise UsageError(f"--max-depth must be >= 0, got {args.max_depth}")
+    for flag, value in (("--model", args.model), ("--sub-model", args.sub_model)):
+        if value is not None and not value.strip():
+            raise UsageError(f"{flag} needs a model name")
+    return {"model": args.model, "sub_model": args.sub_model,
+            "max_iterations": args.max_iterations, "max_depth": args.max_depth}
+
+
+def _resolve_variable(namespace: dict, dotted: str) -> Any:
+    """``name`` or ``name.attr.attr`` from the notebook's namespace."""
+    head, *attrs = dotted.split(".")
+    if not head.isidentifier():
+        raise UsageError(f"--context needs a variable name, got {dotted!r}")
+    if head not in namespace:
+        raise UsageError(f"--context: no variable named {head!r} in the notebook")
+    value = namespace[head]
+    for attr in attrs:
+        if not hasattr(value, attr):
+            raise UsageError(f"--context: {type(value).__name__} {head!r} has no "
+                             f"attribute {attr!r}")
+        value = getattr(value, attr)
+    return value
+
+
+class _NotebookVariables(dict):
+    def __init__(self, namespace):
+        super().__init__()
+        self.namespace = namespace
+
+    def __missing__(self, key):
+        if key in self.namespace:
+            return self.namespace[key]
+        raise UsageError(f"the query refers to {{{key}}}, but there is no variable named "
+                         f"{key!r} (write {{{{{key}}}}} for literal braces, or use "
+                         "--no-interpolate)")
+
+
+def _interpolate(body: str, namespace: dict) -> str:
+    try:
+        return string.Formatter().vformat(body, (), _NotebookVariables(namespace))
+    except UsageError:
+        raise
+    except (ValueError, IndexError, KeyError, AttributeError, TypeError) as exc:
+        raise UsageError(f"cannot fill {{variables}} into the query ({exc}); write {{{{ "
+                         "and }} for literal braces, or use --no-interpolate") from None

@@ -1,0 +1,133 @@
+"""What the root model is told, and how its replies are read.
+
+The system prompt follows the official RLM library's, with the advice that matters
+here: batches run concurrently, so fan out with ``llm_query_batch``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+SYSTEM_PROMPT = """\
+You are answering a question about a context that may be far too large to read at once.
+You work in a Python REPL. Write code in ```repl blocks; each block runs in order and you
+see its printed output (cut to {max_output_chars:,} characters), errors and the value of
+its last line.
+
+The REPL has:
+- `context`: the data ({context_type}, length {context_length:,}). Preview:
+{context_preview}
+- `llm_query(prompt)` -> str: ask a sub-model (it can read ~100k characters per prompt).
+- `llm_query_batch(prompts)` -> list[str]: ask many prompts CONCURRENTLY; answers come back
+  in order. It is as fast as one call: always prefer it to a loop of llm_query calls.
+- `rlm_query(prompt, context=None)` -> str: a child RLM with its own REPL for a hard
+  sub-problem (nesting depth left: {depth_left}); `rlm_query_batch(prompts, contexts)`.
+- `SHOW_VARS()`: the variables you have made so far.
+Helpers work with or without `await`. A failed sub-call returns a string starting with
+"Error:" instead of raising, so check answers before you rely on them. Variables persist
+between blocks. Use print() to see values.
+
+How to work:
+1. Look at the context first: its structure, size, a few samples.
+2. Split it into chunks (about 20k-100k characters, or a few hundred rows), ask one
+   llm_query_batch over all chunks, then combine the answers in code or with a final
+   llm_query.
+3. Keep large values in variables; print only what you need to see.
+
+When you are done, give the answer on a line of its own, outside code:
+FINAL(your answer)
+or, to return a variable from the REPL as the answer:
+FINAL_VAR(variable_name)
+You may instead set `answer["content"] = ...` and `answer["ready"] = True` in the REPL.
+Do not give a final answer before you have looked at the data.
+"""
+
+ITERATION_LIMIT_PROMPT = (
+    "You have reached the iteration limit. Do not write more code. Give your best final "
+    "answer now, on its own line, as FINAL(answer).")
+
+CONTINUE_PROMPT = (
+    "Continue. Write ```repl code to make progress, or give the answer with FINAL(...) "
+    "or FINAL_VAR(name) once you have it.")
+
+
+def describe_context(context) -> tuple[str, int, str]:
+    """(type name, length, preview) of a context of any type, without copying it."""
+    type_name = type(context).__name__
+    if context is None:
+        return "NoneType", 0, "(no context was given)"
+    shape = getattr(context, "shape", None)
+    try:
+        length = len(context)
+    except TypeError:
+        length = 1
+    if hasattr(context, "columns") and shape is not None:  # a DataFrame
+        preview = (f"shape {tuple(shape)}, columns {list(context.columns)[:30]}\n"
+                   + context.head(5).to_string(max_colwidth=80)[:1500])
+    elif isinstance(context, str):
+        preview = context[:800] + (" ..." if len(context) > 800 else "")
+    elif isinstance(context, dict):
+        keys = list(context)[:30]
+        preview = f"keys: {keys}" + (" ..." if len(context) > 30 else "")
+    elif isinstance(context, (list, tuple)):
+        items = [_short(item) for item in context[:5]]
+        preview = f"first items: [{', '.join(items)}]" + (" ..." if len(context) > 5 else "")
+    else:
+        preview = _short(context, 800)
+    return type_name, length, preview
+
+
+def _short(value, limit: int = 200) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+_FENCE = re.compile(r"^```[ \t]*([\w+-]*)[^\n]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
+_CODE_LANGS = {"repl", "python", "py", "python3"}
+
+
+def code_blocks(text: str) -> list[str]:
+    """The ```repl / ```python blocks of a reply, in order."""
+    return [m.group(2) for m in _FENCE.finditer(text) if m.group(1).lower() in _CODE_LANGS]
+
+
+def strip_code(text: str) -> str:
+    """The reply with every fenced block blanked out, so FINAL inside code is ignored."""
+    return _FENCE.sub("", text)
+
+
+@dataclass(frozen=True)
+class FinalMarker:
+    kind: str  # "FINAL" or "FINAL_VAR"
+    value: str
+
+
+
+
+def find_final(text: str) -> FinalMarker | None:
+    """FINAL(...) / FINAL_VAR(...) at the start of a line, outside code blocks.
+
+    FINAL's argument may span lines; it runs to the last closing parenthesis."""
+    prose = strip_code(text)
+    for match in re.finditer(r"^[ \t]*(FINAL_VAR|FINAL)\(", prose, re.MULTILINE):
+        kind = match.group(1)
+        rest = prose[match.end():]
+        if kind == "FINAL_VAR":
+            end = rest.find(")")
+            if end < 0:
+                continue
+            name = rest[:end].strip().strip("'\"` ")
+            return FinalMarker(kind, name)
+        end = rest.rfind(")")
+        if end < 0:
+            continue
+        return FinalMarker(kind, _unquote(rest[:end].strip()))
+    return None
+
+
+def _unquote(value: str) -> str:
+    for quote in ('"""', "'''", '"', "'"):
+        if len(value) >= 2 * len(quote) and value.startswith(quote) and value.endswith(quote):
+            return value[len(quote):-len(quote)]
+    return value

@@ -1,0 +1,277 @@
+"""The REPL in which a root model's code runs.
+
+Each step runs in a worker thread of its own, not on the kernel's loop:
+- model code may block (``time.sleep``, a CPU loop) without freezing the loop, so
+  progress, other runs and the interrupt button keep working, and a stuck step can be
+  abandoned at once when it times out or the user interrupts;
+- the helpers can then be called *without* ``await`` (real models write that): a plain
+  call blocks only the worker thread while its requests run concurrently on the kernel
+  loop, where litellm's async clients live.
+
+Code that does use ``await`` runs on a private loop in the worker thread. Helper calls
+written as ``await llm_query(...)``, or passed to ``asyncio.gather``/``create_task``,
+are rewritten to awaitable variants that are still served on the kernel loop.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import concurrent.futures
+import ctypes
+import inspect
+import io
+import itertools
+import linecache
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
+
+from .capture import captured_into, routing_installed
+
+_ASYNC_TABLE = "__rlm_async__"
+_LAST_VALUE = "__rlm_last__"
+# Functions whose arguments model code means to run concurrently.
+_SCHEDULERS = {"gather", "create_task", "ensure_future", "wait", "wait_for", "as_completed",
+               "shield", "run_coroutine_threadsafe"}
+_step_ids = itertools.count(1)
+
+
+class StepInterrupted(BaseException):
+    """Raised inside a step's thread to stop it (timeout or user interrupt).
+
+    A BaseException, so model code's ``except Exception`` does not swallow it."""
+
+
+class RunStopped(BaseException):
+    """A helper was called by a step that has already been stopped."""
+
+
+@dataclass
+class StepOutput:
+    """What one code block did."""
+
+    code: str
+    stdout: str = ""
+    error: str | None = None  # formatted traceback, when the block raised
+    value: str | None = None  # repr of the last expression, when not None
+    elapsed_s: float = 0.0
+    timed_out: bool = False
+
+    def as_text(self) -> str:
+        parts = [self.stdout.rstrip("\n")] if self.stdout else []
+        if self.value is not None:
+            parts.append(self.value)
+        if self.error:
+            parts.append(self.error.rstrip("\n"))
+        return "\n".join(parts) if parts else "(no output)"
+
+
+def step_filename(step_id: int) -> str:
+    """The file name model code is compiled under; also how the interrupt handler
+    recognises a model frame."""
+    return f"<rlm-step-{step_id}>"
+
+
+def is_step_filename(filename: str) -> bool:
+    return filename.startswith("<rlm-step-")
+
+
+class _HelperCallRewriter(ast.NodeTransformer):
+    """Route awaited / scheduled helper calls to the awaitable variants."""
+
+    def __init__(self, names: set[str]):
+        self.names = names
+
+    def _is_helper_call(self, node) -> bool:
+        return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                and node.func.id in self.names)
+
+    def _to_async(self, call: ast.Call) -> None:
+        call.func = ast.copy_location(ast.Subscript(
+            value=ast.Name(id=_ASYNC_TABLE, ctx=ast.Load()),
+            slice=ast.Constant(value=call.func.id), ctx=ast.Load()), call.func)
+
+    def visit_Await(self, node: ast.Await):
+        self.generic_visit(node)
+        if self._is_helper_call(node.value):
+            self._to_async(node.value)
+        return node
+
+    def visit_Call(self, node: ast.Call):
+        self.generic_visit(node)
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+        if name in _SCHEDULERS:
+            for arg in [*node.args, *(k.value for k in node.keywords)]:
+                for inner in ast.walk(arg):
+                    if self._is_helper_call(inner):
+                        self._to_async(inner)
+        return node
+
+
+def compile_step(code: str, helper_names: set[str], filename: str):
+    """Parse, rewrite and compile a block; the last expression's value is kept."""
+    # Registered so tracebacks can quote the model's lines.
+    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+    tree = ast.parse(code, filename=filename, mode="exec")
+    tree = _HelperCallRewriter(helper_names).visit(tree)
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = tree.body[-1]
+        tree.body[-1] = ast.copy_location(ast.Assign(
+            targets=[ast.Name(id=_LAST_VALUE, ctx=ast.Store())], value=last.value), last)
+    ast.fix_missing_locations(tree)
+    return compile(tree, filename, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+
+
+class AsyncREPL:
+    """A persistent namespace plus a way to run code blocks in it.
+
+    ``helpers`` maps names to coroutine functions; they are served on ``loop`` (the
+    kernel's) and exposed to model code both as blocking functions and, through the
+    rewrite above, as awaitables.
+    """
+
+    def __init__(self, namespace: dict[str, Any],
+                 helpers: dict[str, Callable[..., Awaitable[Any]]],
+                 loop: asyncio.AbstractEventLoop | None = None):
+        self.namespace = namespace
+        self.loop = loop or asyncio.get_running_loop()
+        self.helper_names = set(helpers)
+        self._pending: set[concurrent.futures.Future] = set()
+        self._lock = threading.Lock()
+        self._stopped = False
+        namespace[_ASYNC_TABLE] = {name: self._awaitable(fn) for name, fn in helpers.items()}
+        for name, fn in helpers.items():
+            namespace[name] = self._blocking(fn)
+
+    # -- serving helpers from the worker thread ----------------------------------------
+    def _submit(self, coro) -> concurrent.futures.Future:
+        if self._stopped:
+            coro.close()
+            raise RunStopped("this run has been stopped")
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        with self._lock:
+            self._pending.add(future)
+        future.add_done_callback(self._forget)
+        return future
+
+    def _forget(self, future) -> None:
+        with self._lock:
+            self._pending.discard(future)
+
+    def _blocking(self, fn):
+        def call(*args, **kwargs):
+            if _on_loop_thread(self.loop):
+                raise RuntimeError(f"{fn.__name__}() would block the event loop here: "
+                                   f"use `await {fn.__name__}(...)`")
+            try:
+                return self._submit(fn(*args, **kwargs)).result()
+            except concurrent.futures.CancelledError:
+                raise StepInterrupted("stopped") from None
+        call.__name__ = call.__qualname__ = fn.__name__
+        call.__doc__ = fn.__doc__
+        call.__signature__ = inspect.signature(fn)
+        return call
+
+    def _awaitable(self, fn):
+        async def call(*args, **kwargs):
+            return await asyncio.wrap_future(self._submit(fn(*args, **kwargs)))
+        call.__name__ = call.__qualname__ = fn.__name__
+        return call
+
+    # -- running steps ----------------------------------------------------------------
+    async def run(self, code: str, timeout: float | None = None) -> StepOutput:
+        """Run one block; never raises for errors in the code itself. Raises
+        CancelledError if cancelled, after stopping the worker thread."""
+        step_id = next(_step_ids)
+        filename = step_filename(step_id)
+        output = StepOutput(code=code)
+        buffer = io.StringIO()
+        started = time.perf_counter()
+        try:
+            compiled = compile_step(code, self.helper_names, filename)
+        except SyntaxError:
+            output.error = traceback.format_exc(limit=0)
+            return output
+
+        done: asyncio.Future = self.loop.create_future()
+        worker = threading.Thread(target=self._execute, name=f"rlm-step-{step_id}",
+                                  args=(compiled, buffer, output, done), daemon=True)
+        self._stopped = False
+        with routing_installed():
+            worker.start()
+            try:
+                await asyncio.wait_for(asyncio.shield(done), timeout)
+            except asyncio.TimeoutError:
+                self.stop(worker)
+                output.timed_out = True
+                output.error = (f"TimeoutError: this step ran longer than "
+                                f"{timeout:g}s and was stopped")
+                # Give the thread a moment to unwind so its last output is kept.
+                await asyncio.wait([done], timeout=0.5)
+            except BaseException:
+                self.stop(worker)
+                raise
+        output.stdout = buffer.getvalue()
+        output.elapsed_s = time.perf_counter() - started
+        return output
+
+    def _execute(self, compiled, buffer, output: StepOutput, done: asyncio.Future) -> None:
+        with captured_into(buffer):
+            try:
+                result = eval(compiled, self.namespace)  # noqa: S307 - model code, by design
+                if inspect.iscoroutine(result):
+                    asyncio.run(result)
+                value = self.namespace.pop(_LAST_VALUE, None)
+                if value is not None:
+                    output.value = repr(value)
+            except StepInterrupted:
+                output.error = "KeyboardInterrupt: the step was stopped"
+            except BaseException:  # noqa: BLE001 - shown to the model, like a REPL would
+                output.error = _format_model_traceback()
+        try:
+            self.loop.call_soon_threadsafe(_resolve, done)
+        except RuntimeError:
+            pass  # the loop is gone (kernel shutting down)
+
+    def stop(self, worker: threading.Thread | None = None) -> None:
+        """Stop the running step: fail its pending helper calls and raise
+        ``StepInterrupted`` in its thread at the next bytecode it runs."""
+        self._stopped = True
+        with self._lock:
+            pending = list(self._pending)
+        for future in pending:
+            future.cancel()
+        if worker is not None and worker.is_alive() and worker.ident is not None:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                ctypes.c_ulong(worker.ident), ctypes.py_object(StepInterrupted))
+
+
+def _resolve(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _on_loop_thread(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
+
+
+def _format_model_traceback() -> str:
+    """The traceback as a REPL shows it: only the model's own frames."""
+    import sys
+
+    etype, value, tb = sys.exc_info()
+    frames = [f for f in traceback.extract_tb(tb) if is_step_filename(f.filename)]
+    lines = ["Traceback (most recent call last):\n"] if frames else []
+    for frame in frames:
+        lines.append(f"  line {frame.lineno}, in {frame.name}\n")
+        if frame.line:
+            lines.append(f"    {frame.line}\n")
+    lines.extend(traceback.format_exception_only(etype, value))
+    return "".join(lines)

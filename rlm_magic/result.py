@@ -1,0 +1,114 @@
+"""What a run returns: ``RLMResult``, with its trajectory and usage."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import RLMError
+from .usage import UsageSummary
+
+
+@dataclass
+class CodeRun:
+    """One code block of an iteration and the output the model saw."""
+
+    code: str
+    output: str
+    elapsed_s: float = 0.0
+    error: bool = False
+
+
+@dataclass
+class Iteration:
+    """One root-model turn."""
+
+    index: int
+    response: str
+    code: list[CodeRun] = field(default_factory=list)
+    sub_calls: int = 0
+    elapsed_s: float = 0.0
+
+
+@dataclass
+class RLMResult:
+    """The outcome of one RLM run, complete or partial."""
+
+    query: str
+    final_answer: str | None = None
+    success: bool = False
+    iterations: int = 0
+    usage: UsageSummary = field(default_factory=UsageSummary)
+    trajectory: list[Iteration] = field(default_factory=list)
+    error: str | None = None
+    elapsed_s: float = 0.0
+    stop_reason: str = ""  # "final", "max_iterations", "budget", "error", "interrupted"
+    model: str = ""
+    sub_model: str = ""
+    depth: int = 0
+
+    @property
+    def answer(self) -> str | None:
+        return self.final_answer
+
+    @property
+    def interrupted(self) -> bool:
+        return self.stop_reason == "interrupted"
+
+    def as_exception(self) -> "RLMRunError":
+        return RLMRunError(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-safe dict of everything in the result."""
+        data = asdict(self)
+        data["usage"] = self.usage.to_dict()
+        return data
+
+    def save(self, path: str | Path) -> Path:
+        """Append this run to a JSONL log: one line per iteration, then a summary line,
+        like the official RLM library's logger."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+        with path.open("a", encoding="utf-8") as log:
+            for iteration in self.trajectory:
+                log.write(json.dumps({"type": "iteration", "time": stamp, "query": self.query,
+                                      **asdict(iteration)}, ensure_ascii=False) + "\n")
+            summary = {k: v for k, v in self.to_dict().items() if k != "trajectory"}
+            log.write(json.dumps({"type": "result", "time": stamp, **summary},
+                                 ensure_ascii=False) + "\n")
+        return path
+
+    def __repr__(self) -> str:
+        status = "ok" if self.success else (self.stop_reason or "failed")
+        answer = self.final_answer if self.final_answer is not None else self.error
+        answer = " ".join(str(answer).split())
+        if len(answer) > 200:
+            answer = answer[:200] + "..."
+        return (f"RLMResult({status}, iterations={self.iterations}, "
+                f"sub-calls={sum(i.sub_calls for i in self.trajectory)}): {answer}")
+
+    def _repr_markdown_(self) -> str:
+        from .display import result_markdown
+
+        return result_markdown(self)
+
+    def _repr_html_(self) -> str:
+        from .display import result_html
+
+        return result_html(self)
+
+
+class RLMRunError(RLMError):
+    """A run did not reach a final answer; ``.result`` holds the partial result."""
+
+    def __init__(self, result: RLMResult):
+        self.result = result
+        super().__init__(f"RLM run {result.stop_reason or 'failed'}: {result.error}")
+
+    def _render_traceback_(self) -> list[str]:
+        # A concise one-liner in the notebook instead of a traceback through rlm-magic.
+        return [f"{type(self).__name__}: {self}"]

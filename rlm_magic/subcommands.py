@@ -1,0 +1,68 @@
+"""The ``%rlm`` line magic's subcommands: ``config``, ``usage``, ``demo``, ``help``."""
+
+from __future__ import annotations
+
+import shlex
+
+from IPython.core.error import UsageError
+
+HELP = """\
+%rlm config         show the effective settings (secrets masked)
+%rlm usage          tokens and cost per model for this session
+%rlm usage --reset  ... and start counting again
+%rlm demo           start the offline demo model and point RLM at it
+%rlm demo stop      stop it and restore the previous settings
+%rlm help           this text
+Set options with %config RLM.<name> = value; see %config RLM."""
+
+
+def dispatch(magics, line: str):
+    words = shlex.split(line)
+    command, rest = (words[0], words[1:]) if words else ("help", [])
+    handler = _COMMANDS.get(command)
+    if handler is None:
+        raise UsageError(f"unknown %rlm subcommand {command!r}; choose from "
+                         f"{', '.join(sorted(_COMMANDS))}")
+    return handler(magics, rest)
+
+
+def _config(magics, args):
+    _no_args("config", args)
+    from .display import SettingsView
+
+    return SettingsView(magics.rlm.settings())
+
+
+def _usage(magics, args):
+    from .usage import SESSION_LEDGER, usage
+
+    if args == ["--reset"]:
+        SESSION_LEDGER.clear()
+        return None
+    _no_args("usage", args)
+    return usage()
+
+
+def _demo(magics, args):
+    from . import demo
+
+    if args == ["stop"]:
+        demo.stop(magics.rlm)
+        return None
+    _no_args("demo", args)
+    server = demo.start(magics.rlm)
+    print(f"Demo model running at {server.base_url} (a scripted stand-in, not a language "
+          f"model). RLM.model = {magics.rlm.model!r}.")
+    return None
+
+
+def _help(magics, args):
+    print(HELP)
+
+
+def _no_args(command: str, args) -> None:
+    if args:
+        raise UsageError(f"%rlm {command} takes no arguments, got {' '.join(args)!r}")
+
+
+_COMMANDS = {"config": _config, "usage": _usage, "demo": _demo, "help": _help}

@@ -1,0 +1,190 @@
+"""The usage ledger: tokens, dollars, retries and errors of every model call.
+
+A ledger is append-only and safe to share between concurrent tasks (and threads).
+A run's ledger forwards each record to its parent, so the session ledger always
+holds the totals of everything, while each run can still report its own.
+"""
+
+from __future__ import annotations
+
+import html
+import threading
+from dataclasses import asdict, dataclass, field
+from typing import Iterable
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """One model call, as it ended."""
+
+    model: str
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float | None = None  # None: litellm does not know this model's price
+    retries: int = 0
+    error: str | None = None
+    elapsed_s: float = 0.0
+    cached: bool = False
+
+
+@dataclass
+class ModelUsage:
+    """Totals of the calls to one model (or of all calls, with ``model="total"``)."""
+
+    model: str
+    calls: int = 0
+    cache_hits: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float | None = None
+    unpriced_calls: int = 0
+    retries: int = 0
+    errors: int = 0
+    elapsed_s: float = 0.0
+
+    def add(self, record: CallRecord) -> None:
+        self.calls += 1
+        self.cache_hits += record.cached
+        self.input_tokens += record.input_tokens
+        self.output_tokens += record.output_tokens
+        self.retries += record.retries
+        self.errors += record.error is not None
+        self.elapsed_s += record.elapsed_s
+        if record.cost_usd is None:
+            # A failed call that got no response is not billed; an answered call
+            # without a known price is, at a rate we cannot see.
+            if record.error is None:
+                self.unpriced_calls += 1
+        else:
+            self.cost_usd = (self.cost_usd or 0.0) + record.cost_usd
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+@dataclass
+class UsageSummary:
+    """Per-model totals plus a grand total; what ``rlm_magic.usage()`` returns."""
+
+    by_model: dict[str, ModelUsage] = field(default_factory=dict)
+    total: ModelUsage = field(default_factory=lambda: ModelUsage("total"))
+
+    @classmethod
+    def of(cls, records: Iterable[CallRecord]) -> "UsageSummary":
+        summary = cls()
+        for record in records:
+            summary.by_model.setdefault(record.model, ModelUsage(record.model)).add(record)
+            summary.total.add(record)
+        return summary
+
+    # Shorthands for the numbers people ask for most.
+    @property
+    def calls(self) -> int:
+        return self.total.calls
+
+    @property
+    def input_tokens(self) -> int:
+        return self.total.input_tokens
+
+    @property
+    def output_tokens(self) -> int:
+        return self.total.output_tokens
+
+    @property
+    def cost_usd(self) -> float | None:
+        return self.total.cost_usd
+
+    def to_dict(self) -> dict:
+        return {
+            "by_model": {name: asdict(row) for name, row in self.by_model.items()},
+            "total": asdict(self.total),
+        }
+
+    _COLUMNS = ("model", "calls", "cache hits", "input tokens", "output tokens",
+                "cost (USD)", "retries", "errors")
+
+    def _rows(self) -> list[tuple[str, ...]]:
+        rows = [self._cells(row) for row in self.by_model.values()]
+        if len(self.by_model) != 1:
+            rows.append(self._cells(self.total))
+        return rows
+
+    @staticmethod
+    def _cells(row: ModelUsage) -> tuple[str, ...]:
+        return (row.model, str(row.calls), str(row.cache_hits), f"{row.input_tokens:,}",
+                f"{row.output_tokens:,}", format_cost(row.cost_usd, row.unpriced_calls),
+                str(row.retries), str(row.errors))
+
+    def __repr__(self) -> str:
+        if not self.by_model:
+            return "No LLM calls yet."
+        rows = [self._COLUMNS, *self._rows()]
+        widths = [max(len(r[i]) for r in rows) for i in range(len(self._COLUMNS))]
+        lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                           for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        if not self.by_model:
+            return "<p>No LLM calls yet.</p>"
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in self._COLUMNS)
+        body = "".join(
+            "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
+            for row in self._rows())
+        return (f"<table class='rlm-usage'><thead><tr>{head}</tr></thead>"
+                f"<tbody>{body}</tbody></table>")
+
+
+def format_cost(cost: float | None, unpriced_calls: int = 0) -> str:
+    """Dollars for display; '?' marks calls whose price litellm does not know."""
+    if cost is None:
+        return "?" if unpriced_calls else "$0"
+    text = f"${cost:.4f}" if cost < 100 else f"${cost:,.2f}"
+    return text + (" + ?" if unpriced_calls else "")
+
+
+class UsageLedger:
+    """Thread-safe, append-only record of model calls; forwards to its parent."""
+
+    def __init__(self, parent: "UsageLedger | None" = None):
+        self.parent = parent
+        self._records: list[CallRecord] = []
+        self._lock = threading.Lock()
+
+    def record(self, record: CallRecord) -> None:
+        with self._lock:
+            self._records.append(record)
+        if self.parent is not None:
+            self.parent.record(record)
+
+    @property
+    def records(self) -> list[CallRecord]:
+        with self._lock:
+            return list(self._records)
+
+    def summary(self) -> UsageSummary:
+        return UsageSummary.of(self.records)
+
+    @property
+    def cost_usd(self) -> float:
+        """Known cost so far (unpriced calls count as 0): what budgets compare against."""
+        with self._lock:
+            return sum(r.cost_usd or 0.0 for r in self._records)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._records.clear()
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+
+# Every call of the session, whichever RLM or helper made it: what usage() reports.
+SESSION_LEDGER = UsageLedger()
+
+
+def usage() -> UsageSummary:
+    """Totals per model of every LLM call made in this session."""
+    return SESSION_LEDGER.summary()

@@ -1,0 +1,74 @@
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+import pytest  # noqa: E402
+
+from rlm_magic import RLM  # noqa: E402
+
+from .llm_server import FakeLLMServer  # noqa: E402
+
+ROOT, SUB = "openai/root-model", "openai/sub-model"
+
+
+@pytest.fixture(scope="session")
+def llm_server():
+    server = FakeLLMServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def server(llm_server):
+    """The local OpenAI-compatible server, reset for this test."""
+    llm_server.reset()
+    yield llm_server
+    llm_server.reset()
+
+
+def make_rlm(server, **settings) -> RLM:
+    defaults = dict(model=ROOT, sub_model=SUB, api_base=server.base_url, api_key="sk-test",
+                    retry_backoff=0.01, progress=False, timeout=10)
+    return RLM(**{**defaults, **settings})
+
+
+@pytest.fixture
+def rlm(server):
+    return make_rlm(server)
+
+
+@pytest.fixture(scope="session")
+def ipython_shell():
+    from IPython.testing.globalipapp import start_ipython
+
+    shell = start_ipython()
+    shell.run_line_magic("load_ext", "rlm_magic")
+    yield shell
+
+
+@pytest.fixture
+def shell(ipython_shell, server):
+    """An IPython shell with rlm_magic loaded, pointed at the local server."""
+    from rlm_magic.extension import session_rlm
+
+    rlm = session_rlm(ipython_shell)
+    saved = {name: getattr(rlm, name) for name in rlm.class_trait_names(config=True)}
+    for name, value in dict(model=ROOT, sub_model=SUB, api_base=server.base_url,
+                            api_key="sk-test", retry_backoff=0.01, progress=False,
+                            timeout=10).items():
+        setattr(rlm, name, value)
+    yield ipython_shell
+    for name, value in saved.items():
+        setattr(rlm, name, value)
+
+
+async def run_cell(shell, code: str):
+    """Run a cell as the kernel would (input transformers, top-level await) and raise
+    its error, so a failing cell fails the test."""
+    result = await shell.run_cell_async(code, transformed_cell=shell.transform_cell(code))
+    error = result.error_before_exec or result.error_in_exec
+    if error is not None:
+        raise error
+    return result.result

@@ -168,8 +168,7 @@ class Run:
             result.stop_reason, result.error = "error", describe_exception(exc)
         finally:
             if live:
-                for name in ("context", "answer", "SHOW_VARS", "__rlm_async__",
-                             *self._repl_helpers()):
+                for name in (*injected, "__rlm_async__", *self._repl_helpers()):
                     namespace.pop(name, None)
                 namespace.update(saved)
             result.success = result.stop_reason == "final"
@@ -302,7 +301,12 @@ class Run:
 
     # -- the REPL's view --------------------------------------------------------------
     def _repl_globals(self) -> dict[str, Any]:
-        return {"context": self.context,
+        import json
+        import re
+
+        # asyncio, re and json come pre-imported: models use them without importing.
+        return {"asyncio": asyncio, "re": re, "json": json,
+                "context": self.context,
                 "answer": {"content": "", "ready": False},
                 "SHOW_VARS": self._show_vars}
 
@@ -315,7 +319,8 @@ class Run:
                 "rlm_query_batched": self.rlm_query_batch}
 
     def _user_variables(self, namespace) -> list[str]:
-        hidden = {"context", "answer", "SHOW_VARS", *self._repl_helpers()}
+        hidden = {"context", "answer", "SHOW_VARS", "asyncio", "re", "json",
+                  *self._repl_helpers()}
         return [name for name in namespace
                 if not name.startswith("_") and name not in hidden]
 

@@ -207,11 +207,11 @@ class AsyncREPL:
                 await asyncio.wait_for(asyncio.shield(done), timeout)
             except asyncio.TimeoutError:
                 self.stop(worker)
+                # Give the thread a moment to unwind so its last output is kept.
+                await asyncio.wait([done], timeout=0.5)
                 output.timed_out = True
                 output.error = (f"TimeoutError: this step ran longer than "
                                 f"{timeout:g}s and was stopped")
-                # Give the thread a moment to unwind so its last output is kept.
-                await asyncio.wait([done], timeout=0.5)
             except BaseException:
                 self.stop(worker)
                 raise

@@ -1,0 +1,38 @@
+"""The "Python 3 (RLM)" kernel: the stock IPython kernel with rlm_magic preloaded.
+
+A notebook using this kernel has ``llm_query``, ``llm_query_batch``, ``rlm_query``,
+``%%rlm`` ... from its first cell, with no ``%load_ext rlm_magic``. Install the kernel
+spec with ``python -m rlm_magic.kernelspec install``; Jupyter then starts it as
+``python -m rlm_magic.kernel -f {connection_file}``.
+"""
+
+from __future__ import annotations
+
+from ipykernel.ipkernel import IPythonKernel
+
+
+class RLMKernel(IPythonKernel):
+    """IPythonKernel that loads rlm_magic as soon as its shell exists."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)  # creates self.shell, already holding the user config
+        # Loading here, rather than through IPKernelApp.extensions, keeps it working
+        # whatever extension options the user's own config sets (those replace, not
+        # extend, a list given on the command line). Going through the extension
+        # manager marks it as loaded, so a later `%load_ext rlm_magic` is a no-op.
+        # It is cheap: rlm_magic imports litellm only on the first model call.
+        try:
+            self.shell.extension_manager.load_extension("rlm_magic")
+        except Exception:  # noqa: BLE001 - a broken extension must not kill the kernel
+            self.log.exception("rlm_magic could not be loaded; run %load_ext rlm_magic "
+                               "to see the error")
+
+
+def main() -> None:
+    from ipykernel.kernelapp import IPKernelApp
+
+    IPKernelApp.launch_instance(kernel_class=RLMKernel)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,371 @@
+"""The RLM loop, its REPL and its limits, with a scripted root model over real HTTP.
+
+Root and sub-calls are told apart by model name: the root model is "root-model" and
+sub-calls go to "sub-model" at the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+
+from rlm_magic import RLM, RLMResult
+
+from .conftest import make_rlm
+
+
+def repl(code: str, text: str = "") -> str:
+    return f"{text}\n```repl\n{code}\n```\n"
+
+
+def sub_requests(server):
+    return server.requests_for("sub-model")
+
+
+def root_requests(server):
+    return server.requests_for("root-model")
+
+
+def last_feedback(server) -> str:
+    """The last message the root model was sent (the REPL output it saw)."""
+    return root_requests(server)[-1]["messages"][-1]["content"]
+
+
+# -- finishing -----------------------------------------------------------------------
+
+async def test_final_on_its_own_line_ends_the_run(rlm, server):
+    server.script("root-model", ["I know it.\nFINAL(forty-two)"])
+    result = await rlm.arun("What is the answer?", context="ctx")
+    assert result.success and result.final_answer == "forty-two"
+    assert result.iterations == 1 and result.stop_reason == "final"
+
+
+async def test_final_var_returns_a_repl_variable(rlm, server):
+    server.script("root-model", [repl("total = sum(range(5))"), "FINAL_VAR(total)"])
+    result = await rlm.arun("sum?", context=[1])
+    assert result.final_answer == "10"
+
+
+async def test_final_var_in_the_same_reply_sees_that_replys_code(rlm, server):
+    server.script("root-model", [repl("word = context.upper()") + "FINAL_VAR(word)"])
+    result = await rlm.arun("shout", context="hi")
+    assert result.final_answer == "HI"
+
+
+async def test_final_var_of_a_missing_variable_is_reported_to_the_model(rlm, server):
+    server.script("root-model", ["FINAL_VAR(nope)", "FINAL(recovered)"])
+    result = await rlm.arun("q", context="c")
+    assert result.final_answer == "recovered"
+    assert "no variable named 'nope'" in last_feedback(server)
+
+
+async def test_answer_dict_protocol_ends_the_run(rlm, server):
+    server.script("root-model", [repl('answer["content"] = "via dict"\nanswer["ready"] = True')])
+    result = await rlm.arun("q", context="c")
+    assert result.final_answer == "via dict" and result.iterations == 1
+
+
+async def test_final_inside_code_or_mid_sentence_is_not_an_answer(rlm, server):
+    server.script("root-model", [
+        repl('print("FINAL(not this)")\n# FINAL(nor this)') + "I will call FINAL(x) later.",
+        "FINAL(the real one)"])
+    result = await rlm.arun("q", context="c")
+    assert result.final_answer == "the real one" and result.iterations == 2
+
+
+async def test_multiline_final(rlm, server):
+    server.script("root-model", ["FINAL(line one\nline two)"])
+    assert (await rlm.arun("q", context="c")).final_answer == "line one\nline two"
+
+
+# -- the REPL ------------------------------------------------------------------------
+
+async def test_code_output_errors_and_last_value_go_back_to_the_model(rlm, server):
+    server.script("root-model", [repl("print('hello')\n1 + 1"), repl("1/0"), "FINAL(done)"])
+    result = await rlm.arun("q", context="c")
+    first, second = (it.code[0].output for it in result.trajectory[:2])
+    assert first == "hello\n2"
+    assert "ZeroDivisionError: division by zero" in second and "1/0" in second
+    assert result.trajectory[1].code[0].error
+
+
+async def test_python_fences_run_too_and_state_persists(rlm, server):
+    server.script("root-model", ["```python\nx = 3\n```\n```repl\ny = x * 2\ny\n```",
+                                 repl("x + y"), "FINAL(ok)"])
+    result = await rlm.arun("q", context="c")
+    assert result.trajectory[0].code[1].output == "6"
+    assert result.trajectory[1].code[0].output == "9"
+
+
+async def test_long_output_is_cut_with_a_note(server):
+    rlm = make_rlm(server, max_output_chars=100)
+    server.script("root-model", [repl("print('x' * 5000)"), "FINAL(ok)"])
+    result = await rlm.arun("q", context="c")
+    seen = result.trajectory[0].code[0].output
+    assert seen.startswith("x" * 100)
+    assert "[output cut: 4,900 more characters" in seen
+    assert len(seen) < 200
+
+
+@pytest.mark.parametrize("style, code", [
+    ("await", "answers = await llm_query_batch([f'q{i}' for i in range(8)])"),
+    ("no-await", "answers = llm_query_batch([f'q{i}' for i in range(8)])"),
+    ("inside-def", "def ask(n):\n    return llm_query_batch([f'q{i}' for i in range(n)])\n"
+                   "answers = ask(8)"),
+    ("async-def-gather", "async def one(p):\n    return await llm_query(p)\n"
+                         "answers = await asyncio.gather(*[one(f'q{i}') for i in range(8)])"),
+    ("gather-of-calls", "answers = await asyncio.gather(*[llm_query(f'q{i}') for i in range(8)])"),
+    ("comprehension", "answers = [a for batch in [llm_query_batch([f'q{i}' for i in range(8)])]"
+                      " for a in batch]"),
+])
+async def test_batches_run_concurrently_in_every_style(rlm, server, style, code):
+    server.model_latency = {"sub-model": 0.4}
+    server.script("root-model", [repl(code + "\nprint(len(answers), answers[0])"), "FINAL(ok)"])
+    result = await rlm.arun("q", context="c")
+    assert result.trajectory[0].code[0].output == "8 echo: q0", style
+    assert server.peak_in_flight == 8, style
+    assert result.trajectory[0].code[0].elapsed_s < 8 * 0.4, style
+
+
+async def test_blocking_model_code_does_not_block_the_loop(rlm, server):
+    server.script("root-model", [repl("import time\ntime.sleep(0.5)"), "FINAL(ok)"])
+    ticks = 0
+
+    async def heartbeat():
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    beat = asyncio.ensure_future(heartbeat())
+    await rlm.arun("q", context="c")
+    beat.cancel()
+    assert ticks > 20  # the loop kept turning while the step slept
+
+
+# -- errors as values, pinning, recursion --------------------------------------------
+
+async def test_failed_sub_calls_are_error_strings_and_the_rest_survive(rlm, server):
+    server.fail("500", times=10, model="sub-model", match="bad")
+    server.script("root-model", [repl("out = llm_query_batch(['ok', 'bad', 'fine'])\n"
+                                      "one = llm_query('bad')\nprint(out)\nprint(one)"),
+                                 "FINAL(ok)"])
+    rlm.max_retries = 0
+    result = await rlm.arun("q", context="c")
+    seen = result.trajectory[0].code[0].output
+    assert "['echo: ok', \"Error: LLM call to 'openai/sub-model' failed" in seen
+    assert "'echo: fine']" in seen
+    assert seen.splitlines()[1].startswith("Error: LLM call")
+    assert result.success
+
+
+async def test_model_code_cannot_switch_models(rlm, server):
+    server.script("root-model", [repl("llm_query('a', model='gpt-4-32k')\n"
+                                      "llm_query_batch(['b'], model='o1-pro')"), "FINAL(ok)"])
+    await rlm.arun("q", context="c")
+    assert {r["model"] for r in server.requests} == {"root-model", "sub-model"}
+
+
+async def test_rlm_query_runs_a_child_rlm_on_the_sub_model(rlm, server):
+    server.script("root-model", [repl("r = rlm_query('count it', context=[1, 2, 3])\nprint(r)"),
+                                 "FINAL(parent done)"])
+    # The child RLM's root model is the sub-model.
+    server.script("sub-model", [repl("n = len(context)"), "FINAL_VAR(n)"])
+    result = await rlm.arun("q", context="c")
+    assert result.trajectory[0].code[0].output == "3"
+    assert result.usage.by_model["openai/sub-model"].calls == 2  # child's two turns
+    child_system = sub_requests(server)[0]["messages"][0]["content"]
+    assert "list, length 3" in child_system
+
+
+async def test_at_max_depth_rlm_query_is_a_plain_llm_query(server):
+    rlm = make_rlm(server, max_depth=0)
+    server.script("root-model", [repl("print(rlm_query('just ask'))"), "FINAL(ok)"])
+    result = await rlm.arun("q", context="c")
+    assert result.trajectory[0].code[0].output == "echo: just ask"
+    [sub] = sub_requests(server)
+    assert sub["messages"] == [{"role": "user", "content": "just ask"}]
+
+
+async def test_children_fall_back_to_llm_query_at_the_depth_limit(rlm, server):
+    # max_depth=1: the child's own rlm_query must not start a grandchild.
+    server.script("root-model", [repl("print(rlm_query('go'))"), "FINAL(ok)"])
+
+    def sub_model(body):
+        if body["messages"][0]["role"] != "system":
+            return "plain answer"  # a plain llm_query, not a child RLM's turn
+        child_turn = sum(m["role"] == "assistant" for m in body["messages"])
+        return repl("print(rlm_query('deeper'))") if child_turn == 0 else "FINAL(child ok)"
+
+    server.reply_with("sub-model", sub_model)
+    result = await rlm.arun("q", context="c")
+    assert result.trajectory[0].code[0].output == "child ok"
+    plain = [r for r in sub_requests(server) if r["messages"][-1]["content"] == "deeper"]
+    assert len(plain) == 1 and len(plain[0]["messages"]) == 1
+    assert "plain answer" in json.dumps(sub_requests(server)[-1])
+
+
+async def test_rlm_query_batch_runs_children_concurrently(rlm, server):
+    server.model_latency = {"sub-model": 0.3}
+    server.script("root-model", [repl("print(rlm_query_batch(['a', 'b', 'c', 'd']))"),
+                                 "FINAL(ok)"])
+    server.reply_with("sub-model", "FINAL(child)")
+    result = await rlm.arun("q", context="c")
+    assert result.trajectory[0].code[0].output == str(["child"] * 4)
+    assert server.peak_in_flight == 4
+
+
+# -- limits --------------------------------------------------------------------------
+
+async def test_at_max_iterations_the_model_is_asked_once_for_its_answer(server):
+    rlm = make_rlm(server, max_iterations=2)
+    server.script("root-model", [repl("x = 1"), repl("x += 1"), "FINAL(best guess)"])
+    result = await rlm.arun("q", context="c")
+    assert result.final_answer == "best guess" and result.success
+    assert len(root_requests(server)) == 3
+    assert "iteration limit" in root_requests(server)[-1]["messages"][-1]["content"]
+
+
+async def test_no_answer_at_max_iterations_is_a_failure_with_the_last_reply(server):
+    rlm = make_rlm(server, max_iterations=1)
+    server.script("root-model", [repl("x = 1"), "still thinking"])
+    result = await rlm.arun("q", context="c")
+    assert not result.success and result.stop_reason == "max_iterations"
+    assert result.final_answer == "still thinking"
+    assert "max_iterations=1" in result.error
+
+
+async def test_max_sub_calls_stops_requests_with_error_strings(server):
+    rlm = make_rlm(server, max_sub_calls=3)
+    server.script("root-model", [repl("out = llm_query_batch(['a', 'b', 'c', 'd', 'e'])\n"
+                                      "print(out[2]); print(out[3]); print(llm_query('f'))"),
+                                 "FINAL(ok)"])
+    result = await rlm.arun("q", context="c")
+    lines = result.trajectory[0].code[0].output.splitlines()
+    assert lines[0] == "echo: c"
+    assert lines[1].startswith("Error: max_sub_calls=3 reached") and lines[2] == lines[1]
+    assert len(sub_requests(server)) == 3
+
+
+async def test_max_cost_usd_stops_the_run_with_a_partial_result(server):
+    rlm = make_rlm(server, model="openai/gpt-4o", max_cost_usd=0.001)
+    server.usage = (100_000, 1_000)  # ~ $0.26 per gpt-4o reply
+    server.script("gpt-4o", [repl("x = 1"), "FINAL(too late)"])
+    result = await rlm.arun("q", context="c")
+    assert not result.success and result.stop_reason == "budget"
+    assert "cost budget exceeded" in result.error and "max_cost_usd=$0.001" in result.error
+    assert result.iterations == 1 and result.usage.cost_usd > 0.001
+    assert len(server.requests_for("gpt-4o")) == 1
+
+
+async def test_sub_calls_past_the_budget_send_nothing(server):
+    rlm = make_rlm(server, sub_model="openai/gpt-4o", max_cost_usd=0.001)
+    server.usage = (100_000, 1_000)
+    server.script("root-model", [repl("a = llm_query('first')\nb = llm_query('second')\nprint(b)"),
+                                 "FINAL(x)"])
+    result = await rlm.arun("q", context="c")
+    assert "cost budget max_cost_usd=$0.001 is spent" in result.trajectory[0].code[0].output
+    assert len(server.requests_for("gpt-4o")) == 1
+    assert result.stop_reason == "budget"
+
+
+async def test_a_step_past_step_timeout_is_stopped_and_the_model_told(server):
+    rlm = make_rlm(server, step_timeout=0.5)
+    server.script("root-model", [repl("print('started')\nwhile True:\n    pass"), "FINAL(ok)"])
+    started = time.perf_counter()
+    result = await rlm.arun("q", context="c")
+    assert time.perf_counter() - started < 5
+    seen = result.trajectory[0].code[0].output
+    assert "started" in seen and "longer than 0.5s and was stopped" in seen
+    assert result.success
+
+
+async def test_a_failing_root_model_fails_the_run_cleanly(server):
+    rlm = make_rlm(server, max_retries=0)
+    server.fail("401", model="root-model")
+    result = await rlm.arun("q", context="c")
+    assert not result.success and result.stop_reason == "error"
+    assert "injected bad API key" in result.error
+
+
+# -- isolation, concurrency, secrets --------------------------------------------------
+
+async def test_each_run_has_a_fresh_namespace_and_the_context_is_not_copied(rlm, server):
+    big = "x" * 1_000_000
+    server.script("root-model", [repl("import builtins\nseen_id = id(context)\nprint(seen_id)"),
+                                 "FINAL(ok)"])
+    result = await rlm.arun("q", context=big)
+    assert result.trajectory[0].code[0].output == str(id(big))
+    server.script("root-model", [repl("print('seen_id' in dir())"), "FINAL(ok)"])
+    again = await rlm.arun("q", context=big)
+    assert again.trajectory[0].code[0].output == "False"
+
+
+async def test_concurrent_runs_on_one_rlm_do_not_mix_output_or_state(rlm, server):
+    def root(body):
+        turn = sum(1 for m in body["messages"] if m["role"] == "assistant")
+        tag = body["messages"][1]["content"].split()[1]
+        if turn == 0:
+            return repl(f"mine = '{tag}'\nfor i in range(50):\n    print('{tag}', i)\n"
+                        "import time; time.sleep(0.001)")
+        return "FINAL_VAR(mine)"
+
+    server.reply_with("root-model", root)
+    results = await asyncio.gather(*(rlm.arun(f"run{i} q", context=i) for i in range(5)))
+    for i, result in enumerate(results):
+        assert result.final_answer == f"run{i}"
+        lines = result.trajectory[0].code[0].output.splitlines()
+        assert lines == [f"run{i} {n}" for n in range(50)]
+
+
+async def test_secrets_never_reach_the_model(rlm, server, monkeypatch):
+    monkeypatch.setenv("MY_SERVICE_TOKEN", "tok-very-secret-123")
+    rlm.api_key = "sk-configured-key-456"
+    context = "log line: auth tok-very-secret-123 and sk-configured-key-456 end"
+    server.script("root-model", [repl("print(context)\nprint(llm_query(context))"), "FINAL(ok)"])
+    result = await rlm.arun("q", context=context)
+    sent = json.dumps(server.requests)
+    assert "tok-very-secret-123" not in sent and "sk-configured-key-456" not in sent
+    assert "[REDACTED]" in sent
+    assert "tok-very-secret-123" not in json.dumps(result.to_dict())
+
+
+# -- results -------------------------------------------------------------------------
+
+async def test_result_is_json_safe_and_saves_as_jsonl(rlm, server, tmp_path):
+    server.script("root-model", [repl("print(llm_query('x'))"), "FINAL(ok)"])
+    result = await rlm.arun("q", context="c")
+    data = json.loads(json.dumps(result.to_dict()))
+    assert data["final_answer"] == "ok" and data["iterations"] == 2
+    assert data["usage"]["total"]["calls"] == 3
+    assert data["trajectory"][0]["sub_calls"] == 1
+    path = result.save(tmp_path / "runs.jsonl")
+    result.save(path)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [line["type"] for line in lines] == ["iteration", "iteration", "result"] * 2
+
+
+async def test_result_text_is_short_and_html_shows_answer_and_code(rlm, server):
+    server.script("root-model", [repl("value = 6 * 7"), "FINAL(forty-two)"])
+    result = await rlm.arun("q", context="c")
+    assert repr(result) == "RLMResult(ok, iterations=2, sub-calls=0): forty-two"
+    page = result._repr_html_()
+    assert "forty-two" in page and "value" in page and "Iteration 2" in page
+
+
+def test_run_wraps_arun_outside_a_loop(server):
+    rlm = make_rlm(server)
+    server.script("root-model", ["FINAL(sync)"])
+    assert rlm.run("q", context="c").final_answer == "sync"
+
+
+async def test_run_inside_a_loop_says_to_await_arun(rlm):
+    with pytest.raises(RuntimeError, match="await rlm.arun"):
+        rlm.run("q")
+
+
+def test_rlm_is_the_configurable_named_rlm():
+    assert RLM.__name__ == "RLM" and isinstance(RLMResult(query="q"), RLMResult)

@@ -153,11 +153,12 @@ class Run:
         result = self.result
         live = self.namespace is not None
         namespace = self.namespace if live else {"__name__": "__rlm__"}
-        saved = {}
+        saved, touched = {}, []
         try:
             injected = self._repl_globals()
+            touched = [*injected, *self._repl_helpers(), "__rlm_async__"]
             if live:
-                saved = {name: namespace[name] for name in injected if name in namespace}
+                saved = {name: namespace[name] for name in touched if name in namespace}
             namespace.update(injected)
             self.repl = AsyncREPL(namespace, self._repl_helpers())
             await self._loop(result)
@@ -168,7 +169,7 @@ class Run:
             result.stop_reason, result.error = "error", describe_exception(exc)
         finally:
             if live:
-                for name in (*injected, "__rlm_async__", *self._repl_helpers()):
+                for name in touched:
                     namespace.pop(name, None)
                 namespace.update(saved)
             result.success = result.stop_reason == "final"

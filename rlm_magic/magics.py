@@ -134,7 +134,7 @@ def _checked_options(args) -> dict[str, Any]:
     if args.max_depth is not None and args.max_depth < 0:
         raise UsageError(f"--max-depth must be >= 0, got {args.max_depth}")
     for flag, value in (("--model", args.model), ("--sub-model", args.sub_model)):
-        if value is not None and not value.strip():
+        if value is not None and not value.strip().strip("'\""):
             raise UsageError(f"{flag} needs a model name")
     return {"model": args.model, "sub_model": args.sub_model,
             "max_iterations": args.max_iterations, "max_depth": args.max_depth}

@@ -1,0 +1,416 @@
+"""Tests against real Jupyter kernels: the "rlm" kernel spec, live widget progress and
+interrupts.
+
+The kernels run in their own processes and reach the FakeLLMServer of this pytest
+process over 127.0.0.1. Kernel specs are installed into a temporary prefix, never
+globally. Run with ``-s`` to see the measured interrupt times and message counts.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import queue
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+jupyter_client = pytest.importorskip("jupyter_client")
+nbformat = pytest.importorskip("nbformat")
+nbclient = pytest.importorskip("nbclient")
+
+from jupyter_client.kernelspec import KernelSpecManager  # noqa: E402
+from jupyter_client.manager import AsyncKernelManager, KernelManager  # noqa: E402
+
+pytestmark = pytest.mark.kernel
+
+ROOT, SUB = "root-model", "sub-model"  # as the server sees them
+INTERRUPT_LIMIT_S = 1.0
+MEASURED: dict[str, float] = {}
+
+
+# -- kernel specs --------------------------------------------------------------------
+def _run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True,
+                          timeout=60, env=env)
+
+
+def _kernel_dir(prefix: Path) -> Path:
+    return prefix / "share" / "jupyter" / "kernels"
+
+
+@pytest.fixture(scope="session")
+def kernel_prefix(tmp_path_factory) -> Path:
+    """A prefix holding the "rlm" spec and this venv's own "python3" spec."""
+    prefix = tmp_path_factory.mktemp("jupyter-prefix")
+    done = _run("-m", "rlm_magic.kernelspec", "install", "--prefix", str(prefix))
+    assert done.returncode == 0, done.stderr
+    assert str(_kernel_dir(prefix) / "rlm") in done.stdout
+    done = _run("-m", "ipykernel", "install", "--prefix", str(prefix))
+    assert done.returncode == 0, done.stderr
+    return prefix
+
+
+@pytest.fixture(scope="session")
+def kernel_specs(kernel_prefix) -> KernelSpecManager:
+    return KernelSpecManager(kernel_dirs=[str(_kernel_dir(kernel_prefix))])
+
+
+@pytest.fixture(scope="session")
+def kernel_env(tmp_path_factory) -> dict:
+    env = dict(os.environ)
+    env["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
+    env["IPYTHONDIR"] = str(tmp_path_factory.mktemp("ipython"))  # no user config
+    env.pop("JUPYTER_PATH", None)
+    return env
+
+
+def _kernelspec_list(prefix: Path) -> dict:
+    env = {**os.environ, "JUPYTER_PATH": str(prefix / "share" / "jupyter")}
+    done = _run("-m", "jupyter", "kernelspec", "list", "--json", env=env)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)["kernelspecs"]
+
+
+def test_installed_spec(kernel_prefix, kernel_specs):
+    spec = kernel_specs.get_kernel_spec("rlm")
+    assert spec.display_name == "Python 3 (RLM)"
+    assert spec.language == "python"
+    assert spec.interrupt_mode == "signal"
+    assert spec.metadata == {"debugger": True}
+    assert spec.argv == [sys.executable, "-m", "rlm_magic.kernel", "-f", "{connection_file}"]
+    for logo in ("logo-32x32.png", "logo-64x64.png"):
+        assert (Path(spec.resource_dir) / logo).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert Path(_kernelspec_list(kernel_prefix)["rlm"]["resource_dir"]) == \
+        _kernel_dir(kernel_prefix) / "rlm"
+
+
+def test_install_list_uninstall(tmp_path):
+    prefix = tmp_path / "prefix"
+    assert "rlm2" not in _kernelspec_list(prefix)
+    done = _run("-m", "rlm_magic.kernelspec", "install", "--prefix", str(prefix),
+                "--name", "rlm2")
+    assert done.returncode == 0, done.stderr
+    assert "rlm2" in _kernelspec_list(prefix)
+    done = _run("-m", "rlm_magic.kernelspec", "uninstall", "--prefix", str(prefix),
+                "--name", "rlm2")
+    assert done.returncode == 0, done.stderr
+    assert "Removed" in done.stdout
+    assert "rlm2" not in _kernelspec_list(prefix)
+    done = _run("-m", "rlm_magic.kernelspec", "uninstall", "--prefix", str(prefix),
+                "--name", "rlm2")
+    assert done.returncode == 1
+    assert done.stderr.startswith("error: no kernel spec 'rlm2'")
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+# -- driving a kernel ----------------------------------------------------------------
+class Kernel:
+    """A started kernel with a blocking client; keeps every iopub message it reads,
+    with the time it arrived."""
+
+    def __init__(self, name: str, specs: KernelSpecManager, env: dict):
+        self.km = KernelManager(kernel_name=name, kernel_spec_manager=specs)
+        self.km.start_kernel(env=env)
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=60)
+        self.iopub: list[tuple[float, dict]] = []
+
+    def stop(self) -> None:
+        self.kc.stop_channels()
+        self.km.shutdown_kernel(now=True)
+
+    def submit(self, code: str) -> str:
+        return self.kc.execute(code)
+
+    def pump(self, until=lambda: False, timeout: float = 0.02) -> bool:
+        """Read iopub messages for up to ``timeout`` s, stopping early once ``until()``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if until():
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return until()
+            try:
+                msg = self.kc.get_iopub_msg(timeout=min(left, 0.01))
+            except queue.Empty:
+                continue
+            self.iopub.append((time.perf_counter(), msg))
+
+    def messages(self, msg_id: str, msg_type: str | None = None) -> list[tuple[float, dict]]:
+        return [(t, m) for t, m in self.iopub if m["parent_header"].get("msg_id") == msg_id
+                and (msg_type is None or m["msg_type"] == msg_type)]
+
+    def _idle(self, msg_id: str) -> bool:
+        return any(m["content"].get("execution_state") == "idle"
+                   for _, m in self.messages(msg_id, "status"))
+
+    def wait(self, msg_id: str, timeout: float = 60) -> tuple[dict, float]:
+        """The execute_reply of ``msg_id`` and when it arrived; then drains its iopub."""
+        deadline = time.monotonic() + timeout
+        reply = None
+        while reply is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no execute_reply within {timeout}s")
+            if self.kc.shell_channel.msg_ready():
+                msg = self.kc.get_shell_msg(timeout=1)
+                if msg["parent_header"].get("msg_id") == msg_id:
+                    reply, arrived = msg, time.perf_counter()
+                continue
+            self.pump(timeout=0.005)
+        assert self.pump(lambda: self._idle(msg_id), timeout=max(deadline - time.monotonic(), 5))
+        return reply["content"], arrived
+
+    def run(self, code: str, timeout: float = 60) -> str:
+        """Run a cell that must succeed; returns its text output (stdout + result)."""
+        msg_id = self.submit(code)
+        reply, _ = self.wait(msg_id, timeout)
+        assert reply["status"] == "ok", (f"{code!r} failed: {reply.get('ename')}: "
+                                         f"{reply.get('evalue')}\n" +
+                                         "\n".join(reply.get("traceback", [])))
+        out = []
+        for _, msg in self.messages(msg_id):
+            if msg["msg_type"] == "stream":
+                out.append(msg["content"]["text"])
+            elif msg["msg_type"] == "execute_result":
+                out.append(msg["content"]["data"]["text/plain"])
+        return "".join(out)
+
+    def value(self, expr: str, timeout: float = 60):
+        return ast.literal_eval(self.run(expr, timeout).strip())
+
+
+def configure(kernel: Kernel, server) -> None:
+    kernel.run("\n".join([
+        f'%config RLM.api_base = "{server.base_url}"',
+        '%config RLM.model = "openai/root-model"',
+        '%config RLM.sub_model = "openai/sub-model"',
+        '%config RLM.api_key = "sk-test"',
+        "%config RLM.retry_backoff = 0.01",
+        "%config RLM.timeout = 60.0",
+    ]))
+
+
+@pytest.fixture(scope="module")
+def rlm_kernel(kernel_specs, kernel_env, llm_server):
+    """The "rlm" kernel: no %load_ext anywhere. Warmed up: litellm is imported."""
+    kernel = Kernel("rlm", kernel_specs, kernel_env)
+    try:
+        configure(kernel, llm_server)
+        llm_server.reset()
+        assert kernel.value('await llm_query("hi")', timeout=90) == "echo: hi"
+        yield kernel
+    finally:
+        kernel.stop()
+
+
+@pytest.fixture(scope="module")
+def stock_kernel(kernel_specs, kernel_env, llm_server):
+    """The venv's own stock "python3" kernel, after %load_ext rlm_magic."""
+    assert kernel_specs.get_kernel_spec("python3").argv[0] == sys.executable
+    kernel = Kernel("python3", kernel_specs, kernel_env)
+    try:
+        assert "llm_query" not in kernel.run("%who_ls")
+        kernel.run("%load_ext rlm_magic")
+        configure(kernel, llm_server)
+        llm_server.reset()
+        assert kernel.value('await llm_query("hi")', timeout=90) == "echo: hi"
+        yield kernel
+    finally:
+        kernel.stop()
+
+
+def test_rlm_kernel_has_helpers_without_load_ext(rlm_kernel, server):
+    assert rlm_kernel.value("await llm_query('hello')") == "echo: hello"
+    assert rlm_kernel.value("await llm_query_batch(['a', 'b'])") == ["echo: a", "echo: b"]
+    assert server.requests_for(SUB) and not server.requests_for(ROOT)
+    assert rlm_kernel.value("'rlm' in get_ipython().magics_manager.magics['cell']") is True
+    # A notebook written for any kernel loads the extension itself: silent, a no-op.
+    assert rlm_kernel.run("%load_ext rlm_magic") == ""
+    assert rlm_kernel.value("await llm_query('again')") == "echo: again"
+
+
+def test_notebook_runs_in_rlm_kernel(kernel_specs, kernel_env, server, tmp_path):
+    server.script(ROOT, ["Let me look.\n```repl\nprint(context.upper())\n```",
+                         "The context shouts.\nFINAL(it says HELLO WORLD)"])
+    cells = [
+        "\n".join([f'%config RLM.api_base = "{server.base_url}"',
+                   '%config RLM.model = "openai/root-model"',
+                   '%config RLM.sub_model = "openai/sub-model"',
+                   '%config RLM.api_key = "sk-test"']),
+        "answer = await llm_query('ping')\nprint(answer)",
+        "await llm_query_batch(['x', 'y', 'z'])",
+        "data = 'hello world'",
+        "%%rlm -c data --out res\nWhat does {data!r} say?",
+        "res.final_answer, res.success, res.iterations",
+    ]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    nb.metadata["kernelspec"] = {"name": "rlm", "display_name": "Python 3 (RLM)",
+                                 "language": "python"}
+    km = AsyncKernelManager(kernel_name="rlm", kernel_spec_manager=kernel_specs)
+    client = nbclient.NotebookClient(nb, km=km, timeout=90,
+                                     resources={"metadata": {"path": str(tmp_path)}})
+    client.execute(env=kernel_env)
+
+    def text(index):
+        # stream and results only: progress widgets come as display_data
+        return "".join(o["text"] if o.output_type == "stream" else o.data["text/plain"]
+                       for o in nb.cells[index].outputs
+                       if o.output_type in ("stream", "execute_result"))
+
+    assert text(1) == "echo: ping\n"
+    assert text(2) == "['echo: x', 'echo: y', 'echo: z']"
+    assert text(5) == "('it says HELLO WORLD', True, 2)"
+    root_requests = server.requests_for(ROOT)
+    assert len(root_requests) == 2
+    assert "What does 'hello world' say?" in root_requests[0]["messages"][-1]["content"]
+    assert "HELLO WORLD" in root_requests[1]["messages"][-2]["content"] + \
+        root_requests[1]["messages"][-1]["content"]
+
+
+# -- live progress ------------------------------------------------------------------
+def test_widget_updates_stream_while_batch_runs(rlm_kernel, server):
+    rlm_kernel.run("%config RLM.progress = True\n%config RLM.max_concurrency = 4")
+    server.latency = 1.5
+    try:
+        started = time.perf_counter()
+        msg_id = rlm_kernel.submit("_r = await llm_query_batch([f'p{i}' for i in range(8)])")
+        reply, replied = rlm_kernel.wait(msg_id, timeout=60)
+    finally:
+        rlm_kernel.run("%config RLM.max_concurrency = 16")
+    assert reply["status"] == "ok"
+    assert server.peak_in_flight == 4
+    duration = replied - started
+    updates = [(t, m) for t, m in rlm_kernel.messages(msg_id, "comm_msg")
+               if m["content"]["data"].get("method") == "update"]
+    during = [t for t, _ in updates if t < replied - 0.5]
+    # Live: updates kept coming while requests were still running.
+    assert len(during) >= 4, f"only {len(during)} updates before the batch ended"
+    assert any(t < started + 1.4 for t in during), "no update during the first wave"
+    # Throttled: progress ticks at 4 Hz; allow the opening and closing messages.
+    limit = 4 * duration + 8
+    bar_values = [m["content"]["data"]["state"]["value"] for _, m in updates
+                  if "value" in m["content"]["data"]["state"]
+                  and isinstance(m["content"]["data"]["state"]["value"], int)]
+    MEASURED["widget updates"] = len(updates)
+    print(f"\n[widgets] {len(updates)} comm_msg updates over {duration:.2f}s "
+          f"({len(during)} before the end; limit {limit:.0f}); bar values {bar_values}")
+    assert len(updates) <= limit, f"{len(updates)} updates in {duration:.2f}s"
+    assert bar_values and bar_values[-1] == 8
+    assert rlm_kernel.value("_r") == [f"echo: p{i}" for i in range(8)]
+
+
+# -- interrupts ---------------------------------------------------------------------
+def interrupt_and_check(kernel: Kernel, server, label: str, code: str, ready,
+                        ready_timeout: float = 30) -> dict:
+    """Run ``code``, interrupt it once ``ready(msg_id)``, and check the kernel stopped
+    it at once and cleanly. Returns the usage delta of the cell, as seen in the kernel."""
+    kernel.run("import signal, rlm_magic, rlm_magic.interrupts\n"
+               "_sigint_before = signal.getsignal(signal.SIGINT)\n"
+               "_usage_before = rlm_magic.usage()")
+    msg_id = kernel.submit(code)
+    assert kernel.pump(lambda: ready(msg_id), timeout=ready_timeout), \
+        f"[{label}] the cell never got going (server: {len(server.requests)} requests, " \
+        f"{server.in_flight} in flight)"
+    in_flight = server.in_flight
+    interrupted = time.perf_counter()
+    kernel.km.interrupt_kernel()
+    reply, replied = kernel.wait(msg_id, timeout=60)
+    elapsed = replied - interrupted
+    MEASURED[label] = elapsed
+    print(f"\n[{label}] interrupt -> execute_reply: {elapsed:.3f}s "
+          f"({in_flight} requests were in flight)")
+    assert reply["status"] == "error", f"[{label}] cell finished {reply['status']!r}"
+    assert reply["ename"] == "KeyboardInterrupt", f"[{label}] {reply['ename']}: " \
+        f"{reply['evalue']}"
+    assert elapsed <= INTERRUPT_LIMIT_S, f"[{label}] took {elapsed:.3f}s to stop"
+    assert server.wait_for(lambda: server.in_flight == 0, timeout=5), \
+        f"[{label}] {server.in_flight} requests still open after the interrupt"
+    assert kernel.value("1 + 1") == 2
+    assert kernel.value("signal.getsignal(signal.SIGINT) is _sigint_before") is True
+    assert kernel.value("(rlm_magic.interrupts._guarded, "
+                        "rlm_magic.interrupts._previous_handler)") == ({}, None)
+    return kernel.value("_u = rlm_magic.usage(); {'calls': _u.calls - _usage_before.calls, "
+                        "'input_tokens': _u.input_tokens - _usage_before.input_tokens, "
+                        "'errors': _u.total.errors - _usage_before.total.errors}")
+
+
+def _mixed_batch(kernel: Kernel, server, label: str) -> None:
+    """8 prompts: 4 answer at once, 4 take 30 s; interrupt once the fast 4 are counted
+    in the kernel (the progress bar shows 4) and the slow 4 are at the server."""
+    kernel.run("%config RLM.progress = True")
+    server.latency_for = lambda body: (0.0 if "fast" in body["messages"][-1]["content"]
+                                       else 30.0)
+
+    def ready(msg_id):
+        shown = [m["content"]["data"]["state"].get("value")
+                 for _, m in kernel.messages(msg_id, "comm_msg")
+                 if m["content"]["data"].get("method") == "update"]
+        return 4 in shown and server.in_flight == 4
+
+    usage = interrupt_and_check(
+        kernel, server, label,
+        "await llm_query_batch([f'fast {i}' for i in range(4)] + "
+        "[f'slow {i}' for i in range(4)])", ready)
+    # The 4 answered calls keep their tokens; the 4 cut off are recorded as errors.
+    assert usage == {"calls": 8, "input_tokens": 40, "errors": 4}, usage
+    assert server.completed == 4 and server.cancelled == 4
+
+
+def test_interrupt_batch_in_rlm_kernel(rlm_kernel, server):
+    _mixed_batch(rlm_kernel, server, "a: batch, rlm kernel")
+
+
+def test_interrupt_batch_in_stock_kernel(stock_kernel, server):
+    _mixed_batch(stock_kernel, server, "b: batch, stock kernel")
+
+
+def test_interrupt_rlm_blocking_step(rlm_kernel, server):
+    # The model's code makes one sub-call (so we can see the step has started), then
+    # blocks its thread in time.sleep.
+    server.script(ROOT, ["I will wait.\n```repl\nprint(llm_query('step started'))\n"
+                         "import time\ntime.sleep(30)\n```"])
+    rlm_kernel.run("data = 'some context'")
+
+    def ready(msg_id):
+        return server.completed >= 2  # the root reply, then the step's sub-call
+
+    def ready_and_sleeping(msg_id):
+        if not ready(msg_id):
+            return False
+        # The step is now between its sub-call and time.sleep(30): give it a moment to
+        # enter the sleep (interrupting any earlier must work too).
+        time.sleep(0.3)
+        return True
+
+    usage = interrupt_and_check(rlm_kernel, server, "c: %%rlm, blocking step",
+                                "%%rlm -c data\nWhat is in the data?", ready_and_sleeping)
+    assert usage["calls"] == 2 and usage["errors"] == 0, usage
+    assert rlm_kernel.value("_rlm.stop_reason, _rlm.success") == ("interrupted", False)
+    assert rlm_kernel.value("len(_rlm.trajectory)") == 1
+
+
+def test_interrupt_rlm_step_awaiting_batch(rlm_kernel, server):
+    server.script(ROOT, ["Fan out.\n```repl\nanswers = await llm_query_batch("
+                         "[f'part {i}' for i in range(8)])\nprint(len(answers))\n```"])
+    server.model_latency[SUB] = 30.0
+    rlm_kernel.run("data = 'some context'")
+    usage = interrupt_and_check(rlm_kernel, server, "d: %%rlm, step awaiting a batch",
+                                "%%rlm -c data --out res_d\nSummarise the data.",
+                                lambda msg_id: server.in_flight == 8)
+    assert usage["calls"] == 9 and usage["input_tokens"] == 10, usage  # root answered
+    assert server.cancelled == 8
+    assert rlm_kernel.value("res_d.stop_reason") == "interrupted"
+
+
+def test_report_measurements():
+    """Not a check: prints what the interrupt tests measured (visible with -s)."""
+    for name, figure in MEASURED.items():
+        print(f"\n  {name}: {figure:.3f}" if isinstance(figure, float) else
+              f"\n  {name}: {figure}", end="")

@@ -1,0 +1,283 @@
+"""The extension in an IPython shell: loading, configuration, %rlm and %%rlm.
+
+Cells run through ``run_cell_async`` with the shell's input transformers, as in a
+kernel; ``run_cell`` re-raises a cell's error so a failing cell fails its test.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from IPython.core.error import UsageError
+from traitlets import TraitError
+
+import rlm_magic
+from rlm_magic.extension import session_rlm
+
+from .conftest import run_cell
+from .test_engine import repl
+
+
+# -- loading ---------------------------------------------------------------------------
+
+def test_loading_puts_awaitable_helpers_in_the_namespace(shell):
+    import inspect
+
+    for name in ("llm_query", "llm_query_batch", "llm_query_batched", "rlm_query",
+                 "rlm_query_batch", "rlm_query_batched"):
+        assert inspect.iscoroutinefunction(shell.user_ns[name]), name
+
+
+def test_loading_twice_is_harmless_and_unload_removes_everything(shell):
+    rlm = session_rlm(shell)
+    shell.run_line_magic("load_ext", "rlm_magic")
+    rlm_magic.load_ipython_extension(shell)
+    assert session_rlm(shell) is rlm
+    assert shell.input_transformers_cleanup.count(
+        rlm_magic.magics.transform_rlm_cell) == 1
+    shell.run_line_magic("unload_ext", "rlm_magic")
+    try:
+        assert "llm_query" not in shell.user_ns
+        assert "rlm" not in shell.magics_manager.magics["cell"]
+        assert rlm_magic.magics.transform_rlm_cell not in shell.input_transformers_cleanup
+        assert rlm not in shell.configurables
+    finally:
+        shell.run_line_magic("load_ext", "rlm_magic")
+
+
+def test_loading_does_not_import_litellm():
+    import subprocess
+    import sys
+
+    code = ("import sys, time\nfrom IPython.testing.globalipapp import start_ipython\n"
+            "shell = start_ipython()\nt = time.perf_counter()\n"
+            "shell.run_line_magic('load_ext', 'rlm_magic')\n"
+            "print(time.perf_counter() - t, 'litellm' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out[1] == "False"
+    assert float(out[0]) < 1.0
+
+
+async def test_await_in_a_cell_runs_a_batch(shell, server):
+    answers = await run_cell(shell, "await llm_query_batch(['a', 'b'])")
+    assert answers == ["echo: a", "echo: b"]
+
+
+async def test_forgetting_await_shows_a_hint_and_no_warning(shell, recwarn):
+    import gc
+
+    await run_cell(shell, "pending = llm_query('x')")
+    coro = shell.user_ns.pop("pending")
+    text = shell.display_formatter.format(coro)[0]["text/plain"]
+    assert text == "<llm_query(...) was not run: add `await`, as in `result = await llm_query(...)`>"
+    del coro
+    gc.collect()
+    assert not [w for w in recwarn if "never awaited" in str(w.message)]
+
+
+async def test_usage_is_shown_per_model(shell, server):
+    rlm_magic.usage  # noqa: B018 - the module function, not the magic
+    before = rlm_magic.usage().calls
+    await run_cell(shell, "await llm_query('x')")
+    assert rlm_magic.usage().calls == before + 1
+    table = shell.run_line_magic("rlm", "usage")
+    assert "openai/sub-model" in repr(table) and "cost (USD)" in repr(table)
+    assert "<table" in table._repr_html_()
+
+
+# -- configuration ---------------------------------------------------------------------
+
+def test_config_magic_sets_the_session_rlm(shell):
+    shell.run_line_magic("config", "RLM.max_concurrency = 7")
+    assert session_rlm(shell).max_concurrency == 7
+
+
+def test_rlm_config_shows_settings_with_the_key_masked(shell):
+    session_rlm(shell).api_key = "sk-abcdefghijklmnop"
+    text = repr(shell.run_line_magic("rlm", "config"))
+    assert "sk-...mnop" in text and "sk-abcdefghijklmnop" not in text
+    assert "RLM.max_concurrency" in text
+
+
+def test_environment_variables_give_model_defaults(monkeypatch):
+    monkeypatch.setenv("RLM_MODEL", "anthropic/claude-x")
+    monkeypatch.setenv("RLM_SUB_MODEL", "openai/gpt-mini")
+    rlm = rlm_magic.RLM()
+    assert (rlm.model, rlm.effective_sub_model) == ("anthropic/claude-x", "openai/gpt-mini")
+    monkeypatch.delenv("RLM_SUB_MODEL")
+    assert rlm_magic.RLM().effective_sub_model == "anthropic/claude-x"
+
+
+def test_ipython_config_file_settings_apply():
+    from traitlets.config import Config
+
+    config = Config()
+    config.RLM.max_retries = 5
+    config.RLM.litellm_kwargs = {"temperature": 0}
+    rlm = rlm_magic.RLM(config=config)
+    assert rlm.max_retries == 5 and rlm.litellm_kwargs == {"temperature": 0}
+
+
+@pytest.mark.parametrize("name, good, bad, message", [
+    ("model", "openai/gpt-4o", "  ", "non-empty"),
+    ("api_base", "http://localhost:8000/v1", "localhost:8000", "http(s) URL"),
+    ("max_concurrency", 1, 0, ">= 1"),
+    ("timeout", 0.5, 0, "> 0"),
+    ("max_retries", 0, -1, ">= 0"),
+    ("retry_backoff", 0.0, -1.0, ">= 0"),
+    ("max_tokens", 1, 0, ">= 1"),
+    ("litellm_kwargs", {"temperature": 0.2}, {"stream": True}, "may not set stream"),
+    ("max_iterations", 1, 0, ">= 1"),
+    ("max_depth", 0, -1, ">= 0"),
+    ("max_sub_calls", 0, -5, ">= 0"),
+    ("max_cost_usd", 0.5, -1.0, ">= 0"),
+    ("step_timeout", 1.0, -1.0, "> 0"),
+    ("max_output_chars", 10, 0, ">= 1"),
+])
+def test_every_trait_validates(name, good, bad, message):
+    rlm = rlm_magic.RLM()
+    setattr(rlm, name, good)
+    assert getattr(rlm, name) == good
+    with pytest.raises(TraitError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        setattr(rlm, name, bad)
+    assert getattr(rlm, name) == good
+
+
+def test_plain_traits_take_their_values(tmp_path):
+    rlm = rlm_magic.RLM(progress=False, cache=True, cache_dir=str(tmp_path),
+                        api_key="k", sub_model="openai/s", system_prompt="Be {context_type}")
+    assert (rlm.progress, rlm.cache, rlm.cache_dir, rlm.api_key) == (False, True, str(tmp_path), "k")
+    assert rlm.effective_sub_model == "openai/s"
+
+
+# -- %%rlm -----------------------------------------------------------------------------
+
+async def test_rlm_cell_answers_stores_and_displays(shell, server):
+    shell.user_ns["logs"] = "timeout at svc-a\ntimeout at svc-a\nok at svc-b"
+    server.script("root-model", [repl("n = context.count('timeout')"), "FINAL_VAR(n)"])
+    await run_cell(shell, "%%rlm --context logs --out res\nHow many timeouts?")
+    result = shell.user_ns["res"]
+    assert result.final_answer == "2" and result.success
+    first = server.requests_for("root-model")[0]["messages"]
+    assert "How many timeouts?" in first[1]["content"]
+    assert "(str, length 45)" in first[0]["content"]
+
+
+async def test_rlm_cell_defaults_to_the_rlm_variable_and_interpolates(shell, server):
+    shell.user_ns["topic"] = "latency"
+    server.script("root-model", ["FINAL(ok)"])
+    await run_cell(shell, "%%rlm\nTell me about {topic} and {{braces}}")
+    assert shell.user_ns["_rlm"].query == "Tell me about latency and {braces}"
+
+
+async def test_no_interpolate_sends_the_query_as_written(shell, server):
+    server.script("root-model", ["FINAL(ok)"])
+    await run_cell(shell, "%%rlm --no-interpolate\nKeep {this} as is")
+    assert shell.user_ns["_rlm"].query == "Keep {this} as is"
+
+
+async def test_model_options_override_for_one_run(shell, server):
+    server.script("other-root", [repl("print(llm_query('x'))"), "FINAL(ok)"])
+    await run_cell(shell, "%%rlm --model openai/other-root --sub-model openai/other-sub "
+                          "--max-iterations 3 --max-depth 0 -q\nq")
+    assert {r["model"] for r in server.requests} == {"other-root", "other-sub"}
+    assert session_rlm(shell).model == "openai/root-model"  # the session is unchanged
+
+
+async def test_max_iterations_option_limits_the_run(shell, server):
+    server.script("root-model", [repl("x = 1"), "no answer"])
+    with pytest.raises(rlm_magic.RLMRunError, match="max_iterations=1"):
+        await run_cell(shell, "%%rlm --max-iterations 1 -q\nq")
+    assert shell.user_ns["_rlm"].stop_reason == "max_iterations"
+
+
+async def test_a_run_does_not_touch_user_variables(shell, server):
+    shell.user_ns.update(x=1, context="mine")
+    server.script("root-model", [repl("x = 99\ncontext = 'changed'\ndel llm_query"), "FINAL(ok)"])
+    await run_cell(shell, "%%rlm -q\nq")
+    assert shell.user_ns["x"] == 1 and shell.user_ns["context"] == "mine"
+    assert "llm_query" in shell.user_ns
+
+
+async def test_live_runs_in_the_notebook_namespace_and_restores_helpers(shell, server):
+    import inspect
+
+    shell.user_ns["data"] = [1, 2, 3]
+    server.script("root-model", [repl("made_by_model = sum(data)"), "FINAL(ok)"])
+    await run_cell(shell, "%%rlm --live -q\nq")
+    assert shell.user_ns["made_by_model"] == 6
+    assert inspect.iscoroutinefunction(shell.user_ns["llm_query"])
+
+
+async def test_quiet_suppresses_display(shell, server, capsys):
+    server.script("root-model", ["FINAL(shown?)"])
+    shown = []
+    original = shell.display_pub.publish
+    shell.display_pub.publish = lambda data, **kw: shown.append(data)
+    try:
+        await run_cell(shell, "%%rlm -q\nq")
+        assert shown == []
+        server.script("root-model", ["FINAL(shown!)"])
+        await run_cell(shell, "%%rlm\nq")
+        assert "shown!" in shown[-1]["text/plain"]
+    finally:
+        shell.display_pub.publish = original
+
+
+async def test_a_failed_run_fails_the_cell_and_keeps_the_partial_result(shell, server):
+    session_rlm(shell).max_retries = 0
+    server.fail("401", model="root-model")
+    with pytest.raises(rlm_magic.RLMRunError, match="injected bad API key") as caught:
+        await run_cell(shell, "%%rlm -q -o partial\nq")
+    assert caught.value._render_traceback_()[0].startswith("RLMRunError: RLM run error")
+    assert shell.user_ns["partial"].success is False
+
+
+@pytest.mark.parametrize("cell, message", [
+    ("%%rlm --bogus\nq", "unrecognized arguments: --bogus"),
+    ("%%rlm --max-iterations many\nq", "invalid int value: 'many'"),
+    ("%%rlm --max-iterations 0\nq", "--max-iterations must be >= 1"),
+    ("%%rlm --max-depth -1\nq", "--max-depth must be >= 0"),
+    ("%%rlm --out 1bad\nq", "--out needs a variable name"),
+    ("%%rlm --context missing_var\nq", "no variable named 'missing_var'"),
+    ("%%rlm\nabout {missing_var}", "no variable named 'missing_var'"),
+    ("%%rlm\nunmatched } brace", "literal braces"),
+    ("%%rlm\n   \n", "needs a question"),
+    ("%%rlm --model ''\nq", "--model needs a model name"),
+])
+async def test_bad_input_is_one_clear_line(shell, server, cell, message):
+    with pytest.raises(UsageError) as caught:
+        await run_cell(shell, cell)
+    assert message in str(caught.value)
+    assert "\n" not in str(caught.value).strip()
+    assert server.requests == []
+
+
+def test_rlm_cell_help_is_available(shell):
+    doc = shell.magics_manager.magics["cell"]["rlm"].__doc__
+    assert "--context" in doc and "--live" in doc and "--out" in doc
+
+
+def test_help_cells_are_not_rewritten():
+    from rlm_magic.magics import transform_rlm_cell
+
+    assert transform_rlm_cell(["%%rlm?\n"]) == ["%%rlm?\n"]
+    assert transform_rlm_cell(["%%rlmx\n"]) == ["%%rlmx\n"]
+    assert transform_rlm_cell(["%%rlm -c x\n", "q\n"])[0].startswith("await ")
+
+
+async def test_rlm_cell_runs_sub_calls_concurrently_on_the_shells_loop(shell, server):
+    server.model_latency = {"sub-model": 0.5}
+    server.script("root-model", [repl("a = llm_query_batch([str(i) for i in range(16)])"),
+                                 "FINAL(ok)"])
+    started = time.perf_counter()
+    await run_cell(shell, "%%rlm -q\nq")
+    assert time.perf_counter() - started < 3
+    assert server.peak_in_flight == 16
+
+
+async def test_unknown_line_subcommand_is_one_line(shell):
+    with pytest.raises(UsageError, match="unknown %rlm subcommand 'frobnicate'"):
+        shell.run_line_magic("rlm", "frobnicate")

@@ -50,9 +50,11 @@ def _demo(magics, args):
         demo.stop(magics.rlm)
         return None
     _no_args("demo", args)
-    server = demo.start(magics.rlm)
-    print(f"Demo model running at {server.base_url} (a scripted stand-in, not a language "
-          f"model). RLM.model = {magics.rlm.model!r}.")
+    demo.start(magics.rlm)
+    # No port in the message: notebooks re-run under nbval must print the same text.
+    print(f"Demo model running on 127.0.0.1: a scripted stand-in, not a language model.\n"
+          f"RLM.model = {magics.rlm.model!r}, RLM.sub_model = {magics.rlm.sub_model!r}. "
+          "`%rlm demo stop` restores your settings.")
     return None
 
 

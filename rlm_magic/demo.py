@@ -1,0 +1,295 @@
+"""The offline demo model: a scripted stand-in for a real provider, so rlm-magic can be
+tried with no API key and no network.
+
+``%rlm demo`` starts an OpenAI-compatible server on 127.0.0.1 (in a thread of its own)
+and points ``RLM`` at it. Requests travel the same path as to a real provider: litellm,
+HTTP, JSON. It is **not a language model**:
+
+- as *root* model it plays a fixed RLM strategy for the demo tasks: look at the context,
+  split it into chunks, fan out with ``llm_query_batch`` (or ``rlm_query_batch`` over a
+  dict of documents), add the answers up in code and finish with ``FINAL_VAR``;
+- as *sub* model it answers counting and sentiment prompts by rule;
+- it waits a realistic, deterministic time per request, so concurrency is visible.
+
+The demo models carry pretend prices (those of a small hosted model), so cost tracking
+and budgets can be seen working.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import re
+import threading
+import time
+from typing import Any
+
+ROOT_MODEL = "rlm-demo-root"
+SUB_MODEL = "rlm-demo-sub"
+# Pretend prices, USD per token (a small hosted model's), to show cost accounting.
+PRETEND_PRICES = {"input_cost_per_token": 0.15e-6, "output_cost_per_token": 0.60e-6}
+
+
+# -- the HTTP server ---------------------------------------------------------------------
+
+class LocalChatServer:
+    """A minimal OpenAI-compatible ``/v1/chat/completions`` server in a background
+    thread with its own event loop. Subclasses implement ``answer``."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0):
+        self.host, self.port = host, port
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._runner = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    @property
+    def running(self) -> bool:
+        return self._loop is not None
+
+    async def answer(self, body: dict) -> str:
+        raise NotImplementedError
+
+    def start(self):
+        ready = threading.Event()
+        failure: list[BaseException] = []
+        self._thread = threading.Thread(target=self._serve, args=(ready, failure),
+                                        daemon=True, name=type(self).__name__)
+        self._thread.start()
+        if not ready.wait(10) or failure:
+            raise RuntimeError(f"{type(self).__name__} did not start: {failure[:1]}")
+        return self
+
+    def stop(self) -> None:
+        loop, self._loop = self._loop, None
+        if loop is not None:
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), loop).result(5)
+            loop.call_soon_threadsafe(loop.stop)
+            self._thread.join(5)
+
+    def _serve(self, ready: threading.Event, failure: list) -> None:
+        from aiohttp import web
+
+        loop = asyncio.new_event_loop()
+        try:
+            app = web.Application(client_max_size=64 * 1024 * 1024)
+            app.router.add_post("/v1/chat/completions", self._chat)
+            app.router.add_post("/chat/completions", self._chat)
+            # handler_cancellation: a client that disconnects cancels its handler.
+            self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+            loop.run_until_complete(self._runner.setup())
+            site = web.TCPSite(self._runner, self.host, self.port, backlog=1024)
+            loop.run_until_complete(site.start())
+            self.port = site._server.sockets[0].getsockname()[1]
+        except BaseException as exc:  # noqa: BLE001 - reported by start()
+            failure.append(exc)
+            ready.set()
+            return
+        self._loop = loop
+        ready.set()
+        loop.run_forever()
+        loop.close()
+
+    async def _chat(self, request):
+        from aiohttp import web
+
+        body = await request.json()
+        try:
+            text = await self.answer(body)
+        except HTTPError as error:
+            return web.json_response({"error": {"message": error.message,
+                                                "type": error.kind}}, status=error.status)
+        return web.json_response(completion_json(body, text, self.usage_for(body, text)))
+
+    def usage_for(self, body: dict, text: str) -> tuple[int, int]:
+        """(prompt, completion) tokens: about four characters a token."""
+        prompt = sum(len(m.get("content") or "") for m in body.get("messages", []))
+        return max(1, prompt // 4), max(1, len(text) // 4)
+
+
+class HTTPError(Exception):
+    def __init__(self, status: int, message: str, kind: str = "server_error"):
+        super().__init__(message)
+        self.status, self.message, self.kind = status, message, kind
+
+
+def completion_json(body: dict, text: str, usage: tuple[int, int]) -> dict:
+    prompt_tokens, completion_tokens = usage
+    return {
+        "id": "chatcmpl-" + hashlib.sha1(text.encode()).hexdigest()[:12],
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": body.get("model", "unknown"),
+        "choices": [{"index": 0, "finish_reason": "stop",
+                     "message": {"role": "assistant", "content": text}}],
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                  "total_tokens": prompt_tokens + completion_tokens},
+    }
+
+
+# -- the demo model ------------------------------------------------------------------
+
+class DemoServer(LocalChatServer):
+    """Serves the demo root and sub models, with deterministic latency."""
+
+    def __init__(self, root_latency: float = 0.4, sub_latency: float = 0.25, **kwargs):
+        super().__init__(**kwargs)
+        self.root_latency = root_latency
+        self.sub_latency = sub_latency
+
+    async def answer(self, body: dict) -> str:
+        messages = body.get("messages") or []
+        is_rlm_turn = bool(messages) and messages[0].get("role") == "system" and \
+            "Python REPL" in (messages[0].get("content") or "")
+        text = root_reply(messages) if is_rlm_turn else sub_reply(messages[-1]["content"])
+        # Deterministic latency: a fixed base plus up to 40% more, by prompt hash.
+        base = self.root_latency if is_rlm_turn else self.sub_latency
+        digest = hashlib.sha1(json.dumps(messages).encode()).digest()[0]
+        await asyncio.sleep(base * (1 + 0.4 * digest / 255))
+        return text
+
+
+# Sub-model rules -------------------------------------------------------------------
+
+_COUNT = re.compile(r"Count the lines that contain '([^']+)'(?:, grouped by '([^']+)')?")
+_POSITIVE = {"good", "great", "love", "excellent", "fast", "happy", "recommend", "works",
+             "perfect", "nice", "easy", "helpful", "amazing", "best"}
+_NEGATIVE = {"bad", "slow", "broke", "broken", "hate", "terrible", "poor", "refund",
+             "worst", "awful", "crash", "crashes", "late", "disappointed", "useless"}
+
+
+def sub_reply(prompt: str) -> str:
+    """Answer a sub-call by rule: counting lines, or classifying sentiment."""
+    count = _COUNT.search(prompt)
+    if count:
+        term, field = count.group(1).lower(), count.group(2)
+        text = prompt[count.end():]
+        lines = [line for line in text.splitlines() if term in line.lower()]
+        if not field:
+            return json.dumps({"count": len(lines)})
+        tally: dict[str, int] = {}
+        pattern = re.compile(rf"\b{re.escape(field)}=(\S+)")
+        for line in lines:
+            found = pattern.search(line)
+            if found:
+                tally[found.group(1)] = tally.get(found.group(1), 0) + 1
+        return json.dumps(dict(sorted(tally.items())))
+    if "sentiment" in prompt.lower():
+        words = re.findall(r"[a-z']+", prompt.lower().split(":", 1)[-1])
+        score = sum(w in _POSITIVE for w in words) - sum(w in _NEGATIVE for w in words)
+        return "positive" if score > 0 else "negative" if score < 0 else "neutral"
+    return (f"[demo model] I only answer counting and sentiment prompts; yours had "
+            f"{len(prompt.split())} words.")
+
+
+# Root-model strategy ---------------------------------------------------------------
+
+def _question(messages: list[dict]) -> str:
+    first_user = next((m["content"] for m in messages if m.get("role") == "user"), "")
+    match = re.search(r"Question: (.*?)\n\nThe data is in", first_user, re.DOTALL)
+    return (match.group(1) if match else first_user).strip()
+
+
+def _task(question: str) -> tuple[str | None, str | None]:
+    """(term, field) for questions like: Which service has the most "timeout" lines?"""
+    term = re.search(r"[\"“']([^\"”']+)[\"”']", question)
+    field = re.search(r"\b(?:which|per|by|each)\s+([a-z_]+?)(?:es|s)?\b", question, re.I)
+    return (term.group(1) if term else None,
+            field.group(1).lower() if field else None)
+
+
+def root_reply(messages: list[dict]) -> str:
+    """The next move of the demo strategy, from how many turns came before."""
+    turn = sum(1 for m in messages if m.get("role") == "assistant")
+    question = _question(messages)
+    term, field = _task(question)
+    dict_context = "(dict, length" in (messages[0].get("content") or "")
+    if turn == 0:
+        return ("First I look at the context: its type, size and a sample.\n"
+                "```repl\nprint(type(context).__name__, len(context))\n"
+                "sample = list(context)[:3] if isinstance(context, dict) else context[:300]\n"
+                "print(sample)\n```")
+    if term is None:
+        return ("FINAL([demo model] I can only answer counting questions that quote the "
+                "term to count, e.g. Which service has the most \"timeout\" lines?)")
+    if dict_context and turn == 1:
+        # One child RLM per document: each runs this same strategy on its part.
+        return ("The context is a set of documents: I give each to a child RLM, "
+                "concurrently.\n```repl\nnames = list(context)\n"
+                f"answers = rlm_query_batch([{question!r}] * len(names), "
+                "[context[n] for n in names])\n"
+                "per_document = dict(zip(names, answers))\nprint(per_document)\n```")
+    if dict_context:
+        return ("Each document has its answer.\n```repl\nresult = '; '.join(f'{n}: {a}' "
+                "for n, a in per_document.items())\nprint(result)\n```\nFINAL_VAR(result)")
+    grouped = f", grouped by '{field}'" if field else ""
+    if turn == 1:
+        return ("I split the lines into chunks and count in every chunk at once.\n"
+                "```repl\nlines = context.splitlines() if isinstance(context, str) "
+                "else [str(row) for row in context]\n"
+                "size = max(1, min(2000, -(-len(lines) // 16)))\n"
+                "chunks = ['\\n'.join(lines[i:i + size]) for i in range(0, len(lines), size)]\n"
+                f"prompt = \"Count the lines that contain '{term}'{grouped}. Answer in JSON.\"\n"
+                "answers = llm_query_batch([prompt + '\\n\\n' + chunk for chunk in chunks])\n"
+                "print(len(chunks), 'chunks;', 'first answers:', answers[:2])\n```")
+    return ("Now I add up the chunk answers.\n```repl\nfrom collections import Counter\n"
+            "totals = Counter()\nfailed = 0\nfor a in answers:\n"
+            "    if a.startswith('Error:'):\n        failed += 1\n        continue\n"
+            "    totals.update(json.loads(a))\n"
+            + (f"ranked = totals.most_common()\nresult = ', '.join(f'{{k}}: {{v}}' for k, v "
+               f"in ranked)\nresult = f'Most \"{term}\" lines by {field}: ' + result\n"
+               if field else
+               f"result = f'{{totals[\"count\"]}} lines contain \"{term}\"'\n")
+            + "if failed:\n    result += f' ({failed} chunks failed)'\nprint(result)\n```\n"
+            "FINAL_VAR(result)")
+
+
+# -- starting it from a notebook -------------------------------------------------------
+
+_server: DemoServer | None = None
+_saved_settings: dict[str, Any] | None = None
+_DEMO_SETTINGS = ("model", "sub_model", "api_base", "api_key")
+
+
+def register_pretend_prices() -> None:
+    """Tell litellm the demo models' pretend prices, so their cost shows."""
+    from .client import _import_litellm
+
+    litellm = _import_litellm()
+    litellm.register_model({name: {**PRETEND_PRICES, "cache_read_input_token_cost": 0.0,
+                                   "cache_creation_input_token_cost": 0.0,
+                                   "litellm_provider": "openai",
+                                   "mode": "chat", "max_tokens": 4096,
+                                   "max_input_tokens": 128000}
+                            for name in (ROOT_MODEL, SUB_MODEL,
+                                         f"openai/{ROOT_MODEL}", f"openai/{SUB_MODEL}")})
+
+
+def start(rlm=None, **latency) -> DemoServer:
+    """Start the demo server (once) and point ``rlm``'s settings at it."""
+    global _server, _saved_settings
+    if _server is None or not _server.running:
+        _server = DemoServer(**latency).start()
+    if rlm is not None:
+        if _saved_settings is None:
+            _saved_settings = {name: getattr(rlm, name) for name in _DEMO_SETTINGS}
+        rlm.model, rlm.sub_model = f"openai/{ROOT_MODEL}", f"openai/{SUB_MODEL}"
+        rlm.api_base, rlm.api_key = _server.base_url, "demo-no-key-needed"
+    register_pretend_prices()
+    return _server
+
+
+def stop(rlm=None) -> None:
+    """Stop the demo server and restore the settings it replaced."""
+    global _server, _saved_settings
+    if _server is not None:
+        _server.stop()
+        _server = None
+    if rlm is not None and _saved_settings is not None:
+        for name, value in _saved_settings.items():
+            setattr(rlm, name, value)
+        _saved_settings = None

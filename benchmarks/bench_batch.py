@@ -3,8 +3,8 @@
 Run from the repo root:  python benchmarks/bench_batch.py [--quick] [--latency 0.3]
 
 Every method sends N chat requests (model "openai/bench") to the local fake
-OpenAI-compatible server of ``tests/llm_server.py`` (which answers after ``--latency``
-seconds) and the wall time of the whole batch is measured. Each method is warmed up
+OpenAI-compatible server of ``tests/llm_server.py``, in its own process (it answers
+after ``--latency`` seconds), and the wall time of the whole batch is measured. Each method is warmed up
 once first (imports, connection pools), then each cell is the median of --reps runs.
 All async methods share one event loop, as in a notebook kernel. At the end, a 10 ms
 heartbeat task on that loop measures how long the loop stalls during N=256 batches at
@@ -32,11 +32,14 @@ if str(ROOT) not in sys.path:
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import aiohttp  # noqa: E402
-import litellm  # noqa: E402
 import openai  # noqa: E402
 
 import rlm_magic  # noqa: E402
-from tests.llm_server import FakeLLMServer  # noqa: E402
+from rlm_magic.client import _import_litellm  # noqa: E402
+
+# The same import path as rlm_magic's (it also freezes litellm's objects out of the
+# cyclic GC's way), so every method below runs in the same process state.
+litellm = _import_litellm()
 
 litellm.suppress_debug_info = True
 logging.getLogger("LiteLLM").setLevel(logging.ERROR)
@@ -49,6 +52,29 @@ HEARTBEAT_N = 256
 HEARTBEAT_CONCURRENCY = 64
 # A cell whose first run takes longer than this is not repeated (keeps the run short).
 SLOW_CELL_S = 8.0
+
+
+class ServerProcess:
+    """tests/llm_server.py in a process of its own: in a thread of this process its
+    request handling would compete with the client for the GIL and skew the timings."""
+
+    def __init__(self, latency: float):
+        import subprocess
+
+        self.latency = latency
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.llm_server", "--latency", str(latency)],
+            cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        self.base_url = self.process.stdout.readline().strip()
+        if not self.base_url.startswith("http"):
+            raise RuntimeError("the benchmark server did not start")
+
+    def reset(self) -> None:
+        pass  # its latency is fixed at start; nothing else is inspected
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(10)
 
 
 def prompts_for(n: int) -> list[str]:
@@ -76,7 +102,7 @@ def text_of(response) -> str:
 
 
 class Bench:
-    def __init__(self, server: FakeLLMServer):
+    def __init__(self, server: ServerProcess):
         self.server = server
         self.base_url = server.base_url
         self.litellm_args = dict(model=MODEL, api_base=self.base_url, api_key=API_KEY,
@@ -169,15 +195,33 @@ class Bench:
             return self.loop.run_until_complete(method(n, **kwargs))
         return method(n, **kwargs)
 
+    def settle(self) -> None:
+        """Run the tasks a batch left behind (litellm schedules its success logging as
+        background tasks, which a bare gather returns before running), so they are not
+        billed to the next measurement. Not timed."""
+        def finite(task) -> bool:  # litellm's LoggingWorker._worker_loop never ends
+            return not getattr(task.get_coro(), "__qualname__", "").endswith("_worker_loop")
+
+        async def drain():
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                pending = {t for t in asyncio.all_tasks() - {asyncio.current_task()}
+                           if finite(t)}
+                if not pending:
+                    return
+                await asyncio.wait(pending, timeout=1.0)
+            await asyncio.sleep(0.05)
+        self.loop.run_until_complete(drain())
+
     def time(self, name: str, method, n: int, reps: int) -> float:
         times = []
         for _ in range(reps):
             self.server.reset()
-            self.server.latency = self.latency
             started = time.perf_counter()
             answers = self.run(method, n)
             times.append(time.perf_counter() - started)
             check(answers, n, name)
+            self.settle()
             if times[0] > SLOW_CELL_S:
                 break
         return statistics.median(times)
@@ -205,8 +249,10 @@ class Bench:
             check(answers, n, method.__name__)
             return worst
         self.server.reset()
-        self.server.latency = self.latency
-        return self.loop.run_until_complete(go())
+        try:
+            return self.loop.run_until_complete(go())
+        finally:
+            self.settle()
 
 
 COLUMNS = [  # (header, method name, largest N it runs for)
@@ -247,27 +293,37 @@ def main() -> None:
     print(f"- litellm calls: model={MODEL}, api_base=<local>, max_retries=0; "
           f"llm_query_batch: RLM(max_concurrency=N, progress=False, max_retries=0)\n")
 
-    server = FakeLLMServer().start()
+    server = ServerProcess(args.latency)
     bench = Bench(server)
     bench.latency = args.latency
     try:
         for _, name, _ in COLUMNS:  # warm-up: imports, client caches, connection pools
             server.reset()
             bench.run(getattr(bench, name), 4)
+            bench.settle()
 
         table: dict[tuple[str, int], float] = {}
+        notes: list[str] = []
         for n in sizes:
             for _, name, max_n in COLUMNS:
                 if max_n is None or n <= max_n:
-                    table[name, n] = bench.time(name, getattr(bench, name), n, reps)
+                    try:
+                        table[name, n] = bench.time(name, getattr(bench, name), n, reps)
+                    except Exception as exc:  # noqa: BLE001 - shown under the table
+                        table[name, n] = float("nan")
+                        notes.append(f"- {name} at N={n} failed: {str(exc)[:200]}")
+                        bench.settle()
             print(f"  ... N={n} done", file=sys.stderr, flush=True)
 
         print("| N | " + " | ".join(header for header, _, _ in COLUMNS) + " |")
         print("|---:|" + "---:|" * len(COLUMNS))
         for n in sizes:
-            cells = [f"{table[name, n]:.2f}" if (name, n) in table else ""
+            cells = [("" if (name, n) not in table else "failed*"
+                      if table[name, n] != table[name, n] else f"{table[name, n]:.2f}")
                      for _, name, _ in COLUMNS]
             print(f"| {n} | " + " | ".join(cells) + " |")
+        if notes:
+            print("\n*" + "\n".join(notes))
 
         print("\n## llm_query_batch relative to the others\n")
         print("| N | / gather `acompletion` | / aiohttp floor |")

@@ -1,7 +1,7 @@
 """Running many calls concurrently under a shared limit, losing no result.
 
-Tasks are started as limiter slots free up, one per loop iteration, not all at once:
-litellm spends milliseconds of CPU building each request, and starting 64 in one
+Tasks are started as limiter slots free up, a few per loop iteration, not all at
+once: litellm spends milliseconds of CPU building each request, and starting 64 in one
 loop iteration would stall timers, widgets and other tasks for that long.
 """
 
@@ -11,6 +11,11 @@ import asyncio
 from typing import Any, Awaitable, Callable, Protocol, Sequence
 
 from .limiter import ConcurrencyLimiter
+
+
+# How many calls may start in one loop iteration: enough to fill the limit quickly,
+# few enough that their request building (1-2 ms of CPU each) never stalls the loop long.
+START_BURST = 8
 
 
 class BatchObserver(Protocol):
@@ -50,10 +55,14 @@ async def gather_limited(
             limiter.release()
 
     try:
+        started_this_turn = 0
         for index in range(len(calls)):
             await limiter.acquire()
             tasks.append(asyncio.ensure_future(run(index)))
-            await asyncio.sleep(0)  # let the new task take its first step on its own
+            started_this_turn += 1
+            if started_this_turn == START_BURST:
+                await asyncio.sleep(0)  # let these take their first steps, then go on
+                started_this_turn = 0
         if tasks:
             await asyncio.gather(*tasks)
     except BaseException:

@@ -197,7 +197,7 @@ def _question(messages: list[dict]) -> str:
 def _task(question: str) -> tuple[str | None, str | None]:
     """(term, field) for questions like: Which service has the most "timeout" lines?"""
     term = re.search(r"[\"“']([^\"”']+)[\"”']", question)
-    field = re.search(r"\b(?:which|per|by|each)\s+([a-z_]+?)(?:es|s)?\b", question, re.I)
+    field = re.search(r"\b(?:which|per|by)\s+([a-z_]+?)(?:es|s)?\b", question, re.I)
     return (term.group(1) if term else None,
             field.group(1).lower() if field else None)
 

@@ -361,7 +361,9 @@ class Run:
             prompts = [prompts]
         prompts = list(prompts)
         allowed = self._take_sub_calls(len(prompts))
-        calls = [(lambda p=p: self._sub_call(p, system, max_tokens, slot_held=True))
+        redactor = self.client.redactor()
+        calls = [(lambda p=p: self._sub_call(p, system, max_tokens, slot_held=True,
+                                             redactor=redactor))
                  for p in prompts[:allowed]]
         answers, _ = await gather_limited(calls, self.client.limiter, _TreeObserver(self.tree))
         return answers + [self._limit_error()] * (len(prompts) - allowed)
@@ -403,7 +405,7 @@ class Run:
         return [f"Error: {errors[i]}" if i in errors else a for i, a in enumerate(answers)]
 
     async def _sub_call(self, prompt: Any, system: str | None, max_tokens: int | None,
-                        slot_held: bool = False) -> str:
+                        slot_held: bool = False, redactor=None) -> str:
         if self.tree.over_budget():
             return (f"Error: cost budget max_cost_usd=${self.tree.max_cost_usd:g} is spent; "
                     "no request was sent")
@@ -416,7 +418,7 @@ class Run:
             completion = await self.client.complete(
                 build_messages(prompt, system if isinstance(system, str) else None),
                 model=self.sub_model, max_tokens=tokens, ledger=self.tree.ledger,
-                slot_held=slot_held)
+                slot_held=slot_held, redactor=redactor)
         except LLMQueryError as exc:
             if not slot_held:
                 self._track(-1, failed=True)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from .batch import gather_limited
 from .errors import BatchError, ConfigError
+from .interrupts import run_interruptibly
 from .progress import BatchProgress
 
 if TYPE_CHECKING:
@@ -68,7 +69,8 @@ class NotebookHelpers:
         """
         check_max_tokens(max_tokens, "llm_query")
         messages = build_messages(prompt, system)
-        completion = await self.client.complete(messages, model=model, max_tokens=max_tokens)
+        completion = await run_interruptibly(
+            self.client.complete(messages, model=model, max_tokens=max_tokens))
         return completion.text
 
     async def llm_query_batch(self, prompts: Iterable[str], *, system: str | None = None,
@@ -84,22 +86,23 @@ class NotebookHelpers:
         check_max_tokens(max_tokens, "llm_query_batch")
         conversations = [build_messages(p, system, caller="llm_query_batch") for p in prompts]
         client = self.client
+        redactor = client.redactor()
 
         def call(messages):
             return lambda: client.complete(messages, model=model, max_tokens=max_tokens,
-                                           slot_held=True)
+                                           slot_held=True, redactor=redactor)
 
         progress = BatchProgress(len(prompts), "llm_query_batch",
                                  enabled=self.rlm.progress and len(prompts) > 1)
         with progress:
-            completions, errors = await gather_limited(
-                [call(m) for m in conversations], client.limiter, progress)
+            completions, errors = await run_interruptibly(gather_limited(
+                [call(m) for m in conversations], client.limiter, progress))
         return _collect([c.text if c is not None else None for c in completions],
                         errors, return_exceptions)
 
     async def rlm_query(self, prompt: str, context: Any = None) -> str:
         """Run a child RLM on ``context`` and return its final answer (a str)."""
-        result = await self.rlm.arun(prompt, context=context)
+        result = await run_interruptibly(self.rlm.arun(prompt, context=context))
         if not result.success:
             raise result.as_exception()
         return result.final_answer
@@ -121,7 +124,7 @@ class NotebookHelpers:
         progress = BatchProgress(len(prompts), "rlm_query_batch",
                                  enabled=self.rlm.progress and len(prompts) > 1)
         with progress:
-            results, errors = await gather_limited(calls, limiter, progress)
+            results, errors = await run_interruptibly(gather_limited(calls, limiter, progress))
         return _collect(results, errors, return_exceptions)
 
     def namespace(self) -> dict[str, Any]:

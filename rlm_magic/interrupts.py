@@ -70,8 +70,29 @@ async def run_interruptibly(awaitable: Awaitable[T]) -> T:
             except BaseException:  # noqa: BLE001 - it was cancelled on purpose
                 pass
             if task in _interrupted:
-                raise KeyboardInterrupt from None
+                if _keyboard_interrupt_is_safe():
+                    raise KeyboardInterrupt from None
+                # In a task of its own (asyncio.gather / create_task in a cell), a
+                # KeyboardInterrupt would escape the event loop and wedge the kernel.
+                raise asyncio.CancelledError
             raise
     finally:
         if installed:
             _uninstall(task)
+
+
+def _keyboard_interrupt_is_safe() -> bool:
+    """True unless we run in IPython outside the cell's own stack: there, only
+    IPython's ``run_code`` catches a KeyboardInterrupt before asyncio's Task does."""
+    import sys
+
+    shell_module = sys.modules.get("IPython.core.interactiveshell")
+    if shell_module is None or shell_module.InteractiveShell.initialized() is False:
+        return True
+    run_code = shell_module.InteractiveShell.run_code.__code__
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is run_code:
+            return True
+        frame = frame.f_back
+    return False

@@ -8,7 +8,17 @@ spec with ``python -m rlm_magic.kernelspec install``; Jupyter then starts it as
 
 from __future__ import annotations
 
-from ipykernel.ipkernel import IPythonKernel
+import sys
+from pathlib import Path
+
+if __name__ == "__main__" and sys.path and (sys.path[0] == ""
+                                            or Path(sys.path[0]) == Path.cwd()):
+    # `python -m` puts the notebook's directory first on sys.path: a stray file there
+    # (say, traitlets.py) would shadow what the kernel imports while it starts. Like
+    # ipykernel_launcher, drop it; IPython adds the working directory back for cells.
+    del sys.path[0]
+
+from ipykernel.ipkernel import IPythonKernel  # noqa: E402
 
 
 class RLMKernel(IPythonKernel):

@@ -25,6 +25,7 @@ nbclient = pytest.importorskip("nbclient")
 
 from jupyter_client.kernelspec import KernelSpecManager  # noqa: E402
 from jupyter_client.manager import AsyncKernelManager, KernelManager  # noqa: E402
+from jupyter_core.utils import run_sync  # noqa: E402
 
 pytestmark = pytest.mark.kernel
 
@@ -197,6 +198,14 @@ def configure(kernel: Kernel, server) -> None:
     ]))
 
 
+def warm_up(kernel: Kernel) -> None:
+    """Pay the one-time costs before anything is timed: the first model call imports
+    litellm (~3 s), and IPython's first traceback takes ~0.5 s (stack_data, pygments)."""
+    assert kernel.value('await llm_query("hi")', timeout=90) == "echo: hi"
+    msg_id = kernel.submit("await llm_query(1)")  # raises ConfigError through a helper
+    assert kernel.wait(msg_id)[0]["ename"] == "ConfigError"
+
+
 @pytest.fixture(scope="module")
 def rlm_kernel(kernel_specs, kernel_env, llm_server):
     """The "rlm" kernel: no %load_ext anywhere. Warmed up: litellm is imported."""
@@ -204,7 +213,7 @@ def rlm_kernel(kernel_specs, kernel_env, llm_server):
     try:
         configure(kernel, llm_server)
         llm_server.reset()
-        assert kernel.value('await llm_query("hi")', timeout=90) == "echo: hi"
+        warm_up(kernel)
         yield kernel
     finally:
         kernel.stop()
@@ -220,7 +229,7 @@ def stock_kernel(kernel_specs, kernel_env, llm_server):
         kernel.run("%load_ext rlm_magic")
         configure(kernel, llm_server)
         llm_server.reset()
-        assert kernel.value('await llm_query("hi")', timeout=90) == "echo: hi"
+        warm_up(kernel)
         yield kernel
     finally:
         kernel.stop()
@@ -256,7 +265,11 @@ def test_notebook_runs_in_rlm_kernel(kernel_specs, kernel_env, server, tmp_path)
     km = AsyncKernelManager(kernel_name="rlm", kernel_spec_manager=kernel_specs)
     client = nbclient.NotebookClient(nb, km=km, timeout=90,
                                      resources={"metadata": {"path": str(tmp_path)}})
-    client.execute(env=kernel_env)
+    try:
+        client.execute(env=kernel_env)
+    finally:  # nbclient leaves a kernel it did not create running
+        if km.has_kernel:
+            run_sync(km.shutdown_kernel)(now=True)
 
     def text(index):
         # stream and results only: progress widgets come as display_data

@@ -1,24 +1,30 @@
 """A local OpenAI-compatible chat server for tests and benchmarks.
 
-It runs in a thread with its own event loop on 127.0.0.1, so tests on any loop (or a
-kernel in another process) can reach it over real HTTP. It can script replies per
-model, add latency, inject failures (500, 429, hang) and records every request and
-the peak number in flight.
+It speaks the same wire format as the demo model (``rlm_magic.demo.LocalChatServer``)
+and runs in a thread with its own event loop on 127.0.0.1, so tests on any loop, or a
+kernel in another process, reach it over real HTTP. It scripts replies per model, adds
+latency, injects failures (500, 429, 401, a hang) and records every request and the
+peak number in flight.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 import time
 from collections import defaultdict, deque
 from dataclasses import dataclass
 from typing import Callable, Union
 
-from aiohttp import web
+from rlm_magic.demo import HTTPError, LocalChatServer
 
 Reply = Union[str, Callable[[dict], str]]
+
+_FAILURES = {
+    "500": (500, "injected server error", "server_error"),
+    "429": (429, "injected rate limit", "rate_limit_error"),
+    "401": (401, "injected bad API key", "invalid_request_error"),
+}
 
 
 def echo(request: dict) -> str:
@@ -36,17 +42,12 @@ class Failure:
     def applies(self, body: dict) -> bool:
         if self.model is not None and body.get("model") != self.model:
             return False
-        if self.match is not None and self.match not in body["messages"][-1]["content"]:
-            return False
-        return True
+        return self.match is None or self.match in body["messages"][-1]["content"]
 
 
-class FakeLLMServer:
+class FakeLLMServer(LocalChatServer):
     def __init__(self, host: str = "127.0.0.1", port: int = 0):
-        self.host, self.port = host, port
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._runner: web.AppRunner | None = None
+        super().__init__(host, port)
         self._lock = threading.Lock()
         self.reset()
 
@@ -78,7 +79,7 @@ class FakeLLMServer:
 
     def fail(self, kind: str, times: int = 1, model: str | None = None,
              match: str | None = None) -> None:
-        assert kind in ("500", "429", "401", "hang")
+        assert kind in (*_FAILURES, "hang")
         with self._lock:
             self.failures.append(Failure(kind, times, model, match))
 
@@ -93,51 +94,8 @@ class FakeLLMServer:
             time.sleep(0.01)
         return predicate()
 
-    # -- lifecycle ----------------------------------------------------------------------
-    @property
-    def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}/v1"
-
-    def start(self) -> "FakeLLMServer":
-        ready = threading.Event()
-        self._thread = threading.Thread(target=self._serve, args=(ready,), daemon=True,
-                                        name="fake-llm-server")
-        self._thread.start()
-        if not ready.wait(10):
-            raise RuntimeError("fake LLM server did not start")
-        return self
-
-    def stop(self) -> None:
-        if self._loop is not None:
-            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(5)
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(5)
-            self._loop = None
-
-    def _serve(self, ready: threading.Event) -> None:
-        loop = asyncio.new_event_loop()
-        self._loop = loop
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", self._chat)
-        app.router.add_post("/chat/completions", self._chat)
-        app.router.add_get("/v1/models", self._models)
-        # handler_cancellation: a client that disconnects cancels its handler, so the
-        # in-flight count shows requests really closed by the client.
-        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-        loop.run_until_complete(self._runner.setup())
-        site = web.TCPSite(self._runner, self.host, self.port, backlog=1024)
-        loop.run_until_complete(site.start())
-        self.port = site._server.sockets[0].getsockname()[1]
-        ready.set()
-        loop.run_forever()
-        loop.close()
-
-    # -- handlers -----------------------------------------------------------------------
-    async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": []})
-
-    async def _chat(self, request: web.Request) -> web.Response:
-        body = await request.json()
+    # -- serving ------------------------------------------------------------------------
+    async def answer(self, body: dict) -> str:
         with self._lock:
             self.requests.append(body)
             self.in_flight += 1
@@ -150,28 +108,22 @@ class FakeLLMServer:
                      self.model_latency.get(body.get("model"), self.latency))
             if delay:
                 await asyncio.sleep(delay)
-            if failure == "500":
-                return web.json_response({"error": {"message": "injected server error",
-                                                    "type": "server_error"}}, status=500)
-            if failure == "401":
-                return web.json_response({"error": {"message": "injected bad API key",
-                                                    "type": "invalid_request_error"}},
-                                         status=401)
-            if failure == "429":
-                return web.json_response({"error": {"message": "injected rate limit",
-                                                    "type": "rate_limit_error"}},
-                                         status=429)
+            if failure is not None:
+                raise HTTPError(*_FAILURES[failure])
             text = self._reply_for(body)
             with self._lock:
                 self.completed += 1
-            return web.json_response(self._completion(body, text))
-        except asyncio.CancelledError:
+            return text
+        except asyncio.CancelledError:  # the client closed the connection
             with self._lock:
                 self.cancelled += 1
             raise
         finally:
             with self._lock:
                 self.in_flight -= 1
+
+    def usage_for(self, body: dict, text: str) -> tuple[int, int]:
+        return self.usage
 
     def _take_failure(self, body: dict) -> str | None:
         for failure in self.failures:
@@ -189,31 +141,25 @@ class FakeLLMServer:
             reply = self.model_replies.get(model, self.default_reply)
         return reply(body) if callable(reply) else reply
 
-    def _completion(self, body: dict, text: str) -> dict:
-        prompt_tokens, completion_tokens = self.usage
-        return {
-            "id": f"chatcmpl-{len(self.requests)}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": body.get("model", "unknown"),
-            "choices": [{"index": 0, "finish_reason": "stop",
-                         "message": {"role": "assistant", "content": text}}],
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                      "total_tokens": prompt_tokens + completion_tokens},
-        }
 
-
-def main() -> None:  # pragma: no cover - for trying the server by hand
+def main() -> None:
+    """Serve on its own (benchmarks run it in a separate process): prints its URL."""
     import argparse
 
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--latency", type=float, default=0.0)
     args = parser.parse_args()
     server = FakeLLMServer(port=args.port).start()
     server.latency = args.latency
+    server.requests = _Discard()  # a long benchmark must not grow memory
     print(server.base_url, flush=True)
     threading.Event().wait()
+
+
+class _Discard(list):
+    def append(self, item) -> None:
+        pass
 
 
 if __name__ == "__main__":

@@ -281,3 +281,30 @@ async def test_rlm_cell_runs_sub_calls_concurrently_on_the_shells_loop(shell, se
 async def test_unknown_line_subcommand_is_one_line(shell):
     with pytest.raises(UsageError, match="unknown %rlm subcommand 'frobnicate'"):
         shell.run_line_magic("rlm", "frobnicate")
+
+
+# -- progress without a widget frontend --------------------------------------------------
+
+async def test_progress_falls_back_to_a_text_line_on_stderr(shell, server, capsys):
+    session_rlm(shell).progress = True
+    answers = await run_cell(shell, "await llm_query_batch(['a', 'b', 'c'])")
+    captured = capsys.readouterr()
+    assert answers == ["echo: a", "echo: b", "echo: c"]
+    assert "llm_query_batch: 3/3 done" in captured.err.splitlines()[-1]
+    # Progress never writes to stdout: the only output is the cell's own value.
+    assert "llm_query_batch" not in captured.out
+    assert captured.out.rstrip().endswith("['echo: a', 'echo: b', 'echo: c']")
+
+
+async def test_rlm_runs_show_a_text_status_line_on_stderr(shell, server, capsys):
+    session_rlm(shell).progress = True
+    server.script("root-model", [repl("llm_query_batch(['a', 'b'])"), "FINAL(ok)"])
+    await run_cell(shell, "%%rlm -q\nq")
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert "RLM openai/root-model | done | iteration 2/30 | sub-calls 2 done" in last
+
+
+async def test_no_progress_when_turned_off(shell, server, capsys):
+    session_rlm(shell).progress = False
+    await run_cell(shell, "await llm_query_batch(['a', 'b'])")
+    assert capsys.readouterr().err == ""

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .errors import LLMQueryError, describe_exception
+from .errors import LLMQueryError
 from .limiter import ConcurrencyLimiter
 from .redaction import Redactor
 from .usage import CallRecord, UsageLedger
@@ -158,7 +158,7 @@ class LLMClient:
 
             key = request_key({"model": model, "messages": messages,
                                "api_base": config.api_base, **params})
-            hit = cache.get(key)
+            hit = _cache_call(cache.get, key)
             if hit is not None:
                 completion = Completion(hit["text"], model, hit["input_tokens"],
                                         hit["output_tokens"], cost_usd=0.0, cached=True,
@@ -209,10 +209,25 @@ class LLMClient:
                                  completion.cost_usd, retries=retries,
                                  elapsed_s=completion.elapsed_s))
         if key is not None:
-            cache.set(key, {"text": completion.text,
-                            "input_tokens": completion.input_tokens,
-                            "output_tokens": completion.output_tokens})
+            _cache_call(cache.set, key, {"text": completion.text,
+                                         "input_tokens": completion.input_tokens,
+                                         "output_tokens": completion.output_tokens})
         return completion
+
+
+def _cache_call(method, *args):
+    """A cache that fails (disk full, locked) must not cost the user a paid answer:
+    warn once and go on without it."""
+    try:
+        return method(*args)
+    except Exception as exc:  # noqa: BLE001 - any storage error
+        if not getattr(_cache_call, "warned", False):
+            import warnings
+
+            warnings.warn(f"rlm-magic cache is not working, going on without it: {exc}",
+                          RuntimeWarning, stacklevel=2)
+            _cache_call.warned = True
+        return None
 
 
 # Above this many characters, redaction runs in a thread so the loop keeps turning.

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .batch import gather_limited
@@ -87,7 +87,8 @@ class RLM(RLMConfig):
 
 @dataclass
 class RunTree:
-    """What a run shares with its child runs: ledger, sub-call budget, status."""
+    """What a run shares with its child runs: ledger, sub-call budget, and the counts
+    the status panel shows (read by it a few times a second)."""
 
     ledger: UsageLedger
     max_sub_calls: int
@@ -99,7 +100,6 @@ class RunTree:
     phase: str = "starting"
     iteration: int = 0
     max_iterations: int = 0
-    listeners: list = field(default_factory=list)
 
     def take_sub_calls(self, wanted: int) -> int:
         """Reserve up to ``wanted`` sub-calls; returns how many are allowed."""
@@ -110,9 +110,6 @@ class RunTree:
     def over_budget(self) -> bool:
         return self.max_cost_usd is not None and self.ledger.cost_usd > self.max_cost_usd
 
-    def changed(self) -> None:
-        for listener in self.listeners:
-            listener()
 
 
 class Run:
@@ -340,7 +337,6 @@ class Run:
             if iteration is not None:
                 self.tree.iteration = iteration
                 self.tree.max_iterations = self.max_iterations
-            self.tree.changed()
 
     # -- helpers as model code sees them: pinned model, errors as values -------------
     async def llm_query(self, prompt: Any, model: str | None = None, *,
@@ -442,7 +438,6 @@ class Run:
         if delta < 0:
             tree.failed += failed
             tree.done += not failed
-        tree.changed()
 
 
 class _TreeObserver:
@@ -453,19 +448,16 @@ class _TreeObserver:
 
     def item_started(self, index: int) -> None:
         self.tree.in_flight += 1
-        self.tree.changed()
 
     def item_finished(self, index: int, result: Any) -> None:
         failed = isinstance(result, str) and result.startswith("Error:")
         self.tree.in_flight -= 1
         self.tree.failed += failed
         self.tree.done += not failed
-        self.tree.changed()
 
     def item_failed(self, index: int, error: BaseException) -> None:
         self.tree.in_flight -= 1
         self.tree.failed += 1
-        self.tree.changed()
 
 
 class _Fields(dict):

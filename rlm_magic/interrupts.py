@@ -74,7 +74,7 @@ async def run_interruptibly(awaitable: Awaitable[T]) -> T:
                     raise KeyboardInterrupt from None
                 # In a task of its own (asyncio.gather / create_task in a cell), a
                 # KeyboardInterrupt would escape the event loop and wedge the kernel.
-                raise asyncio.CancelledError
+                raise asyncio.CancelledError from None
             raise
     finally:
         if installed:

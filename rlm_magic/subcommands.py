@@ -17,7 +17,10 @@ Set options with %config RLM.<name> = value; see %config RLM."""
 
 
 def dispatch(magics, line: str):
-    words = shlex.split(line)
+    try:
+        words = shlex.split(line)
+    except ValueError as exc:
+        raise UsageError(f"%rlm: cannot read the arguments ({exc})") from None
     command, rest = (words[0], words[1:]) if words else ("help", [])
     handler = _COMMANDS.get(command)
     if handler is None:

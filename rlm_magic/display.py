@@ -9,20 +9,26 @@ from __future__ import annotations
 import html
 from typing import TYPE_CHECKING
 
+from .prompts import with_code_as_pointers
+
 if TYPE_CHECKING:
     from .result import RLMResult
 
+# Selectors are doubled (.rlm-result.rlm-result) to outrank JupyterLab's own
+# `.jp-RenderedHTMLCommon pre` rules, which would otherwise strip boxes and padding.
 _CSS = """<style>
 .rlm-result{font-family:var(--jp-content-font-family,sans-serif);line-height:1.45}
-.rlm-result .rlm-answer{padding:.5em .8em;border-left:4px solid #2e7d32;background:rgba(46,125,50,.07);white-space:pre-wrap}
-.rlm-result.rlm-failed .rlm-answer{border-color:#c62828;background:rgba(198,40,40,.07)}
+.rlm-result.rlm-result .rlm-answer{padding:.5em .8em;border-left:4px solid #2e7d32;background:rgba(46,125,50,.12);white-space:pre-wrap}
+.rlm-result.rlm-failed .rlm-answer{border-color:#c62828;background:rgba(198,40,40,.12)}
 .rlm-result details{margin:.3em 0}
 .rlm-result summary{cursor:pointer;font-weight:600}
-.rlm-result pre{margin:.2em 0;padding:.4em;background:rgba(127,127,127,.08);overflow-x:auto;max-height:30em}
+.rlm-result.rlm-result pre{margin:.2em 0 .6em;padding:.4em .6em;background:rgba(127,127,127,.12);white-space:pre;overflow-x:auto;max-height:30em}
+.rlm-result.rlm-result .highlight pre{background:#f8f8f8;color:#000}
 .rlm-result table{border-collapse:collapse;margin-top:.5em}
 .rlm-result td,.rlm-result th{padding:2px 8px;border-bottom:1px solid rgba(127,127,127,.3);text-align:right}
 .rlm-result td:first-child,.rlm-result th:first-child{text-align:left}
-.rlm-result .rlm-meta{color:#777;font-size:90%}
+.rlm-result tr:last-child td{font-weight:600}
+.rlm-result .rlm-meta{opacity:.7;font-size:90%}
 </style>"""
 
 
@@ -60,7 +66,7 @@ def result_html(result: "RLMResult") -> str:
     for it in result.trajectory:
         parts.append(f"<details><summary>Iteration {it.index} · {len(it.code)} block(s) · "
                      f"{it.sub_calls} sub-call(s) · {it.elapsed_s:.2f}s</summary>")
-        parts.append(f"<div><b>Model</b><pre>{html.escape(it.response)}</pre></div>")
+        parts.append(f"<div><b>Model</b><pre>{html.escape(with_code_as_pointers(it.response))}</pre></div>")
         for number, block in enumerate(it.code, 1):
             parts.append(f"<div><b>Block {number}</b> ({block.elapsed_s:.2f}s)"
                          f"{_highlight(block.code)}<b>Output</b>"

@@ -92,6 +92,19 @@ def code_blocks(text: str) -> list[str]:
     return [m.group(2) for m in _FENCE.finditer(text) if m.group(1).lower() in _CODE_LANGS]
 
 
+def with_code_as_pointers(text: str) -> str:
+    """The reply with each runnable block replaced by "[code block N below]": for views
+    that show the code itself, highlighted, right after the text."""
+    numbers = iter(range(1, 10_000))
+
+    def pointer(match):
+        if match.group(1).lower() not in _CODE_LANGS:
+            return match.group(0)
+        return f"[code block {next(numbers)} below]"
+
+    return _FENCE.sub(pointer, text).strip()
+
+
 def strip_code(text: str) -> str:
     """The reply with every fenced block blanked out, so FINAL inside code is ignored."""
     return _FENCE.sub("", text)

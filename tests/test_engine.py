@@ -369,3 +369,17 @@ async def test_run_inside_a_loop_says_to_await_arun(rlm):
 
 def test_rlm_is_the_configurable_named_rlm():
     assert RLM.__name__ == "RLM" and isinstance(RLMResult(query="q"), RLMResult)
+
+
+async def test_a_custom_system_prompt_replaces_the_built_in_one(server):
+    rlm = make_rlm(server, system_prompt="Context is a {context_type}; keep {braces}.")
+    server.script("root-model", ["FINAL(ok)"])
+    await rlm.arun("q", context=[1, 2])
+    assert root_requests(server)[0]["messages"][0]["content"] == \
+        "Context is a list; keep {braces}."
+
+
+async def test_show_vars_lists_the_models_variables(rlm, server):
+    server.script("root-model", [repl("total = 3\nnames = ['a']\nSHOW_VARS()"), "FINAL(ok)"])
+    result = await rlm.arun("q", context="c")
+    assert result.trajectory[0].code[0].output == "total: int\nnames: list"

@@ -197,3 +197,23 @@ async def test_bad_prompts_are_rejected_with_one_line_errors(rlm):
         await rlm.helpers.llm_query(42)
     with pytest.raises(ConfigError, match="max_tokens must be a positive int"):
         await rlm.helpers.llm_query("a", max_tokens=0)
+
+
+async def test_max_tokens_and_litellm_kwargs_reach_the_provider(server):
+    rlm = make_rlm(server, max_tokens=77, litellm_kwargs={"temperature": 0.25})
+    await rlm.helpers.llm_query("a")
+    await rlm.helpers.llm_query("b", max_tokens=5)
+    first, second = server.requests
+    assert (first["max_tokens"], first["temperature"]) == (77, 0.25)
+    assert second["max_tokens"] == 5
+
+
+async def test_a_broken_cache_does_not_lose_the_answer(server, tmp_path, monkeypatch):
+    rlm = make_rlm(server, cache=True, cache_dir=str(tmp_path))
+
+    def broken(*args):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(rlm.client.cache, "set", broken)
+    with pytest.warns(RuntimeWarning, match="cache is not working"):
+        assert await rlm.helpers.llm_query("x") == "echo: x"

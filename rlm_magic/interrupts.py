@@ -24,13 +24,15 @@ _previous_handler = None
 
 
 def _handle_sigint(signum, frame) -> None:
-    if not _guarded:
-        if callable(_previous_handler):
-            _previous_handler(signum, frame)
-        return
     for task, loop in list(_guarded.items()):
         _interrupted.add(task)
         loop.call_soon_threadsafe(task.cancel)
+    # Also let the kernel's own handler stop the cell: our work may run in a background
+    # task while the cell awaits something else. Its callback is scheduled with
+    # call_soon, and runs at once because the call_soon_threadsafe above woke the loop.
+    # (Python's default handler would raise KeyboardInterrupt into the event loop.)
+    if callable(_previous_handler) and _previous_handler is not signal.default_int_handler:
+        _previous_handler(signum, frame)
 
 
 def _install(task: asyncio.Task, loop) -> bool:

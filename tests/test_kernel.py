@@ -422,6 +422,25 @@ def test_interrupt_rlm_step_awaiting_batch(rlm_kernel, server):
     assert rlm_kernel.value("res_d.stop_reason") == "interrupted"
 
 
+def test_interrupt_stops_a_cell_whose_batch_runs_in_the_background(rlm_kernel, server):
+    # The cell awaits something else; the guarded batch is a background task. Both the
+    # batch and the cell must stop.
+    server.latency = 30.0
+    rlm_kernel.run("import asyncio")
+    msg_id = rlm_kernel.submit("_bg = asyncio.ensure_future(llm_query_batch(['a', 'b']))\n"
+                               "await asyncio.sleep(60)")
+    assert rlm_kernel.pump(lambda: server.in_flight == 2, timeout=30)
+    interrupted = time.perf_counter()
+    rlm_kernel.km.interrupt_kernel()
+    reply, replied = rlm_kernel.wait(msg_id, timeout=60)
+    MEASURED["e: background batch, cell sleeping"] = replied - interrupted
+    assert reply["status"] == "error"
+    assert replied - interrupted <= INTERRUPT_LIMIT_S
+    assert server.wait_for(lambda: server.in_flight == 0, timeout=5)
+    assert rlm_kernel.value("_bg.done()") is True
+    assert rlm_kernel.value("1 + 1") == 2
+
+
 def test_report_measurements():
     """Not a check: prints what the interrupt tests measured (visible with -s)."""
     for name, figure in MEASURED.items():

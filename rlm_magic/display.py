@@ -27,7 +27,7 @@ _CSS = """<style>
 .rlm-result table{border-collapse:collapse;margin-top:.5em}
 .rlm-result td,.rlm-result th{padding:2px 8px;border-bottom:1px solid rgba(127,127,127,.3);text-align:right}
 .rlm-result td:first-child,.rlm-result th:first-child{text-align:left}
-.rlm-result tr:last-child td{font-weight:600}
+.rlm-result tr.rlm-total td{font-weight:600}
 .rlm-result .rlm-meta{opacity:.7;font-size:90%}
 </style>"""
 

@@ -131,7 +131,8 @@ class UsageSummary:
             return "<p>No LLM calls yet.</p>"
         head = "".join(f"<th>{html.escape(c)}</th>" for c in self._COLUMNS)
         body = "".join(
-            "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
+            ("<tr class='rlm-total'>" if row[0] == "total" and len(self.by_model) > 1
+             else "<tr>") + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
             for row in self._rows())
         return (f"<table class='rlm-usage'><thead><tr>{head}</tr></thead>"
                 f"<tbody>{body}</tbody></table>")

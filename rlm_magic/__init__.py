@@ -8,6 +8,7 @@ Nothing heavy is imported here: litellm loads on the first model call.
 from __future__ import annotations
 
 from .engine import RLM
+from .helpers import interrupted_batch
 from .errors import (BatchError, BudgetExceeded, ConfigError, LLMQueryError, RLMError)
 from .result import CodeRun, Iteration, RLMResult, RLMRunError
 from .usage import CallRecord, UsageLedger, UsageSummary, usage
@@ -16,7 +17,7 @@ __version__ = "0.1.0"
 __all__ = [
     "RLM", "RLMResult", "RLMRunError", "Iteration", "CodeRun",
     "RLMError", "ConfigError", "LLMQueryError", "BatchError", "BudgetExceeded",
-    "UsageLedger", "UsageSummary", "CallRecord", "usage",
+    "UsageLedger", "UsageSummary", "CallRecord", "usage", "interrupted_batch",
     "load_ipython_extension", "unload_ipython_extension",
 ]
 

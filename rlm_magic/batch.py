@@ -24,20 +24,35 @@ class BatchObserver(Protocol):
     def item_failed(self, index: int, error: BaseException) -> None: ...
 
 
+class BatchOutcome:
+    """Where a batch's results land, as they arrive: a caller that keeps it still has
+    every finished answer after an interrupt."""
+
+    def __init__(self, size: int):
+        self.results: list[Any] = [None] * size
+        self.errors: dict[int, Exception] = {}
+
+    @property
+    def finished(self) -> int:
+        return sum(r is not None for r in self.results) + len(self.errors)
+
+
 async def gather_limited(
     calls: Sequence[Callable[[], Awaitable[Any]]],
     limiter: ConcurrencyLimiter,
     observer: BatchObserver | None = None,
+    outcome: BatchOutcome | None = None,
 ) -> tuple[list[Any], dict[int, Exception]]:
     """Run every call, at most as many at once as ``limiter`` admits.
 
     Returns ``(results, errors)``: ``results[i]`` is call i's value (None if it failed)
     and ``errors`` maps failed indices to their exceptions. One failure never stops the
     others. If the caller is cancelled, every started call is cancelled and awaited
-    before the cancellation propagates, so nothing is left running.
+    before the cancellation propagates, so nothing is left running; ``outcome``, if
+    given, then holds the calls that had finished.
     """
-    results: list[Any] = [None] * len(calls)
-    errors: dict[int, Exception] = {}
+    outcome = outcome or BatchOutcome(len(calls))
+    results, errors = outcome.results, outcome.errors
     tasks: list[asyncio.Task] = []
 
     async def run(index: int) -> None:
@@ -51,14 +66,17 @@ async def gather_limited(
             errors[index] = exc
             if observer:
                 observer.item_failed(index, exc)
-        finally:
-            limiter.release()
 
     try:
         started_this_turn = 0
         for index in range(len(calls)):
             await limiter.acquire()
-            tasks.append(asyncio.ensure_future(run(index)))
+            task = asyncio.ensure_future(run(index))
+            # Released when the task ends, however it ends: a task cancelled before its
+            # first step never runs its own code, and a lost slot would be lost for the
+            # whole session.
+            task.add_done_callback(lambda _: limiter.release())
+            tasks.append(task)
             started_this_turn += 1
             if started_this_turn == START_BURST:
                 await asyncio.sleep(0)  # let these take their first steps, then go on

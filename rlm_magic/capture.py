@@ -42,6 +42,9 @@ class _StreamRouter(io.TextIOBase):
         if hasattr(stream, "flush"):
             stream.flush()
 
+    def close(self):
+        pass  # the router owns neither stream; closing it (as GC does) must not close them
+
     def isatty(self):
         return _target.get() is None and getattr(self._fallback, "isatty", lambda: False)()
 

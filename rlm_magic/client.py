@@ -117,7 +117,7 @@ class LLMClient:
         if self._cache is None or self._cache.directory != directory:
             from .cache import ResponseCache
 
-            self._cache = ResponseCache(directory)
+            self._cache = _cache_call(ResponseCache, directory)
         return self._cache
 
     # -- calls ------------------------------------------------------------------------
@@ -186,22 +186,25 @@ class LLMClient:
                                                   config.timeout)
                 break
             except asyncio.CancelledError:
-                ledger.record(CallRecord(model, retries=retries, error="cancelled",
-                                         elapsed_s=time.perf_counter() - started))
+                _record_cancelled(ledger, model, retries, started)
                 raise
             except Exception as exc:  # noqa: BLE001 - every failure is reported below
-                if retries < config.max_retries and is_retryable(exc):
-                    delay = random.uniform(0, config.retry_backoff * 2 ** retries)
-                    delay = max(delay, min(_retry_after(exc) or 0.0, 60.0))
-                    retries += 1
-                    await asyncio.sleep(delay)
-                    continue
-                if isinstance(exc, asyncio.TimeoutError):
-                    exc = TimeoutError(f"no answer within timeout={config.timeout:g}s")
-                error = LLMQueryError(model, exc, retries=retries)
+                failure = exc
+            if retries >= config.max_retries or not is_retryable(failure):
+                if isinstance(failure, asyncio.TimeoutError):
+                    failure = TimeoutError(f"no answer within timeout={config.timeout:g}s")
+                error = LLMQueryError(model, failure, retries=retries)
                 ledger.record(CallRecord(model, retries=retries, error=str(error),
                                          elapsed_s=time.perf_counter() - started))
-                raise error from exc
+                raise error from failure
+            delay = random.uniform(0, config.retry_backoff * 2 ** retries)
+            delay = max(delay, min(_retry_after(failure) or 0.0, 60.0))
+            retries += 1
+            try:
+                await asyncio.sleep(delay)
+            except asyncio.CancelledError:
+                _record_cancelled(ledger, model, retries, started)
+                raise
 
         completion = _completion_from(response, model, retries,
                                       time.perf_counter() - started, litellm)
@@ -213,6 +216,12 @@ class LLMClient:
                                          "input_tokens": completion.input_tokens,
                                          "output_tokens": completion.output_tokens})
         return completion
+
+
+def _record_cancelled(ledger: UsageLedger, model: str, retries: int, started: float) -> None:
+    # A cancelled call may already have been billed in part: it stays in the ledger.
+    ledger.record(CallRecord(model, retries=retries, error="cancelled",
+                             elapsed_s=time.perf_counter() - started))
 
 
 def _cache_call(method, *args):

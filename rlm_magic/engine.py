@@ -23,7 +23,7 @@ from .limiter import ConcurrencyLimiter
 from .prompts import (CONTINUE_PROMPT, ITERATION_LIMIT_PROMPT, SYSTEM_PROMPT, code_blocks,
                       describe_context, find_final)
 from .redaction import Redactor
-from .repl import AsyncREPL
+from .repl import AsyncREPL, repl_builtins
 from .result import CodeRun, Iteration, RLMResult
 from .usage import SESSION_LEDGER, UsageLedger
 
@@ -149,7 +149,8 @@ class Run:
         started = time.perf_counter()
         result = self.result
         live = self.namespace is not None
-        namespace = self.namespace if live else {"__name__": "__rlm__"}
+        namespace = self.namespace if live else {"__name__": "__rlm__",
+                                                 "__builtins__": repl_builtins()}
         saved, touched = {}, []
         try:
             injected = self._repl_globals()
@@ -165,6 +166,13 @@ class Run:
         except Exception as exc:  # noqa: BLE001 - the run fails, the result keeps it
             result.stop_reason, result.error = "error", describe_exception(exc)
         finally:
+            if hasattr(self, "repl"):
+                self.repl.close()  # threads of stopped steps may send nothing more
+                # The model's variables survive the run, whatever ended it: answers
+                # already paid for stay reachable as result.variables.
+                result.variables = {name: namespace[name]
+                                    for name in self._user_variables(namespace)
+                                    if name not in saved or live}
             if live:
                 for name in touched:
                     namespace.pop(name, None)
@@ -222,7 +230,14 @@ class Run:
         outputs = []
         for number, code in enumerate(blocks, 1):
             self._status("running code")
-            step = await self.repl.run(code, timeout=self.step_timeout)
+            try:
+                step = await self.repl.run(code, timeout=self.step_timeout)
+            except BaseException:
+                # Interrupted mid-step: keep what the step printed in the trajectory.
+                partial = self.repl.last_output
+                iteration.code.append(CodeRun(code, partial.as_text(), partial.elapsed_s,
+                                              error=True))
+                raise
             seen = await self._as_model_sees_it(step.as_text())
             iteration.code.append(CodeRun(code, seen, step.elapsed_s,
                                           error=step.error is not None))
@@ -267,18 +282,17 @@ class Run:
         return True
 
     async def _as_model_sees_it(self, text: str) -> str:
+        """Step output as the model sees it: secrets removed, cut to max_output_chars
+        with a note."""
         limit = self.max_output_chars
         redact = Redactor(extra=[self.rlm.api_key])
-        # Cut before redacting (cheaper), with room so a secret is never cut in half.
-        head = text[: limit + redact.longest]
-        if len(head) > _REDACT_IN_THREAD_CHARS:
-            head = await asyncio.to_thread(redact, head)
-        else:
-            head = redact(head)
-        if len(text) > limit:
-            head = (head[:limit] + f"\n... [output cut: {len(text) - limit:,} more characters "
-                    "not shown; print smaller slices]")
-        return head
+        if len(text) <= limit:
+            return (await asyncio.to_thread(redact, text)
+                    if len(text) > _REDACT_IN_THREAD_CHARS else redact(text))
+        head = (await asyncio.to_thread(redact.head, text, limit)
+                if limit > _REDACT_IN_THREAD_CHARS else redact.head(text, limit))
+        return (head + f"\n... [output cut: {len(text) - limit:,} more characters not "
+                "shown; print smaller slices]")
 
     # -- prompts ----------------------------------------------------------------------
     def _system_prompt(self) -> str:
@@ -361,7 +375,9 @@ class Run:
         calls = [(lambda p=p: self._sub_call(p, system, max_tokens, slot_held=True,
                                              redactor=redactor))
                  for p in prompts[:allowed]]
-        answers, _ = await gather_limited(calls, self.client.limiter, _TreeObserver(self.tree))
+        answers, errors = await gather_limited(calls, self.client.limiter,
+                                               _TreeObserver(self.tree))
+        answers = [f"Error: {errors[i]}" if i in errors else a for i, a in enumerate(answers)]
         return answers + [self._limit_error()] * (len(prompts) - allowed)
 
     async def rlm_query(self, prompt: Any, context: Any = None, model: str | None = None,
@@ -415,10 +431,11 @@ class Run:
                 build_messages(prompt, system if isinstance(system, str) else None),
                 model=self.sub_model, max_tokens=tokens, ledger=self.tree.ledger,
                 slot_held=slot_held, redactor=redactor)
-        except LLMQueryError as exc:
+        except Exception as exc:  # noqa: BLE001 - errors are values inside the REPL
             if not slot_held:
                 self._track(-1, failed=True)
-            return f"Error: {exc}"
+            return f"Error: {exc}" if isinstance(exc, LLMQueryError) else \
+                f"Error: {describe_exception(exc)}"
         if not slot_held:
             self._track(-1)
         return completion.text

@@ -12,6 +12,11 @@ from typing import Any
 class RLMError(Exception):
     """Base class of every rlm-magic error."""
 
+    def _render_traceback_(self) -> list[str]:
+        # IPython shows this instead of a traceback through rlm-magic's internals: the
+        # message already names the model, the setting or the input at fault.
+        return [f"{type(self).__name__}: {self}"]
+
 
 class ConfigError(RLMError, ValueError):
     """A setting or an argument has a value rlm-magic cannot use."""
@@ -35,6 +40,10 @@ class BatchError(RLMError):
     def __init__(self, results: list[Any], errors: dict[int, BaseException]):
         self.results = results
         self.errors = errors
+        if not errors:
+            super().__init__(f"{sum(r is not None for r in results)} of {len(results)} "
+                             "batch items finished")
+            return
         first = min(errors)
         super().__init__(
             f"{len(errors)} of {len(results)} batch items failed "

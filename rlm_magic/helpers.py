@@ -8,10 +8,11 @@ kernel's own loop.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from .batch import gather_limited
+from .batch import BatchOutcome, gather_limited
 from .errors import BatchError, ConfigError
 from .interrupts import run_interruptibly
 from .progress import BatchProgress
@@ -94,11 +95,11 @@ class NotebookHelpers:
 
         progress = BatchProgress(len(prompts), "llm_query_batch",
                                  enabled=self.rlm.progress and len(prompts) > 1)
-        with progress:
+        outcome = BatchOutcome(len(prompts))
+        with progress, _kept_on_interrupt(outcome, "llm_query_batch", _text):
             completions, errors = await run_interruptibly(gather_limited(
-                [call(m) for m in conversations], client.limiter, progress))
-        return _collect([c.text if c is not None else None for c in completions],
-                        errors, return_exceptions)
+                [call(m) for m in conversations], client.limiter, progress, outcome))
+        return _collect([_text(c) for c in completions], errors, return_exceptions)
 
     async def rlm_query(self, prompt: str, context: Any = None) -> str:
         """Run a child RLM on ``context`` and return its final answer (a str)."""
@@ -123,8 +124,10 @@ class NotebookHelpers:
         calls = [(lambda p=p, c=c: self.rlm_query(p, c)) for p, c in zip(prompts, contexts)]
         progress = BatchProgress(len(prompts), "rlm_query_batch",
                                  enabled=self.rlm.progress and len(prompts) > 1)
-        with progress:
-            results, errors = await run_interruptibly(gather_limited(calls, limiter, progress))
+        outcome = BatchOutcome(len(prompts))
+        with progress, _kept_on_interrupt(outcome, "rlm_query_batch", lambda r: r):
+            results, errors = await run_interruptibly(
+                gather_limited(calls, limiter, progress, outcome))
         return _collect(results, errors, return_exceptions)
 
     def namespace(self) -> dict[str, Any]:
@@ -136,6 +139,34 @@ class NotebookHelpers:
             "rlm_query_batch": self.rlm_query_batch,
             "rlm_query_batched": self.rlm_query_batch,
         }
+
+
+def _text(completion) -> str | None:
+    return completion.text if completion is not None else None
+
+
+_interrupted_batch: BatchError | None = None
+
+
+def interrupted_batch() -> BatchError | None:
+    """The answers of the last batch that was interrupted (``.results``, with None
+    where an item had not finished, and ``.errors``), or None."""
+    return _interrupted_batch
+
+
+@contextlib.contextmanager
+def _kept_on_interrupt(outcome: BatchOutcome, name: str, value):
+    """If the batch is interrupted, keep its finished answers and say where they are."""
+    global _interrupted_batch
+    try:
+        yield
+    except KeyboardInterrupt:
+        results = [value(r) for r in outcome.results]
+        _interrupted_batch = BatchError(results, outcome.errors or {})
+        kept = sum(r is not None for r in results)
+        raise KeyboardInterrupt(
+            f"{name} interrupted: the {kept} of {len(results)} answers that had arrived "
+            "are in rlm_magic.interrupted_batch().results") from None
 
 
 def _collect(results: list, errors: dict[int, Exception], return_exceptions: bool) -> list:

@@ -39,7 +39,9 @@ def _install(task: asyncio.Task, loop) -> bool:
     global _previous_handler
     if threading.current_thread() is not threading.main_thread():
         return False  # signals reach the main thread only
-    if not _guarded:
+    if signal.getsignal(signal.SIGINT) is not _handle_sigint:
+        # First guarded task, or a new cell's kernel handler now sits on top of ours:
+        # take SIGINT (back), forwarding to whatever handler is current.
         _previous_handler = signal.signal(signal.SIGINT, _handle_sigint)
     _guarded[task] = loop
     return True
@@ -50,8 +52,11 @@ def _uninstall(task: asyncio.Task) -> None:
     _guarded.pop(task, None)
     _interrupted.discard(task)
     if not _guarded and _previous_handler is not None:
-        signal.signal(signal.SIGINT, _previous_handler)
-        _previous_handler = None
+        # Restore only our own replacement: if a later cell's kernel handler sits on
+        # top of ours, putting back the older one would make that cell uninterruptible.
+        if signal.getsignal(signal.SIGINT) is _handle_sigint:
+            signal.signal(signal.SIGINT, _previous_handler)
+            _previous_handler = None
 
 
 async def run_interruptibly(awaitable: Awaitable[T]) -> T:

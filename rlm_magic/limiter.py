@@ -37,7 +37,7 @@ class ConcurrencyLimiter:
         except BaseException:
             if waiter.done() and not waiter.cancelled():
                 self.release()  # we were granted a slot while being cancelled: hand it on
-            else:
+            elif waiter in self._waiters:
                 self._waiters.remove(waiter)
             raise
 

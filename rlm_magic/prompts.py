@@ -121,21 +121,23 @@ class FinalMarker:
 def find_final(text: str) -> FinalMarker | None:
     """FINAL(...) / FINAL_VAR(...) at the start of a line, outside code blocks.
 
-    FINAL's argument may span lines; it runs to the last closing parenthesis."""
+    FINAL's answer may span lines: it ends at the first line that ends with ")", so
+    prose after the answer ("Hope this helps (really).") is not swallowed, while
+    parentheses inside the answer ("f(x)", "a) first") are kept."""
     prose = strip_code(text)
     for match in re.finditer(r"^[ \t]*(FINAL_VAR|FINAL)\(", prose, re.MULTILINE):
-        kind = match.group(1)
-        rest = prose[match.end():]
+        kind, rest = match.group(1), prose[match.end():]
         if kind == "FINAL_VAR":
             end = rest.find(")")
-            if end < 0:
-                continue
-            name = rest[:end].strip().strip("'\"` ")
-            return FinalMarker(kind, name)
-        end = rest.rfind(")")
-        if end < 0:
+            if end >= 0:
+                return FinalMarker(kind, rest[:end].strip().strip("'\"` "))
             continue
-        return FinalMarker(kind, _unquote(rest[:end].strip()))
+        offset = 0
+        for line in rest.splitlines(keepends=True):
+            stripped = line.rstrip()
+            if stripped.endswith(")"):
+                return FinalMarker(kind, _unquote(rest[:offset + len(stripped) - 1].strip()))
+            offset += len(line)
     return None
 
 

@@ -7,6 +7,7 @@ PASSWORD, ...) and the configured ``api_key`` are replaced by ``[REDACTED]``.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
 from typing import Iterable
@@ -31,19 +32,43 @@ def _pattern(secrets: frozenset[str]) -> re.Pattern | None:
     return re.compile("|".join(re.escape(s) for s in sorted(secrets, key=len, reverse=True)))
 
 
+def _spellings(secret: str) -> set[str]:
+    """A secret as it may appear in output: as is, and escaped by repr() or JSON (a
+    quote, backslash or non-ASCII character changes how it is printed)."""
+    return {secret, repr(secret)[1:-1], json.dumps(secret)[1:-1],
+            json.dumps(secret, ensure_ascii=False)[1:-1]}
+
+
 class Redactor:
     """Callable that removes the current secrets from a text."""
 
     def __init__(self, extra: Iterable[str | None] = ()):
         secrets = set(environment_secrets())
         secrets.update(s for s in extra if s and len(s) >= MIN_SECRET_LENGTH)
-        self._pattern = _pattern(frozenset(secrets))
-        self.longest = max(map(len, secrets), default=0)
+        spellings = set().union(*map(_spellings, secrets)) if secrets else set()
+        self._pattern = _pattern(frozenset(spellings))
+        self.longest = max(map(len, spellings), default=0)
 
     def __call__(self, text: str) -> str:
         if self._pattern is None or not text:
             return text
         return self._pattern.sub(REDACTED, text)
+
+    def head(self, text: str, limit: int) -> str:
+        """The first ``limit`` characters of ``text``, redacted. A secret that starts
+        before the cut is removed whole; nothing from beyond the cut moves in."""
+        if self._pattern is None:
+            return text[:limit]
+        window = text[: limit + self.longest]
+        parts, position = [], 0
+        for match in self._pattern.finditer(window):
+            if match.start() >= limit:
+                break
+            parts += [window[position:match.start()], REDACTED]
+            position = match.end()
+        if position < limit:
+            parts.append(window[position:limit])
+        return "".join(parts)
 
     def __bool__(self) -> bool:
         return self._pattern is not None

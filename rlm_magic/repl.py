@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import builtins
 import concurrent.futures
 import ctypes
 import inspect
@@ -43,10 +44,6 @@ class StepInterrupted(BaseException):
     """Raised inside a step's thread to stop it (timeout or user interrupt).
 
     A BaseException, so model code's ``except Exception`` does not swallow it."""
-
-
-class RunStopped(BaseException):
-    """A helper was called by a step that has already been stopped."""
 
 
 @dataclass
@@ -80,10 +77,23 @@ def is_step_filename(filename: str) -> bool:
 
 
 class _HelperCallRewriter(ast.NodeTransformer):
-    """Route awaited / scheduled helper calls to the awaitable variants."""
+    """Route awaited or scheduled helper calls to the awaitable variants: calls under
+    ``await``, in the arguments of ``asyncio.gather``/``create_task``/..., and in a list
+    later handed to one (``coros = [llm_query(p) for p in ps]; await gather(*coros)``)."""
 
     def __init__(self, names: set[str]):
         self.names = names
+        self.scheduled: set[str] = set()  # variables passed to gather & co.
+
+    def visit_Module(self, node: ast.Module):
+        for inner in ast.walk(node):
+            if isinstance(inner, ast.Call) and _called_name(inner) in _SCHEDULERS:
+                for arg in [*inner.args, *(k.value for k in inner.keywords)]:
+                    for leaf in ast.walk(arg):
+                        if isinstance(leaf, ast.Name):
+                            self.scheduled.add(leaf.id)
+        self.generic_visit(node)
+        return node
 
     def _is_helper_call(self, node) -> bool:
         return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
@@ -94,6 +104,11 @@ class _HelperCallRewriter(ast.NodeTransformer):
             value=ast.Name(id=_ASYNC_TABLE, ctx=ast.Load()),
             slice=ast.Constant(value=call.func.id), ctx=ast.Load()), call.func)
 
+    def _all_to_async(self, tree) -> None:
+        for inner in ast.walk(tree):
+            if self._is_helper_call(inner):
+                self._to_async(inner)
+
     def visit_Await(self, node: ast.Await):
         self.generic_visit(node)
         if self._is_helper_call(node.value):
@@ -102,14 +117,27 @@ class _HelperCallRewriter(ast.NodeTransformer):
 
     def visit_Call(self, node: ast.Call):
         self.generic_visit(node)
-        func = node.func
-        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+        name = _called_name(node)
         if name in _SCHEDULERS:
             for arg in [*node.args, *(k.value for k in node.keywords)]:
-                for inner in ast.walk(arg):
-                    if self._is_helper_call(inner):
-                        self._to_async(inner)
+                self._all_to_async(arg)
+        elif (name in ("append", "extend") and isinstance(node.func, ast.Attribute)
+              and isinstance(node.func.value, ast.Name)
+              and node.func.value.id in self.scheduled):
+            for arg in node.args:
+                self._all_to_async(arg)
         return node
+
+    def visit_Assign(self, node: ast.Assign):
+        self.generic_visit(node)
+        if any(isinstance(t, ast.Name) and t.id in self.scheduled for t in node.targets):
+            self._all_to_async(node.value)
+        return node
+
+
+def _called_name(call: ast.Call) -> str | None:
+    func = call.func
+    return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
 
 
 def compile_step(code: str, helper_names: set[str], filename: str):
@@ -126,6 +154,30 @@ def compile_step(code: str, helper_names: set[str], filename: str):
     return compile(tree, filename, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
 
 
+# Builtins the model's code does not get: IPython puts these into `builtins` while a
+# cell runs, and `get_ipython().user_ns` would hand the model the notebook's variables.
+_WITHHELD_BUILTINS = ("get_ipython", "exit", "quit", "display")
+
+
+def repl_builtins() -> dict[str, Any]:
+    table = dict(vars(builtins))
+    for name in _WITHHELD_BUILTINS:
+        table.pop(name, None)
+    return table
+
+
+class _Step:
+    """One running block: its thread, its requests in flight, and whether it has been
+    told to stop. A stopped step stays stopped: its thread may still be unwinding."""
+
+    def __init__(self, step_id: int):
+        self.id = step_id
+        self.thread: threading.Thread | None = None
+        self.stopped = False
+        self.finished = False  # its thread has left the model's code
+        self.pending: set[concurrent.futures.Future] = set()
+
+
 class AsyncREPL:
     """A persistent namespace plus a way to run code blocks in it.
 
@@ -134,33 +186,41 @@ class AsyncREPL:
     rewrite above, as awaitables.
     """
 
+    # How often a stopped step's thread is hit again with StepInterrupted, in case the
+    # model's code swallowed it with a bare `except:`.
+    KILL_INTERVAL_S = 0.1
+
     def __init__(self, namespace: dict[str, Any],
                  helpers: dict[str, Callable[..., Awaitable[Any]]],
                  loop: asyncio.AbstractEventLoop | None = None):
         self.namespace = namespace
         self.loop = loop or asyncio.get_running_loop()
         self.helper_names = set(helpers)
-        self._pending: set[concurrent.futures.Future] = set()
         self._lock = threading.Lock()
-        self._stopped = False
+        self._steps: dict[int, _Step] = {}  # by thread ident
+        self._current: _Step | None = None
+        self._closed = False
+        self.last_output: StepOutput | None = None
         namespace[_ASYNC_TABLE] = {name: self._awaitable(fn) for name, fn in helpers.items()}
         for name, fn in helpers.items():
             namespace[name] = self._blocking(fn)
 
     # -- serving helpers from the worker thread ----------------------------------------
     def _submit(self, coro) -> concurrent.futures.Future:
-        if self._stopped:
+        with self._lock:
+            # Threads the model's code started itself (a ThreadPoolExecutor) count as
+            # the running step's; a stopped step's thread is known by its ident.
+            step = self._steps.get(threading.get_ident(), self._current)
+            refused = self._closed or step is None or step.stopped
+        if refused:
+            # A stopped (or finished) step, or a thread it left behind: no more calls.
             coro.close()
-            raise RunStopped("this run has been stopped")
+            raise StepInterrupted("this step was stopped; no request was sent")
         future = asyncio.run_coroutine_threadsafe(coro, self.loop)
         with self._lock:
-            self._pending.add(future)
-        future.add_done_callback(self._forget)
+            step.pending.add(future)
+        future.add_done_callback(lambda f: step.pending.discard(f))
         return future
-
-    def _forget(self, future) -> None:
-        with self._lock:
-            self._pending.discard(future)
 
     def _blocking(self, fn):
         def call(*args, **kwargs):
@@ -184,70 +244,105 @@ class AsyncREPL:
 
     # -- running steps ----------------------------------------------------------------
     async def run(self, code: str, timeout: float | None = None) -> StepOutput:
-        """Run one block; never raises for errors in the code itself. Raises
-        CancelledError if cancelled, after stopping the worker thread."""
-        step_id = next(_step_ids)
-        filename = step_filename(step_id)
-        output = StepOutput(code=code)
+        """Run one block; never raises for errors in the code itself. If cancelled, it
+        stops the step's thread and re-raises; ``last_output`` then holds what the step
+        printed before it was stopped."""
+        if self._closed:
+            raise RuntimeError("this REPL is closed")
+        step = _Step(next(_step_ids))
+        output = self.last_output = StepOutput(code=code)
         buffer = io.StringIO()
         started = time.perf_counter()
         try:
-            compiled = compile_step(code, self.helper_names, filename)
+            compiled = compile_step(code, self.helper_names, step_filename(step.id))
         except SyntaxError:
             output.error = traceback.format_exc(limit=0)
             return output
 
         done: asyncio.Future = self.loop.create_future()
-        worker = threading.Thread(target=self._execute, name=f"rlm-step-{step_id}",
-                                  args=(compiled, buffer, output, done), daemon=True)
-        self._stopped = False
-        with routing_installed():
-            worker.start()
-            try:
-                await asyncio.wait_for(asyncio.shield(done), timeout)
-            except asyncio.TimeoutError:
-                self.stop(worker)
-                # Give the thread a moment to unwind so its last output is kept.
-                await asyncio.wait([done], timeout=0.5)
-                output.timed_out = True
-                output.error = (f"TimeoutError: this step ran longer than "
-                                f"{timeout:g}s and was stopped")
-            except BaseException:
-                self.stop(worker)
-                raise
-        output.stdout = buffer.getvalue()
-        output.elapsed_s = time.perf_counter() - started
+        step.thread = threading.Thread(target=self._execute, name=f"rlm-step-{step.id}",
+                                       args=(step, compiled, buffer, output, done),
+                                       daemon=True)
+        self._current = step
+        try:
+            with routing_installed():
+                step.thread.start()
+                try:
+                    await asyncio.wait_for(asyncio.shield(done), timeout)
+                except asyncio.TimeoutError:
+                    self._stop(step)
+                    # Give the thread a moment to unwind so its last output is kept.
+                    await asyncio.wait([done], timeout=0.5)
+                    output.timed_out = True
+                    output.error = (f"TimeoutError: this step ran longer than "
+                                    f"{timeout:g}s and was stopped")
+                except BaseException:
+                    self._stop(step)
+                    output.error = "KeyboardInterrupt: the run was interrupted"
+                    raise
+        finally:
+            self._current = None
+            output.stdout = buffer.getvalue()
+            output.elapsed_s = time.perf_counter() - started
         return output
 
-    def _execute(self, compiled, buffer, output: StepOutput, done: asyncio.Future) -> None:
-        with captured_into(buffer):
-            try:
-                result = eval(compiled, self.namespace)  # noqa: S307 - model code, by design
-                if inspect.iscoroutine(result):
-                    asyncio.run(result)
-                value = self.namespace.pop(_LAST_VALUE, None)
-                if value is not None:
-                    output.value = repr(value)
-            except StepInterrupted:
-                output.error = "KeyboardInterrupt: the step was stopped"
-            except BaseException:  # noqa: BLE001 - shown to the model, like a REPL would
-                output.error = _format_model_traceback()
-        try:
-            self.loop.call_soon_threadsafe(_resolve, done)
-        except RuntimeError:
-            pass  # the loop is gone (kernel shutting down)
-
-    def stop(self, worker: threading.Thread | None = None) -> None:
-        """Stop the running step: fail its pending helper calls and raise
-        ``StepInterrupted`` in its thread at the next bytecode it runs."""
-        self._stopped = True
+    def _execute(self, step: _Step, compiled, buffer, output: StepOutput,
+                 done: asyncio.Future) -> None:
         with self._lock:
-            pending = list(self._pending)
+            self._steps[threading.get_ident()] = step
+        try:
+            with captured_into(buffer):
+                try:
+                    result = eval(compiled, self.namespace)  # noqa: S307 - by design
+                    if inspect.iscoroutine(result):
+                        asyncio.run(result)
+                    value = self.namespace.pop(_LAST_VALUE, None)
+                    if value is not None:
+                        output.value = repr(value)
+                except StepInterrupted:
+                    output.error = "KeyboardInterrupt: the step was stopped"
+                except BaseException:  # noqa: BLE001 - shown to the model, as a REPL would
+                    output.error = _format_model_traceback()
+        except StepInterrupted:
+            pass  # a late kill, landing after the model's code had finished
+        finally:
+            with self._lock:
+                self._steps.pop(threading.get_ident(), None)
+                step.stopped = True  # a finished step makes no more calls either
+                step.finished = True
+            try:
+                self.loop.call_soon_threadsafe(_resolve, done)
+            except RuntimeError:
+                pass  # the loop is gone (kernel shutting down)
+
+    def _stop(self, step: _Step) -> None:
+        """Stop a step: refuse its further helper calls, cancel those in flight, and
+        raise ``StepInterrupted`` in its thread, again and again until it is gone."""
+        with self._lock:
+            step.stopped = True
+            pending = list(step.pending)
         for future in pending:
             future.cancel()
-        if worker is not None and worker.is_alive() and worker.ident is not None:
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(
-                ctypes.c_ulong(worker.ident), ctypes.py_object(StepInterrupted))
+        self._kill(step)
+
+    def _kill(self, step: _Step) -> None:
+        thread = step.thread
+        if step.finished or thread is None or not thread.is_alive() or thread.ident is None:
+            return
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident),
+                                                   ctypes.py_object(StepInterrupted))
+        try:
+            self.loop.call_later(self.KILL_INTERVAL_S, self._kill, step)
+        except RuntimeError:
+            pass  # the loop is closed
+
+    def close(self) -> None:
+        """End the REPL: stop every step still running; no helper call is served again."""
+        with self._lock:
+            self._closed = True
+            steps = list(self._steps.values())
+        for step in steps:
+            self._stop(step)
 
 
 def _resolve(future: asyncio.Future) -> None:

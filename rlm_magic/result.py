@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,9 @@ class RLMResult:
     model: str = ""
     sub_model: str = ""
     depth: int = 0
+    # The REPL variables the model made (values, not copies); kept whatever ended the
+    # run, so sub-call answers already paid for are never lost.
+    variables: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def answer(self) -> str | None:
@@ -62,9 +65,13 @@ class RLMResult:
         return RLMRunError(self)
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-safe dict of everything in the result."""
-        data = asdict(self)
+        """A JSON-safe dict of the result; ``variables`` gives each variable's type."""
+        data = {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name not in ("usage", "trajectory", "variables")}
+        data["trajectory"] = [asdict(iteration) for iteration in self.trajectory]
         data["usage"] = self.usage.to_dict()
+        data["variables"] = {name: type(value).__name__
+                             for name, value in self.variables.items()}
         return data
 
     def save(self, path: str | Path) -> Path:
@@ -108,7 +115,3 @@ class RLMRunError(RLMError):
     def __init__(self, result: RLMResult):
         self.result = result
         super().__init__(f"RLM run {result.stop_reason or 'failed'}: {result.error}")
-
-    def _render_traceback_(self) -> list[str]:
-        # A concise one-liner in the notebook instead of a traceback through rlm-magic.
-        return [f"{type(self).__name__}: {self}"]

@@ -38,11 +38,17 @@ class Failure:
     times: int
     model: str | None = None
     match: str | None = None  # fail only requests whose last message contains this
+    after: int = 0  # let this many matching requests through first
 
     def applies(self, body: dict) -> bool:
         if self.model is not None and body.get("model") != self.model:
             return False
-        return self.match is None or self.match in body["messages"][-1]["content"]
+        if self.match is not None and self.match not in body["messages"][-1]["content"]:
+            return False
+        if self.after > 0:
+            self.after -= 1
+            return False
+        return True
 
 
 class FakeLLMServer(LocalChatServer):
@@ -78,10 +84,10 @@ class FakeLLMServer(LocalChatServer):
         self.model_replies[model] = reply
 
     def fail(self, kind: str, times: int = 1, model: str | None = None,
-             match: str | None = None) -> None:
+             match: str | None = None, after: int = 0) -> None:
         assert kind in (*_FAILURES, "hang")
         with self._lock:
-            self.failures.append(Failure(kind, times, model, match))
+            self.failures.append(Failure(kind, times, model, match, after))
 
     def requests_for(self, model: str) -> list[dict]:
         return [r for r in self.requests if r.get("model") == model]

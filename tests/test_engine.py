@@ -383,3 +383,90 @@ async def test_show_vars_lists_the_models_variables(rlm, server):
     server.script("root-model", [repl("total = 3\nnames = ['a']\nSHOW_VARS()"), "FINAL(ok)"])
     result = await rlm.arun("q", context="c")
     assert result.trajectory[0].code[0].output == "total: int\nnames: list"
+
+
+# -- what the review found: stopped steps stay stopped, nothing is lost ------------------
+
+async def test_a_stopped_step_sends_nothing_more_even_if_it_swallows_the_stop(server):
+    rlm = make_rlm(server, step_timeout=0.5)
+    server.script("root-model", [
+        repl("import time\nwhile True:\n    try:\n        time.sleep(0.05)\n"
+             "        llm_query('zombie')\n    except:\n        pass"),
+        repl("x = 1"), "FINAL(ok)"])
+    result = await rlm.arun("q", context="c")
+    assert result.success
+    sent = len(sub_requests(server))
+    # Watch for a while: a step that survived its stop would keep calling.
+    await asyncio.sleep(0.5)
+    assert len(sub_requests(server)) == sent
+
+
+async def test_the_models_variables_survive_a_failed_run(server):
+    rlm = make_rlm(server, max_retries=0)
+    server.script("root-model", [repl("answers = llm_query_batch(['a', 'b'])")])
+    server.fail("401", times=5, model="root-model", after=1)  # the second turn fails
+    result = await rlm.arun("q", context="c")
+    assert result.stop_reason == "error"
+    assert result.variables["answers"] == ["echo: a", "echo: b"]
+    assert result.to_dict()["variables"] == {"answers": "list"}
+
+
+async def test_an_interrupted_step_keeps_its_output_in_the_trajectory(rlm, server):
+    server.script("root-model", [repl("print('before the wait')\nllm_query('started')\n"
+                                      "import time\ntime.sleep(30)")])
+    run = rlm.start("q", context="c")
+    task = asyncio.ensure_future(run.execute())
+    # The root turn and the step's sub-call are done: the step has printed.
+    assert await asyncio.to_thread(server.wait_for, lambda: server.completed == 2)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert run.result.stop_reason == "interrupted"
+    [block] = run.result.trajectory[0].code
+    assert "before the wait" in block.output and block.error
+
+
+async def test_gathering_a_list_of_helper_calls_runs_them_concurrently(rlm, server):
+    server.model_latency = {"sub-model": 0.4}
+    server.script("root-model", [repl(
+        "coros = [llm_query(f'q{i}') for i in range(8)]\n"
+        "answers = await asyncio.gather(*coros)\nprint(answers[7])"), "FINAL(ok)"])
+    result = await rlm.arun("q", context="c")
+    assert result.trajectory[0].code[0].output == "echo: q7"
+    assert server.peak_in_flight == 8
+
+
+async def test_model_code_cannot_reach_the_notebook_through_get_ipython(rlm, server):
+    server.script("root-model", [repl("get_ipython()"), "FINAL(ok)"])
+    result = await rlm.arun("q", context="c")
+    assert "NameError: name 'get_ipython' is not defined" in result.trajectory[0].code[0].output
+
+
+async def test_escaped_secrets_are_redacted_too(rlm, server, monkeypatch):
+    secret = "pa'ss\\wo\"rd-99-é"
+    monkeypatch.setenv("MY_PASSWORD", secret)
+    server.script("root-model", [repl("print(repr(context))\nimport json\n"
+                                      "print(json.dumps(context))\ncontext"), "FINAL(ok)"])
+    await rlm.arun("q", context=secret)
+    sent = json.dumps(server.requests, ensure_ascii=False)
+    for spelling in (secret, repr(secret)[1:-1], json.dumps(secret)[1:-1]):
+        assert json.dumps(spelling, ensure_ascii=False)[1:-1] not in sent
+
+
+async def test_a_secret_at_the_cut_is_removed_whole(server, monkeypatch):
+    token = "SECRETTOKEN" + "x" * 50
+    monkeypatch.setenv("SERVICE_TOKEN", token)
+    rlm = make_rlm(server, max_output_chars=30)
+    server.script("root-model", [repl(f"print('a' * 25 + {token!r} + 'b' * 100)"), "FINAL(ok)"])
+    result = await rlm.arun("q", context="c")
+    seen = result.trajectory[0].code[0].output
+    assert seen.startswith("a" * 25 + "[REDACTED]\n... [output cut")
+    assert "SE" not in seen.replace("[REDACTED]", "")
+
+
+def test_final_ends_at_the_first_line_that_closes_it():
+    from rlm_magic.prompts import find_final
+
+    assert find_final("FINAL(42)\nHope this helps (really).").value == "42"
+    assert find_final("FINAL(it is f(x))").value == "it is f(x)"
+    assert find_final("FINAL(a) one\nb) two)").value == "a) one\nb) two"

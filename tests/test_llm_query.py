@@ -215,5 +215,26 @@ async def test_a_broken_cache_does_not_lose_the_answer(server, tmp_path, monkeyp
         raise OSError("disk full")
 
     monkeypatch.setattr(rlm.client.cache, "set", broken)
+    from rlm_magic import client
+
+    monkeypatch.setattr(client._cache_call, "warned", False, raising=False)
     with pytest.warns(RuntimeWarning, match="cache is not working"):
         assert await rlm.helpers.llm_query("x") == "echo: x"
+
+
+async def test_an_unusable_cache_directory_does_not_fail_the_call(server):
+    rlm = make_rlm(server, cache=True, cache_dir="/proc/no-such-place/cache")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert await rlm.helpers.llm_query("x") == "echo: x"
+
+
+def test_errors_render_as_one_line_in_ipython():
+    from rlm_magic import ConfigError
+
+    assert ConfigError("bad value")._render_traceback_() == ["ConfigError: bad value"]
+    error = LLMQueryError("openai/m", TimeoutError("slow"))
+    assert error._render_traceback_() == [
+        "LLMQueryError: LLM call to 'openai/m' failed: TimeoutError: slow"]

@@ -26,7 +26,10 @@ _previous_handler = None
 def _handle_sigint(signum, frame) -> None:
     for task, loop in list(_guarded.items()):
         _interrupted.add(task)
-        loop.call_soon_threadsafe(task.cancel)
+        try:
+            loop.call_soon_threadsafe(task.cancel)
+        except RuntimeError:
+            pass  # that loop is closed: its task is not running any more
     # Also let the kernel's own handler stop the cell: our work may run in a background
     # task while the cell awaits something else. Its callback is scheduled with
     # call_soon, and runs at once because the call_soon_threadsafe above woke the loop.

@@ -34,9 +34,12 @@ from .capture import captured_into, routing_installed
 
 _ASYNC_TABLE = "__rlm_async__"
 _LAST_VALUE = "__rlm_last__"
-# Functions whose arguments model code means to run concurrently.
+# asyncio functions whose arguments model code means to run concurrently. Matched as
+# `asyncio.X(...)` or a name imported from asyncio, so concurrent.futures.wait & co.
+# (thread-pool code, which wants the blocking helpers) are left alone. `create_task` is
+# also matched as a method (a loop's or a TaskGroup's).
 _SCHEDULERS = {"gather", "create_task", "ensure_future", "wait", "wait_for", "as_completed",
-               "shield", "run_coroutine_threadsafe"}
+               "shield"}
 _step_ids = itertools.count(1)
 
 
@@ -79,21 +82,41 @@ def is_step_filename(filename: str) -> bool:
 class _HelperCallRewriter(ast.NodeTransformer):
     """Route awaited or scheduled helper calls to the awaitable variants: calls under
     ``await``, in the arguments of ``asyncio.gather``/``create_task``/..., and in a list
-    later handed to one (``coros = [llm_query(p) for p in ps]; await gather(*coros)``)."""
+    later handed to one (``coros = [llm_query(p) for p in ps]; await gather(*coros)``).
+    Code inside a ``lambda`` or a plain ``def`` runs synchronously: it keeps the
+    blocking helpers."""
 
     def __init__(self, names: set[str]):
         self.names = names
-        self.scheduled: set[str] = set()  # variables passed to gather & co.
+        self.asyncio_names = {"asyncio"}  # the module, under any alias
+        self.imported: set[str] = set()  # schedulers imported from asyncio
+        self.scheduled: set[str] = set()  # variables passed to a scheduler
 
     def visit_Module(self, node: ast.Module):
         for inner in ast.walk(node):
-            if isinstance(inner, ast.Call) and _called_name(inner) in _SCHEDULERS:
-                for arg in [*inner.args, *(k.value for k in inner.keywords)]:
-                    for leaf in ast.walk(arg):
-                        if isinstance(leaf, ast.Name):
-                            self.scheduled.add(leaf.id)
+            if isinstance(inner, ast.Import):
+                self.asyncio_names |= {a.asname or a.name for a in inner.names
+                                       if a.name == "asyncio"}
+            elif isinstance(inner, ast.ImportFrom) and inner.module == "asyncio":
+                self.imported |= {a.asname or a.name for a in inner.names
+                                  if a.name in _SCHEDULERS}
+        for inner in ast.walk(node):
+            if isinstance(inner, ast.Call) and self._is_scheduler(inner):
+                for arg in _arguments(inner):
+                    self.scheduled |= {leaf.id for leaf in ast.walk(arg)
+                                       if isinstance(leaf, ast.Name)}
         self.generic_visit(node)
         return node
+
+    def _is_scheduler(self, call: ast.Call) -> bool:
+        func = call.func
+        if isinstance(func, ast.Name):
+            return func.id in self.imported
+        if isinstance(func, ast.Attribute) and func.attr in _SCHEDULERS:
+            base = func.value
+            return func.attr == "create_task" or (
+                isinstance(base, ast.Name) and base.id in self.asyncio_names)
+        return False
 
     def _is_helper_call(self, node) -> bool:
         return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
@@ -105,7 +128,7 @@ class _HelperCallRewriter(ast.NodeTransformer):
             slice=ast.Constant(value=call.func.id), ctx=ast.Load()), call.func)
 
     def _all_to_async(self, tree) -> None:
-        for inner in ast.walk(tree):
+        for inner in _walk_same_scope(tree):
             if self._is_helper_call(inner):
                 self._to_async(inner)
 
@@ -117,11 +140,10 @@ class _HelperCallRewriter(ast.NodeTransformer):
 
     def visit_Call(self, node: ast.Call):
         self.generic_visit(node)
-        name = _called_name(node)
-        if name in _SCHEDULERS:
-            for arg in [*node.args, *(k.value for k in node.keywords)]:
+        if self._is_scheduler(node):
+            for arg in _arguments(node):
                 self._all_to_async(arg)
-        elif (name in ("append", "extend") and isinstance(node.func, ast.Attribute)
+        elif (isinstance(node.func, ast.Attribute) and node.func.attr in ("append", "extend")
               and isinstance(node.func.value, ast.Name)
               and node.func.value.id in self.scheduled):
             for arg in node.args:
@@ -135,9 +157,19 @@ class _HelperCallRewriter(ast.NodeTransformer):
         return node
 
 
-def _called_name(call: ast.Call) -> str | None:
-    func = call.func
-    return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+def _arguments(call: ast.Call) -> list[ast.AST]:
+    return [*call.args, *(keyword.value for keyword in call.keywords)]
+
+
+def _walk_same_scope(tree):
+    """ast.walk, without descending into lambdas and plain (synchronous) functions."""
+    pending = [tree]
+    while pending:
+        node = pending.pop()
+        yield node
+        for child in ast.iter_child_nodes(node):
+            if not isinstance(child, (ast.Lambda, ast.FunctionDef)):
+                pending.append(child)
 
 
 def compile_step(code: str, helper_names: set[str], filename: str):
@@ -167,14 +199,17 @@ def repl_builtins() -> dict[str, Any]:
 
 
 class _Step:
-    """One running block: its thread, its requests in flight, and whether it has been
-    told to stop. A stopped step stays stopped: its thread may still be unwinding."""
+    """One running block: its threads (its own, and any the model's code started that
+    called a helper), its requests in flight, and whether it was stopped. A stopped step
+    stays stopped: its threads may still be unwinding."""
 
     def __init__(self, step_id: int):
         self.id = step_id
         self.thread: threading.Thread | None = None
-        self.stopped = False
-        self.finished = False  # its thread has left the model's code
+        self.threads: set[threading.Thread] = set()
+        self.stopped = False  # timed out, interrupted or closed: no more calls
+        self.finished = False  # its own thread has left the model's code
+        self.killing = False  # a kill chain is running
         self.pending: set[concurrent.futures.Future] = set()
 
 
@@ -186,9 +221,11 @@ class AsyncREPL:
     rewrite above, as awaitables.
     """
 
-    # How often a stopped step's thread is hit again with StepInterrupted, in case the
-    # model's code swallowed it with a bare `except:`.
+    # A stopped step's threads are hit with StepInterrupted this often (model code may
+    # swallow it with a bare `except:`) for at most this long (a thread blocked in C,
+    # e.g. on a socket, cannot take it at all; its calls are refused meanwhile).
     KILL_INTERVAL_S = 0.1
+    KILL_FOR_S = 10.0
 
     def __init__(self, namespace: dict[str, Any],
                  helpers: dict[str, Callable[..., Awaitable[Any]]],
@@ -197,7 +234,7 @@ class AsyncREPL:
         self.loop = loop or asyncio.get_running_loop()
         self.helper_names = set(helpers)
         self._lock = threading.Lock()
-        self._steps: dict[int, _Step] = {}  # by thread ident
+        self._threads: dict[int, _Step] = {}  # thread ident -> the step it works for
         self._current: _Step | None = None
         self._closed = False
         self.last_output: StepOutput | None = None
@@ -205,21 +242,30 @@ class AsyncREPL:
         for name, fn in helpers.items():
             namespace[name] = self._blocking(fn)
 
-    # -- serving helpers from the worker thread ----------------------------------------
+    # -- serving helpers from the worker threads ---------------------------------------
+    def _step_of_caller(self) -> _Step | None:
+        """The step the calling thread works for (called with the lock held). A thread
+        the model's code started (a ThreadPoolExecutor's) joins the running step on its
+        first call; a thread of a stopped step stays with it, and is refused."""
+        thread = threading.current_thread()
+        step = self._threads.get(thread.ident)
+        if step is None or (step.finished and not step.stopped):
+            step = self._current
+            if step is not None:
+                self._threads[thread.ident] = step
+                step.threads.add(thread)
+        return step
+
     def _submit(self, coro) -> concurrent.futures.Future:
         with self._lock:
-            # Threads the model's code started itself (a ThreadPoolExecutor) count as
-            # the running step's; a stopped step's thread is known by its ident.
-            step = self._steps.get(threading.get_ident(), self._current)
-            refused = self._closed or step is None or step.stopped
-        if refused:
-            # A stopped (or finished) step, or a thread it left behind: no more calls.
-            coro.close()
-            raise StepInterrupted("this step was stopped; no request was sent")
-        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        with self._lock:
+            step = self._step_of_caller()
+            if self._closed or step is None or step.stopped:
+                coro.close()
+                raise StepInterrupted("this step was stopped; no request was sent")
+            # Scheduled under the lock, so a concurrent stop cannot miss this call.
+            future = asyncio.run_coroutine_threadsafe(coro, self.loop)
             step.pending.add(future)
-        future.add_done_callback(lambda f: step.pending.discard(f))
+        future.add_done_callback(step.pending.discard)
         return future
 
     def _blocking(self, fn):
@@ -245,7 +291,7 @@ class AsyncREPL:
     # -- running steps ----------------------------------------------------------------
     async def run(self, code: str, timeout: float | None = None) -> StepOutput:
         """Run one block; never raises for errors in the code itself. If cancelled, it
-        stops the step's thread and re-raises; ``last_output`` then holds what the step
+        stops the step's threads and re-raises; ``last_output`` then holds what the step
         printed before it was stopped."""
         if self._closed:
             raise RuntimeError("this REPL is closed")
@@ -288,9 +334,11 @@ class AsyncREPL:
 
     def _execute(self, step: _Step, compiled, buffer, output: StepOutput,
                  done: asyncio.Future) -> None:
-        with self._lock:
-            self._steps[threading.get_ident()] = step
+        ident = threading.get_ident()
         try:
+            with self._lock:
+                self._threads[ident] = step
+                step.threads.add(threading.current_thread())
             with captured_into(buffer):
                 try:
                     result = eval(compiled, self.namespace)  # noqa: S307 - by design
@@ -304,45 +352,70 @@ class AsyncREPL:
                 except BaseException:  # noqa: BLE001 - shown to the model, as a REPL would
                     output.error = _format_model_traceback()
         except StepInterrupted:
-            pass  # a late kill, landing after the model's code had finished
+            pass  # a kill landing just outside the model's code
         finally:
-            with self._lock:
-                self._steps.pop(threading.get_ident(), None)
-                step.stopped = True  # a finished step makes no more calls either
-                step.finished = True
+            self._leave(step, ident)
             try:
                 self.loop.call_soon_threadsafe(_resolve, done)
             except RuntimeError:
                 pass  # the loop is gone (kernel shutting down)
 
+    def _leave(self, step: _Step, ident: int) -> None:
+        """Mark the step's own thread finished. Kills are injected only under the lock
+        and only into unfinished threads, so once this returns none can arrive; one that
+        was pending is cleared here, and one landing before the lock is retried."""
+        while True:
+            try:
+                with self._lock:
+                    step.finished = True
+                    if self._threads.get(ident) is step:
+                        del self._threads[ident]
+                    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), None)
+                return
+            except StepInterrupted:
+                continue
+
     def _stop(self, step: _Step) -> None:
         """Stop a step: refuse its further helper calls, cancel those in flight, and
-        raise ``StepInterrupted`` in its thread, again and again until it is gone."""
+        raise ``StepInterrupted`` in its threads, again and again, until they are gone."""
         with self._lock:
             step.stopped = True
             pending = list(step.pending)
+            start_chain = not step.killing
+            step.killing = True
         for future in pending:
             future.cancel()
-        self._kill(step)
-
-    def _kill(self, step: _Step) -> None:
-        thread = step.thread
-        if step.finished or thread is None or not thread.is_alive() or thread.ident is None:
-            return
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident),
-                                                   ctypes.py_object(StepInterrupted))
-        try:
-            self.loop.call_later(self.KILL_INTERVAL_S, self._kill, step)
-        except RuntimeError:
-            pass  # the loop is closed
+        if start_chain:
+            _kill_chain(self.loop, self._lock, step, time.monotonic() + self.KILL_FOR_S,
+                        self.KILL_INTERVAL_S)
 
     def close(self) -> None:
-        """End the REPL: stop every step still running; no helper call is served again."""
+        """End the REPL: stop any step still running; no helper call is served again."""
         with self._lock:
             self._closed = True
-            steps = list(self._steps.values())
+            steps = {step for step in self._threads.values() if not step.finished}
         for step in steps:
             self._stop(step)
+
+
+def _kill_chain(loop, lock: threading.Lock, step: _Step, deadline: float,
+                interval: float) -> None:
+    """Inject StepInterrupted into the step's live threads, then come back. Holds only
+    the step (not the REPL and its namespace), and ends by the deadline."""
+    alive = False
+    with lock:  # a step thread marks itself finished under this lock: no late kill
+        for thread in step.threads:
+            if thread is step.thread and step.finished:
+                continue
+            if thread.is_alive() and thread.ident is not None:
+                alive = True
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                    ctypes.c_ulong(thread.ident), ctypes.py_object(StepInterrupted))
+    if alive and time.monotonic() < deadline:
+        try:
+            loop.call_later(interval, _kill_chain, loop, lock, step, deadline, interval)
+        except RuntimeError:
+            pass  # the loop is closed
 
 
 def _resolve(future: asyncio.Future) -> None:

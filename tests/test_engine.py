@@ -470,3 +470,37 @@ def test_final_ends_at_the_first_line_that_closes_it():
     assert find_final("FINAL(42)\nHope this helps (really).").value == "42"
     assert find_final("FINAL(it is f(x))").value == "it is f(x)"
     assert find_final("FINAL(a) one\nb) two)").value == "a) one\nb) two"
+
+
+async def test_thread_pool_code_in_the_models_hands_works_concurrently(rlm, server):
+    server.model_latency = {"sub-model": 0.3}
+    server.script("root-model", [repl(
+        "import concurrent.futures\n"
+        "with concurrent.futures.ThreadPoolExecutor(4) as pool:\n"
+        "    futures = []\n"
+        "    for i in range(4):\n"
+        "        futures.append(pool.submit(lambda i=i: llm_query(f'q{i}')))\n"
+        "    concurrent.futures.wait(futures)\n"
+        "print([f.result() for f in futures])"), "FINAL(ok)"])
+    result = await rlm.arun("q", context="c")
+    assert result.trajectory[0].code[0].output == str([f"echo: q{i}" for i in range(4)])
+    assert server.peak_in_flight == 4
+
+
+async def test_threads_the_model_started_stop_with_their_step(server):
+    rlm = make_rlm(server, step_timeout=0.5)
+    server.model_latency = {"sub-model": 0.05}
+    server.script("root-model", [
+        repl("import concurrent.futures, time\n"
+             "pool = concurrent.futures.ThreadPoolExecutor(2)\n"
+             "jobs = [pool.submit(lambda: (time.sleep(0.1), llm_query('from step 1')))"
+             " for _ in range(40)]\n"
+             "pool.shutdown(wait=True)"),
+        repl("import time\ntime.sleep(1.5)"), "FINAL(ok)"])
+    result = await rlm.arun("q", context="c")
+    assert result.success
+    from_step_one = [r for r in sub_requests(server)
+                     if r["messages"][-1]["content"] == "from step 1"]
+    # Step 1 ran for 0.5 s with 2 threads sleeping 0.1 s per call: about 10 calls, and
+    # none once it was stopped (step 2 then blocks 0.5 s more: room for 10 more).
+    assert len(from_step_one) <= 12, len(from_step_one)

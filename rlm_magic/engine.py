@@ -152,6 +152,7 @@ class Run:
         namespace = self.namespace if live else {"__name__": "__rlm__",
                                                  "__builtins__": repl_builtins()}
         saved, touched = {}, []
+        preexisting = set(namespace) if live else set()  # the notebook's own variables
         try:
             injected = self._repl_globals()
             touched = [*injected, *self._repl_helpers(), "__rlm_async__"]
@@ -172,7 +173,7 @@ class Run:
                 # already paid for stay reachable as result.variables.
                 result.variables = {name: namespace[name]
                                     for name in self._user_variables(namespace)
-                                    if name not in saved or live}
+                                    if name not in preexisting}
             if live:
                 for name in touched:
                     namespace.pop(name, None)
@@ -235,8 +236,9 @@ class Run:
             except BaseException:
                 # Interrupted mid-step: keep what the step printed in the trajectory.
                 partial = self.repl.last_output
-                iteration.code.append(CodeRun(code, partial.as_text(), partial.elapsed_s,
-                                              error=True))
+                shown = Redactor(extra=[self.rlm.api_key]).head(partial.as_text(),
+                                                                 self.max_output_chars)
+                iteration.code.append(CodeRun(code, shown, partial.elapsed_s, error=True))
                 raise
             seen = await self._as_model_sees_it(step.as_text())
             iteration.code.append(CodeRun(code, seen, step.elapsed_s,

@@ -111,10 +111,14 @@ async def run_rlm_cell(line: str, body: str, shell=None):
     try:
         with RunStatus(run, enabled=rlm.progress):
             result = await run_interruptibly(run.execute())
-    except (KeyboardInterrupt, asyncio.CancelledError):
+    except (KeyboardInterrupt, asyncio.CancelledError) as stop:
         run.result.stop_reason = "interrupted"
         run.result.error = "interrupted by the user"
         shell.user_ns[args.out] = run.result
+        if isinstance(stop, KeyboardInterrupt):
+            raise KeyboardInterrupt(
+                f"%%rlm interrupted after {len(run.result.trajectory)} iteration(s); the "
+                f"partial result is in {args.out}") from None
         raise
     shell.user_ns[args.out] = result
     if not args.quiet:

@@ -208,6 +208,7 @@ async def test_live_runs_in_the_notebook_namespace_and_restores_helpers(shell, s
     server.script("root-model", [repl("made_by_model = sum(data)"), "FINAL(ok)"])
     await run_cell(shell, "%%rlm --live -q\nq")
     assert shell.user_ns["made_by_model"] == 6
+    assert shell.user_ns["_rlm"].variables == {"made_by_model": 6}
     assert inspect.iscoroutinefunction(shell.user_ns["llm_query"])
 
 

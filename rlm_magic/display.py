@@ -24,6 +24,7 @@ _CSS = """<style>
 .rlm-result summary{cursor:pointer;font-weight:600}
 .rlm-result.rlm-result pre{margin:.2em 0 .6em;padding:.4em .6em;background:rgba(127,127,127,.12);white-space:pre;overflow-x:auto;max-height:30em}
 .rlm-result.rlm-result .highlight pre{background:#f8f8f8;color:#000}
+body[data-jp-theme-light="false"] .rlm-result .highlight,body.vscode-dark .rlm-result .highlight{filter:invert(.88) hue-rotate(180deg)}
 .rlm-result table{border-collapse:collapse;margin-top:.5em}
 .rlm-result td,.rlm-result th{padding:2px 8px;border-bottom:1px solid rgba(127,127,127,.3);text-align:right}
 .rlm-result td:first-child,.rlm-result th:first-child{text-align:left}

@@ -98,6 +98,7 @@ class RunTree:
     done: int = 0
     failed: int = 0
     phase: str = "starting"
+    warned_unpriced: bool = False
     iteration: int = 0
     max_iterations: int = 0
 
@@ -276,12 +277,27 @@ class Run:
         return None
 
     def _stopped_by_budget(self, result: RLMResult) -> bool:
+        self._warn_if_budget_is_blind()
         if not self.tree.over_budget():
             return False
         result.stop_reason = "budget"
         result.error = (f"cost budget exceeded: spent ${self.tree.ledger.cost_usd:.4f} of "
                         f"max_cost_usd=${self.tree.max_cost_usd:g}")
         return True
+
+    def _warn_if_budget_is_blind(self) -> None:
+        tree = self.tree
+        if tree.max_cost_usd is None or tree.warned_unpriced:
+            return
+        unpriced = [row.model for row in tree.ledger.summary().by_model.values()
+                    if row.unpriced_calls]
+        if unpriced:
+            tree.warned_unpriced = True
+            import warnings
+
+            warnings.warn(f"max_cost_usd is set, but litellm has no price for "
+                          f"{', '.join(unpriced)}: those calls count as $0 against the "
+                          "budget", RuntimeWarning, stacklevel=2)
 
     async def _as_model_sees_it(self, text: str) -> str:
         """Step output as the model sees it: secrets removed, cut to max_output_chars

@@ -261,6 +261,7 @@ async def test_max_cost_usd_stops_the_run_with_a_partial_result(server):
     assert len(server.requests_for("gpt-4o")) == 1
 
 
+@pytest.mark.filterwarnings("ignore:max_cost_usd is set")  # the root model is unpriced
 async def test_sub_calls_past_the_budget_send_nothing(server):
     rlm = make_rlm(server, sub_model="openai/gpt-4o", max_cost_usd=0.001)
     server.usage = (100_000, 1_000)
@@ -504,3 +505,11 @@ async def test_threads_the_model_started_stop_with_their_step(server):
     # Step 1 ran for 0.5 s with 2 threads sleeping 0.1 s per call: about 10 calls, and
     # none once it was stopped (step 2 then blocks 0.5 s more: room for 10 more).
     assert len(from_step_one) <= 12, len(from_step_one)
+
+
+async def test_a_budget_that_cannot_see_some_costs_says_so(server):
+    rlm = make_rlm(server, max_cost_usd=1.0)  # root-model and sub-model have no price
+    server.script("root-model", [repl("x = 1"), "FINAL(ok)"])
+    with pytest.warns(RuntimeWarning, match="no price for openai/root-model"):
+        result = await rlm.arun("q", context="c")
+    assert result.success

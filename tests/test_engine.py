@@ -350,11 +350,16 @@ async def test_result_is_json_safe_and_saves_as_jsonl(rlm, server, tmp_path):
 
 
 async def test_result_text_is_short_and_html_shows_answer_and_code(rlm, server):
-    server.script("root-model", [repl("value = 6 * 7"), "FINAL(forty-two)"])
+    server.script("root-model", [repl("first_step = 6 * 7"), repl("second_step = 1"),
+                                 "FINAL(forty-two)"])
     result = await rlm.arun("q", context="c")
-    assert repr(result) == "RLMResult(ok, iterations=2, sub-calls=0): forty-two"
+    assert repr(result) == "RLMResult(ok, iterations=3, sub-calls=0): forty-two"
     page = result._repr_html_()
-    assert "forty-two" in page and "value" in page and "Iteration 2" in page
+    assert page.index("forty-two") < page.index("Trajectory")  # the answer comes first
+    for name in ("first_step", "second_step"):  # each iteration's code, highlighted
+        assert f"</span>{name} <span" in page
+    assert "Iteration 3" in page and "<details>" in page
+    assert result._repr_markdown_().startswith("forty-two")
 
 
 def test_run_wraps_arun_outside_a_loop(server):

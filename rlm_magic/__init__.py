@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from .engine import RLM
 from .helpers import interrupted_batch
-from .errors import (BatchError, BudgetExceeded, ConfigError, LLMQueryError, RLMError)
+from .errors import BatchError, ConfigError, LLMQueryError, RLMError
 from .result import CodeRun, Iteration, RLMResult, RLMRunError
 from .usage import CallRecord, UsageLedger, UsageSummary, usage
 
 __version__ = "0.1.0"
 __all__ = [
     "RLM", "RLMResult", "RLMRunError", "Iteration", "CodeRun",
-    "RLMError", "ConfigError", "LLMQueryError", "BatchError", "BudgetExceeded",
+    "RLMError", "ConfigError", "LLMQueryError", "BatchError",
     "UsageLedger", "UsageSummary", "CallRecord", "usage", "interrupted_batch",
     "load_ipython_extension", "unload_ipython_extension",
 ]

@@ -52,9 +52,6 @@ class BatchError(RLMError):
         )
 
 
-class BudgetExceeded(RLMError):
-    """A run passed one of its limits (cost, sub-calls); the partial result is kept."""
-
 
 def describe_exception(exc: BaseException) -> str:
     """A one-line description of ``exc`` that never comes out empty."""

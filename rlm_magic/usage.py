@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import html
 import threading
-from dataclasses import asdict, dataclass, field
-from typing import Iterable
+from dataclasses import asdict, dataclass, field, replace
 
 
 @dataclass(frozen=True)
@@ -70,13 +69,13 @@ class UsageSummary:
     by_model: dict[str, ModelUsage] = field(default_factory=dict)
     total: ModelUsage = field(default_factory=lambda: ModelUsage("total"))
 
-    @classmethod
-    def of(cls, records: Iterable[CallRecord]) -> "UsageSummary":
-        summary = cls()
-        for record in records:
-            summary.by_model.setdefault(record.model, ModelUsage(record.model)).add(record)
-            summary.total.add(record)
-        return summary
+    def add(self, record: CallRecord) -> None:
+        self.by_model.setdefault(record.model, ModelUsage(record.model)).add(record)
+        self.total.add(record)
+
+    def copy(self) -> "UsageSummary":
+        return UsageSummary({name: replace(row) for name, row in self.by_model.items()},
+                            replace(self.total))
 
     # Shorthands for the numbers people ask for most.
     @property
@@ -147,16 +146,22 @@ def format_cost(cost: float | None, unpriced_calls: int = 0) -> str:
 
 
 class UsageLedger:
-    """Thread-safe, append-only record of model calls; forwards to its parent."""
+    """Thread-safe, append-only record of model calls; forwards to its parent.
+
+    Totals are kept as records arrive: budgets check them before every sub-call and the
+    status panel reads them a few times a second, so neither re-adds the whole history.
+    """
 
     def __init__(self, parent: "UsageLedger | None" = None):
         self.parent = parent
         self._records: list[CallRecord] = []
+        self._totals = UsageSummary()
         self._lock = threading.Lock()
 
     def record(self, record: CallRecord) -> None:
         with self._lock:
             self._records.append(record)
+            self._totals.add(record)
         if self.parent is not None:
             self.parent.record(record)
 
@@ -166,17 +171,19 @@ class UsageLedger:
             return list(self._records)
 
     def summary(self) -> UsageSummary:
-        return UsageSummary.of(self.records)
+        with self._lock:
+            return self._totals.copy()
 
     @property
     def cost_usd(self) -> float:
         """Known cost so far (unpriced calls count as 0): what budgets compare against."""
         with self._lock:
-            return sum(r.cost_usd or 0.0 for r in self._records)
+            return self._totals.total.cost_usd or 0.0
 
     def clear(self) -> None:
         with self._lock:
             self._records.clear()
+            self._totals = UsageSummary()
 
     def __len__(self) -> int:
         return len(self._records)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import LLMQueryError
 from .limiter import ConcurrencyLimiter
-from .redaction import Redactor
+from .redaction import Redactor, off_loop_if_large
 from .usage import CallRecord, UsageLedger
 
 if TYPE_CHECKING:
@@ -239,10 +239,6 @@ def _cache_call(method, *args):
         return None
 
 
-# Above this many characters, redaction runs in a thread so the loop keeps turning.
-_REDACT_IN_THREAD_CHARS = 256_000
-
-
 async def redact_messages(messages: Messages, redactor: Redactor) -> Messages:
     """Every message as it may be sent: with secrets removed. The last line of defence:
     whatever code built the prompt, no environment secret reaches a provider."""
@@ -255,9 +251,7 @@ async def redact_messages(messages: Messages, redactor: Redactor) -> Messages:
 
     size = sum(len(m.get("content") or "") for m in messages
                if isinstance(m.get("content"), str))
-    if size > _REDACT_IN_THREAD_CHARS:
-        return await asyncio.to_thread(redact_all)
-    return redact_all()
+    return await off_loop_if_large(size, redact_all)
 
 
 def _completion_from(response, model: str, retries: int, elapsed: float,

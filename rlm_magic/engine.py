@@ -22,13 +22,11 @@ from .helpers import NotebookHelpers, build_messages
 from .limiter import ConcurrencyLimiter
 from .prompts import (CONTINUE_PROMPT, ITERATION_LIMIT_PROMPT, SYSTEM_PROMPT, code_blocks,
                       describe_context, find_final)
-from .redaction import Redactor
+from .redaction import off_loop_if_large
 from .repl import AsyncREPL, repl_builtins
 from .result import CodeRun, Iteration, RLMResult
 from .usage import SESSION_LEDGER, UsageLedger
 
-# Above this many characters, redacting step output moves to a thread.
-_REDACT_IN_THREAD_CHARS = 256_000
 _run_ids = itertools.count(1)
 
 
@@ -108,9 +106,16 @@ class RunTree:
         self.sub_calls += allowed
         return allowed
 
+    def call_started(self) -> None:
+        self.in_flight += 1
+
+    def call_ended(self, failed: bool = False) -> None:
+        self.in_flight -= 1
+        self.failed += failed
+        self.done += not failed
+
     def over_budget(self) -> bool:
         return self.max_cost_usd is not None and self.ledger.cost_usd > self.max_cost_usd
-
 
 
 class Run:
@@ -237,8 +242,8 @@ class Run:
             except BaseException:
                 # Interrupted mid-step: keep what the step printed in the trajectory.
                 partial = self.repl.last_output
-                shown = Redactor(extra=[self.rlm.api_key]).head(partial.as_text(),
-                                                                 self.max_output_chars)
+                shown = self.client.redactor().head(partial.as_text(),
+                                                    self.max_output_chars)
                 iteration.code.append(CodeRun(code, shown, partial.elapsed_s, error=True))
                 raise
             seen = await self._as_model_sees_it(step.as_text())
@@ -303,12 +308,10 @@ class Run:
         """Step output as the model sees it: secrets removed, cut to max_output_chars
         with a note."""
         limit = self.max_output_chars
-        redact = Redactor(extra=[self.rlm.api_key])
+        redact = self.client.redactor()
         if len(text) <= limit:
-            return (await asyncio.to_thread(redact, text)
-                    if len(text) > _REDACT_IN_THREAD_CHARS else redact(text))
-        head = (await asyncio.to_thread(redact.head, text, limit)
-                if limit > _REDACT_IN_THREAD_CHARS else redact.head(text, limit))
+            return await off_loop_if_large(len(text), redact, text)
+        head = await off_loop_if_large(limit, redact.head, text, limit)
         return (head + f"\n... [output cut: {len(text) - limit:,} more characters not "
                 "shown; print smaller slices]")
 
@@ -316,7 +319,7 @@ class Run:
     def _system_prompt(self) -> str:
         type_name, length, preview = describe_context(self.context)
         fields = _Fields(context_type=type_name, context_length=length,
-                         context_preview=Redactor(extra=[self.rlm.api_key])(preview),
+                         context_preview=self.client.redactor()(preview),
                          max_depth=self.max_depth, depth_left=self.max_depth - self.depth,
                          max_output_chars=self.max_output_chars)
         template = self.rlm.system_prompt or SYSTEM_PROMPT
@@ -412,9 +415,9 @@ class Run:
         child = Run(self.rlm, prompt, context, model=self.sub_model, sub_model=self.sub_model,
                     max_iterations=self.max_iterations, max_depth=self.max_depth,
                     depth=self.depth + 1, tree=self.tree)
-        self._track(+1)
+        self.tree.call_started()
         outcome = await child.execute()
-        self._track(-1, failed=not outcome.success)
+        self.tree.call_ended(failed=not outcome.success)
         if outcome.success:
             return outcome.final_answer
         return f"Error: child RLM failed: {outcome.error}"
@@ -442,8 +445,9 @@ class Run:
         prompt = prompt if isinstance(prompt, str) else str(prompt)
         tokens = min(max_tokens, self.max_tokens) if isinstance(max_tokens, int) \
             and max_tokens > 0 else self.max_tokens
+        # A batch's items are counted by its observer; a single call counts itself.
         if not slot_held:
-            self._track(+1)
+            self.tree.call_started()
         try:
             completion = await self.client.complete(
                 build_messages(prompt, system if isinstance(system, str) else None),
@@ -451,11 +455,11 @@ class Run:
                 slot_held=slot_held, redactor=redactor)
         except Exception as exc:  # noqa: BLE001 - errors are values inside the REPL
             if not slot_held:
-                self._track(-1, failed=True)
+                self.tree.call_ended(failed=True)
             return f"Error: {exc}" if isinstance(exc, LLMQueryError) else \
                 f"Error: {describe_exception(exc)}"
         if not slot_held:
-            self._track(-1)
+            self.tree.call_ended()
         return completion.text
 
     def _take_sub_calls(self, wanted: int) -> int:
@@ -467,13 +471,6 @@ class Run:
         return (f"Error: max_sub_calls={self.tree.max_sub_calls} reached for this run; "
                 "no request was sent")
 
-    def _track(self, delta: int, failed: bool = False) -> None:
-        tree = self.tree
-        tree.in_flight += delta
-        if delta < 0:
-            tree.failed += failed
-            tree.done += not failed
-
 
 class _TreeObserver:
     """Counts a REPL batch's items into the run's status (for the status panel)."""
@@ -482,17 +479,13 @@ class _TreeObserver:
         self.tree = tree
 
     def item_started(self, index: int) -> None:
-        self.tree.in_flight += 1
+        self.tree.call_started()
 
     def item_finished(self, index: int, result: Any) -> None:
-        failed = isinstance(result, str) and result.startswith("Error:")
-        self.tree.in_flight -= 1
-        self.tree.failed += failed
-        self.tree.done += not failed
+        self.tree.call_ended(failed=isinstance(result, str) and result.startswith("Error:"))
 
     def item_failed(self, index: int, error: BaseException) -> None:
-        self.tree.in_flight -= 1
-        self.tree.failed += 1
+        self.tree.call_ended(failed=True)
 
 
 class _Fields(dict):

@@ -52,7 +52,6 @@ class BatchError(RLMError):
         )
 
 
-
 def describe_exception(exc: BaseException) -> str:
     """A one-line description of ``exc`` that never comes out empty."""
     import asyncio

@@ -116,8 +116,6 @@ class FinalMarker:
     value: str
 
 
-
-
 def find_final(text: str) -> FinalMarker | None:
     """FINAL(...) / FINAL_VAR(...) at the start of a line, outside code blocks.
 

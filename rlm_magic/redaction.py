@@ -6,17 +6,30 @@ PASSWORD, ...) and the configured ``api_key`` are replaced by ``[REDACTED]``.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import os
 import re
-from typing import Iterable
+from typing import Callable, Iterable, TypeVar
+
+T = TypeVar("T")
 
 from .config import looks_secret
 
 REDACTED = "[REDACTED]"
 # Shorter values ("1", "true") would blank out ordinary text and are not real secrets.
 MIN_SECRET_LENGTH = 8
+# Above this many characters, redaction runs in a thread so the loop keeps turning.
+OFF_LOOP_CHARS = 256_000
+
+
+async def off_loop_if_large(size: int, redact: Callable[..., T], *args) -> T:
+    """Run ``redact(*args)`` here, or in a thread when it has ``size`` > OFF_LOOP_CHARS
+    characters to scan."""
+    if size > OFF_LOOP_CHARS:
+        return await asyncio.to_thread(redact, *args)
+    return redact(*args)
 
 
 def environment_secrets() -> tuple[str, ...]:

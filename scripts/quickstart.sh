@@ -4,10 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PYTHON="${PYTHON:-python3}"
-[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-.venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e ".[notebook]"
+. scripts/venv.sh notebook
 .venv/bin/python -m rlm_magic.kernelspec install --sys-prefix >/dev/null
 export LITELLM_LOCAL_MODEL_COST_MAP="${LITELLM_LOCAL_MODEL_COST_MAP:-True}"
 .venv/bin/python scripts/run_notebook.py notebooks/01_quickstart.ipynb

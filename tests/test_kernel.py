@@ -9,6 +9,7 @@ globally. Run with ``-s`` to see the measured interrupt times and message counts
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import os
 import queue
@@ -206,33 +207,36 @@ def warm_up(kernel: Kernel) -> None:
     assert kernel.wait(msg_id)[0]["ename"] == "ConfigError"
 
 
-@pytest.fixture(scope="module")
-def rlm_kernel(kernel_specs, kernel_env, llm_server):
-    """The "rlm" kernel: no %load_ext anywhere. Warmed up: litellm is imported."""
-    kernel = Kernel("rlm", kernel_specs, kernel_env)
+@contextlib.contextmanager
+def ready_kernel(name: str, kernel_specs, kernel_env, llm_server, load_ext: bool = False):
+    """A started kernel, pointed at the local server and warmed up; stopped afterwards."""
+    kernel = Kernel(name, kernel_specs, kernel_env)
     try:
+        if load_ext:
+            assert "llm_query" not in kernel.run("%who_ls")
+            kernel.run("%load_ext rlm_magic")
         configure(kernel, llm_server)
         llm_server.reset()
         warm_up(kernel)
         yield kernel
     finally:
         kernel.stop()
+
+
+@pytest.fixture(scope="module")
+def rlm_kernel(kernel_specs, kernel_env, llm_server):
+    """The "rlm" kernel: no %load_ext anywhere. Warmed up: litellm is imported."""
+    with ready_kernel("rlm", kernel_specs, kernel_env, llm_server) as kernel:
+        yield kernel
 
 
 @pytest.fixture(scope="module")
 def stock_kernel(kernel_specs, kernel_env, llm_server):
     """The venv's own stock "python3" kernel, after %load_ext rlm_magic."""
     assert kernel_specs.get_kernel_spec("python3").argv[0] == sys.executable
-    kernel = Kernel("python3", kernel_specs, kernel_env)
-    try:
-        assert "llm_query" not in kernel.run("%who_ls")
-        kernel.run("%load_ext rlm_magic")
-        configure(kernel, llm_server)
-        llm_server.reset()
-        warm_up(kernel)
+    with ready_kernel("python3", kernel_specs, kernel_env, llm_server,
+                      load_ext=True) as kernel:
         yield kernel
-    finally:
-        kernel.stop()
 
 
 def test_rlm_kernel_has_helpers_without_load_ext(rlm_kernel, server):

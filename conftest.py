@@ -17,7 +17,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 
 def pytest_configure(config):
-    from rlm_magic.kernelspec import install
+    from rlm_magic.jupyter.kernelspec import install
 
     prefix = Path(tempfile.mkdtemp(prefix="rlm-magic-kernels-"))
     install(prefix=str(prefix))

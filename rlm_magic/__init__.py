@@ -7,11 +7,11 @@ Nothing heavy is imported here: litellm loads on the first model call.
 
 from __future__ import annotations
 
-from .engine import RLM
-from .helpers import interrupted_batch
+from .rlm.engine import RLM
+from .jupyter.helpers import interrupted_batch
 from .errors import BatchError, ConfigError, LLMQueryError, RLMError
-from .result import CodeRun, Iteration, RLMResult, RLMRunError
-from .usage import CallRecord, UsageLedger, UsageSummary, usage
+from .rlm.result import CodeRun, Iteration, RLMResult, RLMRunError
+from .llm.usage import CallRecord, UsageLedger, UsageSummary, usage
 
 __version__ = "0.1.0"
 __all__ = [
@@ -23,12 +23,12 @@ __all__ = [
 
 
 def load_ipython_extension(shell) -> None:
-    from . import extension
+    from .jupyter import extension
 
     extension.load(shell)
 
 
 def unload_ipython_extension(shell) -> None:
-    from . import extension
+    from .jupyter import extension
 
     extension.unload(shell)

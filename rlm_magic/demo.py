@@ -257,7 +257,7 @@ _DEMO_SETTINGS = ("model", "sub_model", "api_base", "api_key")
 
 def register_pretend_prices() -> None:
     """Tell litellm the demo models' pretend prices, so their cost shows."""
-    from .client import _import_litellm
+    from .llm.client import _import_litellm
 
     litellm = _import_litellm()
     litellm.register_model({name: {**PRETEND_PRICES, "cache_read_input_token_cost": 0.0,

@@ -5,6 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 . scripts/venv.sh notebook
-.venv/bin/python -m rlm_magic.kernelspec install --sys-prefix >/dev/null
+.venv/bin/python -m rlm_magic.jupyter.kernelspec install --sys-prefix >/dev/null
 export LITELLM_LOCAL_MODEL_COST_MAP="${LITELLM_LOCAL_MODEL_COST_MAP:-True}"
 .venv/bin/python scripts/run_notebook.py notebooks/01_quickstart.ipynb

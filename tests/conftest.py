@@ -51,7 +51,7 @@ def ipython_shell():
 @pytest.fixture
 def shell(ipython_shell, server):
     """An IPython shell with rlm_magic loaded, pointed at the local server."""
-    from rlm_magic.extension import session_rlm
+    from rlm_magic.jupyter.extension import session_rlm
 
     rlm = session_rlm(ipython_shell)
     saved = {name: getattr(rlm, name) for name in rlm.class_trait_names(config=True)}

@@ -83,7 +83,7 @@ async def test_demo_is_deterministic(demo_rlm):
 
 
 async def test_rlm_demo_magic_points_settings_at_it_and_stop_restores(shell, capsys):
-    from rlm_magic.extension import session_rlm
+    from rlm_magic.jupyter.extension import session_rlm
 
     rlm = session_rlm(shell)
     before = rlm.model

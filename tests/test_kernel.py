@@ -49,7 +49,7 @@ def _kernel_dir(prefix: Path) -> Path:
 def kernel_prefix(tmp_path_factory) -> Path:
     """A prefix holding the "rlm" spec and this venv's own "python3" spec."""
     prefix = tmp_path_factory.mktemp("jupyter-prefix")
-    done = _run("-m", "rlm_magic.kernelspec", "install", "--prefix", str(prefix))
+    done = _run("-m", "rlm_magic.jupyter.kernelspec", "install", "--prefix", str(prefix))
     assert done.returncode == 0, done.stderr
     assert str(_kernel_dir(prefix) / "rlm") in done.stdout
     done = _run("-m", "ipykernel", "install", "--prefix", str(prefix))
@@ -84,7 +84,7 @@ def test_installed_spec(kernel_prefix, kernel_specs):
     assert spec.language == "python"
     assert spec.interrupt_mode == "signal"
     assert spec.metadata == {"debugger": True}
-    assert spec.argv == [sys.executable, "-m", "rlm_magic.kernel", "-f", "{connection_file}"]
+    assert spec.argv == [sys.executable, "-m", "rlm_magic.jupyter.kernel", "-f", "{connection_file}"]
     for logo in ("logo-32x32.png", "logo-64x64.png"):
         assert (Path(spec.resource_dir) / logo).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert Path(_kernelspec_list(kernel_prefix)["rlm"]["resource_dir"]) == \
@@ -94,16 +94,16 @@ def test_installed_spec(kernel_prefix, kernel_specs):
 def test_install_list_uninstall(tmp_path):
     prefix = tmp_path / "prefix"
     assert "rlm2" not in _kernelspec_list(prefix)
-    done = _run("-m", "rlm_magic.kernelspec", "install", "--prefix", str(prefix),
+    done = _run("-m", "rlm_magic.jupyter.kernelspec", "install", "--prefix", str(prefix),
                 "--name", "rlm2")
     assert done.returncode == 0, done.stderr
     assert "rlm2" in _kernelspec_list(prefix)
-    done = _run("-m", "rlm_magic.kernelspec", "uninstall", "--prefix", str(prefix),
+    done = _run("-m", "rlm_magic.jupyter.kernelspec", "uninstall", "--prefix", str(prefix),
                 "--name", "rlm2")
     assert done.returncode == 0, done.stderr
     assert "Removed" in done.stdout
     assert "rlm2" not in _kernelspec_list(prefix)
-    done = _run("-m", "rlm_magic.kernelspec", "uninstall", "--prefix", str(prefix),
+    done = _run("-m", "rlm_magic.jupyter.kernelspec", "uninstall", "--prefix", str(prefix),
                 "--name", "rlm2")
     assert done.returncode == 1
     assert done.stderr.startswith("error: no kernel spec 'rlm2'")
@@ -328,7 +328,7 @@ def interrupt_and_check(kernel: Kernel, server, label: str, code: str, ready,
                         ready_timeout: float = 30) -> dict:
     """Run ``code``, interrupt it once ``ready(msg_id)``, and check the kernel stopped
     it at once and cleanly. Returns the usage delta of the cell, as seen in the kernel."""
-    kernel.run("import signal, rlm_magic, rlm_magic.interrupts\n"
+    kernel.run("import signal, rlm_magic, rlm_magic.jupyter.interrupts\n"
                "_sigint_before = signal.getsignal(signal.SIGINT)\n"
                "_usage_before = rlm_magic.usage()")
     msg_id = kernel.submit(code)
@@ -351,8 +351,8 @@ def interrupt_and_check(kernel: Kernel, server, label: str, code: str, ready,
         f"[{label}] {server.in_flight} requests still open after the interrupt"
     assert kernel.value("1 + 1") == 2
     assert kernel.value("signal.getsignal(signal.SIGINT) is _sigint_before") is True
-    assert kernel.value("(rlm_magic.interrupts._guarded, "
-                        "rlm_magic.interrupts._previous_handler)") == ({}, None)
+    assert kernel.value("(rlm_magic.jupyter.interrupts._guarded, "
+                        "rlm_magic.jupyter.interrupts._previous_handler)") == ({}, None)
     return kernel.value("_u = rlm_magic.usage(); {'calls': _u.calls - _usage_before.calls, "
                         "'input_tokens': _u.input_tokens - _usage_before.input_tokens, "
                         "'errors': _u.total.errors - _usage_before.total.errors}")

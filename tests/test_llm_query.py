@@ -172,7 +172,7 @@ async def test_cache_key_includes_parameters(server, tmp_path):
 
 
 async def test_the_blocking_litellm_completion_is_never_called(rlm, server, monkeypatch):
-    from rlm_magic.client import load_litellm
+    from rlm_magic.llm.client import load_litellm
 
     litellm = await load_litellm()
 
@@ -215,7 +215,7 @@ async def test_a_broken_cache_does_not_lose_the_answer(server, tmp_path, monkeyp
         raise OSError("disk full")
 
     monkeypatch.setattr(rlm.client.cache, "set", broken)
-    from rlm_magic import client
+    from rlm_magic.llm import client
 
     monkeypatch.setattr(client._cache_call, "warned", False, raising=False)
     with pytest.warns(RuntimeWarning, match="cache is not working"):

@@ -13,7 +13,7 @@ from IPython.core.error import UsageError
 from traitlets import TraitError
 
 import rlm_magic
-from rlm_magic.extension import session_rlm
+from rlm_magic.jupyter.extension import session_rlm
 
 from .conftest import run_cell
 from .test_engine import repl
@@ -35,12 +35,12 @@ def test_loading_twice_is_harmless_and_unload_removes_everything(shell):
     rlm_magic.load_ipython_extension(shell)
     assert session_rlm(shell) is rlm
     assert shell.input_transformers_cleanup.count(
-        rlm_magic.magics.transform_rlm_cell) == 1
+        rlm_magic.jupyter.magics.transform_rlm_cell) == 1
     shell.run_line_magic("unload_ext", "rlm_magic")
     try:
         assert "llm_query" not in shell.user_ns
         assert "rlm" not in shell.magics_manager.magics["cell"]
-        assert rlm_magic.magics.transform_rlm_cell not in shell.input_transformers_cleanup
+        assert rlm_magic.jupyter.magics.transform_rlm_cell not in shell.input_transformers_cleanup
         assert rlm not in shell.configurables
     finally:
         shell.run_line_magic("load_ext", "rlm_magic")
@@ -262,7 +262,7 @@ def test_rlm_cell_help_is_available(shell):
 
 
 def test_help_cells_are_not_rewritten():
-    from rlm_magic.magics import transform_rlm_cell
+    from rlm_magic.jupyter.magics import transform_rlm_cell
 
     assert transform_rlm_cell(["%%rlm?\n"]) == ["%%rlm?\n"]
     assert transform_rlm_cell(["%%rlmx\n"]) == ["%%rlmx\n"]

@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Any
 
-from .usage import format_cost
+from ..llm.usage import format_cost
 
 MAX_UPDATES_PER_S = 4
 

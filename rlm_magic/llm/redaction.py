@@ -15,7 +15,7 @@ from typing import Callable, Iterable, TypeVar
 
 T = TypeVar("T")
 
-from .config import looks_secret
+from ..config import looks_secret
 
 REDACTED = "[REDACTED]"
 # Shorter values ("1", "true") would blank out ordinary text and are not real secrets.

@@ -37,7 +37,7 @@ def _config(magics, args):
 
 
 def _usage(magics, args):
-    from .usage import SESSION_LEDGER, usage
+    from ..llm.usage import SESSION_LEDGER, usage
 
     if args == ["--reset"]:
         SESSION_LEDGER.clear()
@@ -47,7 +47,7 @@ def _usage(magics, args):
 
 
 def _demo(magics, args):
-    from . import demo
+    from .. import demo
 
     if args == ["stop"]:
         demo.stop(magics.rlm)

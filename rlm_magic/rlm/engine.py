@@ -14,18 +14,18 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .batch import gather_limited
-from .client import LLMClient
-from .config import RLMConfig
-from .errors import LLMQueryError, describe_exception
-from .helpers import NotebookHelpers, build_messages
-from .limiter import ConcurrencyLimiter
+from ..llm.batch import gather_limited
+from ..llm.client import LLMClient
+from ..config import RLMConfig
+from ..errors import LLMQueryError, describe_exception
+from ..jupyter.helpers import NotebookHelpers, build_messages
+from ..llm.limiter import ConcurrencyLimiter
 from .prompts import (CONTINUE_PROMPT, ITERATION_LIMIT_PROMPT, SYSTEM_PROMPT, code_blocks,
                       describe_context, find_final)
-from .redaction import off_loop_if_large
-from .repl import AsyncREPL, repl_builtins
+from ..llm.redaction import off_loop_if_large
+from ..repl.inprocess import AsyncREPL, repl_builtins
 from .result import CodeRun, Iteration, RLMResult
-from .usage import SESSION_LEDGER, UsageLedger
+from ..llm.usage import SESSION_LEDGER, UsageLedger
 
 _run_ids = itertools.count(1)
 

@@ -2,8 +2,8 @@
 
 A notebook using this kernel has ``llm_query``, ``llm_query_batch``, ``rlm_query``,
 ``%%rlm`` ... from its first cell, with no ``%load_ext rlm_magic``. Install the kernel
-spec with ``python -m rlm_magic.kernelspec install``; Jupyter then starts it as
-``python -m rlm_magic.kernel -f {connection_file}``.
+spec with ``python -m rlm_magic.jupyter.kernelspec install``; Jupyter then starts it as
+``python -m rlm_magic.jupyter.kernel -f {connection_file}``.
 """
 
 from __future__ import annotations

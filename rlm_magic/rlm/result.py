@@ -8,8 +8,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .errors import RLMError
-from .usage import UsageSummary
+from ..errors import RLMError
+from ..llm.usage import UsageSummary
 
 
 @dataclass
@@ -99,12 +99,12 @@ class RLMResult:
                 f"sub-calls={sum(i.sub_calls for i in self.trajectory)}): {answer}")
 
     def _repr_markdown_(self) -> str:
-        from .display import result_markdown
+        from ..jupyter.display import result_markdown
 
         return result_markdown(self)
 
     def _repr_html_(self) -> str:
-        from .display import result_html
+        from ..jupyter.display import result_html
 
         return result_html(self)
 

@@ -15,14 +15,14 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .errors import LLMQueryError
+from ..errors import LLMQueryError
 from .limiter import ConcurrencyLimiter
 from .redaction import Redactor, off_loop_if_large
 from .usage import CallRecord, UsageLedger
 
 if TYPE_CHECKING:
     from .cache import ResponseCache
-    from .config import RLMConfig
+    from ..config import RLMConfig
 
 Messages = list[dict[str, Any]]
 

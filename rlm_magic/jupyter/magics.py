@@ -69,7 +69,7 @@ class RLMMagics(Magics):
     @line_magic("rlm")
     def rlm_line(self, line: str):
         """%rlm config | usage | demo [stop] | help"""
-        from . import subcommands
+        from ..jupyter import subcommands
 
         return subcommands.dispatch(self, line)
 
@@ -84,7 +84,7 @@ def transform_rlm_cell(lines: list[str]) -> list[str]:
     if first.rstrip().endswith("?") or not (first == "%%rlm" or first[5:6].isspace()):
         return lines
     args, body = first[5:].strip(), "".join(lines[1:])
-    return [f"await __import__('rlm_magic.magics').magics.run_rlm_cell({args!r}, {body!r})\n"]
+    return [f"await __import__('rlm_magic.jupyter.magics').jupyter.magics.run_rlm_cell({args!r}, {body!r})\n"]
 
 
 async def run_rlm_cell(line: str, body: str, shell=None):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import types
 
-from .engine import RLM
+from ..rlm.engine import RLM
 from .helpers import HELPER_CODES
 from .magics import RLMMagics, transform_rlm_cell
 

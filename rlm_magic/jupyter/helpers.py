@@ -12,13 +12,13 @@ import contextlib
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from .batch import BatchOutcome, gather_limited
-from .errors import BatchError, ConfigError
+from ..llm.batch import BatchOutcome, gather_limited
+from ..errors import BatchError, ConfigError
 from .interrupts import run_interruptibly
 from .progress import BatchProgress
 
 if TYPE_CHECKING:
-    from .engine import RLM
+    from ..rlm.engine import RLM
 
 
 def build_messages(prompt: str, system: str | None, *, caller: str = "llm_query") -> list[dict]:
@@ -116,7 +116,7 @@ class NotebookHelpers:
         if len(contexts) != len(prompts):
             raise ConfigError(f"rlm_query_batch got {len(prompts)} prompts but "
                               f"{len(contexts)} contexts")
-        from .limiter import ConcurrencyLimiter
+        from ..llm.limiter import ConcurrencyLimiter
 
         # Child runs hold no client slot while they think (their own calls take slots),
         # so they get a limiter of their own: sharing one could deadlock.

@@ -9,10 +9,10 @@ from __future__ import annotations
 import html
 from typing import TYPE_CHECKING
 
-from .prompts import with_code_as_pointers
+from ..rlm.prompts import with_code_as_pointers
 
 if TYPE_CHECKING:
-    from .result import RLMResult
+    from ..rlm.result import RLMResult
 
 # Selectors are doubled (.rlm-result.rlm-result) to outrank JupyterLab's own
 # `.jp-RenderedHTMLCommon pre` rules, which would otherwise strip boxes and padding.
@@ -45,7 +45,7 @@ def _highlight(code: str) -> str:
 
 def _status_line(result: "RLMResult") -> str:
     usage = result.usage
-    from .usage import format_cost
+    from ..llm.usage import format_cost
 
     status = "answered" if result.success else (result.stop_reason or "failed")
     return (f"{status} · {result.iterations} iteration(s) · "

@@ -1,7 +1,7 @@
 """Install or remove the "Python 3 (RLM)" Jupyter kernel spec.
 
-    python -m rlm_magic.kernelspec install   [--user | --sys-prefix | --prefix P] [--name rlm]
-    python -m rlm_magic.kernelspec uninstall [--user | --sys-prefix | --prefix P] [--name rlm]
+    python -m rlm_magic.jupyter.kernelspec install   [--user | --sys-prefix | --prefix P] [--name rlm]
+    python -m rlm_magic.jupyter.kernelspec uninstall [--user | --sys-prefix | --prefix P] [--name rlm]
 
 With no location flag, install goes to the current environment (``sys.prefix``), like
 ``--sys-prefix``, so the kernel runs the Python it was installed from; argv[0] of the
@@ -77,7 +77,7 @@ def uninstall(name: str = DEFAULT_NAME, user: bool = False, prefix: str | None =
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rlm_magic.kernelspec",
+    parser = argparse.ArgumentParser(prog="python -m rlm_magic.jupyter.kernelspec",
                                      description="Install or remove the 'Python 3 (RLM)' "
                                                  "Jupyter kernel (rlm_magic preloaded).")
     parser.add_argument("action", choices=("install", "uninstall"))

@@ -7,11 +7,11 @@ Nothing heavy is imported here: litellm loads on the first model call.
 
 from __future__ import annotations
 
-from .rlm.engine import RLM
-from .jupyter.helpers import interrupted_batch
 from .errors import BatchError, ConfigError, LLMQueryError, RLMError
-from .rlm.result import CodeRun, Iteration, RLMResult, RLMRunError
+from .jupyter.helpers import interrupted_batch
 from .llm.usage import CallRecord, UsageLedger, UsageSummary, usage
+from .rlm.engine import RLM
+from .rlm.result import CodeRun, Iteration, RLMResult, RLMRunError
 
 __version__ = "0.1.0"
 __all__ = [

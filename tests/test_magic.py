@@ -18,7 +18,6 @@ from rlm_magic.jupyter.extension import session_rlm
 from .conftest import run_cell
 from .test_engine import repl
 
-
 # -- loading ---------------------------------------------------------------------------
 
 def test_loading_puts_awaitable_helpers_in_the_namespace(shell):

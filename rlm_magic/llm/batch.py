@@ -12,7 +12,6 @@ from typing import Any, Awaitable, Callable, Protocol, Sequence
 
 from .limiter import ConcurrencyLimiter
 
-
 # How many calls may start in one loop iteration: enough to fill the limit quickly,
 # few enough that their request building (1-2 ms of CPU each) never stalls the loop long.
 START_BURST = 8

@@ -21,8 +21,8 @@ from .redaction import Redactor, off_loop_if_large
 from .usage import CallRecord, UsageLedger
 
 if TYPE_CHECKING:
-    from .cache import ResponseCache
     from ..config import RLMConfig
+    from .cache import ResponseCache
 
 Messages = list[dict[str, Any]]
 

@@ -12,20 +12,29 @@ import asyncio
 import itertools
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..llm.batch import gather_limited
-from ..llm.client import LLMClient
 from ..config import RLMConfig
 from ..errors import LLMQueryError, describe_exception
-from ..jupyter.helpers import NotebookHelpers, build_messages
+from ..llm.batch import gather_limited
+from ..llm.client import LLMClient
 from ..llm.limiter import ConcurrencyLimiter
-from .prompts import (CONTINUE_PROMPT, ITERATION_LIMIT_PROMPT, SYSTEM_PROMPT, code_blocks,
-                      describe_context, find_final)
+from ..llm.messages import build_messages
 from ..llm.redaction import off_loop_if_large
-from ..repl.inprocess import AsyncREPL, repl_builtins
-from .result import CodeRun, Iteration, RLMResult
 from ..llm.usage import SESSION_LEDGER, UsageLedger
+from ..repl.inprocess import AsyncREPL, repl_builtins
+from .prompts import (
+    CONTINUE_PROMPT,
+    ITERATION_LIMIT_PROMPT,
+    SYSTEM_PROMPT,
+    code_blocks,
+    describe_context,
+    find_final,
+)
+from .result import CodeRun, Iteration, RLMResult
+
+if TYPE_CHECKING:
+    from ..jupyter.helpers import NotebookHelpers
 
 _run_ids = itertools.count(1)
 
@@ -36,7 +45,7 @@ class RLM(RLMConfig):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self._client: LLMClient | None = None
-        self._helpers: NotebookHelpers | None = None
+        self._helpers: "NotebookHelpers | None" = None
 
     @property
     def client(self) -> LLMClient:
@@ -46,8 +55,10 @@ class RLM(RLMConfig):
         return self._client
 
     @property
-    def helpers(self) -> NotebookHelpers:
+    def helpers(self) -> "NotebookHelpers":
         if self._helpers is None:
+            from ..jupyter.helpers import NotebookHelpers  # the notebook side, on demand
+
             self._helpers = NotebookHelpers(self)
         return self._helpers
 

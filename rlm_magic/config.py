@@ -66,6 +66,15 @@ class RLMConfig(Configurable):
     retry_backoff = Float(0.5, help="Seconds before the first retry; doubles each "
                                     "retry, with full jitter.").tag(config=True)
     max_tokens = Int(4096, help="Most output tokens per sub-call.").tag(config=True)
+    rate_limit_wait = Float(600.0, help="Seconds one call may spend waiting out the "
+                                        "provider's rate limits (429s) before it "
+                                        "fails; these waits use no retries.").tag(config=True)
+    rpm = Float(None, allow_none=True,
+                help="Requests per minute the provider allows, if you know your tier: "
+                     "paced from the first request. Default: learned from the provider's "
+                     "rate-limit headers and 429s.").tag(config=True)
+    tpm = Float(None, allow_none=True,
+                help="Input tokens per minute the provider allows (as rpm).").tag(config=True)
     progress = Bool(True, help="Show progress bars and status panels.").tag(config=True)
     cache = Bool(False, help="Answer identical requests from an on-disk cache that "
                              "survives kernel restarts.").tag(config=True)
@@ -139,10 +148,18 @@ class RLMConfig(Configurable):
         return value
 
     _check_concurrency = validate("max_concurrency")(_at_least(1))
-    _check_timeout = validate("timeout", "step_timeout")(_positive)
+    _check_timeout = validate("timeout", "step_timeout", "rate_limit_wait")(_positive)
     _check_retries = validate("max_retries", "max_depth", "max_sub_calls")(_at_least(0))
     _check_backoff = validate("retry_backoff")(_at_least(0))
     _check_counts = validate("max_tokens", "max_iterations", "max_output_chars")(_at_least(1))
+
+    @validate("rpm", "tpm")
+    def _check_rate(self, proposal):
+        value = proposal["value"]
+        if value is not None and not value > 0:
+            raise TraitError(f"RLM.{proposal['trait'].name} must be > 0 or None "
+                             f"(learned), got {value!r}")
+        return value
 
     @validate("max_cost_usd")
     def _check_cost(self, proposal):

@@ -102,8 +102,14 @@ class LocalChatServer:
             text = await self.answer(body)
         except HTTPError as error:
             return web.json_response({"error": {"message": error.message,
-                                                "type": error.kind}}, status=error.status)
-        return web.json_response(completion_json(body, text, self.usage_for(body, text)))
+                                                "type": error.kind}}, status=error.status,
+                                     headers=error.headers)
+        return web.json_response(completion_json(body, text, self.usage_for(body, text)),
+                                 headers=self.response_headers(body))
+
+    def response_headers(self, body: dict) -> dict[str, str] | None:
+        """Extra headers of a successful answer (a test server adds rate-limit ones)."""
+        return None
 
     def usage_for(self, body: dict, text: str) -> tuple[int, int]:
         """(prompt, completion) tokens: about four characters a token."""
@@ -112,9 +118,11 @@ class LocalChatServer:
 
 
 class HTTPError(Exception):
-    def __init__(self, status: int, message: str, kind: str = "server_error"):
+    def __init__(self, status: int, message: str, kind: str = "server_error",
+                 headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status, self.message, self.kind = status, message, kind
+        self.headers = headers
 
 
 def completion_json(body: dict, text: str, usage: tuple[int, int]) -> dict:

@@ -4,12 +4,15 @@ It speaks the same wire format as the demo model (``rlm_magic.demo.LocalChatServ
 and runs in a thread with its own event loop on 127.0.0.1, so tests on any loop, or a
 kernel in another process, reach it over real HTTP. It scripts replies per model, adds
 latency, injects failures (500, 429, 401, a hang) and records every request and the
-peak number in flight.
+peak number in flight. Like a real provider it can also enforce rate limits (requests
+and tokens per second, token buckets), answering excess requests with 429,
+``retry-after`` and OpenAI's ``x-ratelimit-*`` headers.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
 from collections import defaultdict, deque
@@ -27,6 +30,11 @@ _FAILURES = {
 }
 
 
+def prompt_tokens(body: dict) -> int:
+    """Tokens of a request's prompt as this server counts them: ~4 characters each."""
+    return max(1, sum(len(m.get("content") or "") for m in body.get("messages", [])) // 4)
+
+
 def echo(request: dict) -> str:
     """Default reply: 'echo: ' + the last user message."""
     return "echo: " + request["messages"][-1]["content"]
@@ -39,6 +47,7 @@ class Failure:
     model: str | None = None
     match: str | None = None  # fail only requests whose last message contains this
     after: int = 0  # let this many matching requests through first
+    headers: dict[str, str] | None = None  # e.g. a 429's retry-after
 
     def applies(self, body: dict) -> bool:
         if self.model is not None and body.get("model") != self.model:
@@ -49,6 +58,60 @@ class Failure:
             self.after -= 1
             return False
         return True
+
+
+class TokenBucket:
+    """A provider's limit: ``capacity`` at most, refilled at ``rate`` per second."""
+
+    def __init__(self, rate: float, capacity: float):
+        self.rate, self.capacity, self.level = rate, capacity, capacity
+        self.stamp = time.monotonic()
+
+    def refill(self, now: float) -> None:
+        self.level = min(self.capacity, self.level + (now - self.stamp) * self.rate)
+        self.stamp = now
+
+    def seconds_until(self, amount: float) -> float:
+        return max(0.0, (min(amount, self.capacity) - self.level) / self.rate)
+
+    def headers(self, kind: str) -> dict[str, str]:
+        """OpenAI's spelling: the limit, what remains, and when it is full again."""
+        reset = (self.capacity - self.level) / self.rate
+        return {f"x-ratelimit-limit-{kind}": str(int(self.capacity)),
+                f"x-ratelimit-remaining-{kind}": str(max(0, int(self.level))),
+                f"x-ratelimit-reset-{kind}": f"{reset * 1000:.0f}ms" if reset < 1
+                else f"{reset:.3f}s"}
+
+
+@dataclass
+class RateLimit:
+    requests: TokenBucket | None
+    tokens: TokenBucket | None
+    headers: str  # "all", "retry-after" (only that) or "none"
+
+    def admit(self, cost: int) -> tuple[bool, dict[str, str]]:
+        """Take one request of ``cost`` tokens, or say how long to wait (as a 429's
+        headers would)."""
+        now = time.monotonic()
+        wait = 0.0
+        for bucket, amount in ((self.requests, 1), (self.tokens, cost)):
+            if bucket is not None:
+                bucket.refill(now)
+                wait = max(wait, bucket.seconds_until(amount))
+        admitted = wait == 0.0
+        if admitted:
+            for bucket, amount in ((self.requests, 1), (self.tokens, cost)):
+                if bucket is not None:
+                    bucket.level -= amount
+        headers: dict[str, str] = {}
+        if self.headers == "all":
+            for bucket, kind in ((self.requests, "requests"), (self.tokens, "tokens")):
+                if bucket is not None:
+                    headers.update(bucket.headers(kind))
+        if not admitted and self.headers != "none":
+            headers["retry-after-ms"] = str(math.ceil(wait * 1000))
+            headers["retry-after"] = str(math.ceil(wait))
+        return admitted, headers
 
 
 class FakeLLMServer(LocalChatServer):
@@ -68,11 +131,15 @@ class FakeLLMServer(LocalChatServer):
             self.model_replies: dict[str, Reply] = {}
             self.failures: list[Failure] = []
             self.requests: list[dict] = []
+            self.arrivals: list[float] = []  # time.monotonic() of each request
             self.in_flight = 0
             self.peak_in_flight = 0
             self.completed = 0
             self.cancelled = 0
-            self.usage = (10, 5)  # prompt, completion tokens per reply
+            self.usage: tuple[int, int] | None = (10, 5)  # None: about 4 characters a token
+            self.rate_limit: RateLimit | None = None
+            self.rejected_at: list[float] = []  # time.monotonic() of each 429 sent
+            self._answer_headers: dict[int, dict[str, str]] = {}
 
     def script(self, model: str, replies: list[Reply]) -> None:
         """Queue replies for a model, used in order before its default reply."""
@@ -84,10 +151,33 @@ class FakeLLMServer(LocalChatServer):
         self.model_replies[model] = reply
 
     def fail(self, kind: str, times: int = 1, model: str | None = None,
-             match: str | None = None, after: int = 0) -> None:
+             match: str | None = None, after: int = 0,
+             headers: dict[str, str] | None = None) -> None:
         assert kind in (*_FAILURES, "hang")
         with self._lock:
-            self.failures.append(Failure(kind, times, model, match, after))
+            self.failures.append(Failure(kind, times, model, match, after, headers))
+
+    def limit_rate(self, rps: float | None = None, burst: float | None = None,
+                   tps: float | None = None, token_burst: float | None = None,
+                   headers: str = "all") -> None:
+        """Enforce requests and/or tokens (prompt tokens, ~4 characters each) per second,
+        as token buckets; ``headers`` is "all", "retry-after" or "none"."""
+        assert headers in ("all", "retry-after", "none")
+        with self._lock:
+            self.rate_limit = RateLimit(
+                TokenBucket(rps, burst or rps) if rps else None,
+                TokenBucket(tps, token_burst or tps) if tps else None, headers)
+
+    @property
+    def rejected(self) -> int:
+        """Requests answered with 429, by the rate limit or an injected failure."""
+        return len(self.rejected_at)
+
+    def index_of(self, content: str) -> int:
+        """Index (in ``requests`` and ``arrivals``) of the first request whose last
+        message is ``content``."""
+        return next(i for i, r in enumerate(self.requests)
+                    if r["messages"][-1]["content"] == content)
 
     def requests_for(self, model: str) -> list[dict]:
         return [r for r in self.requests if r.get("model") == model]
@@ -104,18 +194,30 @@ class FakeLLMServer(LocalChatServer):
     async def answer(self, body: dict) -> str:
         with self._lock:
             self.requests.append(body)
+            self.arrivals.append(time.monotonic())
+            if self.rate_limit is not None:
+                admitted, headers = self.rate_limit.admit(prompt_tokens(body))
+                self._answer_headers[id(body)] = headers
+                if not admitted:
+                    self.rejected_at.append(time.monotonic())
+                    # Rejected at once, as providers do: it never counts as in flight.
+                    raise HTTPError(429, "Rate limit reached for requests",
+                                    "rate_limit_error", headers=headers)
             self.in_flight += 1
             self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
             failure = self._take_failure(body)
         try:
-            if failure == "hang":
+            if failure is not None and failure.kind == "hang":
                 await asyncio.sleep(3600)
             delay = (self.latency_for(body) if self.latency_for else
                      self.model_latency.get(body.get("model"), self.latency))
             if delay:
                 await asyncio.sleep(delay)
             if failure is not None:
-                raise HTTPError(*_FAILURES[failure])
+                if failure.kind == "429":
+                    with self._lock:
+                        self.rejected_at.append(time.monotonic())
+                raise HTTPError(*_FAILURES[failure.kind], headers=failure.headers)
             text = self._reply_for(body)
             with self._lock:
                 self.completed += 1
@@ -128,14 +230,18 @@ class FakeLLMServer(LocalChatServer):
             with self._lock:
                 self.in_flight -= 1
 
-    def usage_for(self, body: dict, text: str) -> tuple[int, int]:
-        return self.usage
+    def response_headers(self, body: dict) -> dict[str, str] | None:
+        with self._lock:
+            return self._answer_headers.pop(id(body), None)
 
-    def _take_failure(self, body: dict) -> str | None:
+    def usage_for(self, body: dict, text: str) -> tuple[int, int]:
+        return self.usage or super().usage_for(body, text)
+
+    def _take_failure(self, body: dict) -> Failure | None:
         for failure in self.failures:
             if failure.times > 0 and failure.applies(body):
                 failure.times -= 1
-                return failure.kind
+                return failure
         return None
 
     def _reply_for(self, body: dict) -> str:

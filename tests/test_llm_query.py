@@ -83,12 +83,13 @@ async def test_return_exceptions_puts_errors_in_place(rlm, server):
     assert isinstance(answers[1], LLMQueryError)
 
 
-async def test_429_is_retried_then_succeeds(rlm, server):
-    server.fail("429", times=2)
+async def test_429_is_waited_out_without_using_retries(server):
+    rlm = make_rlm(server, max_retries=0)
+    server.fail("429", times=2, headers={"retry-after-ms": "50"})
     assert await rlm.helpers.llm_query("x") == "echo: x"
-    assert len(server.requests) == 3  # our 2 retries, none hidden inside the SDK
+    assert len(server.requests) == 3  # our 2 tries again, none hidden inside the SDK
     [record] = rlm.client.ledger.records
-    assert record.retries == 2 and record.error is None
+    assert record.retries == 0 and record.rate_limited == 2 and record.error is None
 
 
 async def test_500_exhausting_retries_names_model_and_cause(server):

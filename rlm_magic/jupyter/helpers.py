@@ -65,7 +65,8 @@ class NotebookHelpers:
                                            slot_held=True, redactor=redactor)
 
         progress = BatchProgress(len(prompts), "llm_query_batch",
-                                 enabled=self.rlm.progress and len(prompts) > 1)
+                                 enabled=self.rlm.progress and len(prompts) > 1,
+                                 hold=client.gate(model).hold_message)
         outcome = BatchOutcome(len(prompts))
         with progress, _kept_on_interrupt(outcome, "llm_query_batch", _text):
             completions, errors = await run_interruptibly(gather_limited(

@@ -14,8 +14,9 @@ import asyncio
 import html
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
+from ..llm.ratelimit import hold_message
 from ..llm.usage import format_cost
 
 MAX_UPDATES_PER_S = 4
@@ -84,9 +85,11 @@ class _LiveDisplay:
 class BatchProgress(_LiveDisplay):
     """Counts a batch's items and shows them; also a ``BatchObserver``."""
 
-    def __init__(self, total: int, label: str = "llm_query_batch", *, enabled: bool = True):
+    def __init__(self, total: int, label: str = "llm_query_batch", *, enabled: bool = True,
+                 hold: Callable[[], str | None] | None = None):
         self.total = total
         self.label = label
+        self.hold = hold  # says what holds the batch back (a provider's rate limit)
         self.done = 0
         self.failed = 0
         self.in_flight = 0
@@ -121,6 +124,9 @@ class BatchProgress(_LiveDisplay):
             parts.append(f"{self.failed} failed")
         if self.in_flight:
             parts.append(f"{self.in_flight} in flight")
+        held = self.hold() if self.hold else None
+        if held:
+            parts.append(held)
         parts.append(f"{self.elapsed_s:.1f}s")
         tokens = self.input_tokens + self.output_tokens
         if tokens:
@@ -148,10 +154,11 @@ class RunStatus(_LiveDisplay):
             calls += f", {tree.in_flight} in flight"
         if tree.failed:
             calls += f", {tree.failed} failed"
+        held = None if phase else hold_message()
         return " | ".join([
             f"RLM {self.run.model}", phase or tree.phase,
             f"iteration {tree.iteration}/{tree.max_iterations or self.run.max_iterations}",
-            calls, f"{usage.total.total_tokens:,} tokens",
+            calls, *([held] if held else []), f"{usage.total.total_tokens:,} tokens",
             format_cost(usage.cost_usd, usage.total.unpriced_calls),
             f"{self.elapsed_s:.1f}s"])
 

@@ -15,8 +15,9 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..errors import LLMQueryError
+from ..errors import LLMQueryError, describe_exception
 from .limiter import ConcurrencyLimiter
+from .ratelimit import RateGate, RateLimitWaitExceeded, gate_for, headers_of, is_rate_limit
 from .redaction import Redactor, off_loop_if_large
 from .usage import CallRecord, UsageLedger
 
@@ -80,13 +81,13 @@ class Completion:
 
 
 def is_retryable(exc: BaseException) -> bool:
-    """429, 408/409, 5xx, timeouts and connection failures are worth another try;
+    """408/409, 5xx, timeouts and connection failures are worth another try;
     authentication, bad requests and unknown models are not."""
     if isinstance(exc, (asyncio.TimeoutError, TimeoutError, ConnectionError)):
         return True
     status = getattr(exc, "status_code", None)
     if isinstance(status, int):
-        return status in (408, 409, 429) or status >= 500
+        return status in (408, 409) or status >= 500
     return type(exc).__name__ in {"APIConnectionError", "Timeout", "APITimeoutError"}
 
 
@@ -143,6 +144,12 @@ class LLMClient:
         async with self.limiter:
             return await self._complete(messages, model, max_tokens, ledger, redactor)
 
+    def gate(self, model: str | None = None) -> RateGate:
+        """The rate gate of ``model`` at this client's endpoint (shared process-wide)."""
+        config = self.config
+        return gate_for(model or config.effective_sub_model, config.api_base,
+                        config.api_key, config.rpm, config.tpm)
+
     def redactor(self) -> Redactor:
         """Removes current secrets; a batch builds one and shares it between its calls."""
         return Redactor(extra=[self.config.api_key])
@@ -179,22 +186,56 @@ class LLMClient:
         if config.api_key:
             request["api_key"] = config.api_key
 
-        retries = 0
+        gate = self.gate(model)
+        characters = sum(len(m["content"]) for m in messages
+                         if isinstance(m.get("content"), str))
+        tokens = gate.estimate_tokens(characters)
+        retries = rate_limited = 0
+        limited_since: float | None = None  # when this call first met a rate limit
         while True:
+            deadline = (None if limited_since is None
+                        else limited_since + config.rate_limit_wait)
+            try:
+                ticket = await gate.enter(tokens, deadline)
+            except asyncio.CancelledError:
+                _record_cancelled(ledger, model, retries, started, rate_limited)
+                raise
+            except RateLimitWaitExceeded as exc:
+                raise self._rate_limit_failure(
+                    ledger, model, retries, rate_limited, started, limited_since,
+                    f"the provider's limit would hold it {exc.args[0]:.0f}s more") from None
             try:
                 response = await asyncio.wait_for(litellm.acompletion(**request),
                                                   config.timeout)
-                break
             except asyncio.CancelledError:
-                _record_cancelled(ledger, model, retries, started)
+                gate.failed(ticket)
+                _record_cancelled(ledger, model, retries, started, rate_limited)
                 raise
             except Exception as exc:  # noqa: BLE001 - every failure is reported below
                 failure = exc
+            else:
+                usage = getattr(response, "usage", None)
+                gate.answered(ticket, _response_headers(response),
+                              getattr(usage, "prompt_tokens", None), characters)
+                break
+            if is_rate_limit(failure):
+                # Not a failure: the gate holds this call (and every other call to this
+                # endpoint) back until the provider's limit allows it, then it goes again.
+                gate.rate_limited_by(ticket, headers_of(failure))
+                rate_limited += 1
+                limited_since = limited_since or ticket.sent_at
+                if time.monotonic() - limited_since < config.rate_limit_wait:
+                    continue
+                raise self._rate_limit_failure(ledger, model, retries, rate_limited,
+                                               started, limited_since,
+                                               describe_exception(failure)) from failure
+            gate.failed(ticket)
             if retries >= config.max_retries or not is_retryable(failure):
                 if isinstance(failure, asyncio.TimeoutError):
                     failure = TimeoutError(f"no answer within timeout={config.timeout:g}s")
                 error = LLMQueryError(model, failure, retries=retries)
                 ledger.record(CallRecord(model, retries=retries, error=str(error),
+                                         rate_limited=rate_limited,
                                          elapsed_s=time.perf_counter() - started))
                 raise error from failure
             delay = random.uniform(0, config.retry_backoff * 2 ** retries)
@@ -203,13 +244,14 @@ class LLMClient:
             try:
                 await asyncio.sleep(delay)
             except asyncio.CancelledError:
-                _record_cancelled(ledger, model, retries, started)
+                _record_cancelled(ledger, model, retries, started, rate_limited)
                 raise
 
         completion = _completion_from(response, model, retries,
                                       time.perf_counter() - started, litellm)
         ledger.record(CallRecord(model, completion.input_tokens, completion.output_tokens,
                                  completion.cost_usd, retries=retries,
+                                 rate_limited=rate_limited,
                                  elapsed_s=completion.elapsed_s))
         if key is not None:
             _cache_call(cache.set, key, {"text": completion.text,
@@ -218,10 +260,31 @@ class LLMClient:
         return completion
 
 
-def _record_cancelled(ledger: UsageLedger, model: str, retries: int, started: float) -> None:
+    def _rate_limit_failure(self, ledger: UsageLedger, model: str, retries: int,
+                            rate_limited: int, started: float, limited_since: float,
+                            why: str) -> LLMQueryError:
+        waited = time.monotonic() - limited_since
+        error = LLMQueryError(model, (
+            f"rate limited for {waited:.0f}s ({rate_limited} rate-limited responses), "
+            f"past RLM.rate_limit_wait={self.config.rate_limit_wait:g}s; {why}"),
+            retries=retries)
+        ledger.record(CallRecord(model, retries=retries, error=str(error),
+                                 rate_limited=rate_limited,
+                                 elapsed_s=time.perf_counter() - started))
+        return error
+
+
+def _record_cancelled(ledger: UsageLedger, model: str, retries: int, started: float,
+                      rate_limited: int = 0) -> None:
     # A cancelled call may already have been billed in part: it stays in the ledger.
     ledger.record(CallRecord(model, retries=retries, error="cancelled",
+                             rate_limited=rate_limited,
                              elapsed_s=time.perf_counter() - started))
+
+
+def _response_headers(response) -> dict | None:
+    hidden = getattr(response, "_hidden_params", None) or {}
+    return hidden.get("additional_headers")
 
 
 def _cache_call(method, *args):

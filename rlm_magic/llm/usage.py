@@ -24,6 +24,7 @@ class CallRecord:
     error: str | None = None
     elapsed_s: float = 0.0
     cached: bool = False
+    rate_limited: int = 0  # 429 answers this call waited out (not counted as retries)
 
 
 @dataclass
@@ -40,9 +41,11 @@ class ModelUsage:
     retries: int = 0
     errors: int = 0
     elapsed_s: float = 0.0
+    rate_limited: int = 0
 
     def add(self, record: CallRecord) -> None:
         self.calls += 1
+        self.rate_limited += record.rate_limited
         self.cache_hits += record.cached
         self.input_tokens += record.input_tokens
         self.output_tokens += record.output_tokens
@@ -103,23 +106,28 @@ class UsageSummary:
     _COLUMNS = ("model", "calls", "cache hits", "input tokens", "output tokens",
                 "cost (USD)", "retries", "errors")
 
+    @property
+    def _columns(self) -> tuple[str, ...]:
+        # Rate limits are waited out, not failures; the column shows once they happen.
+        return self._COLUMNS + (("rate limited",) if self.total.rate_limited else ())
+
     def _rows(self) -> list[tuple[str, ...]]:
         rows = [self._cells(row) for row in self.by_model.values()]
         if len(self.by_model) != 1:
             rows.append(self._cells(self.total))
         return rows
 
-    @staticmethod
-    def _cells(row: ModelUsage) -> tuple[str, ...]:
-        return (row.model, str(row.calls), str(row.cache_hits), f"{row.input_tokens:,}",
-                f"{row.output_tokens:,}", format_cost(row.cost_usd, row.unpriced_calls),
-                str(row.retries), str(row.errors))
+    def _cells(self, row: ModelUsage) -> tuple[str, ...]:
+        cells = (row.model, str(row.calls), str(row.cache_hits), f"{row.input_tokens:,}",
+                 f"{row.output_tokens:,}", format_cost(row.cost_usd, row.unpriced_calls),
+                 str(row.retries), str(row.errors))
+        return cells + ((str(row.rate_limited),) if self.total.rate_limited else ())
 
     def __repr__(self) -> str:
         if not self.by_model:
             return "No LLM calls yet."
-        rows = [self._COLUMNS, *self._rows()]
-        widths = [max(len(r[i]) for r in rows) for i in range(len(self._COLUMNS))]
+        rows = [self._columns, *self._rows()]
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
                            for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
         lines.insert(1, "  ".join("-" * w for w in widths))
@@ -128,7 +136,7 @@ class UsageSummary:
     def _repr_html_(self) -> str:
         if not self.by_model:
             return "<p>No LLM calls yet.</p>"
-        head = "".join(f"<th>{html.escape(c)}</th>" for c in self._COLUMNS)
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in self._columns)
         body = "".join(
             ("<tr class='rlm-total'>" if row[0] == "total" and len(self.by_model) > 1
              else "<tr>") + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"

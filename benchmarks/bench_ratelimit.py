@@ -1,0 +1,121 @@
+"""How ``llm_query_batch`` does against a provider's rate limit, with no settings.
+
+Run from the repo root:  python benchmarks/bench_ratelimit.py [--reps 3]
+
+The local test server (``tests/llm_server.py``) enforces a limit as a real provider
+does: token buckets for requests and/or prompt tokens per second, answering excess
+requests at once with HTTP 429, ``retry-after`` and (unless told not to) OpenAI's
+``x-ratelimit-*`` headers. Each scenario runs on a fresh event loop, so nothing learned
+in one carries over to the next. Reported per scenario:
+
+- wall time, against what the limit allows: (work - burst) / rate + latency;
+- failed items (the target is 0) and rejected requests as a share of the items
+  (the target is at most 10%).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+from rlm_magic import RLM  # noqa: E402
+from tests.llm_server import FakeLLMServer  # noqa: E402
+
+LATENCY = 0.3
+
+
+@dataclass
+class Scenario:
+    name: str
+    prompts: int
+    prompt_chars: int
+    max_concurrency: int
+    limit: dict  # FakeLLMServer.limit_rate arguments
+
+    def ideal_s(self) -> float:
+        """The shortest wall time the limit allows: the burst at once, the rest at the
+        refill rate, then one latency for the last answer."""
+        if self.limit.get("tps"):
+            work = self.prompts * (self.prompt_chars // 4)
+            rate, burst = self.limit["tps"], self.limit.get("token_burst") or self.limit["tps"]
+        else:
+            work = self.prompts
+            rate, burst = self.limit["rps"], self.limit.get("burst") or self.limit["rps"]
+        return max(0.0, work - burst) / rate + LATENCY
+
+
+SCENARIOS = [
+    Scenario("50 requests/s, burst 50; 300 prompts at concurrency 64", 300, 40, 64,
+             {"rps": 50, "burst": 50}),
+    Scenario("20k tokens/s; 60 prompts of 2,000 tokens at the default concurrency", 60,
+             8000, 16, {"tps": 20_000, "token_burst": 20_000}),
+    Scenario("50 requests/s, no rate-limit headers at all; 300 prompts at 64", 300, 40, 64,
+             {"rps": 50, "burst": 50, "headers": "none"}),
+    Scenario("50 requests/s, retry-after only; 300 prompts at 64", 300, 40, 64,
+             {"rps": 50, "burst": 50, "headers": "retry-after"}),
+]
+
+
+async def run_once(server: FakeLLMServer, scenario: Scenario) -> tuple[float, int, int]:
+    server.reset()
+    server.latency = LATENCY
+    server.usage = None  # count prompt tokens as the limit does
+    server.limit_rate(**scenario.limit)
+    rlm = RLM(model="openai/bench", api_base=server.base_url, api_key="sk-bench",
+              progress=False, max_concurrency=scenario.max_concurrency)
+    body = "x" * (scenario.prompt_chars - 8)
+    prompts = [f"{i:06d} {body}" for i in range(scenario.prompts)]
+    started = time.perf_counter()
+    answers = await rlm.helpers.llm_query_batch(prompts, return_exceptions=True)
+    wall = time.perf_counter() - started
+    failed = sum(isinstance(a, BaseException) for a in answers)
+    return wall, failed, server.rejected
+
+
+async def warm_up() -> None:
+    """Import litellm before anything is timed (it takes seconds, once)."""
+    from rlm_magic.llm.client import load_litellm
+
+    await load_litellm()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=3)
+    args = parser.parse_args()
+    asyncio.run(warm_up())
+    server = FakeLLMServer().start()
+    server.requests = _Discard()
+    print(f"latency {LATENCY}s; {args.reps} runs per scenario, each on a fresh loop\n")
+    for scenario in SCENARIOS:
+        runs = [asyncio.run(run_once(server, scenario)) for _ in range(args.reps)]
+        ideal = scenario.ideal_s()
+        walls = [w for w, _, _ in runs]
+        print(scenario.name)
+        print(f"  ideal {ideal:.2f}s | wall " + " / ".join(f"{w:.2f}s" for w in walls)
+              + f" | ratio {statistics.median(walls) / ideal:.2f}x (median)")
+        print("  failed " + " / ".join(str(f) for _, f, _ in runs)
+              + " | rejected " + " / ".join(f"{r} ({r / scenario.prompts:.0%})"
+                                             for _, _, r in runs))
+    server.stop()
+
+
+class _Discard(list):
+    def append(self, item) -> None:
+        pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,212 @@
+"""Provider rate limits: no item is lost to a 429, everybody pauses together, and
+requests are paced to what the provider allows.
+
+The local server enforces its limits as token buckets and answers excess requests at
+once with 429 plus ``retry-after`` and OpenAI's ``x-ratelimit-*`` headers (or, where a
+test says so, with fewer headers or none).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from rlm_magic import LLMQueryError
+from rlm_magic.jupyter.progress import BatchProgress
+from rlm_magic.llm.ratelimit import RateGate, parse_duration, read_headers
+
+from .conftest import make_rlm
+
+
+async def test_a_batch_over_the_request_limit_loses_no_item(server):
+    rlm = make_rlm(server, max_concurrency=32, max_retries=0)
+    server.latency = 0.05
+    server.limit_rate(rps=40, burst=10)
+    answers = await rlm.helpers.llm_query_batch([f"p{i}" for i in range(80)])
+    assert answers == [f"echo: p{i}" for i in range(80)]
+    # The first 32 go out before anything is known and 22 of them are turned away;
+    # after that, pacing keeps rejections rare.
+    assert server.rejected <= 22 + 8
+    usage = rlm.usage()
+    assert usage.total.rate_limited == server.rejected and usage.total.errors == 0
+    assert usage.total.retries == 0  # waiting out a rate limit is not a retry
+
+
+async def test_a_batch_over_the_token_limit_loses_no_item(server):
+    rlm = make_rlm(server, max_retries=0)
+    server.usage = None  # report prompt tokens as the limit counts them
+    server.limit_rate(tps=2000, token_burst=2000)
+    prompts = [f"{i:03d} " + "x" * 996 for i in range(16)]  # 250 tokens each
+    started = time.perf_counter()
+    answers = await rlm.helpers.llm_query_batch(prompts)
+    assert answers == [f"echo: {p}" for p in prompts]
+    # 4,000 tokens against 2,000 at once and 2,000/s: about a second, paced.
+    assert 0.8 < time.perf_counter() - started < 10
+    assert server.rejected <= 8
+
+
+async def test_a_server_that_sends_no_headers_loses_no_item(server):
+    rlm = make_rlm(server, max_concurrency=32, max_retries=0)
+    server.limit_rate(rps=50, burst=10, headers="none")
+    answers = await rlm.helpers.llm_query_batch([f"p{i}" for i in range(60)])
+    assert answers == [f"echo: p{i}" for i in range(60)]
+    assert rlm.usage().total.rate_limited == server.rejected > 0
+
+
+async def test_one_429_pauses_new_calls_to_that_endpoint_until_retry_after(server):
+    notebook, run = make_rlm(server), make_rlm(server)  # two users of one endpoint
+    server.fail("429", match="first", headers={"retry-after-ms": "800"})
+    first = asyncio.ensure_future(notebook.helpers.llm_query("first"))
+    assert await asyncio.to_thread(server.wait_for, lambda: server.rejected_at)
+    limited_at = server.rejected_at[0]
+    assert await run.helpers.llm_query("second") == "echo: second"
+    assert await first == "echo: first"
+    second_arrived = server.arrivals[server.index_of("second")]
+    assert second_arrived - limited_at >= 0.75  # held back for the server's 800 ms
+
+
+async def test_a_pause_leaves_other_models_alone(server):
+    rlm = make_rlm(server)
+    server.fail("429", model="sub-model", headers={"retry-after-ms": "3000"})
+    paused = asyncio.ensure_future(rlm.helpers.llm_query("held"))
+    assert await asyncio.to_thread(server.wait_for, lambda: server.rejected_at)
+    started = time.perf_counter()
+    assert await rlm.helpers.llm_query("free", model="openai/other") == "echo: free"
+    assert time.perf_counter() - started < 1.5
+    paused.cancel()
+
+
+async def test_requests_in_flight_during_a_pause_are_left_alone(server):
+    rlm = make_rlm(server, max_concurrency=8)
+    server.latency = 0.5
+    server.fail("429", match="p0", headers={"retry-after-ms": "1000"})
+    answers = await rlm.helpers.llm_query_batch([f"p{i}" for i in range(8)])
+    assert answers == [f"echo: p{i}" for i in range(8)]
+    # Seven went out with p0 and were answered; only p0 was sent again.
+    assert len(server.requests) == 9 and server.cancelled == 0
+
+
+async def test_an_interrupt_during_a_pause_stops_at_once(server):
+    rlm = make_rlm(server)
+    server.fail("429", times=100, headers={"retry-after": "30"})
+    task = asyncio.ensure_future(rlm.helpers.llm_query_batch(["a", "b", "c"]))
+    assert await asyncio.to_thread(server.wait_for, lambda: server.rejected_at)
+    await asyncio.sleep(0.05)  # now waiting out the 30 s pause
+    started = time.perf_counter()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert time.perf_counter() - started < 0.5
+    assert server.in_flight == 0
+    records = rlm.client.ledger.records
+    assert [r.error for r in records] == ["cancelled"] * 3
+    assert sum(r.rate_limited for r in records) >= 1
+
+
+async def test_rate_limit_wait_bounds_how_long_an_item_waits(server):
+    rlm = make_rlm(server, rate_limit_wait=1.0)
+    server.fail("429", times=1000, headers={"retry-after-ms": "200"})
+    started = time.perf_counter()
+    with pytest.raises(LLMQueryError, match=r"rate limited for 1s .*rate_limit_wait=1s"):
+        await rlm.helpers.llm_query("x")
+    assert time.perf_counter() - started < 2.5
+    [record] = rlm.client.ledger.records
+    assert record.rate_limited >= 3 and record.retries == 0
+
+
+async def test_a_retry_after_past_rate_limit_wait_fails_now_not_later(server):
+    rlm = make_rlm(server, rate_limit_wait=5.0)
+    server.fail("429", times=1, headers={"retry-after": "3600"})
+    started = time.perf_counter()
+    with pytest.raises(LLMQueryError, match="would hold it 3600s more"):
+        await rlm.helpers.llm_query("x")
+    assert time.perf_counter() - started < 1.0
+    assert len(server.requests) == 1
+
+
+async def test_explicit_rpm_paces_from_the_first_request(server):
+    rlm = make_rlm(server, rpm=600, max_concurrency=64)  # 10 requests a second
+    await rlm.helpers.llm_query_batch([f"p{i}" for i in range(25)])
+    spread = server.arrivals[-1] - server.arrivals[0]
+    # A burst of one second's worth, then one every 0.1 s: 15 more take 1.4 s or so.
+    assert 1.2 < spread < 5
+    assert server.rejected == 0
+
+
+async def test_learned_limits_pace_the_next_batch_without_any_429(server):
+    rlm = make_rlm(server, max_concurrency=64)
+    server.limit_rate(rps=50, burst=20)
+    await rlm.helpers.llm_query_batch([f"a{i}" for i in range(40)])
+    await asyncio.sleep(0.5)  # the server's bucket refills
+    rejected = server.rejected
+    await rlm.helpers.llm_query_batch([f"b{i}" for i in range(40)])
+    assert server.rejected - rejected <= 2
+
+
+async def test_a_run_s_root_and_sub_calls_wait_out_rate_limits(server):
+    rlm = make_rlm(server, max_retries=0)
+    server.fail("429", times=2, model="root-model", headers={"retry-after-ms": "50"})
+    server.fail("429", times=3, model="sub-model", headers={"retry-after-ms": "50"})
+    server.script("root-model", [
+        "```repl\nanswers = llm_query_batch(['a', 'b', 'c'])\nprint(answers)\n```",
+        "FINAL_VAR(answers)"])
+    result = await rlm.arun("q", context="ctx")
+    assert result.success and result.final_answer == str(["echo: a", "echo: b", "echo: c"])
+    assert result.usage.total.rate_limited == 5
+    assert result.usage.total.errors == 0
+
+
+def test_the_progress_line_says_when_a_batch_is_held_back():
+    gate = RateGate("openai/x")
+    gate.paused_until = time.monotonic() + 2.5
+    progress = BatchProgress(10, enabled=False, hold=gate.hold_message)
+    assert "rate limited: resuming in 3 s" in progress.line()
+    gate.paused_until = 0
+    assert "rate limited" not in progress.line()
+
+
+async def test_usage_shows_rate_limited_responses_only_once_there_are_some(server):
+    rlm = make_rlm(server)
+    await rlm.helpers.llm_query("x")
+    assert "rate limited" not in repr(rlm.usage())
+    server.fail("429", headers={"retry-after-ms": "10"})
+    await rlm.helpers.llm_query("y")
+    table = repr(rlm.usage())
+    assert "rate limited" in table.splitlines()[0]
+    assert table.splitlines()[-1].split()[-1] == "1"
+
+
+# -- reading the provider's headers ------------------------------------------------------
+
+@pytest.mark.parametrize("text, seconds", [
+    ("1s", 1.0), ("6m0s", 360.0), ("120ms", 0.12), ("1h2m3s", 3723.0), ("0.5", 0.5),
+    ("17", 17.0), ("soon", None), (None, None),
+])
+def test_reset_durations_in_openai_s_spelling(text, seconds):
+    assert parse_duration(text) == pytest.approx(seconds) if seconds is not None \
+        else parse_duration(text) is None
+
+
+def test_headers_through_litellm_s_prefix_and_anthropic_s_spelling():
+    openai = read_headers({"llm_provider-x-ratelimit-limit-requests": "500",
+                           "x-ratelimit-remaining-requests": "100",
+                           "llm_provider-x-ratelimit-reset-requests": "48s",
+                           "retry-after-ms": "250"})
+    assert openai.requests.limit == 500 and openai.requests.remaining == 100
+    assert openai.requests.rate == pytest.approx(399.5 / 48)  # about 500 a minute
+    assert openai.retry_after_s == 0.25
+    anthropic = read_headers({"anthropic-ratelimit-input-tokens-limit": "40000",
+                              "anthropic-ratelimit-input-tokens-remaining": "1000",
+                              "retry-after": "7"})
+    assert anthropic.tokens.limit == 40000 and anthropic.tokens.remaining == 1000
+    assert anthropic.retry_after_s == 7
+    assert not read_headers({"content-type": "json"}).any_limits
+
+
+def test_a_nearly_full_bucket_teaches_no_rate():
+    reading = read_headers({"x-ratelimit-limit-requests": "500",
+                            "x-ratelimit-remaining-requests": "499",
+                            "x-ratelimit-reset-requests": "120ms"}).requests
+    assert reading.rate is None  # one unit of rounding would make it 2x off

@@ -11,6 +11,9 @@ in one carries over to the next. Reported per scenario:
 - wall time, against what the limit allows: (work - burst) / rate + latency;
 - failed items (the target is 0) and rejected requests as a share of the items
   (the target is at most 10%).
+
+``compare_rlms_ratelimit.py`` runs the official RLM library's batch against the same
+server, from a scratch environment.
 """
 
 from __future__ import annotations
@@ -59,6 +62,8 @@ class Scenario:
 SCENARIOS = [
     Scenario("50 requests/s, burst 50; 300 prompts at concurrency 64", 300, 40, 64,
              {"rps": 50, "burst": 50}),
+    Scenario("50 requests/s, burst 50; 300 prompts at the default concurrency 16", 300,
+             40, 16, {"rps": 50, "burst": 50}),
     Scenario("20k tokens/s; 60 prompts of 2,000 tokens at the default concurrency", 60,
              8000, 16, {"tps": 20_000, "token_burst": 20_000}),
     Scenario("50 requests/s, no rate-limit headers at all; 300 prompts at 64", 300, 40, 64,

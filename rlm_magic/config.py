@@ -61,8 +61,9 @@ class RLMConfig(Configurable):
     # -- calls --------------------------------------------------------------------------
     max_concurrency = Int(16, help="Most model requests in flight at once.").tag(config=True)
     timeout = Float(120.0, help="Seconds per model call attempt.").tag(config=True)
-    max_retries = Int(2, help="Retries on 429, 5xx, timeouts and connection errors, "
-                              "with exponential backoff and jitter.").tag(config=True)
+    max_retries = Int(2, help="Retries on 408/409, 5xx, timeouts and connection errors, "
+                              "with exponential backoff and jitter (429s are waited "
+                              "out instead, within rate_limit_wait).").tag(config=True)
     retry_backoff = Float(0.5, help="Seconds before the first retry; doubles each "
                                     "retry, with full jitter.").tag(config=True)
     max_tokens = Int(4096, help="Most output tokens per sub-call.").tag(config=True)

@@ -255,17 +255,32 @@ class FakeLLMServer(LocalChatServer):
 
 
 def main() -> None:
-    """Serve on its own (benchmarks run it in a separate process): prints its URL."""
+    """Serve on its own (benchmarks run it in a separate process): prints its URL, then
+    answers each line "stats" on stdin with a JSON line of its counters."""
     import argparse
+    import json
+    import sys
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--latency", type=float, default=0.0)
+    parser.add_argument("--rps", type=float, help="requests/s allowed (429 beyond)")
+    parser.add_argument("--burst", type=float, help="requests allowed at once")
+    parser.add_argument("--tps", type=float, help="prompt tokens/s allowed")
+    parser.add_argument("--token-burst", type=float)
+    parser.add_argument("--headers", default="all", choices=["all", "retry-after", "none"])
     args = parser.parse_args()
     server = FakeLLMServer(port=args.port).start()
     server.latency = args.latency
+    server.usage = None  # count prompt tokens as a token limit does
     server.requests = _Discard()  # a long benchmark must not grow memory
+    if args.rps or args.tps:
+        server.limit_rate(args.rps, args.burst, args.tps, args.token_burst, args.headers)
     print(server.base_url, flush=True)
+    for line in sys.stdin:
+        if line.strip() == "stats":
+            print(json.dumps({"completed": server.completed, "rejected": server.rejected,
+                              "peak_in_flight": server.peak_in_flight}), flush=True)
     threading.Event().wait()
 
 

@@ -518,3 +518,16 @@ async def test_a_budget_that_cannot_see_some_costs_says_so(server):
     with pytest.warns(RuntimeWarning, match="no price for openai/root-model"):
         result = await rlm.arun("q", context="c")
     assert result.success
+
+
+async def test_threads_the_model_starts_print_to_the_model_not_the_cell(rlm, server, capsys):
+    server.script("root-model", [repl(
+        "import threading\n"
+        "t = threading.Thread(target=lambda: print('from a thread'))\n"
+        "t.start(); t.join()\n"
+        "import concurrent.futures\n"
+        "with concurrent.futures.ThreadPoolExecutor(2) as pool:\n"
+        "    pool.submit(print, 'from a pool')"), "FINAL(ok)"])
+    result = await rlm.arun("q", context="c")
+    assert result.trajectory[0].code[0].output == "from a thread\nfrom a pool"
+    assert "from a" not in capsys.readouterr().out

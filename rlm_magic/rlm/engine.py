@@ -9,6 +9,7 @@ holding all of its state, so several runs of one ``RLM`` may go on at once.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import time
 from dataclasses import dataclass
@@ -22,7 +23,8 @@ from ..llm.limiter import ConcurrencyLimiter
 from ..llm.messages import build_messages
 from ..llm.redaction import off_loop_if_large
 from ..llm.usage import SESSION_LEDGER, UsageLedger
-from ..repl.inprocess import AsyncREPL, repl_builtins
+from ..repl.inprocess import AsyncREPL
+from ..repl.steps import repl_builtins, show_vars
 from .prompts import (
     CONTINUE_PROMPT,
     ITERATION_LIMIT_PROMPT,
@@ -171,7 +173,7 @@ class Run:
         saved, touched = {}, []
         preexisting = set(namespace) if live else set()  # the notebook's own variables
         try:
-            injected = self._repl_globals()
+            injected = self._repl_globals(namespace)
             touched = [*injected, *self._repl_helpers(), "__rlm_async__"]
             if live:
                 saved = {name: namespace[name] for name in touched if name in namespace}
@@ -185,12 +187,7 @@ class Run:
             result.stop_reason, result.error = "error", describe_exception(exc)
         finally:
             if hasattr(self, "repl"):
-                self.repl.close()  # threads of stopped steps may send nothing more
-                # The model's variables survive the run, whatever ended it: answers
-                # already paid for stay reachable as result.variables.
-                result.variables = {name: namespace[name]
-                                    for name in self._user_variables(namespace)
-                                    if name not in preexisting}
+                await self._close_repl(result, preexisting)
             if live:
                 for name in touched:
                     namespace.pop(name, None)
@@ -200,6 +197,16 @@ class Run:
             result.usage = self.tree.ledger.summary()
             result.elapsed_s = time.perf_counter() - started
         return result
+
+    async def _close_repl(self, result: RLMResult, preexisting: set[str]) -> None:
+        """Close the REPL, keeping the model's variables whatever ended the run:
+        answers already paid for stay reachable as result.variables."""
+        try:
+            variables = await self.repl.variables()
+            result.variables = {name: value for name, value in variables.items()
+                                if name not in preexisting}
+        finally:
+            await self.repl.aclose()  # stopped steps may send nothing more
 
     async def _loop(self, result: RLMResult) -> None:
         messages = [{"role": "system", "content": self._system_prompt()},
@@ -227,7 +234,7 @@ class Run:
         reply = await self._ask_root(messages + [{"role": "user",
                                                   "content": ITERATION_LIMIT_PROMPT}])
         marker = find_final(reply)
-        answer = self._resolve_final(marker)[0] if marker else None
+        answer = (await self._resolve_final(marker))[0] if marker else None
         if answer is not None:
             result.final_answer, result.stop_reason = answer, "final"
         else:
@@ -261,12 +268,12 @@ class Run:
             iteration.code.append(CodeRun(code, seen, step.elapsed_s,
                                           error=step.error is not None))
             outputs.append(f"Output of block {number}:\n{seen}")
-            ready = self._answer_ready()
+            ready = await self.repl.ready_answer()
             if ready is not None:
                 return "", ready
         marker = find_final(reply)
         if marker is not None:
-            answer, problem = self._resolve_final(marker)
+            answer, problem = await self._resolve_final(marker)
             if answer is not None:
                 return "", answer
             outputs.append(problem)
@@ -274,23 +281,16 @@ class Run:
             outputs.append("You wrote no ```repl code and gave no FINAL answer.")
         return "\n\n".join(outputs + [CONTINUE_PROMPT]), None
 
-    def _resolve_final(self, marker) -> tuple[str | None, str]:
+    async def _resolve_final(self, marker) -> tuple[str | None, str]:
         if marker.kind == "FINAL":
             return marker.value, ""
-        namespace = self.repl.namespace if hasattr(self, "repl") else {}
-        if marker.value in namespace:
-            value = namespace[marker.value]
-            return (value if isinstance(value, str) else str(value)), ""
-        names = ", ".join(self._user_variables(namespace)) or "none yet"
+        repl = getattr(self, "repl", None)
+        value = await repl.final_var(marker.value) if repl else None
+        if value is not None:
+            return value, ""
+        names = ", ".join(await repl.variable_names() if repl else []) or "none yet"
         return None, (f"FINAL_VAR({marker.value}): there is no variable named "
                       f"{marker.value!r} in the REPL (variables: {names}).")
-
-    def _answer_ready(self) -> str | None:
-        answer = self.repl.namespace.get("answer")
-        if isinstance(answer, dict) and answer.get("ready"):
-            content = answer.get("content")
-            return content if isinstance(content, str) else str(content)
-        return None
 
     def _stopped_by_budget(self, result: RLMResult) -> bool:
         self._warn_if_budget_is_blind()
@@ -344,7 +344,7 @@ class Run:
                 "Look at it before you answer.")
 
     # -- the REPL's view --------------------------------------------------------------
-    def _repl_globals(self) -> dict[str, Any]:
+    def _repl_globals(self, namespace: dict[str, Any]) -> dict[str, Any]:
         import json
         import re
 
@@ -352,7 +352,7 @@ class Run:
         return {"asyncio": asyncio, "re": re, "json": json,
                 "context": self.context,
                 "answer": {"content": "", "ready": False},
-                "SHOW_VARS": self._show_vars}
+                "SHOW_VARS": functools.partial(show_vars, namespace)}
 
     def _repl_helpers(self) -> dict[str, Any]:
         return {"llm_query": self.llm_query,
@@ -361,21 +361,6 @@ class Run:
                 "rlm_query": self.rlm_query,
                 "rlm_query_batch": self.rlm_query_batch,
                 "rlm_query_batched": self.rlm_query_batch}
-
-    def _user_variables(self, namespace) -> list[str]:
-        hidden = {"context", "answer", "SHOW_VARS", "asyncio", "re", "json",
-                  *self._repl_helpers()}
-        return [name for name in namespace
-                if not name.startswith("_") and name not in hidden]
-
-    def _show_vars(self) -> None:
-        """Print the variables made in this REPL so far, with their types."""
-        namespace = self.repl.namespace
-        names = self._user_variables(namespace)
-        if not names:
-            print("No variables yet.")
-        for name in names:
-            print(f"{name}: {type(namespace[name]).__name__}")
 
     def _status(self, phase: str, iteration: int | None = None) -> None:
         if self.depth == 0:

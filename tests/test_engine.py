@@ -294,15 +294,20 @@ async def test_a_failing_root_model_fails_the_run_cleanly(server):
 
 # -- isolation, concurrency, secrets --------------------------------------------------
 
-async def test_each_run_has_a_fresh_namespace_and_the_context_is_not_copied(rlm, server):
-    big = "x" * 1_000_000
-    server.script("root-model", [repl("import builtins\nseen_id = id(context)\nprint(seen_id)"),
-                                 "FINAL(ok)"])
-    result = await rlm.arun("q", context=big)
-    assert result.trajectory[0].code[0].output == str(id(big))
-    server.script("root-model", [repl("print('seen_id' in dir())"), "FINAL(ok)"])
-    again = await rlm.arun("q", context=big)
+@pytest.mark.parametrize("sandbox", ["process", "none"])
+async def test_each_run_has_a_fresh_namespace(rlm, server, sandbox):
+    server.script("root-model", [repl("seen = 1"), "FINAL(ok)"])
+    await rlm.arun("q", context="c", sandbox=sandbox)
+    server.script("root-model", [repl("print('seen' in dir())"), "FINAL(ok)"])
+    again = await rlm.arun("q", context="c", sandbox=sandbox)
     assert again.trajectory[0].code[0].output == "False"
+
+
+async def test_in_process_the_context_is_not_copied(rlm, server):
+    big = "x" * 1_000_000
+    server.script("root-model", [repl("print(id(context))"), "FINAL(ok)"])
+    result = await rlm.arun("q", context=big, sandbox="none")
+    assert result.trajectory[0].code[0].output == str(id(big))
 
 
 async def test_concurrent_runs_on_one_rlm_do_not_mix_output_or_state(rlm, server):

@@ -24,6 +24,7 @@ from ..llm.messages import build_messages
 from ..llm.redaction import off_loop_if_large
 from ..llm.usage import SESSION_LEDGER, UsageLedger
 from ..repl.inprocess import AsyncREPL
+from ..repl.sandbox import SandboxREPL
 from ..repl.steps import repl_builtins, show_vars
 from .prompts import (
     CONTINUE_PROMPT,
@@ -76,15 +77,17 @@ class RLM(RLMConfig):
     async def arun(self, query: str, context: Any = None, *, model: str | None = None,
                    sub_model: str | None = None, max_iterations: int | None = None,
                    max_depth: int | None = None,
-                   namespace: dict[str, Any] | None = None) -> RLMResult:
+                   namespace: dict[str, Any] | None = None,
+                   sandbox: str | None = None) -> RLMResult:
         """Answer ``query`` about ``context``; returns an ``RLMResult`` (check ``.success``).
 
         ``namespace``: run the REPL in this dict instead of a fresh one (what ``--live``
-        does with the notebook's namespace).
+        does with the notebook's namespace); such a run is never sandboxed.
+        ``sandbox``: "process" or "none" for this run (default: ``RLM.sandbox``).
         """
         return await self.start(query, context, model=model, sub_model=sub_model,
                                 max_iterations=max_iterations, max_depth=max_depth,
-                                namespace=namespace).execute()
+                                namespace=namespace, sandbox=sandbox).execute()
 
     def run(self, query: str, context: Any = None, **overrides) -> RLMResult:
         """Blocking ``arun``, for scripts. In a notebook, ``await rlm.arun(...)``."""
@@ -137,7 +140,7 @@ class Run:
     def __init__(self, rlm: RLM, query: str, context: Any = None, *,
                  model: str | None = None, sub_model: str | None = None,
                  max_iterations: int | None = None, max_depth: int | None = None,
-                 namespace: dict[str, Any] | None = None,
+                 namespace: dict[str, Any] | None = None, sandbox: str | None = None,
                  depth: int = 0, tree: RunTree | None = None):
         self.rlm = rlm
         self.id = next(_run_ids)
@@ -155,6 +158,9 @@ class Run:
         self.tree = tree or RunTree(UsageLedger(parent=rlm.client.ledger),
                                     rlm.max_sub_calls, rlm.max_cost_usd)
         self.namespace = namespace
+        self.sandbox = "none" if namespace is not None else (sandbox or rlm.sandbox)
+        if self.sandbox not in ("process", "none"):
+            raise ValueError(f"sandbox must be 'process' or 'none', got {self.sandbox!r}")
         self.own_sub_calls = 0
         self.result = RLMResult(query=query, model=self.model, sub_model=self.sub_model,
                                 depth=depth)
@@ -177,8 +183,15 @@ class Run:
             touched = [*injected, *self._repl_helpers(), "__rlm_async__"]
             if live:
                 saved = {name: namespace[name] for name in touched if name in namespace}
-            namespace.update(injected)
-            self.repl = AsyncREPL(namespace, self._repl_helpers())
+            if self.sandbox == "process":
+                self.repl = SandboxREPL(self.context, self._repl_helpers(),
+                                        memory_mb=self.rlm.sandbox_memory_mb,
+                                        max_output_chars=self.max_output_chars,
+                                        secrets=(self.rlm.api_key,))
+                self.repl.start()  # starts while the root model thinks
+            else:
+                namespace.update(injected)
+                self.repl = AsyncREPL(namespace, self._repl_helpers())
             await self._loop(result)
         except asyncio.CancelledError:
             result.stop_reason, result.error = "interrupted", "interrupted by the user"
@@ -201,6 +214,8 @@ class Run:
     async def _close_repl(self, result: RLMResult, preexisting: set[str]) -> None:
         """Close the REPL, keeping the model's variables whatever ended the run:
         answers already paid for stay reachable as result.variables."""
+        result.sandbox = self.sandbox
+        result.network_isolated = getattr(self.repl, "network_isolated", None)
         try:
             variables = await self.repl.variables()
             result.variables = {name: value for name, value in variables.items()
@@ -264,7 +279,7 @@ class Run:
                                                     self.max_output_chars)
                 iteration.code.append(CodeRun(code, shown, partial.elapsed_s, error=True))
                 raise
-            seen = await self._as_model_sees_it(step.as_text())
+            seen = await self._as_model_sees_it(step.as_text(), step.dropped_chars)
             iteration.code.append(CodeRun(code, seen, step.elapsed_s,
                                           error=step.error is not None))
             outputs.append(f"Output of block {number}:\n{seen}")
@@ -315,15 +330,15 @@ class Run:
                           f"{', '.join(unpriced)}: those calls count as $0 against the "
                           "budget", RuntimeWarning, stacklevel=2)
 
-    async def _as_model_sees_it(self, text: str) -> str:
+    async def _as_model_sees_it(self, text: str, dropped: int = 0) -> str:
         """Step output as the model sees it: secrets removed, cut to max_output_chars
-        with a note."""
+        with a note. ``dropped``: characters the sandbox already left out."""
         limit = self.max_output_chars
         redact = self.client.redactor()
         if len(text) <= limit:
             return await off_loop_if_large(len(text), redact, text)
         head = await off_loop_if_large(limit, redact.head, text, limit)
-        return (head + f"\n... [output cut: {len(text) - limit:,} more characters not "
+        return (head + f"\n... [output cut: {len(text) + dropped - limit:,} more characters not "
                 "shown; print smaller slices]")
 
     # -- prompts ----------------------------------------------------------------------
@@ -410,7 +425,7 @@ class Run:
             return self._limit_error()
         child = Run(self.rlm, prompt, context, model=self.sub_model, sub_model=self.sub_model,
                     max_iterations=self.max_iterations, max_depth=self.max_depth,
-                    depth=self.depth + 1, tree=self.tree)
+                    sandbox=self.sandbox, depth=self.depth + 1, tree=self.tree)
         self.tree.call_started()
         outcome = await child.execute()
         self.tree.call_ended(failed=not outcome.success)

@@ -96,6 +96,8 @@ class SandboxREPL:
     # SIGINT stops a step and keeps the namespace; a step that does not stop this soon
     # after is killed with its process.
     STOP_GRACE_S = 0.5
+    # Off only in tests, to see how a machine without network namespaces is handled.
+    isolate_network = True
 
     def __init__(self, context: Any, helpers: dict[str, Callable[..., Awaitable[Any]]], *,
                  memory_mb: int | None = 4096, max_output_chars: int = 20_000,
@@ -169,7 +171,8 @@ class SandboxREPL:
         sandbox = self._sandbox = _Sandbox(process, reader, writer, workdir)
         try:
             writer.write(bridge.frame({"op": "init", "helpers": sorted(self.helpers),
-                                       "memory_mb": self.memory_mb}))
+                                       "memory_mb": self.memory_mb,
+                                       "isolate_network": self.isolate_network}))
             writer.write(bridge.pickle_frame_header(len(self._pickled)))
             writer.write(self._pickled)
             await writer.drain()
@@ -226,7 +229,7 @@ class SandboxREPL:
     async def _listen(self, sandbox: _Sandbox) -> None:
         """Read everything the sandbox sends, until it dies or breaks the protocol."""
         try:
-            while True:
+            while not sandbox.dead:
                 message = await self._read(sandbox)
                 if message["op"] == "call":
                     self._serve_call(sandbox, message)
@@ -238,11 +241,12 @@ class SandboxREPL:
         except asyncio.CancelledError:
             raise
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
-            sandbox.dead = await self._exit_reason(sandbox)
+            sandbox.dead = sandbox.dead or await self._exit_reason(sandbox)
         except bridge.BridgeError as exc:
-            sandbox.dead = f"it broke the bridge protocol: {exc}"
+            sandbox.dead = sandbox.dead or f"it broke the bridge protocol: {exc}"
         except Exception as exc:  # noqa: BLE001 - anything odd from the sandbox ends it
-            sandbox.dead = f"it broke the bridge protocol: {type(exc).__name__}: {exc}"
+            sandbox.dead = sandbox.dead or (f"it broke the bridge protocol: "
+                                            f"{type(exc).__name__}: {exc}")
         sandbox.signal(signal.SIGKILL)
         self._answer = None
         if self._reply is not None and not self._reply.done():
@@ -324,8 +328,10 @@ class SandboxREPL:
             output.error = (f"TimeoutError: this step ran longer than {timeout:g}s and was "
                             "stopped" + self._lost_note(sandbox))
         except asyncio.CancelledError:
-            await self._stop(sandbox, reply, output)
-            output.error = "KeyboardInterrupt: the run was interrupted"
+            try:
+                await self._stop(sandbox, reply, output)
+            finally:
+                output.error = "KeyboardInterrupt: the run was interrupted"
             raise
         except (SandboxError, bridge.BridgeError) as exc:
             self._kill(sandbox, str(exc))
@@ -367,11 +373,16 @@ class SandboxREPL:
         for task in list(self._calls):
             task.cancel()
         sandbox.signal(signal.SIGINT)
+        stopped = False
         try:
             self._take(output, await asyncio.wait_for(asyncio.shield(reply),
                                                       self.STOP_GRACE_S))
+            stopped = True
         except (asyncio.TimeoutError, SandboxError, bridge.BridgeError):
-            self._kill(sandbox, "the step did not stop, so its process was killed")
+            pass
+        finally:
+            if not stopped:  # also when cancelled again meanwhile: no step left running
+                self._kill(sandbox, "the step did not stop, so its process was killed")
 
     def _lost_note(self, sandbox: _Sandbox | None) -> str:
         if sandbox is None or not sandbox.dead:

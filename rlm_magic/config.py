@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from urllib.parse import urlparse
 
-from traitlets import Bool, Dict, Enum, Float, Int, TraitError, Unicode, default, validate
+from traitlets import Bool, Dict, Float, Int, TraitError, Unicode, default, validate
 from traitlets.config import Configurable
 
 # Keys of litellm_kwargs that rlm-magic sets itself; passing them would silently fight it.
@@ -85,16 +85,17 @@ class RLMConfig(Configurable):
                                      "stopped.").tag(config=True)
     max_output_chars = Int(20_000, help="Most characters of REPL output shown to the "
                                         "model per step.").tag(config=True)
-    # Where the model's code runs (issue 9): a process of its own, or the kernel's threads.
-    sandbox = Enum(["process", "none"], "none",
-                   help="Where the model's code runs: 'process' (a sandbox process per run, "
-                        "served over a bridge) or 'none' (threads of this kernel).").tag(config=True)
-    sandbox_memory_mb = Int(4096, help="Address-space limit of a sandbox process, in "
-                                       "MB.").tag(config=True)
     system_prompt = Unicode(None, allow_none=True,
                             help="Replace the built-in RLM system prompt. It is "
                                  "formatted with {context_type}, {context_length}, "
                                  "{context_preview}, {max_depth}.").tag(config=True)
+
+    # -- where the model's code runs ------------------------------------------------------
+    sandbox = Unicode("none", help="Where the model's code runs: 'process' (a sandbox "
+                                   "process per run, served over a bridge) or 'none' "
+                                   "(threads of this kernel).").tag(config=True)
+    sandbox_memory_mb = Int(4096, help="Address-space limit of a sandbox process, in "
+                                       "MB.").tag(config=True)
 
     @default("model")
     def _default_model(self):
@@ -150,6 +151,14 @@ class RLMConfig(Configurable):
     _check_backoff = validate("retry_backoff")(_at_least(0))
     _check_counts = validate("max_tokens", "max_iterations", "max_output_chars")(_at_least(1))
     _check_sandbox_memory = validate("sandbox_memory_mb")(_at_least(256))
+
+    @validate("sandbox")
+    def _check_sandbox(self, proposal):
+        value = proposal["value"].strip().lower()
+        if value not in ("process", "none"):
+            raise TraitError(f"RLM.sandbox must be 'process' or 'none', got "
+                             f"{proposal['value']!r}")
+        return value
 
     @validate("max_cost_usd")
     def _check_cost(self, proposal):

@@ -166,16 +166,25 @@ class SandboxREPL:
             raise SandboxError(f"the sandbox process could not start: {exc}") from None
         finally:
             child.close()
-        reader, writer = await asyncio.open_unix_connection(sock=parent,
-                                                            limit=2**20)
+        first = bridge.frame({"op": "init", "helpers": sorted(self.helpers),
+                              "memory_mb": self.memory_mb,
+                              "isolate_network": self.isolate_network})
+        first += bridge.pickle_frame_header(len(self._pickled))
+        try:
+            # A blocking send in a thread moves a large context several times faster
+            # than the event loop's transport, which sends a socket buffer per turn.
+            parent.settimeout(60)
+            await asyncio.to_thread(_send_all, parent, first, self._pickled)
+        except OSError as exc:
+            process.kill()
+            await asyncio.to_thread(process.wait)
+            parent.close()
+            shutil.rmtree(workdir, ignore_errors=True)
+            raise SandboxError(f"the sandbox process did not take its context: {exc}") \
+                from None
+        reader, writer = await asyncio.open_unix_connection(sock=parent, limit=2**20)
         sandbox = self._sandbox = _Sandbox(process, reader, writer, workdir)
         try:
-            writer.write(bridge.frame({"op": "init", "helpers": sorted(self.helpers),
-                                       "memory_mb": self.memory_mb,
-                                       "isolate_network": self.isolate_network}))
-            writer.write(bridge.pickle_frame_header(len(self._pickled)))
-            writer.write(self._pickled)
-            await writer.drain()
             ready = await self._read(sandbox)
             if ready.get("op") == "fatal":
                 raise SandboxError(str(ready.get("error"))[:500])
@@ -209,12 +218,6 @@ class SandboxREPL:
         if self._sandbox is not None:
             self._sandbox.dead = self._sandbox.dead or "closed"
             await self._sandbox.end()
-
-    def close(self) -> None:
-        """Synchronous best effort (the engine uses ``aclose``)."""
-        self._closed = True
-        if self._sandbox is not None:
-            self._sandbox.signal(signal.SIGKILL)
 
     # -- the wire -----------------------------------------------------------------------------
     async def _read(self, sandbox: _Sandbox) -> dict:
@@ -313,9 +316,9 @@ class SandboxREPL:
         crash of the sandbox. If cancelled, it stops the step and re-raises;
         ``last_output`` then holds what is known of the step."""
         output = self.last_output = StepOutput(code=code)
-        started = time.perf_counter()
         step = next(_step_ids)
-        sandbox = await self._ready()
+        sandbox = await self._ready()  # start-up belongs to the run, not to this step
+        started = time.perf_counter()
         reply = self._expect("done")
         self._step = step
         try:
@@ -423,6 +426,11 @@ class SandboxREPL:
             elif isinstance(entry.get("repr"), str):
                 out[name] = SandboxRepr(entry["repr"], str(entry.get("type", "")))
         return out
+
+
+def _send_all(sock: socket.socket, *parts: bytes) -> None:
+    for part in parts:
+        sock.sendall(part)
 
 
 def _warn_network_once(why: str) -> None:

@@ -91,7 +91,7 @@ class RLMConfig(Configurable):
                                  "{context_preview}, {max_depth}.").tag(config=True)
 
     # -- where the model's code runs ------------------------------------------------------
-    sandbox = Unicode("none", help="Where the model's code runs: 'process' (a sandbox "
+    sandbox = Unicode("process", help="Where the model's code runs: 'process' (a sandbox "
                                    "process per run, served over a bridge) or 'none' "
                                    "(threads of this kernel).").tag(config=True)
     sandbox_memory_mb = Int(4096, help="Address-space limit of a sandbox process, in "

@@ -91,9 +91,10 @@ class RLMConfig(Configurable):
                                  "{context_preview}, {max_depth}.").tag(config=True)
 
     # -- where the model's code runs ------------------------------------------------------
-    sandbox = Unicode("process", help="Where the model's code runs: 'process' (a sandbox "
-                                   "process per run, served over a bridge) or 'none' "
-                                   "(threads of this kernel).").tag(config=True)
+    sandbox = Unicode(help="Where the model's code runs: 'process' (a sandbox process per "
+                           "run, served over a bridge; the default on Linux and macOS) or "
+                           "'none' (threads of this kernel; the default on Windows)."
+                      ).tag(config=True)
     sandbox_memory_mb = Int(4096, help="Address-space limit of a sandbox process, in "
                                        "MB.").tag(config=True)
 
@@ -104,6 +105,10 @@ class RLMConfig(Configurable):
     @default("sub_model")
     def _default_sub_model(self):
         return os.environ.get("RLM_SUB_MODEL", "")
+
+    @default("sandbox")
+    def _default_sandbox(self):
+        return "process" if os.name == "posix" else "none"  # it needs fork and fd passing
 
     @default("cache_dir")
     def _default_cache_dir(self):

@@ -32,11 +32,12 @@ def outputs(result) -> list[str]:
 
 
 def gone(pid: int) -> bool:
+    """No such process, or only its exit status is left (a zombie)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
         return True
-    return False
 
 
 # -- a process of its own, for the whole run --------------------------------------------
@@ -69,6 +70,15 @@ async def test_the_sandbox_process_ends_with_its_run_however_it_ends(rlm, server
     with pytest.raises(asyncio.CancelledError):
         await task
     assert gone(pid) and run.result.stop_reason == "interrupted"
+
+
+async def test_processes_the_model_starts_end_with_the_sandbox(rlm, server):
+    server.script("root-model", [repl("import subprocess\n"
+                                      "print(subprocess.Popen(['sleep', '60']).pid)"),
+                                 "FINAL(ok)"])
+    result = await rlm.arun("q", context="c")
+    pid = int(outputs(result)[0])
+    assert await _eventually(lambda: gone(pid), timeout=5)
 
 
 async def test_child_runs_get_sandboxes_of_their_own(rlm, server):

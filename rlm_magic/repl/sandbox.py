@@ -70,10 +70,11 @@ class _Sandbox:
         self.dead: str | None = None  # why it is gone
 
     def signal(self, signum: int) -> None:
+        """Signal the worker and every process it started (its own process group)."""
         if self.process.poll() is None:
             try:
-                self.process.send_signal(signum)
-            except ProcessLookupError:
+                os.killpg(self.process.pid, signum)
+            except (ProcessLookupError, PermissionError):
                 pass
 
     async def end(self) -> None:

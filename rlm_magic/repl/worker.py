@@ -242,7 +242,10 @@ def limit_memory(megabytes) -> None:
     import resource
 
     limit = int(megabytes) * 2**20
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    try:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    except (ValueError, OSError):
+        pass  # macOS does not take an address-space limit: the README says so
 
 
 def _on_sigint(worker: Worker):

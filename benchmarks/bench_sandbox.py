@@ -43,7 +43,7 @@ HELPERS = {"llm_query": _echo}
 async def start_up(context) -> float:
     repl = SandboxREPL(context, HELPERS)
     started = time.perf_counter()
-    repl.start()
+    await repl.start()
     await repl._ready()
     elapsed = time.perf_counter() - started
     await repl.aclose()
@@ -72,7 +72,7 @@ async def batch_step(server, sandbox: str, n: int = 64) -> float:
 
 async def stop_time(code: str) -> float:
     repl = SandboxREPL("c", HELPERS)
-    repl.start()
+    await repl.start()
     await repl.run("import signal, time")
     task = asyncio.ensure_future(repl.run(code))
     await asyncio.sleep(0.3)
@@ -103,7 +103,7 @@ async def main() -> None:
     row("run start-up", _span(ups), "<= 0.3 s")
 
     sandboxed = SandboxREPL("c", HELPERS)
-    sandboxed.start()
+    await sandboxed.start()
     in_process = AsyncREPL({"__builtins__": repl_builtins()}, HELPERS)
     remote, local = await step_cost(sandboxed), await step_cost(in_process)
     await sandboxed.aclose()

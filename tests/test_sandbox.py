@@ -121,6 +121,15 @@ async def test_batches_reach_the_same_peak_concurrency_in_both_repls(server, san
     assert server.peak_in_flight == 16
 
 
+async def test_helper_arguments_json_cannot_carry_arrive_as_in_process(rlm, server):
+    server.script("root-model", [repl(
+        "print(llm_query_batch(p for p in ('a', 'b')))\nprint(llm_query_batch({'c'}))\n"
+        "class Note:\n    def __str__(self): return 'a note'\nprint(llm_query(Note()))"),
+        "FINAL(ok)"])
+    result = await rlm.arun("q", context="c")
+    assert outputs(result)[0] == "['echo: a', 'echo: b']\n['echo: c']\necho: a note"
+
+
 async def test_final_var_answer_and_show_vars_work_across_the_bridge(rlm, server):
     server.script("root-model", [
         repl("nums = [1, 2, 3]\nSHOW_VARS()"), "FINAL_VAR(missing)", "FINAL_VAR(nums)"])
@@ -169,6 +178,7 @@ async def test_a_context_that_cannot_be_pickled_fails_the_run_in_one_line(rlm, s
     result = await rlm.arun("q", context=(i for i in range(3)))
     assert result.stop_reason == "error" and "\n" not in result.error
     assert "cannot be sent to the sandbox" in result.error and "--no-sandbox" in result.error
+    assert root_requests(server) == []  # it failed before any model was paid
 
 
 # -- the kernel survives whatever the code does ----------------------------------------

@@ -26,8 +26,19 @@ class BridgeError(Exception):
 
 
 def frame(message: dict) -> bytes:
-    body = json.dumps(message, ensure_ascii=False, default=str).encode("utf-8")
+    body = json.dumps(message, ensure_ascii=False, default=_plain).encode("utf-8")
     return HEADER.pack(JSON, len(body)) + body
+
+
+def _plain(value):
+    """What a helper argument that JSON cannot carry becomes: an iterable (a tuple, a
+    generator, a set) a list, as ``list(prompts)`` would make it; anything else its str."""
+    if not isinstance(value, (str, bytes, dict)):
+        try:
+            return list(iter(value))
+        except TypeError:
+            pass
+    return str(value)
 
 
 def pickle_frame_header(length: int) -> bytes:

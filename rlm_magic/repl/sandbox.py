@@ -124,15 +124,26 @@ class SandboxREPL:
         self._closed = False
 
     # -- life cycle ----------------------------------------------------------------------
-    def start(self) -> None:
-        """Begin starting the sandbox; its first use waits for it."""
+    async def start(self) -> None:
+        """Pickle the context (a context that cannot cross fails the run here, before
+        any model is paid) and begin starting the sandbox; its first use waits for it."""
+        try:
+            # Off the loop: a large context takes a while to pickle.
+            self._pickled = await asyncio.to_thread(
+                pickle.dumps, self.context, pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # noqa: BLE001 - any pickling failure, one line
+            raise SandboxError(
+                f"the context ({type(self.context).__name__}) cannot be sent to the "
+                f"sandbox: {type(exc).__name__}: {exc}; run with --no-sandbox "
+                "(RLM.sandbox = 'none')") from None
         self._starting = self.loop.create_task(self._start())
 
     async def _ready(self) -> _Sandbox:
         if self._closed:
             raise RuntimeError("this REPL is closed")
-        if self._starting is None or (self._starting.done() and self._sandbox is not None
-                                      and self._sandbox.dead):
+        if self._starting is None:
+            raise RuntimeError("SandboxREPL.start() was not awaited")
+        if self._starting.done() and self._sandbox is not None and self._sandbox.dead:
             self._starting = self.loop.create_task(self._start())
         return await asyncio.shield(self._starting)
 
@@ -142,16 +153,6 @@ class SandboxREPL:
             if self._listener is not None:
                 self._listener.cancel()
             await old.end()
-        if self._pickled is None:
-            try:
-                # Off the loop: a large context takes a while to pickle.
-                self._pickled = await asyncio.to_thread(
-                    pickle.dumps, self.context, pickle.HIGHEST_PROTOCOL)
-            except Exception as exc:  # noqa: BLE001 - any pickling failure, one line
-                raise SandboxError(
-                    f"the context ({type(self.context).__name__}) cannot be sent to the "
-                    f"sandbox: {type(exc).__name__}: {exc}; run with --no-sandbox "
-                    "(RLM.sandbox = 'none')") from None
         workdir = tempfile.mkdtemp(prefix="rlm-sandbox-")
         parent, child = socket.socketpair()
         try:

@@ -188,7 +188,7 @@ class Run:
                                         memory_mb=self.rlm.sandbox_memory_mb,
                                         max_output_chars=self.max_output_chars,
                                         secrets=(self.rlm.api_key,))
-                self.repl.start()  # starts while the root model thinks
+                await self.repl.start()  # the process starts while the root model thinks
             else:
                 namespace.update(injected)
                 self.repl = AsyncREPL(namespace, self._repl_helpers())

@@ -80,6 +80,14 @@ async def test_processes_the_model_starts_end_with_the_sandbox(rlm, server):
     pid = int(outputs(result)[0])
     assert await _eventually(lambda: gone(pid), timeout=5)
 
+    # Also when the sandbox crashed first, leaving them behind.
+    server.script("root-model", [repl("import os, subprocess\n"
+                                      "llm_query(str(subprocess.Popen(['sleep', '60']).pid))\n"
+                                      "os._exit(1)"), "FINAL(ok)"])
+    assert (await rlm.arun("q", context="c")).success
+    pid = int(server.requests_for("sub-model")[-1]["messages"][-1]["content"])
+    assert await _eventually(lambda: gone(pid), timeout=5)
+
 
 async def test_child_runs_get_sandboxes_of_their_own(rlm, server):
     def root(body):

@@ -62,30 +62,35 @@ def sandbox_environment(secrets: tuple[str | None, ...] = ()) -> dict[str, str]:
 class _Sandbox:
     """One worker process and its end of the bridge."""
 
-    def __init__(self, process: subprocess.Popen, reader, writer, workdir: str):
+    def __init__(self, process: subprocess.Popen, sock: socket.socket, workdir: str):
         self.process = process
-        self.reader: asyncio.StreamReader = reader
-        self.writer: asyncio.StreamWriter = writer
+        self.sock = sock
+        self.reader: asyncio.StreamReader | None = None  # once the context is sent
+        self.writer: asyncio.StreamWriter | None = None
         self.workdir = workdir
         self.dead: str | None = None  # why it is gone
 
     def signal(self, signum: int) -> None:
-        """Signal the worker and every process it started (its own process group)."""
-        if self.process.poll() is None:
-            try:
-                os.killpg(self.process.pid, signum)
-            except (ProcessLookupError, PermissionError):
-                pass
+        """Signal the worker and every process it started (its own process group, which
+        outlives the worker if they do)."""
+        try:
+            os.killpg(self.process.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
 
     async def end(self) -> None:
         """Kill the process (if alive), reap it and remove its folder."""
         self.signal(signal.SIGKILL)
-        self.writer.close()
+        if self.writer is not None:
+            self.writer.close()
+        else:
+            self.sock.close()
         try:
             await asyncio.wait_for(asyncio.to_thread(self.process.wait), 5)
-        except (asyncio.TimeoutError, asyncio.CancelledError):
+        except asyncio.TimeoutError:
             pass
-        shutil.rmtree(self.workdir, ignore_errors=True)
+        finally:
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 class SandboxREPL:
@@ -111,7 +116,6 @@ class SandboxREPL:
         self.loop = asyncio.get_running_loop()
         self.last_output: StepOutput | None = None
         self.network_isolated: bool | None = None
-        self.restarts = 0
         self._sandbox: _Sandbox | None = None
         self._starting: asyncio.Task | None = None
         self._listener: asyncio.Task | None = None
@@ -168,6 +172,7 @@ class SandboxREPL:
             raise SandboxError(f"the sandbox process could not start: {exc}") from None
         finally:
             child.close()
+        sandbox = self._sandbox = _Sandbox(process, parent, workdir)
         first = bridge.frame({"op": "init", "helpers": sorted(self.helpers),
                               "memory_mb": self.memory_mb,
                               "isolate_network": self.isolate_network})
@@ -177,25 +182,16 @@ class SandboxREPL:
             # than the event loop's transport, which sends a socket buffer per turn.
             parent.settimeout(60)
             await asyncio.to_thread(_send_all, parent, first, self._pickled)
-        except OSError as exc:
-            process.kill()
-            await asyncio.to_thread(process.wait)
-            parent.close()
-            shutil.rmtree(workdir, ignore_errors=True)
-            raise SandboxError(f"the sandbox process did not take its context: {exc}") \
-                from None
-        reader, writer = await asyncio.open_unix_connection(sock=parent, limit=2**20)
-        sandbox = self._sandbox = _Sandbox(process, reader, writer, workdir)
-        try:
+            sandbox.reader, sandbox.writer = await asyncio.open_unix_connection(sock=parent)
             ready = await self._read(sandbox)
             if ready.get("op") == "fatal":
                 raise SandboxError(str(ready.get("error"))[:500])
             if ready.get("op") != "ready":
                 raise bridge.BridgeError(f"expected 'ready', got {ready.get('op')!r}")
-        except BaseException as exc:
+        except BaseException as exc:  # cancelled too: no process or folder is left behind
             sandbox.dead = "failed to start"
             await sandbox.end()
-            if isinstance(exc, (bridge.BridgeError, EOFError, ConnectionError,
+            if isinstance(exc, (bridge.BridgeError, EOFError, OSError,
                                 asyncio.IncompleteReadError)):
                 raise SandboxError(f"the sandbox process did not start: {exc}") from None
             raise
@@ -392,7 +388,6 @@ class SandboxREPL:
     def _lost_note(self, sandbox: _Sandbox | None) -> str:
         if sandbox is None or not sandbox.dead:
             return ""
-        self.restarts += 1
         return ("\nThe sandbox was restarted for your next step: every variable you made "
                 "is lost; `context` and the helpers are there again.")
 

@@ -163,7 +163,7 @@ class Run:
             raise ValueError(f"sandbox must be 'process' or 'none', got {self.sandbox!r}")
         self.own_sub_calls = 0
         self.result = RLMResult(query=query, model=self.model, sub_model=self.sub_model,
-                                depth=depth)
+                                depth=depth, sandbox=self.sandbox)
 
     @property
     def client(self) -> LLMClient:
@@ -214,7 +214,6 @@ class Run:
     async def _close_repl(self, result: RLMResult, preexisting: set[str]) -> None:
         """Close the REPL, keeping the model's variables whatever ended the run:
         answers already paid for stay reachable as result.variables."""
-        result.sandbox = self.sandbox
         result.network_isolated = getattr(self.repl, "network_isolated", None)
         try:
             variables = await self.repl.variables()

@@ -189,6 +189,18 @@ async def test_a_context_that_cannot_be_pickled_fails_the_run_in_one_line(rlm, s
     assert root_requests(server) == []  # it failed before any model was paid
 
 
+class Document:  # the worker cannot import this module: like a class made in a notebook
+    text = "hi"
+
+
+async def test_a_context_the_sandbox_cannot_unpickle_fails_the_run_in_one_line(rlm, server):
+    server.script("root-model", [repl("print(context)"), "FINAL(ok)"])
+    result = await rlm.arun("q", context=Document())
+    assert result.stop_reason == "error" and "\n" not in result.error
+    assert "could not be unpickled in the sandbox" in result.error
+    assert "--no-sandbox" in result.error
+
+
 # -- the kernel survives whatever the code does ----------------------------------------
 
 @pytest.mark.parametrize("code, reason", [

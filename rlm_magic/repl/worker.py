@@ -109,7 +109,9 @@ class Worker:
             context = pickle.loads(body) if kind == bridge.PICKLE else None
         except Exception as exc:  # noqa: BLE001 - reported to the kernel, which fails the run
             self.send({"op": "fatal", "error": f"the context could not be unpickled in the "
-                                               f"sandbox: {type(exc).__name__}: {exc}"})
+                                               f"sandbox: {type(exc).__name__}: {exc} (a class "
+                                               "defined in the notebook cannot cross); run "
+                                               "with --no-sandbox (RLM.sandbox = 'none')"})
             raise SystemExit(1)
         del body
         self.helper_names = set(init["helpers"])

@@ -138,6 +138,13 @@ async def test_helper_arguments_json_cannot_carry_arrive_as_in_process(rlm, serv
     assert outputs(result)[0] == "['echo: a', 'echo: b']\n['echo: c']\necho: a note"
 
 
+async def test_any_text_the_code_prints_crosses_the_bridge(rlm, server):
+    server.script("root-model", [repl("print('caf\u00e9 \u6f22\u5b57', '\\ud800' == '\\ud800')\n"
+                                      "print('\\ud800')"), "FINAL(ok)"])
+    result = await rlm.arun("q", context="c")
+    assert outputs(result)[0].startswith("caf\u00e9 \u6f22\u5b57 True\n")
+
+
 async def test_final_var_answer_and_show_vars_work_across_the_bridge(rlm, server):
     server.script("root-model", [
         repl("nums = [1, 2, 3]\nSHOW_VARS()"), "FINAL_VAR(missing)", "FINAL_VAR(nums)"])

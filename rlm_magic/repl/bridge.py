@@ -26,7 +26,11 @@ class BridgeError(Exception):
 
 
 def frame(message: dict) -> bytes:
-    body = json.dumps(message, ensure_ascii=False, default=_plain).encode("utf-8")
+    text = json.dumps(message, ensure_ascii=False, default=_plain)
+    try:
+        body = text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate (model code may print one): escape it
+        body = json.dumps(message, default=_plain).encode("ascii")
     return HEADER.pack(JSON, len(body)) + body
 
 

@@ -109,8 +109,8 @@ class Worker:
             context = pickle.loads(body) if kind == bridge.PICKLE else None
         except Exception as exc:  # noqa: BLE001 - reported to the kernel, which fails the run
             self.send({"op": "fatal", "error": f"the context could not be unpickled in the "
-                                               f"sandbox: {type(exc).__name__}: {exc} (a class "
-                                               "defined in the notebook cannot cross); run "
+                                               f"sandbox: {type(exc).__name__}: {exc} (classes "
+                                               "defined in a notebook cannot cross); run "
                                                "with --no-sandbox (RLM.sandbox = 'none')"})
             raise SystemExit(1)
         del body
@@ -123,8 +123,7 @@ class Worker:
                           "answer": {"content": "", "ready": False},
                           "SHOW_VARS": functools.partial(show_vars, namespace)})
         install_helpers(namespace, sorted(self.helper_names), self.submit)
-        self.send({"op": "ready", "network_isolated": isolated, "network_note": why,
-                   "pid": os.getpid()})
+        self.send({"op": "ready", "network_isolated": isolated, "network_note": why})
 
     # -- helper calls ------------------------------------------------------------------------
     def submit(self, name: str, args: tuple, kwargs: dict) -> concurrent.futures.Future:

@@ -49,6 +49,7 @@ async def test_model_code_runs_in_a_process_of_its_own_that_keeps_its_namespace(
     assert result.success and result.final_answer == "42"
     assert outputs(result)[1] == "True 42"
     assert result.sandbox == "process" and result.variables["pid"] != os.getpid()
+    assert gone(result.variables["pid"])  # closed with its run
 
 
 async def test_the_sandbox_process_ends_with_its_run_however_it_ends(rlm, server):

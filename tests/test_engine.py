@@ -530,6 +530,19 @@ async def test_threads_the_model_started_stop_with_their_step(server, repl_kind)
     assert len(from_step_one) <= 12, len(from_step_one)
 
 
+async def test_a_thread_pool_made_in_one_step_serves_the_next(rlm, server, repl_kind):
+    rlm.sandbox = repl_kind
+    server.script("root-model", [
+        repl("import concurrent.futures\npool = concurrent.futures.ThreadPoolExecutor(2)\n"
+             "print(pool.submit(llm_query, 'one').result())"),
+        repl("jobs = [pool.submit(lambda p: print(llm_query(p)), p) for p in ('two', 'three')]\n"
+             "concurrent.futures.wait(jobs)\npool.shutdown()"), "FINAL(ok)"])
+    result = await rlm.arun("q", context="c")
+    first, second = (it.code[0].output for it in result.trajectory[:2])
+    assert first == "echo: one"
+    assert sorted(second.splitlines()) == ["echo: three", "echo: two"]
+
+
 async def test_a_budget_that_cannot_see_some_costs_says_so(server):
     rlm = make_rlm(server, max_cost_usd=1.0)  # root-model and sub-model have no price
     server.script("root-model", [repl("x = 1"), "FINAL(ok)"])

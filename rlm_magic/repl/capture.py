@@ -21,7 +21,7 @@ import io
 import sys
 import threading
 
-_target: contextvars.ContextVar[io.StringIO | None] = contextvars.ContextVar(
+_target: contextvars.ContextVar[io.TextIOBase | None] = contextvars.ContextVar(
     "rlm_capture_target", default=None)
 _lock = threading.Lock()
 _active = 0
@@ -94,8 +94,23 @@ def routing_installed():
                 _saved = ()
 
 
+class OutputSink(io.TextIOBase):
+    """A REPL's output: the buffer of its running step. Threads the model's code starts
+    keep the sink they were started under, not one step's buffer, so a thread pool made
+    in one step prints into the later steps that use it."""
+
+    def __init__(self):
+        self.buffer: io.StringIO | None = None
+
+    def write(self, text):
+        buffer = self.buffer
+        if buffer is not None:
+            buffer.write(text)
+        return len(text)
+
+
 @contextlib.contextmanager
-def captured_into(buffer: io.StringIO):
+def captured_into(buffer: io.TextIOBase):
     """Within this context (and tasks/threads started from it) output goes to buffer."""
     token = _target.set(buffer)
     try:

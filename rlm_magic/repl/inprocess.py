@@ -25,7 +25,7 @@ import threading
 import time
 from typing import Any, Awaitable, Callable
 
-from .capture import routing_installed
+from .capture import OutputSink, routing_installed
 from .steps import (
     StepInterrupted,
     StepOutput,
@@ -81,6 +81,7 @@ class AsyncREPL:
         self._current: _Step | None = None
         self._closed = False
         self.last_output: StepOutput | None = None
+        self._sink = OutputSink()
         install_helpers(namespace, list(helpers), self._submit_call,
                         refuse=lambda: _on_loop_thread(self.loop), templates=helpers)
         self._helpers = helpers
@@ -163,7 +164,7 @@ class AsyncREPL:
             with self._lock:
                 self._threads[ident] = step
                 step.threads.add(threading.current_thread())
-            execute_step(compiled, self.namespace, output, buffer)
+            execute_step(compiled, self.namespace, output, buffer, self._sink)
         except StepInterrupted:
             pass  # a kill landing just outside the model's code
         finally:

@@ -284,7 +284,7 @@ class SandboxREPL:
         if not (isinstance(call_id, int) and name in self.helpers and isinstance(args, list)
                 and isinstance(kwargs, dict)):
             raise bridge.BridgeError("a malformed helper call")
-        if self._closed or message.get("step") != self._step:
+        if self._closed or self._step is None or message.get("step") != self._step:
             # A stopped step (or a thread outliving it) sends nothing more to a model.
             self._send(sandbox, {"op": "result", "id": call_id, "stopped": True})
             return

@@ -20,7 +20,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .capture import captured_into
+from .capture import OutputSink, captured_into
 
 ASYNC_TABLE = "__rlm_async__"
 _LAST_VALUE = "__rlm_last__"
@@ -192,10 +192,12 @@ def prepare_step(code: str, helper_names: set[str], filename: str, output: StepO
 
 
 def execute_step(compiled, namespace: dict[str, Any], output: StepOutput,
-                 buffer: io.StringIO) -> None:
+                 buffer: io.StringIO, sink: OutputSink) -> None:
     """Run a compiled block in ``namespace`` on this thread, its output captured into
-    ``buffer``: errors, the last value and a stop all land in ``output``."""
-    with captured_into(buffer):
+    ``buffer`` through the REPL's ``sink``: errors, the last value and a stop all land
+    in ``output``."""
+    sink.buffer = buffer
+    with captured_into(sink):
         try:
             result = eval(compiled, namespace)  # noqa: S307 - by design
             if inspect.iscoroutine(result):

@@ -43,7 +43,7 @@ import socket  # noqa: E402
 import threading  # noqa: E402
 
 from rlm_magic.repl import bridge  # noqa: E402
-from rlm_magic.repl.capture import routing_installed  # noqa: E402
+from rlm_magic.repl.capture import OutputSink, routing_installed  # noqa: E402
 from rlm_magic.repl.steps import (  # noqa: E402
     StepInterrupted,
     StepOutput,
@@ -78,6 +78,10 @@ class Worker:
         self.calls_lock = threading.Lock()
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.running = False  # SIGINT raises only while a step runs
+        self.current_step: int | None = None
+        self.stopped_steps: set[int] = set()
+        self.stop_requested = False
+        self.sink = OutputSink()
         self.namespace: dict = {}
         self.helper_names: set[str] = set()
 
@@ -131,7 +135,12 @@ class Worker:
         with self.calls_lock:
             call_id = next(self.call_ids)
             self.calls[call_id] = future
-        self.send({"op": "call", "id": call_id, "step": _step.get(), "name": name,
+        # A thread of a finished step (a thread pool made earlier) works for the running
+        # step, as in-process; one of a stopped step stays with it, and is refused.
+        step = _step.get()
+        if step not in self.stopped_steps:
+            step = self.current_step
+        self.send({"op": "call", "id": call_id, "step": step, "name": name,
                    "args": list(args), "kwargs": kwargs})
         return future
 
@@ -178,17 +187,21 @@ class Worker:
         output, buffer = StepOutput(code=message["code"]), io.StringIO()
         compiled = prepare_step(output.code, self.helper_names, step_filename(step_id), output)
         token = _step.set(step_id)
+        self.current_step, self.stop_requested = step_id, False
         try:
             try:
                 self.running = True
                 if compiled is not None:
-                    execute_step(compiled, self.namespace, output, buffer)
+                    execute_step(compiled, self.namespace, output, buffer, self.sink)
             finally:
                 self.running = False
         except (KeyboardInterrupt, StepInterrupted):
             output.error = "KeyboardInterrupt: the step was stopped"
         finally:
             _step.reset(token)
+            self.current_step = None
+            if self.stop_requested:
+                self.stopped_steps.add(step_id)
         keep = limit + _CUT_MARGIN
         parts = {"stdout": buffer.getvalue(), "value": output.value, "error": output.error}
         dropped = sum(len(text) - keep for text in parts.values() if text and len(text) > keep)
@@ -252,6 +265,7 @@ def limit_memory(megabytes) -> None:
 def _on_sigint(worker: Worker):
     def handler(signum, frame):
         if worker.running:
+            worker.stop_requested = True
             raise KeyboardInterrupt
     return handler
 

@@ -50,11 +50,11 @@ async def start_up(context) -> float:
     return elapsed
 
 
-async def step_cost(repl, steps: int = 300) -> float:
+async def step_cost(repl, code: str, steps: int = 300) -> float:
     times = []
     for _ in range(steps):
         started = time.perf_counter()
-        output = await repl.run("x = 1")
+        output = await repl.run(code)
         times.append(time.perf_counter() - started)
         assert output.error is None, output.error
     return statistics.median(times)
@@ -105,12 +105,16 @@ async def main() -> None:
     sandboxed = SandboxREPL("c", HELPERS)
     await sandboxed.start()
     in_process = AsyncREPL({"__builtins__": repl_builtins()}, HELPERS)
-    remote, local = await step_cost(sandboxed), await step_cost(in_process)
+    for name, code in (("trivial step", "x = 1"),
+                       ("step with one llm_query and 20 kB printed",
+                        "print(llm_query('a') * 2000)")):
+        remote = await step_cost(sandboxed, code)
+        local = await step_cost(in_process, code)
+        row(f"{name}: sandbox / in-process",
+            f"{remote * 1000:.2f} ms / {local * 1000:.2f} ms", "")
+        row(f"{name}: per-step overhead", f"{(remote - local) * 1000:.2f} ms", "<= 20 ms")
     await sandboxed.aclose()
     in_process.close()
-    row("trivial step, sandbox", f"{remote * 1000:.2f} ms", "")
-    row("trivial step, in-process", f"{local * 1000:.2f} ms", "")
-    row("per-step overhead", f"{(remote - local) * 1000:.2f} ms", "<= 20 ms")
 
     big = "y" * 100_000_000
     transfers = []

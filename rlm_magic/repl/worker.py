@@ -163,7 +163,8 @@ class Worker:
                 else:
                     self.inbox.put(message)
         except BaseException:  # noqa: BLE001 - the kernel left or broke the protocol
-            os._exit(0)
+            # Take the processes the model's code started along (our process group).
+            os.killpg(0, signal.SIGKILL)
 
     # -- requests on the main thread --------------------------------------------------------
     def serve(self) -> None:

@@ -146,6 +146,13 @@ async def test_any_text_the_code_prints_crosses_the_bridge(rlm, server):
     assert outputs(result)[0].startswith("caf\u00e9 \u6f22\u5b57 True\n")
 
 
+async def test_a_helper_called_with_wrong_arguments_raises_type_error_in_the_code(rlm, server):
+    server.script("root-model", [repl("try:\n    llm_query()\nexcept TypeError as e:\n"
+                                      "    print('TypeError', 'prompt' in str(e))"), "FINAL(ok)"])
+    result = await rlm.arun("q", context="c")
+    assert outputs(result)[0] == "TypeError True"
+
+
 async def test_final_var_answer_and_show_vars_work_across_the_bridge(rlm, server):
     server.script("root-model", [
         repl("nums = [1, 2, 3]\nSHOW_VARS()"), "FINAL_VAR(missing)", "FINAL_VAR(nums)"])

@@ -290,8 +290,9 @@ class SandboxREPL:
             return
         try:
             coroutine = self.helpers[name](*args, **kwargs)
-        except TypeError as exc:
-            self._send(sandbox, {"op": "result", "id": call_id, "error": str(exc)})
+        except TypeError as exc:  # wrong arguments: raised in the model's code, as in-process
+            self._send(sandbox, {"op": "result", "id": call_id, "error": str(exc),
+                                 "type": "TypeError"})
             return
         task = self.loop.create_task(coroutine)
         self._calls.add(task)

@@ -157,7 +157,8 @@ class Worker:
                     if message.get("stopped"):
                         future.set_exception(StepInterrupted("stopped"))
                     elif "error" in message:
-                        future.set_exception(TypeError(message["error"]))
+                        kind = TypeError if message.get("type") == "TypeError" else RuntimeError
+                        future.set_exception(kind(message["error"]))
                     else:
                         future.set_result(message.get("value"))
                 else:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 import time
@@ -311,6 +312,21 @@ async def test_the_sandbox_has_no_network(rlm, server):
     result = await rlm.arun("q", context="c")
     assert outputs(result)[0] in ("ConnectionRefusedError", "OSError")
     assert result.network_isolated is True and result.to_dict()["network_isolated"] is True
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
+                    reason="needs root to become an unprivileged user")
+def test_an_unprivileged_user_gets_a_network_namespace_too_where_the_os_allows():
+    probe = ("import sys; sys.path.insert(0, sys.argv[1]); import worker, socket\n"
+             "isolated, why = worker.isolate_network()\n"
+             "try:\n    socket.create_connection(('127.0.0.1', 9), timeout=2)\n"
+             "except OSError as e:\n    print(isolated, why, e.errno)")
+    done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                           sys.executable, "-c", probe, os.path.dirname(sandbox_module.__file__)],
+                          capture_output=True, text=True, timeout=30)
+    if "unshare() refused" in done.stdout:
+        pytest.skip(f"no unprivileged user namespaces here: {done.stdout.strip()}")
+    assert done.stdout.split() == ["True", "101"], done.stdout + done.stderr  # ENETUNREACH
 
 
 async def test_without_network_isolation_the_result_says_so_and_a_warning_says_it_once(

@@ -100,6 +100,14 @@ class RLMConfig(Configurable):
                                  "formatted with {context_type}, {context_length}, "
                                  "{context_preview}, {max_depth}.").tag(config=True)
 
+    # -- where the model's code runs ------------------------------------------------------
+    sandbox = Unicode(help="Where the model's code runs: 'process' (a sandbox process per "
+                           "run, served over a bridge; the default on Linux and macOS) or "
+                           "'none' (threads of this kernel; the default on Windows)."
+                      ).tag(config=True)
+    sandbox_memory_mb = Int(4096, help="Address-space limit of a sandbox process, in "
+                                       "MB.").tag(config=True)
+
     @default("model")
     def _default_model(self):
         return os.environ.get("RLM_MODEL") or "gpt-4o-mini"
@@ -107,6 +115,10 @@ class RLMConfig(Configurable):
     @default("sub_model")
     def _default_sub_model(self):
         return os.environ.get("RLM_SUB_MODEL", "")
+
+    @default("sandbox")
+    def _default_sandbox(self):
+        return "process" if os.name == "posix" else "none"  # it needs fork and fd passing
 
     @default("cache_dir")
     def _default_cache_dir(self):
@@ -153,6 +165,15 @@ class RLMConfig(Configurable):
     _check_retries = validate("max_retries", "max_depth", "max_sub_calls")(_at_least(0))
     _check_backoff = validate("retry_backoff")(_at_least(0))
     _check_counts = validate("max_tokens", "max_iterations", "max_output_chars")(_at_least(1))
+    _check_sandbox_memory = validate("sandbox_memory_mb")(_at_least(256))
+
+    @validate("sandbox")
+    def _check_sandbox(self, proposal):
+        value = proposal["value"].strip().lower()
+        if value not in ("process", "none"):
+            raise TraitError(f"RLM.sandbox must be 'process' or 'none', got "
+                             f"{proposal['value']!r}")
+        return value
 
     @validate("rpm", "tpm")
     def _check_rate(self, proposal):

@@ -34,6 +34,12 @@ def last_feedback(server) -> str:
     return root_requests(server)[-1]["messages"][-1]["content"]
 
 
+@pytest.fixture(params=["process", "none"])
+def repl_kind(request) -> str:
+    """Run a REPL behaviour test in both REPLs: the sandbox process and kernel threads."""
+    return request.param
+
+
 # -- finishing -----------------------------------------------------------------------
 
 async def test_final_on_its_own_line_ends_the_run(rlm, server):
@@ -83,7 +89,8 @@ async def test_multiline_final(rlm, server):
 
 # -- the REPL ------------------------------------------------------------------------
 
-async def test_code_output_errors_and_last_value_go_back_to_the_model(rlm, server):
+async def test_code_output_errors_and_last_value_go_back_to_the_model(rlm, server, repl_kind):
+    rlm.sandbox = repl_kind
     server.script("root-model", [repl("print('hello')\n1 + 1"), repl("1/0"), "FINAL(done)"])
     result = await rlm.arun("q", context="c")
     first, second = (it.code[0].output for it in result.trajectory[:2])
@@ -100,8 +107,8 @@ async def test_python_fences_run_too_and_state_persists(rlm, server):
     assert result.trajectory[1].code[0].output == "9"
 
 
-async def test_long_output_is_cut_with_a_note(server):
-    rlm = make_rlm(server, max_output_chars=100)
+async def test_long_output_is_cut_with_a_note(server, repl_kind):
+    rlm = make_rlm(server, max_output_chars=100, sandbox=repl_kind)
     server.script("root-model", [repl("print('x' * 5000)"), "FINAL(ok)"])
     result = await rlm.arun("q", context="c")
     seen = result.trajectory[0].code[0].output
@@ -121,7 +128,8 @@ async def test_long_output_is_cut_with_a_note(server):
     ("comprehension", "answers = [a for batch in [llm_query_batch([f'q{i}' for i in range(8)])]"
                       " for a in batch]"),
 ])
-async def test_batches_run_concurrently_in_every_style(rlm, server, style, code):
+async def test_batches_run_concurrently_in_every_style(rlm, server, style, code, repl_kind):
+    rlm.sandbox = repl_kind
     server.model_latency = {"sub-model": 0.4}
     server.script("root-model", [repl(code + "\nprint(len(answers), answers[0])"), "FINAL(ok)"])
     result = await rlm.arun("q", context="c")
@@ -130,7 +138,8 @@ async def test_batches_run_concurrently_in_every_style(rlm, server, style, code)
     assert result.trajectory[0].code[0].elapsed_s < 8 * 0.4, style
 
 
-async def test_blocking_model_code_does_not_block_the_loop(rlm, server):
+async def test_blocking_model_code_does_not_block_the_loop(rlm, server, repl_kind):
+    rlm.sandbox = repl_kind
     server.script("root-model", [repl("import time\ntime.sleep(0.5)"), "FINAL(ok)"])
     ticks = 0
 
@@ -273,8 +282,8 @@ async def test_sub_calls_past_the_budget_send_nothing(server):
     assert result.stop_reason == "budget"
 
 
-async def test_a_step_past_step_timeout_is_stopped_and_the_model_told(server):
-    rlm = make_rlm(server, step_timeout=0.5)
+async def test_a_step_past_step_timeout_is_stopped_and_the_model_told(server, repl_kind):
+    rlm = make_rlm(server, step_timeout=0.5, sandbox=repl_kind)
     server.script("root-model", [repl("print('started')\nwhile True:\n    pass"), "FINAL(ok)"])
     started = time.perf_counter()
     result = await rlm.arun("q", context="c")
@@ -294,18 +303,24 @@ async def test_a_failing_root_model_fails_the_run_cleanly(server):
 
 # -- isolation, concurrency, secrets --------------------------------------------------
 
-async def test_each_run_has_a_fresh_namespace_and_the_context_is_not_copied(rlm, server):
-    big = "x" * 1_000_000
-    server.script("root-model", [repl("import builtins\nseen_id = id(context)\nprint(seen_id)"),
-                                 "FINAL(ok)"])
-    result = await rlm.arun("q", context=big)
-    assert result.trajectory[0].code[0].output == str(id(big))
-    server.script("root-model", [repl("print('seen_id' in dir())"), "FINAL(ok)"])
-    again = await rlm.arun("q", context=big)
+@pytest.mark.parametrize("sandbox", ["process", "none"])
+async def test_each_run_has_a_fresh_namespace(rlm, server, sandbox):
+    server.script("root-model", [repl("seen = 1"), "FINAL(ok)"])
+    await rlm.arun("q", context="c", sandbox=sandbox)
+    server.script("root-model", [repl("print('seen' in dir())"), "FINAL(ok)"])
+    again = await rlm.arun("q", context="c", sandbox=sandbox)
     assert again.trajectory[0].code[0].output == "False"
 
 
-async def test_concurrent_runs_on_one_rlm_do_not_mix_output_or_state(rlm, server):
+async def test_in_process_the_context_is_not_copied(rlm, server):
+    big = "x" * 1_000_000
+    server.script("root-model", [repl("print(id(context))"), "FINAL(ok)"])
+    result = await rlm.arun("q", context=big, sandbox="none")
+    assert result.trajectory[0].code[0].output == str(id(big))
+
+
+async def test_concurrent_runs_on_one_rlm_do_not_mix_output_or_state(rlm, server, repl_kind):
+    rlm.sandbox = repl_kind
     def root(body):
         turn = sum(1 for m in body["messages"] if m["role"] == "assistant")
         tag = body["messages"][1]["content"].split()[1]
@@ -322,7 +337,8 @@ async def test_concurrent_runs_on_one_rlm_do_not_mix_output_or_state(rlm, server
         assert lines == [f"run{i} {n}" for n in range(50)]
 
 
-async def test_secrets_never_reach_the_model(rlm, server, monkeypatch):
+async def test_secrets_never_reach_the_model(rlm, server, monkeypatch, repl_kind):
+    rlm.sandbox = repl_kind
     monkeypatch.setenv("MY_SERVICE_TOKEN", "tok-very-secret-123")
     rlm.api_key = "sk-configured-key-456"
     context = "log line: auth tok-very-secret-123 and sk-configured-key-456 end"
@@ -393,8 +409,8 @@ async def test_show_vars_lists_the_models_variables(rlm, server):
 
 # -- what the review found: stopped steps stay stopped, nothing is lost ------------------
 
-async def test_a_stopped_step_sends_nothing_more_even_if_it_swallows_the_stop(server):
-    rlm = make_rlm(server, step_timeout=0.5)
+async def test_a_stopped_step_sends_nothing_more_even_if_it_swallows_the_stop(server, repl_kind):
+    rlm = make_rlm(server, step_timeout=0.5, sandbox=repl_kind)
     server.script("root-model", [
         repl("import time\nwhile True:\n    try:\n        time.sleep(0.05)\n"
              "        llm_query('zombie')\n    except:\n        pass"),
@@ -407,8 +423,8 @@ async def test_a_stopped_step_sends_nothing_more_even_if_it_swallows_the_stop(se
     assert len(sub_requests(server)) == sent
 
 
-async def test_the_models_variables_survive_a_failed_run(server):
-    rlm = make_rlm(server, max_retries=0)
+async def test_the_models_variables_survive_a_failed_run(server, repl_kind):
+    rlm = make_rlm(server, max_retries=0, sandbox=repl_kind)
     server.script("root-model", [repl("answers = llm_query_batch(['a', 'b'])")])
     server.fail("401", times=5, model="root-model", after=1)  # the second turn fails
     result = await rlm.arun("q", context="c")
@@ -417,7 +433,8 @@ async def test_the_models_variables_survive_a_failed_run(server):
     assert result.to_dict()["variables"] == {"answers": "list"}
 
 
-async def test_an_interrupted_step_keeps_its_output_in_the_trajectory(rlm, server):
+async def test_an_interrupted_step_keeps_its_output_in_the_trajectory(rlm, server, repl_kind):
+    rlm.sandbox = repl_kind
     server.script("root-model", [repl("print('before the wait')\nllm_query('started')\n"
                                       "import time\ntime.sleep(30)")])
     run = rlm.start("q", context="c")
@@ -478,7 +495,8 @@ def test_final_ends_at_the_first_line_that_closes_it():
     assert find_final("FINAL(a) one\nb) two)").value == "a) one\nb) two"
 
 
-async def test_thread_pool_code_in_the_models_hands_works_concurrently(rlm, server):
+async def test_thread_pool_code_in_the_models_hands_works_concurrently(rlm, server, repl_kind):
+    rlm.sandbox = repl_kind
     server.model_latency = {"sub-model": 0.3}
     server.script("root-model", [repl(
         "import concurrent.futures\n"
@@ -493,8 +511,8 @@ async def test_thread_pool_code_in_the_models_hands_works_concurrently(rlm, serv
     assert server.peak_in_flight == 4
 
 
-async def test_threads_the_model_started_stop_with_their_step(server):
-    rlm = make_rlm(server, step_timeout=0.5)
+async def test_threads_the_model_started_stop_with_their_step(server, repl_kind):
+    rlm = make_rlm(server, step_timeout=0.5, sandbox=repl_kind)
     server.model_latency = {"sub-model": 0.05}
     server.script("root-model", [
         repl("import concurrent.futures, time\n"
@@ -512,9 +530,36 @@ async def test_threads_the_model_started_stop_with_their_step(server):
     assert len(from_step_one) <= 12, len(from_step_one)
 
 
+async def test_a_thread_pool_made_in_one_step_serves_the_next(rlm, server, repl_kind):
+    rlm.sandbox = repl_kind
+    server.script("root-model", [
+        repl("import concurrent.futures\npool = concurrent.futures.ThreadPoolExecutor(2)\n"
+             "print(pool.submit(llm_query, 'one').result())"),
+        repl("jobs = [pool.submit(lambda p: print(llm_query(p)), p) for p in ('two', 'three')]\n"
+             "concurrent.futures.wait(jobs)\npool.shutdown()"), "FINAL(ok)"])
+    result = await rlm.arun("q", context="c")
+    first, second = (it.code[0].output for it in result.trajectory[:2])
+    assert first == "echo: one"
+    assert sorted(second.splitlines()) == ["echo: three", "echo: two"]
+
+
 async def test_a_budget_that_cannot_see_some_costs_says_so(server):
     rlm = make_rlm(server, max_cost_usd=1.0)  # root-model and sub-model have no price
     server.script("root-model", [repl("x = 1"), "FINAL(ok)"])
     with pytest.warns(RuntimeWarning, match="no price for openai/root-model"):
         result = await rlm.arun("q", context="c")
     assert result.success
+
+
+async def test_threads_the_model_starts_print_to_the_model_not_the_cell(rlm, server, capsys, repl_kind):
+    rlm.sandbox = repl_kind
+    server.script("root-model", [repl(
+        "import threading\n"
+        "t = threading.Thread(target=lambda: print('from a thread'))\n"
+        "t.start(); t.join()\n"
+        "import concurrent.futures\n"
+        "with concurrent.futures.ThreadPoolExecutor(2) as pool:\n"
+        "    pool.submit(print, 'from a pool')"), "FINAL(ok)"])
+    result = await rlm.arun("q", context="c")
+    assert result.trajectory[0].code[0].output == "from a thread\nfrom a pool"
+    assert "from a" not in capsys.readouterr().out

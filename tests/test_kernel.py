@@ -406,11 +406,39 @@ def test_interrupt_rlm_blocking_step(rlm_kernel, server):
         time.sleep(0.3)
         return True
 
-    usage = interrupt_and_check(rlm_kernel, server, "c: %%rlm, blocking step",
-                                "%%rlm -c data\nWhat is in the data?", ready_and_sleeping)
+    usage = interrupt_and_check(rlm_kernel, server, "c: %%rlm --no-sandbox, blocking step",
+                                "%%rlm --no-sandbox -c data\nWhat is in the data?",
+                                ready_and_sleeping)
     assert usage["calls"] == 2 and usage["errors"] == 0, usage
     assert rlm_kernel.value("_rlm.stop_reason, _rlm.success") == ("interrupted", False)
     assert rlm_kernel.value("len(_rlm.trajectory)") == 1
+
+
+@pytest.mark.parametrize("label, code", [
+    ("f: %%rlm --sandbox, sleeping step", "time.sleep(30)"),
+    ("g: %%rlm --sandbox, step ignoring SIGINT",
+     "signal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass")])
+def test_interrupt_a_sandboxed_step(rlm_kernel, server, label, code):
+    # SIGINT stops a step that takes it (its namespace is kept until the run closes);
+    # one that ignores it is killed after the grace period. Either way within 1 s.
+    server.script(ROOT, ["```repl\nimport os, signal, time\nprint(llm_query(str(os.getpid())))"
+                         f"\n{code}\n```"])
+    rlm_kernel.run("data = 'some context'")
+
+    def ready_and_running(msg_id):
+        if len(server.requests_for(SUB)) < 1:
+            return False
+        time.sleep(0.3)  # past the sub-call, into the step's last statement
+        return True
+
+    usage = interrupt_and_check(rlm_kernel, server, label,
+                                "%%rlm --sandbox -c data\nWhat is in the data?",
+                                ready_and_running)
+    assert usage["calls"] == 2, usage
+    pid = int(server.requests_for(SUB)[-1]["messages"][-1]["content"])
+    assert rlm_kernel.value("_rlm.sandbox, _rlm.stop_reason") == ("process", "interrupted")
+    assert rlm_kernel.value(f"import os\ntry:\n    os.kill({pid}, 0)\nexcept "
+                            "ProcessLookupError:\n    _gone = True\n_gone") is True
 
 
 def test_interrupt_rlm_step_awaiting_batch(rlm_kernel, server):

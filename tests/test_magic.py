@@ -6,6 +6,7 @@ kernel; ``run_cell`` re-raises a cell's error so a failing cell fails its test.
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -134,6 +135,8 @@ def test_ipython_config_file_settings_apply():
     ("max_cost_usd", 0.5, -1.0, ">= 0"),
     ("step_timeout", 1.0, -1.0, "> 0"),
     ("max_output_chars", 10, 0, ">= 1"),
+    ("sandbox", "process", "docker", "'process' or 'none'"),
+    ("sandbox_memory_mb", 256, 100, ">= 256"),
 ])
 def test_every_trait_validates(name, good, bad, message):
     rlm = rlm_magic.RLM()
@@ -211,6 +214,26 @@ async def test_live_runs_in_the_notebook_namespace_and_restores_helpers(shell, s
     assert inspect.iscoroutinefunction(shell.user_ns["llm_query"])
 
 
+@pytest.mark.parametrize("option, default, where", [
+    ("--sandbox", "none", "process"), ("--no-sandbox", "process", "none"), ("", "none", "none"),
+    ("", "process", "process")])
+async def test_sandbox_options_choose_where_the_code_runs(shell, server, option, default,
+                                                          where):
+    session_rlm(shell).sandbox = default
+    server.script("root-model", [repl("import os\npid = os.getpid()"), "FINAL(ok)"])
+    await run_cell(shell, f"%%rlm -q {option}\nq")
+    result = shell.user_ns["_rlm"]
+    assert result.sandbox == where
+    assert (result.variables["pid"] == os.getpid()) == (where == "none")
+
+
+async def test_live_runs_in_process_even_when_sandboxing_is_the_default(shell, server):
+    session_rlm(shell).sandbox = "process"
+    server.script("root-model", [repl("made_here = 1"), "FINAL(ok)"])
+    await run_cell(shell, "%%rlm --live -q\nq")
+    assert shell.user_ns["made_here"] == 1 and shell.user_ns["_rlm"].sandbox == "none"
+
+
 async def test_quiet_suppresses_display(shell, server, capsys):
     server.script("root-model", ["FINAL(shown?)"])
     shown = []
@@ -246,6 +269,7 @@ async def test_a_failed_run_fails_the_cell_and_keeps_the_partial_result(shell, s
     ("%%rlm\nunmatched } brace", "literal braces"),
     ("%%rlm\n   \n", "needs a question"),
     ("%%rlm --model ''\nq", "--model needs a model name"),
+    ("%%rlm --live --sandbox\nq", "--live runs the model's code in the notebook's namespace"),
 ])
 async def test_bad_input_is_one_clear_line(shell, server, cell, message):
     with pytest.raises(UsageError) as caught:

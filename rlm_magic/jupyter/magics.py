@@ -41,6 +41,10 @@ class RLMMagics(Magics):
     @argument("--live", action="store_true",
               help="Run the model's code in the notebook's own namespace. It can then "
                    "read and change your variables: use only with code you would run.")
+    @argument("--sandbox", dest="sandbox", action="store_const", const="process",
+              help="Run the model's code in a sandbox process (default: RLM.sandbox).")
+    @argument("--no-sandbox", dest="sandbox", action="store_const", const="none",
+              help="Run the model's code in threads of this kernel.")
     @argument("-q", "--quiet", action="store_true", help="Do not display the result.")
     @argument("--no-interpolate", action="store_true",
               help="Send the query as written: no {variable} substitution.")
@@ -140,8 +144,12 @@ def _checked_options(args) -> dict[str, Any]:
     for flag, value in (("--model", args.model), ("--sub-model", args.sub_model)):
         if value is not None and not value.strip().strip("'\""):
             raise UsageError(f"{flag} needs a model name")
+    if args.live and args.sandbox == "process":
+        raise UsageError("--live runs the model's code in the notebook's namespace, so it "
+                         "cannot run in a sandbox: drop --sandbox or --live")
     return {"model": args.model, "sub_model": args.sub_model,
-            "max_iterations": args.max_iterations, "max_depth": args.max_depth}
+            "max_iterations": args.max_iterations, "max_depth": args.max_depth,
+            "sandbox": args.sandbox}
 
 
 def _resolve_variable(namespace: dict, dotted: str) -> Any:

@@ -6,20 +6,27 @@ replaced, while any run is active, by a router that writes to the buffer named b
 ``ContextVar``. Tasks and the REPL's worker threads inherit the context of the run
 that started them, so each run's prints land in its own buffer; everything else goes
 to the stream that was there before.
+
+Plain threads do not inherit a context before Python 3.14, so threads the model's code
+starts would print into the notebook cell. While routing is installed, a thread started
+from a capturing context runs in a copy of it (what 3.14's ``thread_inherit_context``
+does).
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import io
 import sys
 import threading
-from contextvars import ContextVar
 
-_target: ContextVar[io.StringIO | None] = ContextVar("rlm_capture_target", default=None)
+_target: contextvars.ContextVar[io.TextIOBase | None] = contextvars.ContextVar(
+    "rlm_capture_target", default=None)
 _lock = threading.Lock()
 _active = 0
 _saved: tuple = ()
+_thread_start = threading.Thread.start
 
 
 class _StreamRouter(io.TextIOBase):
@@ -59,6 +66,13 @@ class _StreamRouter(io.TextIOBase):
         return getattr(self._fallback, name)
 
 
+def _start_in_starters_context(thread: threading.Thread):
+    if _target.get() is not None:
+        context, run = contextvars.copy_context(), thread.run
+        thread.run = lambda: context.run(run)
+    return _thread_start(thread)
+
+
 @contextlib.contextmanager
 def routing_installed():
     """Keep the router in place while at least one run needs it."""
@@ -67,6 +81,7 @@ def routing_installed():
         if _active == 0:
             _saved = (sys.stdout, sys.stderr)
             sys.stdout, sys.stderr = _StreamRouter(sys.stdout), _StreamRouter(sys.stderr)
+            threading.Thread.start = _start_in_starters_context
         _active += 1
     try:
         yield
@@ -75,11 +90,27 @@ def routing_installed():
             _active -= 1
             if _active == 0:
                 sys.stdout, sys.stderr = _saved
+                threading.Thread.start = _thread_start
                 _saved = ()
 
 
+class OutputSink(io.TextIOBase):
+    """A REPL's output: the buffer of its running step. Threads the model's code starts
+    keep the sink they were started under, not one step's buffer, so a thread pool made
+    in one step prints into the later steps that use it."""
+
+    def __init__(self):
+        self.buffer: io.StringIO | None = None
+
+    def write(self, text):
+        buffer = self.buffer
+        if buffer is not None:
+            buffer.write(text)
+        return len(text)
+
+
 @contextlib.contextmanager
-def captured_into(buffer: io.StringIO):
+def captured_into(buffer: io.TextIOBase):
     """Within this context (and tasks/threads started from it) output goes to buffer."""
     token = _target.set(buffer)
     try:

@@ -9,6 +9,7 @@ holding all of its state, so several runs of one ``RLM`` may go on at once.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import time
 from dataclasses import dataclass
@@ -22,7 +23,9 @@ from ..llm.limiter import ConcurrencyLimiter
 from ..llm.messages import build_messages
 from ..llm.redaction import off_loop_if_large
 from ..llm.usage import SESSION_LEDGER, UsageLedger
-from ..repl.inprocess import AsyncREPL, repl_builtins
+from ..repl.inprocess import AsyncREPL
+from ..repl.sandbox import SandboxREPL
+from ..repl.steps import repl_builtins, show_vars
 from .prompts import (
     CONTINUE_PROMPT,
     ITERATION_LIMIT_PROMPT,
@@ -74,15 +77,17 @@ class RLM(RLMConfig):
     async def arun(self, query: str, context: Any = None, *, model: str | None = None,
                    sub_model: str | None = None, max_iterations: int | None = None,
                    max_depth: int | None = None,
-                   namespace: dict[str, Any] | None = None) -> RLMResult:
+                   namespace: dict[str, Any] | None = None,
+                   sandbox: str | None = None) -> RLMResult:
         """Answer ``query`` about ``context``; returns an ``RLMResult`` (check ``.success``).
 
         ``namespace``: run the REPL in this dict instead of a fresh one (what ``--live``
-        does with the notebook's namespace).
+        does with the notebook's namespace); such a run is never sandboxed.
+        ``sandbox``: "process" or "none" for this run (default: ``RLM.sandbox``).
         """
         return await self.start(query, context, model=model, sub_model=sub_model,
                                 max_iterations=max_iterations, max_depth=max_depth,
-                                namespace=namespace).execute()
+                                namespace=namespace, sandbox=sandbox).execute()
 
     def run(self, query: str, context: Any = None, **overrides) -> RLMResult:
         """Blocking ``arun``, for scripts. In a notebook, ``await rlm.arun(...)``."""
@@ -135,7 +140,7 @@ class Run:
     def __init__(self, rlm: RLM, query: str, context: Any = None, *,
                  model: str | None = None, sub_model: str | None = None,
                  max_iterations: int | None = None, max_depth: int | None = None,
-                 namespace: dict[str, Any] | None = None,
+                 namespace: dict[str, Any] | None = None, sandbox: str | None = None,
                  depth: int = 0, tree: RunTree | None = None):
         self.rlm = rlm
         self.id = next(_run_ids)
@@ -153,9 +158,12 @@ class Run:
         self.tree = tree or RunTree(UsageLedger(parent=rlm.client.ledger),
                                     rlm.max_sub_calls, rlm.max_cost_usd)
         self.namespace = namespace
+        self.sandbox = "none" if namespace is not None else (sandbox or rlm.sandbox)
+        if self.sandbox not in ("process", "none"):
+            raise ValueError(f"sandbox must be 'process' or 'none', got {self.sandbox!r}")
         self.own_sub_calls = 0
         self.result = RLMResult(query=query, model=self.model, sub_model=self.sub_model,
-                                depth=depth)
+                                depth=depth, sandbox=self.sandbox)
 
     @property
     def client(self) -> LLMClient:
@@ -171,12 +179,19 @@ class Run:
         saved, touched = {}, []
         preexisting = set(namespace) if live else set()  # the notebook's own variables
         try:
-            injected = self._repl_globals()
+            injected = self._repl_globals(namespace)
             touched = [*injected, *self._repl_helpers(), "__rlm_async__"]
             if live:
                 saved = {name: namespace[name] for name in touched if name in namespace}
-            namespace.update(injected)
-            self.repl = AsyncREPL(namespace, self._repl_helpers())
+            if self.sandbox == "process":
+                self.repl = SandboxREPL(self.context, self._repl_helpers(),
+                                        memory_mb=self.rlm.sandbox_memory_mb,
+                                        max_output_chars=self.max_output_chars,
+                                        secrets=(self.rlm.api_key,))
+                await self.repl.start()  # the process starts while the root model thinks
+            else:
+                namespace.update(injected)
+                self.repl = AsyncREPL(namespace, self._repl_helpers())
             await self._loop(result)
         except asyncio.CancelledError:
             result.stop_reason, result.error = "interrupted", "interrupted by the user"
@@ -185,12 +200,7 @@ class Run:
             result.stop_reason, result.error = "error", describe_exception(exc)
         finally:
             if hasattr(self, "repl"):
-                self.repl.close()  # threads of stopped steps may send nothing more
-                # The model's variables survive the run, whatever ended it: answers
-                # already paid for stay reachable as result.variables.
-                result.variables = {name: namespace[name]
-                                    for name in self._user_variables(namespace)
-                                    if name not in preexisting}
+                await self._close_repl(result, preexisting)
             if live:
                 for name in touched:
                     namespace.pop(name, None)
@@ -200,6 +210,17 @@ class Run:
             result.usage = self.tree.ledger.summary()
             result.elapsed_s = time.perf_counter() - started
         return result
+
+    async def _close_repl(self, result: RLMResult, preexisting: set[str]) -> None:
+        """Close the REPL, keeping the model's variables whatever ended the run:
+        answers already paid for stay reachable as result.variables."""
+        result.network_isolated = getattr(self.repl, "network_isolated", None)
+        try:
+            variables = await self.repl.variables()
+            result.variables = {name: value for name, value in variables.items()
+                                if name not in preexisting}
+        finally:
+            await self.repl.aclose()  # stopped steps may send nothing more
 
     async def _loop(self, result: RLMResult) -> None:
         messages = [{"role": "system", "content": self._system_prompt()},
@@ -227,7 +248,7 @@ class Run:
         reply = await self._ask_root(messages + [{"role": "user",
                                                   "content": ITERATION_LIMIT_PROMPT}])
         marker = find_final(reply)
-        answer = self._resolve_final(marker)[0] if marker else None
+        answer = (await self._resolve_final(marker))[0] if marker else None
         if answer is not None:
             result.final_answer, result.stop_reason = answer, "final"
         else:
@@ -257,16 +278,16 @@ class Run:
                                                     self.max_output_chars)
                 iteration.code.append(CodeRun(code, shown, partial.elapsed_s, error=True))
                 raise
-            seen = await self._as_model_sees_it(step.as_text())
+            seen = await self._as_model_sees_it(step.as_text(), step.dropped_chars)
             iteration.code.append(CodeRun(code, seen, step.elapsed_s,
                                           error=step.error is not None))
             outputs.append(f"Output of block {number}:\n{seen}")
-            ready = self._answer_ready()
+            ready = await self.repl.ready_answer()
             if ready is not None:
                 return "", ready
         marker = find_final(reply)
         if marker is not None:
-            answer, problem = self._resolve_final(marker)
+            answer, problem = await self._resolve_final(marker)
             if answer is not None:
                 return "", answer
             outputs.append(problem)
@@ -274,23 +295,16 @@ class Run:
             outputs.append("You wrote no ```repl code and gave no FINAL answer.")
         return "\n\n".join(outputs + [CONTINUE_PROMPT]), None
 
-    def _resolve_final(self, marker) -> tuple[str | None, str]:
+    async def _resolve_final(self, marker) -> tuple[str | None, str]:
         if marker.kind == "FINAL":
             return marker.value, ""
-        namespace = self.repl.namespace if hasattr(self, "repl") else {}
-        if marker.value in namespace:
-            value = namespace[marker.value]
-            return (value if isinstance(value, str) else str(value)), ""
-        names = ", ".join(self._user_variables(namespace)) or "none yet"
+        repl = getattr(self, "repl", None)
+        value = await repl.final_var(marker.value) if repl else None
+        if value is not None:
+            return value, ""
+        names = ", ".join(await repl.variable_names() if repl else []) or "none yet"
         return None, (f"FINAL_VAR({marker.value}): there is no variable named "
                       f"{marker.value!r} in the REPL (variables: {names}).")
-
-    def _answer_ready(self) -> str | None:
-        answer = self.repl.namespace.get("answer")
-        if isinstance(answer, dict) and answer.get("ready"):
-            content = answer.get("content")
-            return content if isinstance(content, str) else str(content)
-        return None
 
     def _stopped_by_budget(self, result: RLMResult) -> bool:
         self._warn_if_budget_is_blind()
@@ -315,15 +329,15 @@ class Run:
                           f"{', '.join(unpriced)}: those calls count as $0 against the "
                           "budget", RuntimeWarning, stacklevel=2)
 
-    async def _as_model_sees_it(self, text: str) -> str:
+    async def _as_model_sees_it(self, text: str, dropped: int = 0) -> str:
         """Step output as the model sees it: secrets removed, cut to max_output_chars
-        with a note."""
+        with a note. ``dropped``: characters the sandbox already left out."""
         limit = self.max_output_chars
         redact = self.client.redactor()
         if len(text) <= limit:
             return await off_loop_if_large(len(text), redact, text)
         head = await off_loop_if_large(limit, redact.head, text, limit)
-        return (head + f"\n... [output cut: {len(text) - limit:,} more characters not "
+        return (head + f"\n... [output cut: {len(text) + dropped - limit:,} more characters not "
                 "shown; print smaller slices]")
 
     # -- prompts ----------------------------------------------------------------------
@@ -344,7 +358,7 @@ class Run:
                 "Look at it before you answer.")
 
     # -- the REPL's view --------------------------------------------------------------
-    def _repl_globals(self) -> dict[str, Any]:
+    def _repl_globals(self, namespace: dict[str, Any]) -> dict[str, Any]:
         import json
         import re
 
@@ -352,7 +366,7 @@ class Run:
         return {"asyncio": asyncio, "re": re, "json": json,
                 "context": self.context,
                 "answer": {"content": "", "ready": False},
-                "SHOW_VARS": self._show_vars}
+                "SHOW_VARS": functools.partial(show_vars, namespace)}
 
     def _repl_helpers(self) -> dict[str, Any]:
         return {"llm_query": self.llm_query,
@@ -361,21 +375,6 @@ class Run:
                 "rlm_query": self.rlm_query,
                 "rlm_query_batch": self.rlm_query_batch,
                 "rlm_query_batched": self.rlm_query_batch}
-
-    def _user_variables(self, namespace) -> list[str]:
-        hidden = {"context", "answer", "SHOW_VARS", "asyncio", "re", "json",
-                  *self._repl_helpers()}
-        return [name for name in namespace
-                if not name.startswith("_") and name not in hidden]
-
-    def _show_vars(self) -> None:
-        """Print the variables made in this REPL so far, with their types."""
-        namespace = self.repl.namespace
-        names = self._user_variables(namespace)
-        if not names:
-            print("No variables yet.")
-        for name in names:
-            print(f"{name}: {type(namespace[name]).__name__}")
 
     def _status(self, phase: str, iteration: int | None = None) -> None:
         if self.depth == 0:
@@ -425,7 +424,7 @@ class Run:
             return self._limit_error()
         child = Run(self.rlm, prompt, context, model=self.sub_model, sub_model=self.sub_model,
                     max_iterations=self.max_iterations, max_depth=self.max_depth,
-                    depth=self.depth + 1, tree=self.tree)
+                    sandbox=self.sandbox, depth=self.depth + 1, tree=self.tree)
         self.tree.call_started()
         outcome = await child.execute()
         self.tree.call_ended(failed=not outcome.success)

@@ -49,8 +49,12 @@ class RLMResult:
     model: str = ""
     sub_model: str = ""
     depth: int = 0
-    # The REPL variables the model made (values, not copies); kept whatever ended the
-    # run, so sub-call answers already paid for are never lost.
+    sandbox: str = ""  # where the model's code ran: "process" or "none"
+    # Whether the sandbox had no network (None when the code ran in the kernel).
+    network_isolated: bool | None = None
+    # The REPL variables the model made, kept whatever ended the run, so sub-call
+    # answers already paid for are never lost. In-process: the values themselves; from
+    # a sandbox: JSON data, or a SandboxRepr string for anything else.
     variables: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -70,7 +74,7 @@ class RLMResult:
                 if f.name not in ("usage", "trajectory", "variables")}
         data["trajectory"] = [asdict(iteration) for iteration in self.trajectory]
         data["usage"] = self.usage.to_dict()
-        data["variables"] = {name: type(value).__name__
+        data["variables"] = {name: getattr(value, "type_name", "") or type(value).__name__
                              for name, value in self.variables.items()}
         return data
 

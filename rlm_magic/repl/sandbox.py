@@ -1,0 +1,439 @@
+"""The sandboxed REPL: model code runs in a process of its own (``worker.py``), and the
+helpers it calls are served here, on the kernel's loop, over the bridge.
+
+``SandboxREPL`` has the in-process REPL's interface, so the engine runs either. What it
+adds is the trust boundary: everything the sandbox sends is framed JSON under a size
+limit, checked before use; a sandbox that breaks the protocol, crashes or will not stop
+is killed, the step reports it, and the next step runs in a fresh sandbox whose
+namespace holds only ``context`` and the helpers again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import pickle
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+from . import bridge
+from .steps import StepOutput
+
+_step_ids = itertools.count(1)
+_WORKER = str(Path(__file__).with_name("worker.py"))
+_warned_network = False
+
+
+class SandboxError(RuntimeError):
+    """The sandbox process could not be started or used."""
+
+
+class SandboxRepr(str):
+    """A value that stayed in the sandbox: its ``repr`` there, shown as written."""
+
+    def __new__(cls, text: str, type_name: str = ""):
+        value = super().__new__(cls, text)
+        value.type_name = type_name
+        return value
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def sandbox_environment(secrets: tuple[str | None, ...] = ()) -> dict[str, str]:
+    """The kernel's environment without anything secret: no variable whose name looks
+    secret, and none whose value holds a configured secret."""
+    from ..config import looks_secret
+
+    secrets = tuple(s for s in secrets if s)
+    return {name: value for name, value in os.environ.items()
+            if not looks_secret(name) and not any(s in value for s in secrets)}
+
+
+class _Sandbox:
+    """One worker process and its end of the bridge."""
+
+    def __init__(self, process: subprocess.Popen, sock: socket.socket, workdir: str):
+        self.process = process
+        self.sock = sock
+        self.reader: asyncio.StreamReader | None = None  # once the context is sent
+        self.writer: asyncio.StreamWriter | None = None
+        self.workdir = workdir
+        self.dead: str | None = None  # why it is gone
+
+    def signal(self, signum: int) -> None:
+        """Signal the worker and every process it started (its own process group, which
+        outlives the worker if they do)."""
+        try:
+            os.killpg(self.process.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    async def end(self) -> None:
+        """Kill the process (if alive), reap it and remove its folder."""
+        self.signal(signal.SIGKILL)
+        if self.writer is not None:
+            self.writer.close()
+        else:
+            self.sock.close()
+        try:
+            await asyncio.wait_for(asyncio.to_thread(self.process.wait), 5)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+class SandboxREPL:
+    """A REPL whose namespace lives in a sandbox process for the whole run.
+
+    ``helpers`` maps names to coroutine functions served on this loop (the kernel's).
+    """
+
+    # SIGINT stops a step and keeps the namespace; a step that does not stop this soon
+    # after is killed with its process.
+    STOP_GRACE_S = 0.5
+    # Off only in tests, to see how a machine without network namespaces is handled.
+    isolate_network = True
+
+    def __init__(self, context: Any, helpers: dict[str, Callable[..., Awaitable[Any]]], *,
+                 memory_mb: int | None = 4096, max_output_chars: int = 20_000,
+                 secrets: tuple[str | None, ...] = ()):
+        self.context = context
+        self.helpers = helpers
+        self.memory_mb = memory_mb
+        self.max_output_chars = max_output_chars
+        self.secrets = secrets
+        self.loop = asyncio.get_running_loop()
+        self.last_output: StepOutput | None = None
+        self.network_isolated: bool | None = None
+        self._sandbox: _Sandbox | None = None
+        self._starting: asyncio.Task | None = None
+        self._listener: asyncio.Task | None = None
+        self._pickled: bytes | None = None
+        self._reply: asyncio.Future | None = None  # the one request awaiting an answer
+        self._reply_op = ""
+        self._step: int | None = None  # the step whose helper calls are served
+        self._calls: set[asyncio.Task] = set()
+        self._answer: str | None = None
+        self._closed = False
+
+    # -- life cycle ----------------------------------------------------------------------
+    async def start(self) -> None:
+        """Pickle the context (a context that cannot cross fails the run here, before
+        any model is paid) and begin starting the sandbox; its first use waits for it."""
+        try:
+            # Off the loop: a large context takes a while to pickle.
+            self._pickled = await asyncio.to_thread(
+                pickle.dumps, self.context, pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # noqa: BLE001 - any pickling failure, one line
+            raise SandboxError(
+                f"the context ({type(self.context).__name__}) cannot be sent to the "
+                f"sandbox: {type(exc).__name__}: {exc}; run with --no-sandbox "
+                "(RLM.sandbox = 'none')") from None
+        self._starting = self.loop.create_task(self._start())
+
+    async def _ready(self) -> _Sandbox:
+        if self._closed:
+            raise RuntimeError("this REPL is closed")
+        if self._starting is None:
+            raise RuntimeError("SandboxREPL.start() was not awaited")
+        if self._starting.done() and self._sandbox is not None and self._sandbox.dead:
+            self._starting = self.loop.create_task(self._start())
+        return await asyncio.shield(self._starting)
+
+    async def _start(self) -> _Sandbox:
+        old, self._answer = self._sandbox, None
+        if old is not None:
+            if self._listener is not None:
+                self._listener.cancel()
+            await old.end()
+        workdir = tempfile.mkdtemp(prefix="rlm-sandbox-")
+        parent, child = socket.socketpair()
+        try:
+            process = subprocess.Popen(
+                [sys.executable, "-I", _WORKER, str(child.fileno())], pass_fds=[child.fileno()],
+                cwd=workdir, env={**sandbox_environment(self.secrets), "HOME": workdir,
+                                  "TMPDIR": workdir},
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL, start_new_session=True)
+        except OSError as exc:
+            parent.close()
+            shutil.rmtree(workdir, ignore_errors=True)
+            raise SandboxError(f"the sandbox process could not start: {exc}") from None
+        finally:
+            child.close()
+        sandbox = self._sandbox = _Sandbox(process, parent, workdir)
+        first = bridge.frame({"op": "init", "helpers": sorted(self.helpers),
+                              "memory_mb": self.memory_mb,
+                              "isolate_network": self.isolate_network})
+        first += bridge.pickle_frame_header(len(self._pickled))
+        try:
+            # A blocking send in a thread moves a large context several times faster
+            # than the event loop's transport, which sends a socket buffer per turn.
+            parent.settimeout(60)
+            await asyncio.to_thread(_send_all, parent, first, self._pickled)
+            sandbox.reader, sandbox.writer = await asyncio.open_unix_connection(sock=parent)
+            ready = await self._read(sandbox)
+            if ready.get("op") == "fatal":
+                raise SandboxError(str(ready.get("error"))[:500])
+            if ready.get("op") != "ready":
+                raise bridge.BridgeError(f"expected 'ready', got {ready.get('op')!r}")
+        except BaseException as exc:  # cancelled too: no process or folder is left behind
+            sandbox.dead = "failed to start"
+            await sandbox.end()
+            if isinstance(exc, (bridge.BridgeError, EOFError, OSError,
+                                asyncio.IncompleteReadError)):
+                raise SandboxError(f"the sandbox process did not start: {exc}") from None
+            raise
+        self.network_isolated = bool(ready.get("network_isolated"))
+        if not self.network_isolated:
+            _warn_network_once(str(ready.get("network_note") or "unknown reason"))
+        self._listener = self.loop.create_task(self._listen(sandbox))
+        return sandbox
+
+    async def aclose(self) -> None:
+        """End the sandbox, however the run ended; no helper call is served again."""
+        self._closed = True
+        self._step = None
+        for task in list(self._calls):
+            task.cancel()
+        starting, self._starting = self._starting, None
+        if starting is not None and not starting.done():
+            starting.cancel()
+            await asyncio.gather(starting, return_exceptions=True)
+        if self._listener is not None:
+            self._listener.cancel()
+        if self._sandbox is not None:
+            self._sandbox.dead = self._sandbox.dead or "closed"
+            await self._sandbox.end()
+
+    # -- the wire -----------------------------------------------------------------------------
+    async def _read(self, sandbox: _Sandbox) -> dict:
+        header = await sandbox.reader.readexactly(bridge.HEADER.size)
+        _, length = bridge.parse_header(header)
+        return bridge.parse_json(await sandbox.reader.readexactly(length))
+
+    def _send(self, sandbox: _Sandbox, message: dict) -> None:
+        if not sandbox.dead:
+            sandbox.writer.write(bridge.frame(message))
+
+    async def _listen(self, sandbox: _Sandbox) -> None:
+        """Read everything the sandbox sends, until it dies or breaks the protocol."""
+        try:
+            while not sandbox.dead:
+                message = await self._read(sandbox)
+                if message["op"] == "call":
+                    self._serve_call(sandbox, message)
+                elif self._reply is not None and message["op"] == self._reply_op:
+                    if not self._reply.done():
+                        self._reply.set_result(message)
+                else:
+                    raise bridge.BridgeError(f"an unexpected {message['op']!r} message")
+        except asyncio.CancelledError:
+            raise
+        except (asyncio.IncompleteReadError, ConnectionError, OSError):
+            sandbox.dead = sandbox.dead or await self._exit_reason(sandbox)
+        except bridge.BridgeError as exc:
+            sandbox.dead = sandbox.dead or f"it broke the bridge protocol: {exc}"
+        except Exception as exc:  # noqa: BLE001 - anything odd from the sandbox ends it
+            sandbox.dead = sandbox.dead or (f"it broke the bridge protocol: "
+                                            f"{type(exc).__name__}: {exc}")
+        sandbox.signal(signal.SIGKILL)
+        self._answer = None
+        if self._reply is not None and not self._reply.done():
+            self._reply.set_exception(SandboxError(sandbox.dead))
+
+    async def _exit_reason(self, sandbox: _Sandbox) -> str:
+        try:
+            code = await asyncio.wait_for(asyncio.to_thread(sandbox.process.wait), 2)
+        except asyncio.TimeoutError:
+            return "it closed the bridge"
+        if code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            return f"the sandbox process died ({name})"
+        return f"the sandbox process exited (status {code})"
+
+    async def _request(self, op: str, reply_op: str, timeout: float, **fields) -> dict:
+        sandbox = await self._ready()
+        if sandbox.dead:
+            raise SandboxError(sandbox.dead)
+        reply = self._expect(reply_op)
+        try:
+            self._send(sandbox, {"op": op, **fields})
+            return await asyncio.wait_for(asyncio.shield(reply), timeout)
+        finally:
+            self._reply = None
+
+    # -- serving helper calls -----------------------------------------------------------------
+    def _serve_call(self, sandbox: _Sandbox, message: dict) -> None:
+        call_id, name = message.get("id"), message.get("name")
+        args, kwargs = message.get("args"), message.get("kwargs")
+        if not (isinstance(call_id, int) and name in self.helpers and isinstance(args, list)
+                and isinstance(kwargs, dict)):
+            raise bridge.BridgeError("a malformed helper call")
+        if self._closed or self._step is None or message.get("step") != self._step:
+            # A stopped step (or a thread outliving it) sends nothing more to a model.
+            self._send(sandbox, {"op": "result", "id": call_id, "stopped": True})
+            return
+        try:
+            coroutine = self.helpers[name](*args, **kwargs)
+        except TypeError as exc:  # wrong arguments: raised in the model's code, as in-process
+            self._send(sandbox, {"op": "result", "id": call_id, "error": str(exc),
+                                 "type": "TypeError"})
+            return
+        task = self.loop.create_task(coroutine)
+        self._calls.add(task)
+
+        def answer(task: asyncio.Task) -> None:
+            self._calls.discard(task)
+            if task.cancelled():
+                self._send(sandbox, {"op": "result", "id": call_id, "stopped": True})
+            elif task.exception() is not None:
+                error = task.exception()
+                self._send(sandbox, {"op": "result", "id": call_id,
+                                     "error": f"{type(error).__name__}: {error}"})
+            else:
+                self._send(sandbox, {"op": "result", "id": call_id, "value": task.result()})
+        task.add_done_callback(answer)
+
+    # -- running steps ------------------------------------------------------------------------
+    async def run(self, code: str, timeout: float | None = None) -> StepOutput:
+        """Run one block in the sandbox; never raises for errors in the code itself or a
+        crash of the sandbox. If cancelled, it stops the step and re-raises;
+        ``last_output`` then holds what is known of the step."""
+        output = self.last_output = StepOutput(code=code)
+        step = next(_step_ids)
+        sandbox = await self._ready()  # start-up belongs to the run, not to this step
+        started = time.perf_counter()
+        reply = self._expect("done")
+        self._step = step
+        try:
+            self._send(sandbox, {"op": "run", "step": step, "code": code,
+                                 "limit": self.max_output_chars})
+            self._take(output, await asyncio.wait_for(asyncio.shield(reply), timeout))
+        except asyncio.TimeoutError:
+            await self._stop(sandbox, reply, output)
+            output.timed_out = True
+            output.error = (f"TimeoutError: this step ran longer than {timeout:g}s and was "
+                            "stopped" + self._lost_note(sandbox))
+        except asyncio.CancelledError:
+            try:
+                await self._stop(sandbox, reply, output)
+            finally:
+                output.error = "KeyboardInterrupt: the run was interrupted"
+            raise
+        except (SandboxError, bridge.BridgeError) as exc:
+            self._kill(sandbox, str(exc))
+            output.error = f"SandboxError: {sandbox.dead}" + self._lost_note(sandbox)
+        finally:
+            self._step = None
+            self._reply = None
+            output.elapsed_s = time.perf_counter() - started
+        return output
+
+    def _expect(self, op: str) -> asyncio.Future:
+        """The future the listener resolves with the sandbox's next ``op`` message."""
+        reply = self._reply = self.loop.create_future()
+        self._reply_op = op
+        reply.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved
+        return reply
+
+    def _kill(self, sandbox: _Sandbox, why: str) -> None:
+        sandbox.dead = sandbox.dead or why
+        sandbox.signal(signal.SIGKILL)
+
+    def _take(self, output: StepOutput, reply: dict) -> None:
+        for key in ("stdout", "value", "error"):
+            value = reply.get(key)
+            if value is not None and not isinstance(value, str):
+                raise bridge.BridgeError(f"a step result whose {key} is not text")
+        output.stdout = reply.get("stdout") or ""
+        output.value, output.error = reply.get("value"), reply.get("error")
+        dropped = reply.get("dropped")
+        output.dropped_chars = dropped if isinstance(dropped, int) and dropped > 0 else 0
+        answer = reply.get("answer")
+        self._answer = answer if isinstance(answer, str) else None
+
+    async def _stop(self, sandbox: _Sandbox, reply: asyncio.Future,
+                    output: StepOutput) -> None:
+        """SIGINT first, which keeps the namespace; SIGKILL if the step is still running
+        after the grace period. Helper calls in flight are cancelled either way."""
+        self._step = None
+        for task in list(self._calls):
+            task.cancel()
+        sandbox.signal(signal.SIGINT)
+        stopped = False
+        try:
+            self._take(output, await asyncio.wait_for(asyncio.shield(reply),
+                                                      self.STOP_GRACE_S))
+            stopped = True
+        except (asyncio.TimeoutError, SandboxError, bridge.BridgeError):
+            pass
+        finally:
+            if not stopped:  # also when cancelled again meanwhile: no step left running
+                self._kill(sandbox, "the step did not stop, so its process was killed")
+
+    def _lost_note(self, sandbox: _Sandbox | None) -> str:
+        if sandbox is None or not sandbox.dead:
+            return ""
+        return ("\nThe sandbox was restarted for your next step: every variable you made "
+                "is lost; `context` and the helpers are there again.")
+
+    # -- what the engine reads -----------------------------------------------------------
+    async def ready_answer(self) -> str | None:
+        return self._answer
+
+    async def final_var(self, name: str) -> str | None:
+        value = (await self._request("final_var", "final_var", timeout=30,
+                                     name=name)).get("value")
+        return value if isinstance(value, str) else None
+
+    async def variable_names(self) -> list[str]:
+        names = (await self._request("names", "names", timeout=30)).get("names")
+        return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
+
+    async def variables(self) -> dict[str, Any]:
+        """The model's variables as JSON data, or ``SandboxRepr`` strings for the rest.
+        Empty if the sandbox is gone or does not answer in time."""
+        sandbox = self._sandbox
+        if sandbox is None or sandbox.dead or self._closed:
+            return {}
+        try:
+            data = (await self._request("variables", "variables", timeout=5)).get("variables")
+        except (SandboxError, asyncio.TimeoutError, bridge.BridgeError):
+            return {}
+        out = {}
+        for name, entry in (data or {}).items() if isinstance(data, dict) else ():
+            if not isinstance(name, str) or not isinstance(entry, dict):
+                continue
+            if "json" in entry:
+                out[name] = entry["json"]
+            elif isinstance(entry.get("repr"), str):
+                out[name] = SandboxRepr(entry["repr"], str(entry.get("type", "")))
+        return out
+
+
+def _send_all(sock: socket.socket, *parts: bytes) -> None:
+    for part in parts:
+        sock.sendall(part)
+
+
+def _warn_network_once(why: str) -> None:
+    global _warned_network
+    if not _warned_network:
+        _warned_network = True
+        warnings.warn(f"the RLM sandbox cannot cut model code off the network here: {why}; "
+                      "results record network_isolated=False", RuntimeWarning, stacklevel=3)

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from urllib.parse import urlparse
 
-from traitlets import Bool, Dict, Float, Int, TraitError, Unicode, default, validate
+from traitlets import Bool, Dict, Float, Int, List, TraitError, Unicode, default, validate
 from traitlets.config import Configurable
 
 # Keys of litellm_kwargs that rlm-magic sets itself; passing them would silently fight it.
@@ -57,6 +57,13 @@ class RLMConfig(Configurable):
                            "(OPENAI_API_KEY, ANTHROPIC_API_KEY, ...).").tag(config=True)
     litellm_kwargs = Dict(help="Extra keyword arguments for litellm.acompletion, "
                                "e.g. {'temperature': 0}.").tag(config=True)
+    model_list = List(help="A LiteLLM Router model list: [{'model_name': 'sub', "
+                           "'litellm_params': {'model': ..., 'api_key': ...}}, ...]. When "
+                           "set, calls go through the Router and model / sub_model name its "
+                           "groups.").tag(config=True)
+    router_settings = Dict(help="Keyword arguments for the Router, e.g. "
+                                "{'routing_strategy': 'simple-shuffle', 'fallbacks': [...]}."
+                           ).tag(config=True)
 
     # -- calls --------------------------------------------------------------------------
     max_concurrency = Int(16, help="Most model requests in flight at once.").tag(config=True)
@@ -175,6 +182,22 @@ class RLMConfig(Configurable):
                              f"{proposal['value']!r}")
         return value
 
+    @validate("model_list")
+    def _check_model_list(self, proposal):
+        from .llm.routing import check_model_list
+
+        try:
+            return check_model_list(proposal["value"])
+        except ValueError as exc:
+            raise TraitError(str(exc)) from None
+
+    @validate("router_settings")
+    def _check_router_settings(self, proposal):
+        clash = sorted(set(proposal["value"]) & {"model_list"})
+        if clash:
+            raise TraitError("RLM.router_settings may not set model_list: use RLM.model_list")
+        return proposal["value"]
+
     @validate("rpm", "tpm")
     def _check_rate(self, proposal):
         value = proposal["value"]
@@ -204,6 +227,10 @@ class RLMConfig(Configurable):
             values["litellm_kwargs"] = {
                 k: (mask_secret(v) if looks_secret(k) else v)
                 for k, v in values["litellm_kwargs"].items()}
+            if values["model_list"]:
+                from .llm.routing import masked
+
+                values["model_list"] = masked(values["model_list"])
         return values
 
 

@@ -72,3 +72,16 @@ async def run_cell(shell, code: str):
     if error is not None:
         raise error
     return result.result
+
+
+@pytest.fixture(scope="session")
+def litellm_proxy(llm_server, tmp_path_factory):
+    """A real LiteLLM Proxy in front of the local server, shared by the session."""
+    from .litellm_proxy import LiteLLMProxy
+
+    proxy = LiteLLMProxy(llm_server.base_url, tmp_path_factory.mktemp("litellm-proxy"))
+    try:
+        proxy.wait_ready()
+        yield proxy
+    finally:
+        proxy.stop()

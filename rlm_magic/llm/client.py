@@ -15,7 +15,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..errors import LLMQueryError, describe_exception
+from ..errors import ConfigError, LLMQueryError, describe_exception
+from . import routing
 from .limiter import ConcurrencyLimiter
 from .ratelimit import RateGate, RateLimitWaitExceeded, gate_for, headers_of, is_rate_limit
 from .redaction import Redactor, off_loop_if_large
@@ -108,6 +109,7 @@ class LLMClient:
         self.ledger = ledger if ledger is not None else UsageLedger()
         self.limiter = ConcurrencyLimiter(lambda: config.max_concurrency)
         self._cache: ResponseCache | None = None
+        self._routed: tuple[Any, Any] | None = None  # (configuration, litellm.Router)
 
     # -- cache ------------------------------------------------------------------------
     @property
@@ -147,12 +149,35 @@ class LLMClient:
     def gate(self, model: str | None = None) -> RateGate:
         """The rate gate of ``model`` at this client's endpoint (shared process-wide)."""
         config = self.config
-        return gate_for(model or config.effective_sub_model, config.api_base,
-                        config.api_key, config.rpm, config.tpm)
+        model = model or config.effective_sub_model
+        if config.model_list:
+            # A group's deployments send headers of their own limits, not the group's:
+            # through a Router the gate pauses on 429s but learns no pace from headers.
+            return gate_for(model, self._endpoint(), None, config.rpm, config.tpm,
+                            learns_from_headers=False)
+        return gate_for(model, config.api_base, config.api_key, config.rpm, config.tpm)
 
     def redactor(self) -> Redactor:
         """Removes current secrets; a batch builds one and shares it between its calls."""
-        return Redactor(extra=[self.config.api_key])
+        return Redactor(extra=[self.config.api_key, *routing.secrets(self.config.model_list)])
+
+    def _endpoint(self) -> str | None:
+        """Where calls go: the api_base, or the Router configuration's identity."""
+        config = self.config
+        if config.model_list:
+            return routing.identity(config.model_list, config.router_settings)
+        return config.api_base
+
+    def _router(self, litellm):
+        """The Router for the current model list, built once per configuration."""
+        config = self.config
+        identity = (self._endpoint(), config.max_retries, config.timeout)
+        if self._routed is None or self._routed[0] != identity:
+            router = routing.build_router(litellm, config.model_list, config.router_settings,
+                                          num_retries=config.max_retries,
+                                          timeout=config.timeout)
+            self._routed = (identity, router)
+        return self._routed[1]
 
     async def _complete(self, messages, model, max_tokens, ledger, redactor) -> Completion:
         config = self.config
@@ -164,7 +189,7 @@ class LLMClient:
             from .cache import request_key
 
             key = request_key({"model": model, "messages": messages,
-                               "api_base": config.api_base, **params})
+                               "api_base": self._endpoint(), **params})
             hit = _cache_call(cache.get, key)
             if hit is not None:
                 completion = Completion(hit["text"], model, hit["input_tokens"],
@@ -181,10 +206,21 @@ class LLMClient:
                    # Retries are ours (backoff, jitter, counted in the ledger): stop the
                    # provider SDK from retrying underneath us.
                    "max_retries": 0, **params}
-        if config.api_base:
-            request["api_base"] = config.api_base
-        if config.api_key:
-            request["api_key"] = config.api_key
+        if config.model_list:
+            # The Router retries, on another deployment when it can (see routing.py).
+            send, max_retries = self._router(litellm).acompletion, 0
+            attempt_timeout = config.timeout * (config.max_retries + 1)
+            if model not in routing.groups(config.model_list):
+                raise self._failed(ledger, model, 0, 0, started, ConfigError(
+                    f"{model!r} is not a model group of RLM.model_list (its groups: "
+                    f"{', '.join(routing.groups(config.model_list))})"))
+        else:
+            send, max_retries, attempt_timeout = litellm.acompletion, config.max_retries, \
+                config.timeout
+            if config.api_base:
+                request["api_base"] = config.api_base
+            if config.api_key:
+                request["api_key"] = config.api_key
 
         gate = self.gate(model)
         characters = sum(len(m["content"]) for m in messages
@@ -205,8 +241,7 @@ class LLMClient:
                     ledger, model, retries, rate_limited, started, limited_since,
                     f"the provider's limit would hold it {exc.args[0]:.0f}s more") from None
             try:
-                response = await asyncio.wait_for(litellm.acompletion(**request),
-                                                  config.timeout)
+                response = await asyncio.wait_for(send(**request), attempt_timeout)
             except asyncio.CancelledError:
                 gate.failed(ticket)
                 _record_cancelled(ledger, model, retries, started, rate_limited)
@@ -230,14 +265,11 @@ class LLMClient:
                                                started, limited_since,
                                                describe_exception(failure)) from failure
             gate.failed(ticket)
-            if retries >= config.max_retries or not is_retryable(failure):
+            if retries >= max_retries or not is_retryable(failure):
                 if isinstance(failure, asyncio.TimeoutError):
-                    failure = TimeoutError(f"no answer within timeout={config.timeout:g}s")
-                error = LLMQueryError(model, failure, retries=retries)
-                ledger.record(CallRecord(model, retries=retries, error=str(error),
-                                         rate_limited=rate_limited,
-                                         elapsed_s=time.perf_counter() - started))
-                raise error from failure
+                    failure = TimeoutError(f"no answer within {attempt_timeout:g}s")
+                raise self._failed(ledger, model, retries, rate_limited, started,
+                                   failure) from failure
             delay = random.uniform(0, config.retry_backoff * 2 ** retries)
             delay = max(delay, min(_retry_after(failure) or 0.0, 60.0))
             retries += 1
@@ -260,18 +292,21 @@ class LLMClient:
         return completion
 
 
-    def _rate_limit_failure(self, ledger: UsageLedger, model: str, retries: int,
-                            rate_limited: int, started: float, limited_since: float,
-                            why: str) -> LLMQueryError:
-        waited = time.monotonic() - limited_since
-        error = LLMQueryError(model, (
-            f"rate limited for {waited:.0f}s ({rate_limited} rate-limited responses), "
-            f"past RLM.rate_limit_wait={self.config.rate_limit_wait:g}s; {why}"),
-            retries=retries)
+    def _failed(self, ledger: UsageLedger, model: str, retries: int, rate_limited: int,
+                started: float, failure: BaseException) -> LLMQueryError:
+        error = LLMQueryError(model, explain_proxy_failure(failure, model), retries=retries)
         ledger.record(CallRecord(model, retries=retries, error=str(error),
                                  rate_limited=rate_limited,
                                  elapsed_s=time.perf_counter() - started))
         return error
+
+    def _rate_limit_failure(self, ledger: UsageLedger, model: str, retries: int,
+                            rate_limited: int, started: float, limited_since: float,
+                            why: str) -> LLMQueryError:
+        waited = time.monotonic() - limited_since
+        return self._failed(ledger, model, retries, rate_limited, started, RuntimeError(
+            f"rate limited for {waited:.0f}s ({rate_limited} rate-limited responses), "
+            f"past RLM.rate_limit_wait={self.config.rate_limit_wait:g}s; {why}"))
 
 
 def _record_cancelled(ledger: UsageLedger, model: str, retries: int, started: float,
@@ -340,5 +375,29 @@ def _cost_of(response, litellm) -> float | None:
         try:
             cost = litellm.completion_cost(completion_response=response)
         except Exception:  # noqa: BLE001 - litellm raises for models without a price
-            return None
+            cost = None
+    if cost is None:
+        # A LiteLLM Proxy prices the call with its upstream's price and says so, even
+        # when the name it answers under means nothing to litellm's price map here.
+        cost = _number((hidden.get("additional_headers") or {}).get(PROXY_COST_HEADER))
     return float(cost) if cost is not None else None
+
+
+PROXY_COST_HEADER = "llm_provider-x-litellm-response-cost"
+
+
+def _number(value) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if number == number and number >= 0 else None  # not NaN, not negative
+
+
+def explain_proxy_failure(failure: BaseException, model: str) -> BaseException | str:
+    """A LiteLLM Proxy without a database answers an unknown key with a 400 "No connected
+    db." (it would look the key up there): say what that means."""
+    if model.startswith("litellm_proxy/") and "No connected db" in str(failure):
+        return ("the LiteLLM Proxy rejected the API key: it is not the proxy's master "
+                "key, and the proxy has no database to look other keys up in")
+    return failure

@@ -237,8 +237,10 @@ class Ticket:
 class RateGate:
     """Every request to one provider endpoint passes here: see the module docstring."""
 
-    def __init__(self, name: str, rpm: float | None = None, tpm: float | None = None):
+    def __init__(self, name: str, rpm: float | None = None, tpm: float | None = None,
+                 learns_from_headers: bool = True):
         self.name = name
+        self.learns_from_headers = learns_from_headers
         self.requests = Pacer(rpm / 60 if rpm else None, ceiling=rpm / 60 if rpm else None)
         self.tokens = Pacer(tpm / 60 if tpm else None, ceiling=tpm / 60 if tpm else None)
         self.paused_until = 0.0
@@ -316,7 +318,7 @@ class RateGate:
         self.slots.release()
         now = time.monotonic()
         self.latency_s = _smooth(self.latency_s, now - ticket.sent_at)
-        found = read_headers(headers) if headers else None
+        found = read_headers(headers) if headers and self.learns_from_headers else None
         if found is not None and found.any_limits:
             self.requests.learn(found.requests, now)
             self.tokens.learn(found.tokens, now)
@@ -345,6 +347,8 @@ class RateGate:
         self.rate_limited += 1
         now = time.monotonic()
         found = read_headers(headers)
+        if not self.learns_from_headers:
+            found = Headers(Reading(), Reading(), found.retry_after_s)
         if found.any_limits:
             self.requests.learn(found.requests, now)
             self.tokens.learn(found.tokens, now)
@@ -433,7 +437,8 @@ _gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple, RateGat
 
 
 def gate_for(model: str, api_base: str | None, api_key: str | None,
-             rpm: float | None = None, tpm: float | None = None) -> RateGate:
+             rpm: float | None = None, tpm: float | None = None, *,
+             learns_from_headers: bool = True) -> RateGate:
     """The gate of one provider endpoint on the running loop. Limits belong to an
     account, so the key is part of the name (hashed: gates are listed in diagnostics)."""
     loop = asyncio.get_running_loop()
@@ -442,7 +447,7 @@ def gate_for(model: str, api_base: str | None, api_key: str | None,
     gates = _gates.setdefault(loop, {})
     gate = gates.get(name)
     if gate is None:
-        gate = gates[name] = RateGate(model, rpm, tpm)
+        gate = gates[name] = RateGate(model, rpm, tpm, learns_from_headers)
     gate.configure(rpm, tpm)
     return gate
 

@@ -1,0 +1,74 @@
+"""Routing through a LiteLLM Router: ``RLM.model_list`` and ``RLM.router_settings``.
+
+With a model list, ``model`` and ``sub_model`` name model groups, and each call goes
+through ``Router.acompletion`` on the kernel's loop: the Router picks a deployment (a
+key, a region, an endpoint per model) and fails over between a group's deployments.
+
+Who retries: the Router, because only it knows which deployment failed and can try
+another; it gets ``RLM.max_retries`` as its ``num_retries``, and rlm-magic adds no
+retries of its own on top (3 x 3 attempts would hide a dead group for minutes). A 429
+that the Router could not route around still reaches our rate gate and is waited out
+like any other. Everything else of ours (the limiter, cache, ledger, redaction,
+interrupts) is unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+from typing import Any
+
+from ..config import looks_secret, mask_secret
+
+
+def check_model_list(value: Any) -> list[dict]:
+    """``value`` if it is a Router model list; otherwise a one-line ``ValueError``."""
+    if not isinstance(value, list):
+        raise ValueError(f"RLM.model_list must be a list of deployments, got "
+                         f"{type(value).__name__}")
+    for index, entry in enumerate(value):
+        where = f"RLM.model_list[{index}]"
+        if not isinstance(entry, dict) or not isinstance(entry.get("model_name"), str):
+            raise ValueError(f"{where} needs a 'model_name' (the group it serves), as in "
+                             "{'model_name': 'sub', 'litellm_params': {'model': ...}}")
+        params = entry.get("litellm_params")
+        if not isinstance(params, dict) or not isinstance(params.get("model"), str):
+            raise ValueError(f"{where} needs 'litellm_params' with a 'model', e.g. "
+                             "{'model': 'openai/gpt-4o-mini', 'api_key': ...}")
+    return value
+
+
+def groups(model_list: list[dict]) -> list[str]:
+    return sorted({entry["model_name"] for entry in model_list})
+
+
+def masked(model_list: list[dict]) -> list[dict]:
+    """The list as ``%rlm config`` shows it: keys and other secrets masked."""
+    return [{**entry, "litellm_params": {
+        name: mask_secret(value) if looks_secret(name) else value
+        for name, value in entry["litellm_params"].items()}} for entry in model_list]
+
+
+def secrets(model_list: list[dict]) -> list[str]:
+    """Every secret in the list, so redaction keeps them from models too."""
+    return [str(value) for entry in model_list
+            for name, value in entry["litellm_params"].items()
+            if looks_secret(name) and isinstance(value, str) and value]
+
+
+def identity(model_list: list[dict], router_settings: dict) -> str:
+    """A short, stable name for one configuration (for rate gates and cache keys)."""
+    text = json.dumps([model_list, router_settings], sort_keys=True, default=str)
+    return "router:" + hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def build_router(litellm, model_list: list[dict], router_settings: dict, *,
+                 num_retries: int, timeout: float):
+    """A Router for this configuration; ``router_settings`` win over our defaults."""
+    settings = {"num_retries": num_retries, "timeout": timeout, **router_settings}
+    with warnings.catch_warnings():
+        # Building the first Router makes pydantic warn about litellm's own types
+        # ("using the `ReadOnly` qualifier"): noise in a notebook cell, nothing to act on.
+        warnings.filterwarnings("ignore", message=".*ReadOnly.*", category=UserWarning)
+        return litellm.Router(model_list=[dict(entry) for entry in model_list], **settings)

@@ -1,0 +1,139 @@
+"""``RLM.model_list``: calls go through a LiteLLM Router, and everything of ours (rate
+gate, cache, ledger, redaction, interrupts) keeps working through it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from traitlets import TraitError
+
+from rlm_magic import LLMQueryError, RLM
+
+from .llm_server import FakeLLMServer
+
+DEAD = "http://127.0.0.1:9/v1"  # nothing listens on the discard port
+
+
+def deployment(group: str, model: str, api_base: str, api_key: str = "sk-deploy-1234567890"):
+    return {"model_name": group,
+            "litellm_params": {"model": model, "api_base": api_base, "api_key": api_key}}
+
+
+def routed(model_list, **settings) -> RLM:
+    defaults = dict(model="root", sub_model="sub", model_list=model_list, progress=False,
+                    retry_backoff=0.01, timeout=10)
+    return RLM(**{**defaults, **settings})
+
+
+@pytest.fixture
+def second_server():
+    server = FakeLLMServer().start()
+    yield server
+    server.stop()
+
+
+async def test_calls_go_through_the_router_to_the_group_s_deployment(server):
+    rlm = routed([deployment("sub", "openai/sub-model", server.base_url)])
+    assert await rlm.helpers.llm_query("hi") == "echo: hi"
+    [request] = server.requests
+    assert request["model"] == "sub-model"
+    [record] = rlm.client.ledger.records
+    assert record.model == "sub" and record.input_tokens == 10
+
+
+async def test_root_and_sub_model_on_two_endpoints(server, second_server):
+    rlm = routed([deployment("root", "openai/root-model", second_server.base_url),
+                  deployment("sub", "openai/sub-model", server.base_url)])
+    second_server.script("root-model", [
+        "```repl\nanswers = llm_query_batch(['a', 'b'])\n```", "FINAL_VAR(answers)"])
+    result = await rlm.arun("q", context="ctx")
+    assert result.success and result.final_answer == str(["echo: a", "echo: b"])
+    assert {r["model"] for r in second_server.requests} == {"root-model"}
+    assert {r["model"] for r in server.requests} == {"sub-model"}
+
+
+async def test_a_group_with_a_dead_deployment_loses_no_item(server):
+    rlm = routed([deployment("sub", "openai/sub-model", server.base_url),
+                  deployment("sub", "openai/sub-model", DEAD)], max_concurrency=16)
+    answers = await rlm.helpers.llm_query_batch([f"p{i}" for i in range(32)])
+    assert answers == [f"echo: p{i}" for i in range(32)]
+
+
+async def test_the_router_retries_and_we_do_not_retry_on_top(server):
+    rlm = routed([deployment("sub", "openai/sub-model", server.base_url)], max_retries=2)
+    server.fail("500", times=5)
+    with pytest.raises(LLMQueryError, match="injected server error"):
+        await rlm.helpers.llm_query("x")
+    assert len(server.requests) == 3  # the Router's 1 + 2, not 3 x 3
+
+
+async def test_a_429_through_the_router_is_waited_out(server):
+    rlm = routed([deployment("sub", "openai/sub-model", server.base_url)], max_retries=0)
+    server.fail("429", times=2, headers={"retry-after-ms": "50"})
+    assert await rlm.helpers.llm_query("x") == "echo: x"
+    assert rlm.usage().total.rate_limited == 2 and rlm.usage().total.errors == 0
+
+
+async def test_an_unknown_group_is_one_clear_line(server):
+    rlm = routed([deployment("sub", "openai/sub-model", server.base_url)])
+    with pytest.raises(LLMQueryError) as caught:
+        await rlm.helpers.llm_query("x", model="gpt-5")
+    assert "'gpt-5' is not a model group of RLM.model_list (its groups: sub)" in \
+        str(caught.value)
+    assert "\n" not in str(caught.value) and not server.requests
+
+
+def test_a_malformed_model_list_is_refused_in_one_line():
+    with pytest.raises(TraitError, match=r"RLM.model_list\[0\] needs 'litellm_params'"):
+        RLM(model_list=[{"model_name": "sub"}])
+    with pytest.raises(TraitError, match="needs a 'model_name'"):
+        RLM(model_list=[{"litellm_params": {"model": "x"}}])
+
+
+def test_settings_mask_the_keys_inside_the_model_list():
+    rlm = routed([deployment("sub", "openai/x", DEAD, api_key="sk-live-abcdefghijklmnop")])
+    shown = rlm.settings()["model_list"][0]["litellm_params"]
+    assert shown["api_key"] == "sk-...mnop" and shown["api_base"] == DEAD
+    assert rlm.model_list[0]["litellm_params"]["api_key"] == "sk-live-abcdefghijklmnop"
+
+
+async def test_keys_in_the_model_list_never_reach_a_model(server):
+    key = "sk-live-abcdefghijklmnop"
+    rlm = routed([deployment("sub", "openai/sub-model", server.base_url, api_key=key)])
+    assert await rlm.helpers.llm_query(f"my key is {key}") == "echo: my key is [REDACTED]"
+
+
+async def test_the_cache_answers_a_routed_call_again_at_no_cost(server, tmp_path):
+    rlm = routed([deployment("sub", "openai/sub-model", server.base_url)], cache=True,
+                 cache_dir=str(tmp_path))
+    await rlm.helpers.llm_query("same")
+    await rlm.helpers.llm_query("same")
+    assert len(server.requests) == 1 and rlm.usage().total.cache_hits == 1
+
+
+async def test_cancelling_a_routed_batch_leaves_nothing_in_flight(server):
+    rlm = routed([deployment("sub", "openai/sub-model", server.base_url)])
+    server.latency = 30
+    task = asyncio.ensure_future(rlm.helpers.llm_query_batch([f"p{i}" for i in range(6)]))
+    assert await asyncio.to_thread(server.wait_for, lambda: server.in_flight == 6)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await asyncio.to_thread(server.wait_for, lambda: server.in_flight == 0)
+
+
+def test_a_cost_the_proxy_reports_prices_a_model_litellm_cannot():
+    from types import SimpleNamespace
+
+    from rlm_magic.llm.client import _cost_of
+
+    class Unpriced:  # litellm's pricing fails for a name it does not know
+        @staticmethod
+        def completion_cost(completion_response):
+            raise ValueError("model not mapped")
+
+    reported = SimpleNamespace(_hidden_params={"additional_headers": {
+        "llm_provider-x-litellm-response-cost": "0.0042"}})
+    assert _cost_of(reported, Unpriced) == 0.0042
+    assert _cost_of(SimpleNamespace(_hidden_params={}), Unpriced) is None

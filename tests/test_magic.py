@@ -100,6 +100,12 @@ def test_rlm_config_shows_settings_with_the_key_masked(shell):
     assert "RLM.max_concurrency" in text
 
 
+def test_rlm_config_text_view_separates_every_name_from_its_value(shell):
+    settings = session_rlm(shell).settings()
+    lines = repr(shell.run_line_magic("rlm", "config")).splitlines()
+    assert [line.split("  ", 1)[0] for line in lines] == [f"RLM.{k}" for k in settings]
+
+
 def test_environment_variables_give_model_defaults(monkeypatch):
     monkeypatch.setenv("RLM_MODEL", "anthropic/claude-x")
     monkeypatch.setenv("RLM_SUB_MODEL", "openai/gpt-mini")

@@ -355,7 +355,8 @@ def interrupt_and_check(kernel: Kernel, server, label: str, code: str, ready,
                         "rlm_magic.jupyter.interrupts._previous_handler)") == ({}, None)
     return kernel.value("_u = rlm_magic.usage(); {'calls': _u.calls - _usage_before.calls, "
                         "'input_tokens': _u.input_tokens - _usage_before.input_tokens, "
-                        "'errors': _u.total.errors - _usage_before.total.errors}")
+                        "'errors': _u.total.errors - _usage_before.total.errors, "
+                        "'cancelled': _u.total.cancelled - _usage_before.total.cancelled}")
 
 
 def _mixed_batch(kernel: Kernel, server, label: str) -> None:
@@ -375,8 +376,8 @@ def _mixed_batch(kernel: Kernel, server, label: str) -> None:
         kernel, server, label,
         "await llm_query_batch([f'fast {i}' for i in range(4)] + "
         "[f'slow {i}' for i in range(4)])", ready)
-    # The 4 answered calls keep their tokens; the 4 cut off are recorded as errors.
-    assert usage == {"calls": 8, "input_tokens": 40, "errors": 4}, usage
+    # The 4 answered calls keep their tokens; the 4 cut off are counted as cancelled.
+    assert usage == {"calls": 8, "input_tokens": 40, "errors": 0, "cancelled": 4}, usage
     assert server.completed == 4 and server.cancelled == 4
 
 
@@ -408,7 +409,7 @@ def test_interrupt_rlm_blocking_step(rlm_kernel, server):
 
     usage = interrupt_and_check(rlm_kernel, server, "c: %%rlm, blocking step",
                                 "%%rlm -c data\nWhat is in the data?", ready_and_sleeping)
-    assert usage["calls"] == 2 and usage["errors"] == 0, usage
+    assert usage["calls"] == 2 and usage["errors"] == usage["cancelled"] == 0, usage
     assert rlm_kernel.value("_rlm.stop_reason, _rlm.success") == ("interrupted", False)
     assert rlm_kernel.value("len(_rlm.trajectory)") == 1
 
@@ -422,6 +423,7 @@ def test_interrupt_rlm_step_awaiting_batch(rlm_kernel, server):
                                 "%%rlm -c data --out res_d\nSummarise the data.",
                                 lambda msg_id: server.in_flight == 8)
     assert usage["calls"] == 9 and usage["input_tokens"] == 10, usage  # root answered
+    assert usage["cancelled"] == 8 and usage["errors"] == 0, usage
     assert server.cancelled == 8
     assert rlm_kernel.value("res_d.stop_reason") == "interrupted"
 

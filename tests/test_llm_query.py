@@ -186,6 +186,18 @@ async def test_the_blocking_litellm_completion_is_never_called(rlm, server, monk
     assert len(server.requests) == 3
 
 
+async def test_cancelled_calls_are_counted_apart_from_errors(rlm, server):
+    server.latency = 30
+    task = asyncio.ensure_future(rlm.helpers.llm_query_batch(["a", "b", "c"]))
+    assert await asyncio.to_thread(server.wait_for, lambda: server.in_flight == 3)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    total = rlm.usage().total
+    assert (total.calls, total.cancelled, total.errors) == (3, 3, 0)
+    assert repr(rlm.usage()).splitlines()[0].split()[-2:] == ["errors", "cancelled"]
+
+
 async def test_bad_prompts_are_rejected_with_one_line_errors(rlm):
     from rlm_magic import ConfigError
 

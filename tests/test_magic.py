@@ -6,6 +6,7 @@ kernel; ``run_cell`` re-raises a cell's error so a failing cell fails its test.
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
@@ -308,6 +309,35 @@ async def test_rlm_runs_show_a_text_status_line_on_stderr(shell, server, capsys)
     await run_cell(shell, "%%rlm -q\nq")
     last = capsys.readouterr().err.splitlines()[-1]
     assert "RLM openai/root-model | done | iteration 2/30 | sub-calls 2 done" in last
+
+
+async def test_an_interrupted_batch_counts_its_unfinished_calls_as_cancelled(shell, server,
+                                                                           capsys):
+    rlm = session_rlm(shell)
+    rlm.progress = True
+    server.latency_for = lambda body: 0.0 if "fast" in body["messages"][-1]["content"] else 30
+    task = asyncio.ensure_future(rlm.helpers.llm_query_batch(["fast", "slow 1", "slow 2"]))
+    assert await asyncio.to_thread(server.wait_for, lambda: server.in_flight == 2)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert "llm_query_batch: 1/3 done | 2 cancelled" in last
+    assert "in flight" not in last
+
+
+async def test_an_interrupted_run_counts_its_unfinished_sub_calls_as_cancelled(shell, server,
+                                                                              capsys):
+    session_rlm(shell).progress = True
+    server.script("root-model", [repl("llm_query_batch(['a', 'b'])")])
+    server.model_latency["sub-model"] = 30
+    task = asyncio.ensure_future(run_cell(shell, "%%rlm -q\nq"))
+    assert await asyncio.to_thread(server.wait_for, lambda: server.in_flight == 2)
+    task.cancel()
+    with pytest.raises((asyncio.CancelledError, KeyboardInterrupt)):
+        await task
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert "sub-calls 0 done, 2 cancelled" in last and "in flight" not in last
 
 
 async def test_no_progress_when_turned_off(shell, server, capsys):

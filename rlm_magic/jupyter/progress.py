@@ -51,7 +51,7 @@ class _LiveDisplay:
 
     def final_line(self, exc_type) -> str:
         interrupted = exc_type is not None and not issubclass(exc_type, Exception)
-        return self.line() + (" (interrupted)" if interrupted else "")
+        return self.line(stopped=True) + (" (interrupted)" if interrupted else "")
 
     def _widget_view(self):
         raise NotImplementedError
@@ -115,12 +115,13 @@ class BatchProgress(_LiveDisplay):
         self.in_flight -= 1
         self.failed += 1
 
-    def line(self) -> str:
+    def line(self, stopped: bool = False) -> str:
         parts = [f"{self.label}: {self.done + self.failed}/{self.total} done"]
         if self.failed:
             parts.append(f"{self.failed} failed")
         if self.in_flight:
-            parts.append(f"{self.in_flight} in flight")
+            # Once the batch has stopped, calls still counted in flight were cancelled.
+            parts.append(f"{self.in_flight} {'cancelled' if stopped else 'in flight'}")
         parts.append(f"{self.elapsed_s:.1f}s")
         tokens = self.input_tokens + self.output_tokens
         if tokens:
@@ -140,12 +141,13 @@ class RunStatus(_LiveDisplay):
     def _widget_view(self):
         return StatusWidget()
 
-    def line(self, phase: str | None = None) -> str:
+    def line(self, phase: str | None = None, stopped: bool = False) -> str:
         tree = self.run.tree
         usage = tree.ledger.summary()
         calls = f"sub-calls {tree.done + tree.failed} done"
         if tree.in_flight:
-            calls += f", {tree.in_flight} in flight"
+            # Once the run has stopped, calls still counted in flight were cancelled.
+            calls += f", {tree.in_flight} {'cancelled' if stopped else 'in flight'}"
         if tree.failed:
             calls += f", {tree.failed} failed"
         return " | ".join([
@@ -161,7 +163,7 @@ class RunStatus(_LiveDisplay):
             phase = "interrupted" if not issubclass(exc_type, Exception) else "failed"
         else:
             phase = "done" if result.success else (result.stop_reason or "failed")
-        return self.line(phase)
+        return self.line(phase, stopped=True)
 
 
 # -- views -------------------------------------------------------------------------------

@@ -12,6 +12,11 @@ import threading
 from dataclasses import asdict, dataclass, field, replace
 
 
+# The ``error`` of a call that was cancelled (an interrupt, a cancelled task): counted
+# apart from failures, since nothing went wrong with the model or the request.
+CANCELLED = "cancelled"
+
+
 @dataclass(frozen=True)
 class CallRecord:
     """One model call, as it ended."""
@@ -39,6 +44,7 @@ class ModelUsage:
     unpriced_calls: int = 0
     retries: int = 0
     errors: int = 0
+    cancelled: int = 0
     elapsed_s: float = 0.0
 
     def add(self, record: CallRecord) -> None:
@@ -47,7 +53,10 @@ class ModelUsage:
         self.input_tokens += record.input_tokens
         self.output_tokens += record.output_tokens
         self.retries += record.retries
-        self.errors += record.error is not None
+        if record.error == CANCELLED:
+            self.cancelled += 1
+        else:
+            self.errors += record.error is not None
         self.elapsed_s += record.elapsed_s
         if record.cost_usd is None:
             # A failed call that got no response is not billed; an answered call
@@ -101,7 +110,7 @@ class UsageSummary:
         }
 
     _COLUMNS = ("model", "calls", "cache hits", "input tokens", "output tokens",
-                "cost (USD)", "retries", "errors")
+                "cost (USD)", "retries", "errors", "cancelled")
 
     def _rows(self) -> list[tuple[str, ...]]:
         rows = [self._cells(row) for row in self.by_model.values()]
@@ -113,7 +122,7 @@ class UsageSummary:
     def _cells(row: ModelUsage) -> tuple[str, ...]:
         return (row.model, str(row.calls), str(row.cache_hits), f"{row.input_tokens:,}",
                 f"{row.output_tokens:,}", format_cost(row.cost_usd, row.unpriced_calls),
-                str(row.retries), str(row.errors))
+                str(row.retries), str(row.errors), str(row.cancelled))
 
     def __repr__(self) -> str:
         if not self.by_model:

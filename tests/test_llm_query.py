@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 
 import pytest
@@ -107,6 +108,44 @@ async def test_authentication_errors_are_not_retried(rlm, server):
     with pytest.raises(LLMQueryError, match="injected bad API key"):
         await rlm.helpers.llm_query("x")
     assert len(server.requests) == 1
+
+
+async def test_an_error_names_the_kind_and_the_providers_sentence_once(rlm, server):
+    server.fail("context")
+    with pytest.raises(LLMQueryError) as caught:
+        await rlm.helpers.llm_query("x")
+    assert str(caught.value) == (
+        "LLM call to 'openai/sub-model' failed: ContextWindowExceededError: request (23009 "
+        "tokens) exceeds the available context size (4096 tokens), try increasing it")
+
+
+async def test_an_unreachable_endpoint_is_named(server):
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    endpoint = f"http://127.0.0.1:{port}/v1"
+    rlm = make_rlm(server, api_base=endpoint, max_retries=0)
+    with pytest.raises(LLMQueryError) as caught:
+        await rlm.helpers.llm_query("x")
+    message = str(caught.value)
+    assert message.startswith(f"LLM call to 'openai/sub-model' failed: could not reach "
+                              f"{endpoint} (")
+    assert "InternalServerError" not in message and len(message.splitlines()) == 1
+
+
+async def test_an_unpriced_model_whose_calls_all_failed_shows_an_unknown_cost(rlm, server):
+    server.fail("401")
+    with pytest.raises(LLMQueryError):
+        await rlm.helpers.llm_query("x")
+    row = repr(rlm.usage()).splitlines()[-1]
+    assert row.split()[:6] == ["openai/sub-model", "1", "0", "0", "0", "?"]  # cost: not $0
+
+
+async def test_the_run_status_starts_with_an_unknown_cost_not_zero(rlm):
+    from rlm_magic.jupyter.progress import RunStatus
+
+    line = RunStatus(rlm.start("q"), enabled=False).line()
+    assert " | 0 tokens | ? | " in line and "$0" not in line
 
 
 async def test_timeout_gives_a_clear_error(server):

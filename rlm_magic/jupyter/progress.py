@@ -126,7 +126,7 @@ class BatchProgress(_LiveDisplay):
         tokens = self.input_tokens + self.output_tokens
         if tokens:
             parts.append(f"{tokens:,} tokens")
-            parts.append(format_cost(self.cost_usd, 0 if self.cost_usd is not None else 1))
+            parts.append(format_cost(self.cost_usd))
         return " | ".join(parts)
 
 

@@ -147,9 +147,11 @@ class UsageSummary:
 
 
 def format_cost(cost: float | None, unpriced_calls: int = 0) -> str:
-    """Dollars for display; '?' marks calls whose price litellm does not know."""
+    """Dollars for display; '?' marks calls whose price litellm does not know. With no
+    priced answer yet (none arrived, or every call failed) the cost is unknown, never a
+    false $0."""
     if cost is None:
-        return "?" if unpriced_calls else "$0"
+        return "?"
     text = f"${cost:.4f}" if cost < 100 else f"${cost:,.2f}"
     return text + (" + ?" if unpriced_calls else "")
 

@@ -267,6 +267,16 @@ def test_rlm_cell_help_is_available(shell):
     assert "--context" in doc and "--live" in doc and "--out" in doc
 
 
+@pytest.mark.parametrize("typed, status", [
+    ("%%rlm --context logs\n", ("incomplete", 0)),
+    ("%%rlm --context logs\nWhich service times out most?\n", ("incomplete", 0)),
+    ("%%rlm --context logs\nWhich service times out most?\n\n", ("complete", None)),
+])
+def test_an_rlm_cell_is_incomplete_until_a_blank_line(shell, typed, status):
+    # What terminal IPython and jupyter console ask before running what was typed.
+    assert shell.input_transformer_manager.check_complete(typed) == status
+
+
 def test_help_cells_are_not_rewritten():
     from rlm_magic.jupyter.magics import transform_rlm_cell
 

@@ -87,6 +87,13 @@ def transform_rlm_cell(lines: list[str]) -> list[str]:
     return [f"await __import__('rlm_magic.jupyter.magics').jupyter.magics.run_rlm_cell({args!r}, {body!r})\n"]
 
 
+# IPython's check_complete (terminal IPython, and the kernel's answer to jupyter
+# console's is_complete_request) skips transformers marked this way. Unmarked, the
+# rewrite above would hide the "%%" from its rule that a cell magic is incomplete until
+# a blank line, and Enter after the %%rlm line would run a cell with no question.
+transform_rlm_cell.has_side_effects = True
+
+
 async def run_rlm_cell(line: str, body: str, shell=None):
     """What a ``%%rlm`` cell runs: parse, run on this loop, store, display."""
     if shell is None:

@@ -249,6 +249,30 @@ def test_rlm_kernel_has_helpers_without_load_ext(rlm_kernel, server):
     assert rlm_kernel.value("await llm_query('again')") == "echo: again"
 
 
+def execute_notebook(cells, kernel_name: str, kernel_specs, kernel_env, tmp_path):
+    """Run code cells with nbclient, as papermill and nbconvert do; the executed copy."""
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    spec = kernel_specs.get_kernel_spec(kernel_name)
+    nb.metadata["kernelspec"] = {"name": kernel_name, "display_name": spec.display_name,
+                                 "language": "python"}
+    km = AsyncKernelManager(kernel_name=kernel_name, kernel_spec_manager=kernel_specs)
+    client = nbclient.NotebookClient(nb, km=km, timeout=90,
+                                     resources={"metadata": {"path": str(tmp_path)}})
+    try:
+        client.execute(env=kernel_env)
+    finally:  # nbclient leaves a kernel it did not create running
+        if km.has_kernel:
+            run_sync(km.shutdown_kernel)(now=True)
+    return nb
+
+
+def configure_cell(server) -> str:
+    return "\n".join([f'%config RLM.api_base = "{server.base_url}"',
+                      '%config RLM.model = "openai/root-model"',
+                      '%config RLM.sub_model = "openai/sub-model"',
+                      '%config RLM.api_key = "sk-test"'])
+
+
 def test_notebook_runs_in_rlm_kernel(kernel_specs, kernel_env, server, tmp_path):
     server.script(ROOT, ["Let me look.\n```repl\nprint(context.upper())\n```",
                          "The context shouts.\nFINAL(it says HELLO WORLD)"])
@@ -263,17 +287,7 @@ def test_notebook_runs_in_rlm_kernel(kernel_specs, kernel_env, server, tmp_path)
         "%%rlm -c data --out res\nWhat does {data!r} say?",
         "res.final_answer, res.success, res.iterations",
     ]
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
-    nb.metadata["kernelspec"] = {"name": "rlm", "display_name": "Python 3 (RLM)",
-                                 "language": "python"}
-    km = AsyncKernelManager(kernel_name="rlm", kernel_spec_manager=kernel_specs)
-    client = nbclient.NotebookClient(nb, km=km, timeout=90,
-                                     resources={"metadata": {"path": str(tmp_path)}})
-    try:
-        client.execute(env=kernel_env)
-    finally:  # nbclient leaves a kernel it did not create running
-        if km.has_kernel:
-            run_sync(km.shutdown_kernel)(now=True)
+    nb = execute_notebook(cells, "rlm", kernel_specs, kernel_env, tmp_path)
 
     def text(index):
         # stream and results only: progress widgets come as display_data
@@ -289,6 +303,24 @@ def test_notebook_runs_in_rlm_kernel(kernel_specs, kernel_env, server, tmp_path)
     assert "What does 'hello world' say?" in root_requests[0]["messages"][-1]["content"]
     assert "HELLO WORLD" in root_requests[1]["messages"][-2]["content"] + \
         root_requests[1]["messages"][-1]["content"]
+
+
+def test_saved_text_beside_progress_widgets_shows_how_the_work_ended(kernel_specs,
+                                                                     kernel_env, server,
+                                                                     tmp_path):
+    server.script(ROOT, ["```repl\nprint(llm_query_batch(['a', 'b']))\n```", "FINAL(two)"])
+    cells = [configure_cell(server), "_ = await llm_query_batch(['x', 'y', 'z'])",
+             "data = 'abc'", "%%rlm -c data\nWhat is it?"]
+    nb = execute_notebook(cells, "rlm", kernel_specs, kernel_env, tmp_path)
+
+    def widget_texts(index):  # what GitHub, nbviewer or VS Code without widgets show
+        return [o.data["text/plain"] for o in nb.cells[index].outputs
+                if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+
+    [batch] = widget_texts(1)
+    assert batch.startswith("llm_query_batch: 3/3 done | ") and "in flight" not in batch
+    # The answer below the status carries the figures; the status says how it ended.
+    assert widget_texts(3) == ["RLM openai/root-model | done"]
 
 
 # -- live progress ------------------------------------------------------------------

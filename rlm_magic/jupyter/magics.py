@@ -116,7 +116,7 @@ async def run_rlm_cell(line: str, body: str, shell=None):
     from .progress import RunStatus
 
     try:
-        with RunStatus(run, enabled=rlm.progress):
+        with RunStatus(run, enabled=rlm.progress, result_shown=not args.quiet):
             result = await run_interruptibly(run.execute())
     except (KeyboardInterrupt, asyncio.CancelledError) as stop:
         run.result.stop_reason = "interrupted"

@@ -53,6 +53,16 @@ class BatchError(RLMError):
         )
 
 
+def interrupt(message: str) -> KeyboardInterrupt:
+    """A KeyboardInterrupt that IPython shows as one line, ``KeyboardInterrupt: message``,
+    like any interrupted cell; a traceback through rlm-magic's helpers (or, for %%rlm,
+    through the rewritten cell) would add nothing. It stays a plain KeyboardInterrupt,
+    so ``except KeyboardInterrupt`` and clients reading the error's name see one."""
+    error = KeyboardInterrupt(message)
+    error._render_traceback_ = lambda: [f"KeyboardInterrupt: {message}"]
+    return error
+
+
 def describe_exception(exc: BaseException, api_base: str | None = None) -> str:
     """A one-line description of ``exc`` that never comes out empty: the kind of failure
     and the provider's own sentence, once. A connection that failed says which endpoint

@@ -16,6 +16,7 @@ import queue
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -128,7 +129,13 @@ class Kernel:
         self.km.shutdown_kernel(now=True)
 
     def submit(self, code: str) -> str:
-        return self.kc.execute(code)
+        """Send an execute_request as a notebook frontend does: naming the cell (as
+        JupyterLab and Notebook 7 do), which tells the kernel widgets are rendered."""
+        msg = self.kc.session.msg("execute_request", {
+            "code": code, "silent": False, "store_history": True, "user_expressions": {},
+            "allow_stdin": True, "stop_on_error": True}, metadata={"cellId": uuid.uuid4().hex})
+        self.kc.shell_channel.send(msg)
+        return msg["header"]["msg_id"]
 
     def pump(self, until=lambda: False, timeout: float = 0.02) -> bool:
         """Read iopub messages for up to ``timeout`` s, stopping early once ``until()``."""
@@ -379,6 +386,11 @@ def interrupt_and_check(kernel: Kernel, server, label: str, code: str, ready,
     assert reply["ename"] == "KeyboardInterrupt", f"[{label}] {reply['ename']}: " \
         f"{reply['evalue']}"
     assert elapsed <= INTERRUPT_LIMIT_S, f"[{label}] took {elapsed:.3f}s to stop"
+    # One clear line, like any interrupted cell: no frames of rlm-magic's internals, and
+    # not the rewritten line a %%rlm cell runs as.
+    assert len(reply["traceback"]) == 1, "\n".join(reply["traceback"])
+    assert reply["traceback"][0] == f"KeyboardInterrupt: {reply['evalue']}"
+    assert " interrupted" in reply["evalue"], reply["evalue"]
     assert server.wait_for(lambda: server.in_flight == 0, timeout=5), \
         f"[{label}] {server.in_flight} requests still open after the interrupt"
     assert kernel.value("1 + 1") == 2

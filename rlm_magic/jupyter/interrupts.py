@@ -16,6 +16,8 @@ import signal
 import threading
 from typing import Awaitable, TypeVar
 
+from ..errors import interrupt
+
 T = TypeVar("T")
 
 _guarded: dict[asyncio.Task, asyncio.AbstractEventLoop] = {}
@@ -62,9 +64,10 @@ def _uninstall(task: asyncio.Task) -> None:
             _previous_handler = None
 
 
-async def run_interruptibly(awaitable: Awaitable[T]) -> T:
+async def run_interruptibly(awaitable: Awaitable[T], name: str = "the work") -> T:
     """Await ``awaitable`` in a task of its own that SIGINT cancels promptly; an
-    interrupt then surfaces here as KeyboardInterrupt, as it would in sync code."""
+    interrupt then surfaces here as KeyboardInterrupt ("<name> interrupted"), as it
+    would in sync code."""
     loop = asyncio.get_running_loop()
     task = asyncio.ensure_future(awaitable)
     installed = _install(task, loop)
@@ -81,7 +84,7 @@ async def run_interruptibly(awaitable: Awaitable[T]) -> T:
                 pass
             if task in _interrupted:
                 if _keyboard_interrupt_is_safe():
-                    raise KeyboardInterrupt from None
+                    raise interrupt(f"{name} interrupted") from None
                 # In a task of its own (asyncio.gather / create_task in a cell), a
                 # KeyboardInterrupt would escape the event loop and wedge the kernel.
                 raise asyncio.CancelledError from None

@@ -17,6 +17,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
+from ..errors import interrupt
 from .interrupts import run_interruptibly
 
 
@@ -123,7 +124,7 @@ async def run_rlm_cell(line: str, body: str, shell=None):
         run.result.error = "interrupted by the user"
         shell.user_ns[args.out] = run.result
         if isinstance(stop, KeyboardInterrupt):
-            raise KeyboardInterrupt(
+            raise interrupt(
                 f"%%rlm interrupted after {len(run.result.trajectory)} iteration(s); the "
                 f"partial result is in {args.out}") from None
         raise

@@ -491,6 +491,25 @@ def test_interrupt_stops_a_cell_whose_batch_runs_in_the_background(rlm_kernel, s
     assert rlm_kernel.value("1 + 1") == 2
 
 
+def test_interrupt_leaves_another_cells_background_batch_running(rlm_kernel, server):
+    server.latency = 30.0
+    rlm_kernel.run("import asyncio\n"
+                   "_bg = asyncio.ensure_future(llm_query_batch(['bg 1', 'bg 2']))")
+    msg_id = rlm_kernel.submit("await llm_query_batch(['fg 1', 'fg 2'])")
+    assert rlm_kernel.pump(lambda: server.in_flight == 4, timeout=30)
+    interrupted = time.perf_counter()
+    rlm_kernel.km.interrupt_kernel()
+    reply, replied = rlm_kernel.wait(msg_id, timeout=60)
+    MEASURED["f: batch, another cell's batch in the background"] = replied - interrupted
+    assert reply["ename"] == "KeyboardInterrupt"
+    assert replied - interrupted <= INTERRUPT_LIMIT_S
+    assert server.wait_for(lambda: server.in_flight == 2, timeout=5)
+    assert rlm_kernel.value("_bg.done()") is False  # the earlier cell's work goes on
+    assert server.in_flight == 2
+    rlm_kernel.run("_bg.cancel()")
+    assert server.wait_for(lambda: server.in_flight == 0, timeout=5)
+
+
 def test_report_measurements():
     """Not a check: prints what the interrupt tests measured (visible with -s)."""
     for name, figure in MEASURED.items():

@@ -12,6 +12,8 @@ when the model's code blocks. The previous handler is restored when the work end
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import itertools
 import signal
 import threading
 from typing import Awaitable, TypeVar
@@ -20,13 +22,37 @@ from ..errors import interrupt
 
 T = TypeVar("T")
 
-_guarded: dict[asyncio.Task, asyncio.AbstractEventLoop] = {}
+_guarded: dict[asyncio.Task, tuple[asyncio.AbstractEventLoop, int | None]] = {}
 _interrupted: set[asyncio.Task] = set()
 _previous_handler = None
 
+# Which cell started a piece of work: set when a cell starts (IPython's pre_run_cell
+# event) in the context its code runs in, so tasks the cell creates inherit it. An
+# interrupt stops only the work of the cell that is running, not another cell's
+# background batch.
+_cell: contextvars.ContextVar[int | None] = contextvars.ContextVar("rlm_magic_cell",
+                                                                   default=None)
+_running_cell: int | None = None
+_cell_numbers = itertools.count(1)
+
+
+def cell_started(info=None) -> None:
+    """IPython ``pre_run_cell`` hook (registered by the extension)."""
+    global _running_cell
+    _running_cell = next(_cell_numbers)
+    _cell.set(_running_cell)
+
+
+def cell_ended(result=None) -> None:
+    """IPython ``post_run_cell`` hook (registered by the extension)."""
+    global _running_cell
+    _running_cell = None
+
 
 def _handle_sigint(signum, frame) -> None:
-    for task, loop in list(_guarded.items()):
+    for task, (loop, cell) in list(_guarded.items()):
+        if _running_cell is not None and cell != _running_cell:
+            continue  # another cell's work, running in the background: not interrupted
         _interrupted.add(task)
         try:
             loop.call_soon_threadsafe(task.cancel)
@@ -48,7 +74,7 @@ def _install(task: asyncio.Task, loop) -> bool:
         # First guarded task, or a new cell's kernel handler now sits on top of ours:
         # take SIGINT (back), forwarding to whatever handler is current.
         _previous_handler = signal.signal(signal.SIGINT, _handle_sigint)
-    _guarded[task] = loop
+    _guarded[task] = (loop, _cell.get())
     return True
 
 

@@ -251,8 +251,14 @@ def test_rlm_kernel_has_helpers_without_load_ext(rlm_kernel, server):
     assert rlm_kernel.value("await llm_query_batch(['a', 'b'])") == ["echo: a", "echo: b"]
     assert server.requests_for(SUB) and not server.requests_for(ROOT)
     assert rlm_kernel.value("'rlm' in get_ipython().magics_manager.magics['cell']") is True
-    # A notebook written for any kernel loads the extension itself: silent, a no-op.
-    assert rlm_kernel.run("%load_ext rlm_magic") == ""
+
+
+def test_rlm_kernel_loads_the_extension_through_the_extension_manager(rlm_kernel, server):
+    assert "already loaded" in rlm_kernel.run("%load_ext rlm_magic")
+    rlm_kernel.run("%unload_ext rlm_magic")
+    assert rlm_kernel.value("'llm_query' in dir()") is False
+    rlm_kernel.run("%load_ext rlm_magic")
+    configure(rlm_kernel, server)  # a fresh load starts from the default settings
     assert rlm_kernel.value("await llm_query('again')") == "echo: again"
 
 

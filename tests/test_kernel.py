@@ -336,6 +336,25 @@ def test_saved_text_beside_progress_widgets_shows_how_the_work_ended(kernel_spec
     assert widget_texts(3) == ["RLM openai/root-model | done"]
 
 
+EXAMPLES = sorted((Path(__file__).parent.parent / "notebooks").glob("[0-9]*.ipynb"))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_example_notebook_runs_in_the_rlm_kernel(path, kernel_specs, kernel_env, tmp_path):
+    # nbval runs them in the stock python3 kernel they name; here the rlm kernel, where
+    # their `%load_ext rlm_magic` finds the extension already loaded.
+    nb = nbformat.read(path, as_version=4)
+    assert nb.metadata.kernelspec.name == "python3"
+    km = AsyncKernelManager(kernel_name="rlm", kernel_spec_manager=kernel_specs)
+    client = nbclient.NotebookClient(nb, km=km, timeout=120,
+                                     resources={"metadata": {"path": str(tmp_path)}})
+    try:
+        client.execute(env=kernel_env)  # raises CellExecutionError if a cell fails
+    finally:
+        if km.has_kernel:
+            run_sync(km.shutdown_kernel)(now=True)
+
+
 # -- live progress ------------------------------------------------------------------
 def test_widget_updates_stream_while_batch_runs(rlm_kernel, server):
     rlm_kernel.run("%config RLM.progress = True\n%config RLM.max_concurrency = 4")

@@ -3,7 +3,8 @@ interrupts.
 
 The kernels run in their own processes and reach the FakeLLMServer of this pytest
 process over 127.0.0.1. Kernel specs are installed into a temporary prefix, never
-globally. Run with ``-s`` to see the measured interrupt times and message counts.
+globally. The measured interrupt times and message counts are printed at the end of the
+test run (see ``pytest_terminal_summary`` in conftest.py).
 """
 
 from __future__ import annotations
@@ -29,11 +30,12 @@ from jupyter_client.kernelspec import KernelSpecManager  # noqa: E402
 from jupyter_client.manager import AsyncKernelManager, KernelManager  # noqa: E402
 from jupyter_core.utils import run_sync  # noqa: E402
 
+from .conftest import MEASURED  # noqa: E402
+
 pytestmark = pytest.mark.kernel
 
 ROOT, SUB = "root-model", "sub-model"  # as the server sees them
 INTERRUPT_LIMIT_S = 1.0
-MEASURED: dict[str, float] = {}
 
 
 # -- kernel specs --------------------------------------------------------------------
@@ -533,10 +535,3 @@ def test_interrupt_leaves_another_cells_background_batch_running(rlm_kernel, ser
     assert server.in_flight == 2
     rlm_kernel.run("_bg.cancel()")
     assert server.wait_for(lambda: server.in_flight == 0, timeout=5)
-
-
-def test_report_measurements():
-    """Not a check: prints what the interrupt tests measured (visible with -s)."""
-    for name, figure in MEASURED.items():
-        print(f"\n  {name}: {figure:.3f}" if isinstance(figure, float) else
-              f"\n  {name}: {figure}", end="")

@@ -10,8 +10,11 @@ from __future__ import annotations
 import os
 import re
 import sys
+import time
 
 import pytest
+
+from .conftest import MEASURED
 
 pexpect = pytest.importorskip("pexpect")
 
@@ -43,6 +46,9 @@ class Terminal:
         next prompt, without escape sequences."""
         for line in lines:
             self.child.send(line + "\r")
+        return self.next_prompt(timeout)
+
+    def next_prompt(self, timeout: float = 60) -> str:
         self.count += 1
         self.child.expect(_prompt(self.count), timeout=timeout)
         return _ANSI.sub("", self.child.before)
@@ -139,3 +145,26 @@ def test_jupyter_console_prints_no_widget_reprs(console, cell):
     shown = console.type(*cell)
     for widget_repr in ("HBox(", "IntProgress(", "HTML(value="):
         assert widget_repr not in shown
+
+
+@pytest.mark.parametrize("client", ["ipython", "console"])
+def test_ctrl_c_stops_a_batch_with_one_clear_line(client, request, llm_server):
+    terminal = request.getfixturevalue(client)
+    llm_server.reset()
+    llm_server.latency = 30.0
+    terminal.type(f'%config RLM.api_base = "{llm_server.base_url}"')
+    terminal.type('%config RLM.sub_model = "openai/sub-model"')
+    try:
+        terminal.child.send("await llm_query_batch(['a', 'b'])\r")
+        assert llm_server.wait_for(lambda: llm_server.in_flight == 2, timeout=30)
+        pressed = time.perf_counter()
+        terminal.child.sendintr()  # Ctrl-C
+        shown = terminal.next_prompt(timeout=15)
+        MEASURED[f"Ctrl-C -> next prompt, {client}"] = time.perf_counter() - pressed
+        assert "KeyboardInterrupt: llm_query_batch interrupted: the 0 of 2 answers" in shown
+        assert "Traceback" not in shown and "helpers.py" not in shown
+        assert "llm_query_batch: 0/2 done | 2 cancelled" in shown
+        assert llm_server.wait_for(lambda: llm_server.in_flight == 0, timeout=5)
+    finally:
+        llm_server.reset()
+        terminal.type("%rlm demo")  # back to the demo model for the tests that follow

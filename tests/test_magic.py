@@ -302,6 +302,19 @@ async def test_unknown_line_subcommand_is_one_line(shell):
 
 # -- progress without a widget frontend --------------------------------------------------
 
+@pytest.mark.parametrize("client, request_, terminal", [
+    # execute_request shapes as measured (jupyter console, nbclient) and as JupyterLab's
+    # cells send them (metadata.cellId)
+    ("jupyter console", {"content": {"allow_stdin": True}, "metadata": {}}, True),
+    ("JupyterLab", {"content": {"allow_stdin": True}, "metadata": {"cellId": "c1"}}, False),
+    ("nbclient", {"content": {"allow_stdin": False}, "metadata": {}}, False),
+])
+def test_terminal_clients_are_told_apart_from_notebooks(client, request_, terminal):
+    from rlm_magic.jupyter.progress import from_a_terminal_client
+
+    assert from_a_terminal_client(request_) is terminal, client
+
+
 async def test_progress_falls_back_to_a_text_line_on_stderr(shell, server, capsys):
     session_rlm(shell).progress = True
     answers = await run_cell(shell, "await llm_query_batch(['a', 'b', 'c'])")

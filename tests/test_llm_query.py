@@ -141,6 +141,14 @@ async def test_an_unpriced_model_whose_calls_all_failed_shows_an_unknown_cost(rl
     assert row.split()[:6] == ["openai/sub-model", "1", "0", "0", "0", "?"]  # cost: not $0
 
 
+@pytest.mark.parametrize("cost, shown", [
+    (0.0, "$0.0000"), (0.00003, "<$0.0001"), (0.00012, "$0.0001"), (1234.5, "$1,234.50")])
+def test_costs_are_shown_without_rounding_a_paid_call_to_zero(cost, shown):
+    from rlm_magic.llm.usage import format_cost
+
+    assert format_cost(cost) == shown
+
+
 async def test_the_run_status_starts_with_an_unknown_cost_not_zero(rlm):
     from rlm_magic.jupyter.progress import RunStatus
 

@@ -152,7 +152,10 @@ def format_cost(cost: float | None, unpriced_calls: int = 0) -> str:
     false $0."""
     if cost is None:
         return "?"
-    text = f"${cost:.4f}" if cost < 100 else f"${cost:,.2f}"
+    if 0 < cost < 0.00005:
+        text = "<$0.0001"  # a paid call is never rounded down to a free-looking $0.0000
+    else:
+        text = f"${cost:.4f}" if cost < 100 else f"${cost:,.2f}"
     return text + (" + ?" if unpriced_calls else "")
 
 

@@ -148,8 +148,14 @@ class DemoServer(LocalChatServer):
         super().__init__(**kwargs)
         self.root_latency = root_latency
         self.sub_latency = sub_latency
+        self.prices_registered = threading.Event()
 
     async def answer(self, body: dict) -> str:
+        if not self.prices_registered.is_set():
+            # litellm prices a response when it arrives: answer only once it knows the
+            # pretend prices (registered in the background by start()).
+            await asyncio.get_running_loop().run_in_executor(
+                None, self.prices_registered.wait, 60)
         messages = body.get("messages") or []
         is_rlm_turn = bool(messages) and messages[0].get("role") == "system" and \
             "Python REPL" in (messages[0].get("content") or "")
@@ -190,8 +196,9 @@ def sub_reply(prompt: str) -> str:
         words = re.findall(r"[a-z']+", prompt.lower().split(":", 1)[-1])
         score = sum(w in _POSITIVE for w in words) - sum(w in _NEGATIVE for w in words)
         return "positive" if score > 0 else "negative" if score < 0 else "neutral"
+    words = len(prompt.split())
     return (f"[demo model] I only answer counting and sentiment prompts; yours had "
-            f"{len(prompt.split())} words.")
+            f"{words} word{'' if words == 1 else 's'}.")
 
 
 # Root-model strategy ---------------------------------------------------------------
@@ -216,14 +223,18 @@ def root_reply(messages: list[dict]) -> str:
     question = _question(messages)
     term, field = _task(question)
     dict_context = "(dict, length" in (messages[0].get("content") or "")
+    if term is None:
+        # Refused as a provider refuses a request, so the run fails visibly: an answer
+        # saying "I cannot answer" would be shown as a success.
+        raise HTTPError(400, "[demo model] the demo answers counting questions that "
+                        "quote the term to count, e.g. Which service has the most "
+                        "\"timeout\" lines? It is a scripted stand-in: use a real model "
+                        "for other questions.", "invalid_request_error")
     if turn == 0:
         return ("First I look at the context: its type, size and a sample.\n"
                 "```repl\nprint(type(context).__name__, len(context))\n"
                 "sample = list(context)[:3] if isinstance(context, dict) else context[:300]\n"
                 "print(sample)\n```")
-    if term is None:
-        return ("FINAL([demo model] I can only answer counting questions that quote the "
-                "term to count, e.g. Which service has the most \"timeout\" lines?)")
     if dict_context and turn == 1:
         # One child RLM per document: each runs this same strategy on its part.
         return ("The context is a set of documents: I give each to a child RLM, "
@@ -287,8 +298,19 @@ def start(rlm=None, **latency) -> DemoServer:
             _saved_settings = {name: getattr(rlm, name) for name in _DEMO_SETTINGS}
         rlm.model, rlm.sub_model = f"openai/{ROOT_MODEL}", f"openai/{SUB_MODEL}"
         rlm.api_base, rlm.api_key = _server.base_url, "demo-no-key-needed"
-    register_pretend_prices()
+    if not _server.prices_registered.is_set():
+        # Registering the prices imports litellm (seconds, the first time): do it in the
+        # background, so `%rlm demo` returns at once.
+        threading.Thread(target=_register_prices, args=(_server,), daemon=True,
+                         name="rlm-demo-prices").start()
     return _server
+
+
+def _register_prices(server: DemoServer) -> None:
+    try:
+        register_pretend_prices()
+    finally:  # even if it failed: answer unpriced rather than never
+        server.prices_registered.set()
 
 
 def stop(rlm=None) -> None:

@@ -6,6 +6,7 @@ setting involved, so a user can act on it without reading a traceback.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 
@@ -52,16 +53,71 @@ class BatchError(RLMError):
         )
 
 
-def describe_exception(exc: BaseException) -> str:
-    """A one-line description of ``exc`` that never comes out empty."""
+def interrupt(message: str) -> KeyboardInterrupt:
+    """A KeyboardInterrupt that IPython shows as one line, ``KeyboardInterrupt: message``,
+    like any interrupted cell; a traceback through rlm-magic's helpers (or, for %%rlm,
+    through the rewritten cell) would add nothing. It stays a plain KeyboardInterrupt,
+    so ``except KeyboardInterrupt`` and clients reading the error's name see one."""
+    error = KeyboardInterrupt(message)
+    error._render_traceback_ = lambda: [f"KeyboardInterrupt: {message}"]
+    return error
+
+
+def describe_exception(exc: BaseException, api_base: str | None = None) -> str:
+    """A one-line description of ``exc`` that never comes out empty: the kind of failure
+    and the provider's own sentence, once. A connection that failed says which endpoint
+    could not be reached (``api_base``, or the one litellm names in the exception)."""
     import asyncio
 
     if isinstance(exc, (asyncio.TimeoutError, TimeoutError)) and not str(exc):
         return "timed out"
-    text = " ".join(str(exc).split())
+    chain = _causes(exc)
+    if any(_is_connection_failure(e) for e in chain):
+        endpoint = api_base or _endpoint_named_in(exc) or "the provider's endpoint"
+        reason = _one_line(_ERRNO.sub("", str(chain[-1])))
+        return f"could not reach {endpoint}" + (f" ({reason})" if reason else "")
     name = type(exc).__name__
+    text = _one_line(str(exc))
+    # litellm repeats the kind of failure before the provider's sentence, e.g.
+    # "litellm.BadRequestError: ContextWindowExceededError: OpenAIException - request ..."
+    while True:
+        shorter = _KIND_PREFIX.sub("", text, count=1)
+        if shorter == text or not shorter:
+            break
+        text = shorter
     if not text:
         return name
     if len(text) > 300:
         text = text[:300] + "..."
     return f"{name}: {text}"
+
+
+_KIND_PREFIX = re.compile(r"^(?:litellm\.)?[A-Z]\w*(?:Error|Exception)\s*(?::|-)\s*")
+_ERRNO = re.compile(r"^\[Errno -?\d+\]\s*")
+_CONNECTION_FAILURES = {"APIConnectionError", "ConnectError", "ClientConnectorError",
+                        "ClientConnectorDNSError"}
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    """``exc`` and the exceptions it was raised from, outermost first."""
+    chain: list[BaseException] = []
+    while exc is not None and exc not in chain:
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return chain
+
+
+def _is_connection_failure(exc: BaseException) -> bool:
+    return isinstance(exc, ConnectionError) or type(exc).__name__ in _CONNECTION_FAILURES
+
+
+def _endpoint_named_in(exc: BaseException) -> str | None:
+    endpoint = getattr(exc, "api_base", None)
+    if endpoint:
+        return str(endpoint)
+    found = re.search(r"API Base: `([^`]+)`", str(getattr(exc, "litellm_debug_info", "")))
+    return found.group(1) if found else None

@@ -1,6 +1,10 @@
 """Execute a notebook headless with nbclient and save an executed copy.
 
     python scripts/run_notebook.py notebooks/01_quickstart.ipynb [--out PATH] [--kernel rlm]
+        [--summary]
+
+With ``--summary`` it also prints what the cells tagged ``summary`` showed (their text
+output, and Markdown where a result has it), as a short account of what the notebook did.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ def main() -> int:
                         "(default: NAME.executed.ipynb next to the notebook)")
     parser.add_argument("--kernel", help="kernel name (default: the notebook's own)")
     parser.add_argument("--timeout", type=int, default=300, help="seconds per cell")
+    parser.add_argument("--summary", action="store_true",
+                        help="print the output of the cells tagged 'summary'")
     args = parser.parse_args()
 
     import nbformat
@@ -38,9 +44,34 @@ def main() -> int:
               file=sys.stderr)
         return 1
     nbformat.write(notebook, out)
+    if args.summary:
+        print(summary(notebook, args.notebook.name))
     print(f"Executed {args.notebook} in {time.perf_counter() - started:.1f}s.\n"
           f"Executed copy: {out.resolve()}")
     return 0
+
+
+def summary(notebook, notebook_name: str = "the notebook") -> str:
+    """The text the cells tagged 'summary' showed, each under its cell's first line."""
+    blocks = []
+    for cell in notebook.cells:
+        if "summary" not in cell.metadata.get("tags", []):
+            continue
+        shown = []
+        for output in cell.outputs:
+            if output.output_type == "stream" and output.name == "stdout":
+                shown.append(output.text.rstrip())
+            elif "data" in output and "application/vnd.jupyter.widget-view+json" not in output.data:
+                data = output.data
+                shown.append(str(data.get("text/markdown") or data.get("text/plain", "")).strip())
+        title = cell.source.splitlines()[0] if cell.source.startswith("%") else None
+        text = "\n".join(s for s in shown if s)
+        blocks.append((f"{title}\n" if title else "") + _indent(text))
+    return f"What {notebook_name} did:\n\n" + "\n\n".join(blocks) + "\n"
+
+
+def _indent(text: str) -> str:
+    return "\n".join("  " + line for line in text.splitlines())
 
 
 if __name__ == "__main__":

@@ -12,6 +12,19 @@ from .llm_server import FakeLLMServer  # noqa: E402
 
 ROOT, SUB = "openai/root-model", "openai/sub-model"
 
+# Figures the real-kernel tests measure (interrupt-to-reply seconds, widget messages),
+# reported once at the end of the run: they are observations, not checks.
+MEASURED: dict[str, float | int] = {}
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not MEASURED:
+        return
+    terminalreporter.section("rlm-magic measurements")
+    for name, figure in MEASURED.items():
+        shown = f"{figure:.3f} s" if isinstance(figure, float) else str(figure)
+        terminalreporter.write_line(f"{name}: {shown}")
+
 
 @pytest.fixture(scope="session")
 def llm_server():
@@ -85,3 +98,13 @@ def litellm_proxy(llm_server, tmp_path_factory):
         yield proxy
     finally:
         proxy.stop()
+
+
+@pytest.fixture(autouse=True)
+async def _close_litellm_connections():
+    """Each test runs on a loop of its own, and litellm keeps connection pools per loop:
+    close this test's before its loop ends, as ``RLM.run`` does."""
+    yield
+    from rlm_magic.llm.client import close_loop_clients
+
+    await close_loop_clients()

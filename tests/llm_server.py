@@ -27,6 +27,9 @@ _FAILURES = {
     "500": (500, "injected server error", "server_error"),
     "429": (429, "injected rate limit", "rate_limit_error"),
     "401": (401, "injected bad API key", "invalid_request_error"),
+    # llama.cpp's answer to a prompt over its context size
+    "context": (400, "request (23009 tokens) exceeds the available context size (4096 "
+                "tokens), try increasing it", "exceed_context_size_error"),
 }
 
 
@@ -42,7 +45,7 @@ def echo(request: dict) -> str:
 
 @dataclass
 class Failure:
-    kind: str  # "500", "429", "401", "hang"
+    kind: str  # "500", "429", "401", "context", "hang"
     times: int
     model: str | None = None
     match: str | None = None  # fail only requests whose last message contains this

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections import Counter
 
 import pytest
@@ -48,6 +51,33 @@ def test_sub_model_classifies_sentiment(review, label):
 
 def test_sub_model_says_what_it_is_for_anything_else():
     assert demo.sub_reply("Write a poem").startswith("[demo model]")
+    assert demo.sub_reply("Hello").endswith("yours had 1 word.")
+
+
+async def test_a_question_the_demo_cannot_answer_fails_the_run(demo_rlm):
+    result = await demo_rlm.arun("What is the meaning of life?", context="some text")
+    assert not result.success and result.stop_reason == "error"
+    assert "[demo model] the demo answers counting questions" in result.error
+    assert "rlm-failed" in result._repr_html_()  # shown in red, not as an answer
+
+
+def test_starting_the_demo_does_not_wait_for_litellm():
+    # A fresh process, where litellm is not imported yet (the import takes seconds).
+    code = """if True:
+        import asyncio, sys, time
+        from rlm_magic import RLM, demo
+        rlm = RLM(progress=False)
+        started = time.perf_counter()
+        demo.start(rlm)
+        print(round(time.perf_counter() - started, 3))
+        asyncio.run(rlm.helpers.llm_query("Classify the sentiment: good"))
+        print(rlm.usage().cost_usd > 0)  # the pretend prices were registered in time
+    """
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+    assert done.returncode == 0, done.stderr
+    seconds, priced = done.stdout.split()
+    assert float(seconds) < 1.0 and priced == "True"
 
 
 async def test_demo_root_answers_a_counting_question_over_a_long_document(demo_rlm):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 
 import pytest
@@ -382,6 +383,21 @@ def test_run_wraps_arun_outside_a_loop(server):
     rlm = make_rlm(server)
     server.script("root-model", ["FINAL(sync)"])
     assert rlm.run("q", context="c").final_answer == "sync"
+
+
+def test_blocking_runs_leave_no_connections_open(server):
+    def sockets() -> int:
+        return sum(os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+                   for fd in os.listdir("/proc/self/fd") if os.path.exists(f"/proc/self/fd/{fd}"))
+
+    rlm = make_rlm(server, sandbox="none")
+    rlm.run("warm-up", context="c")  # litellm's first import opens what it keeps
+    before = sockets()
+    for _ in range(5):  # each run is an asyncio.run of its own, with its own pools
+        server.script("root-model", [repl("x = llm_query_batch(['a', 'b', 'c', 'd'])"),
+                                     "FINAL(done)"])
+        assert rlm.run("q", context="c").final_answer == "done"
+    assert sockets() <= before + 2
 
 
 async def test_run_inside_a_loop_says_to_await_arun(rlm):

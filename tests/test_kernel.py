@@ -3,7 +3,8 @@ interrupts.
 
 The kernels run in their own processes and reach the FakeLLMServer of this pytest
 process over 127.0.0.1. Kernel specs are installed into a temporary prefix, never
-globally. Run with ``-s`` to see the measured interrupt times and message counts.
+globally. The measured interrupt times and message counts are printed at the end of the
+test run (see ``pytest_terminal_summary`` in conftest.py).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import queue
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -28,11 +30,12 @@ from jupyter_client.kernelspec import KernelSpecManager  # noqa: E402
 from jupyter_client.manager import AsyncKernelManager, KernelManager  # noqa: E402
 from jupyter_core.utils import run_sync  # noqa: E402
 
+from .conftest import MEASURED  # noqa: E402
+
 pytestmark = pytest.mark.kernel
 
 ROOT, SUB = "root-model", "sub-model"  # as the server sees them
 INTERRUPT_LIMIT_S = 1.0
-MEASURED: dict[str, float] = {}
 
 
 # -- kernel specs --------------------------------------------------------------------
@@ -128,7 +131,13 @@ class Kernel:
         self.km.shutdown_kernel(now=True)
 
     def submit(self, code: str) -> str:
-        return self.kc.execute(code)
+        """Send an execute_request as a notebook frontend does: naming the cell (as
+        JupyterLab and Notebook 7 do), which tells the kernel widgets are rendered."""
+        msg = self.kc.session.msg("execute_request", {
+            "code": code, "silent": False, "store_history": True, "user_expressions": {},
+            "allow_stdin": True, "stop_on_error": True}, metadata={"cellId": uuid.uuid4().hex})
+        self.kc.shell_channel.send(msg)
+        return msg["header"]["msg_id"]
 
     def pump(self, until=lambda: False, timeout: float = 0.02) -> bool:
         """Read iopub messages for up to ``timeout`` s, stopping early once ``until()``."""
@@ -244,9 +253,39 @@ def test_rlm_kernel_has_helpers_without_load_ext(rlm_kernel, server):
     assert rlm_kernel.value("await llm_query_batch(['a', 'b'])") == ["echo: a", "echo: b"]
     assert server.requests_for(SUB) and not server.requests_for(ROOT)
     assert rlm_kernel.value("'rlm' in get_ipython().magics_manager.magics['cell']") is True
-    # A notebook written for any kernel loads the extension itself: silent, a no-op.
-    assert rlm_kernel.run("%load_ext rlm_magic") == ""
+
+
+def test_rlm_kernel_loads_the_extension_through_the_extension_manager(rlm_kernel, server):
+    assert "already loaded" in rlm_kernel.run("%load_ext rlm_magic")
+    rlm_kernel.run("%unload_ext rlm_magic")
+    assert rlm_kernel.value("'llm_query' in dir()") is False
+    rlm_kernel.run("%load_ext rlm_magic")
+    configure(rlm_kernel, server)  # a fresh load starts from the default settings
     assert rlm_kernel.value("await llm_query('again')") == "echo: again"
+
+
+def execute_notebook(cells, kernel_name: str, kernel_specs, kernel_env, tmp_path):
+    """Run code cells with nbclient, as papermill and nbconvert do; the executed copy."""
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    spec = kernel_specs.get_kernel_spec(kernel_name)
+    nb.metadata["kernelspec"] = {"name": kernel_name, "display_name": spec.display_name,
+                                 "language": "python"}
+    km = AsyncKernelManager(kernel_name=kernel_name, kernel_spec_manager=kernel_specs)
+    client = nbclient.NotebookClient(nb, km=km, timeout=90,
+                                     resources={"metadata": {"path": str(tmp_path)}})
+    try:
+        client.execute(env=kernel_env)
+    finally:  # nbclient leaves a kernel it did not create running
+        if km.has_kernel:
+            run_sync(km.shutdown_kernel)(now=True)
+    return nb
+
+
+def configure_cell(server) -> str:
+    return "\n".join([f'%config RLM.api_base = "{server.base_url}"',
+                      '%config RLM.model = "openai/root-model"',
+                      '%config RLM.sub_model = "openai/sub-model"',
+                      '%config RLM.api_key = "sk-test"'])
 
 
 def test_notebook_runs_in_rlm_kernel(kernel_specs, kernel_env, server, tmp_path):
@@ -263,17 +302,7 @@ def test_notebook_runs_in_rlm_kernel(kernel_specs, kernel_env, server, tmp_path)
         "%%rlm -c data --out res\nWhat does {data!r} say?",
         "res.final_answer, res.success, res.iterations",
     ]
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
-    nb.metadata["kernelspec"] = {"name": "rlm", "display_name": "Python 3 (RLM)",
-                                 "language": "python"}
-    km = AsyncKernelManager(kernel_name="rlm", kernel_spec_manager=kernel_specs)
-    client = nbclient.NotebookClient(nb, km=km, timeout=90,
-                                     resources={"metadata": {"path": str(tmp_path)}})
-    try:
-        client.execute(env=kernel_env)
-    finally:  # nbclient leaves a kernel it did not create running
-        if km.has_kernel:
-            run_sync(km.shutdown_kernel)(now=True)
+    nb = execute_notebook(cells, "rlm", kernel_specs, kernel_env, tmp_path)
 
     def text(index):
         # stream and results only: progress widgets come as display_data
@@ -289,6 +318,43 @@ def test_notebook_runs_in_rlm_kernel(kernel_specs, kernel_env, server, tmp_path)
     assert "What does 'hello world' say?" in root_requests[0]["messages"][-1]["content"]
     assert "HELLO WORLD" in root_requests[1]["messages"][-2]["content"] + \
         root_requests[1]["messages"][-1]["content"]
+
+
+def test_saved_text_beside_progress_widgets_shows_how_the_work_ended(kernel_specs,
+                                                                     kernel_env, server,
+                                                                     tmp_path):
+    server.script(ROOT, ["```repl\nprint(llm_query_batch(['a', 'b']))\n```", "FINAL(two)"])
+    cells = [configure_cell(server), "_ = await llm_query_batch(['x', 'y', 'z'])",
+             "data = 'abc'", "%%rlm -c data\nWhat is it?"]
+    nb = execute_notebook(cells, "rlm", kernel_specs, kernel_env, tmp_path)
+
+    def widget_texts(index):  # what GitHub, nbviewer or VS Code without widgets show
+        return [o.data["text/plain"] for o in nb.cells[index].outputs
+                if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+
+    [batch] = widget_texts(1)
+    assert batch.startswith("llm_query_batch: 3/3 done | ") and "in flight" not in batch
+    # The answer below the status carries the figures; the status says how it ended.
+    assert widget_texts(3) == ["RLM openai/root-model | done"]
+
+
+EXAMPLES = sorted((Path(__file__).parent.parent / "notebooks").glob("[0-9]*.ipynb"))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_example_notebook_runs_in_the_rlm_kernel(path, kernel_specs, kernel_env, tmp_path):
+    # nbval runs them in the stock python3 kernel they name; here the rlm kernel, where
+    # their `%load_ext rlm_magic` finds the extension already loaded.
+    nb = nbformat.read(path, as_version=4)
+    assert nb.metadata.kernelspec.name == "python3"
+    km = AsyncKernelManager(kernel_name="rlm", kernel_spec_manager=kernel_specs)
+    client = nbclient.NotebookClient(nb, km=km, timeout=120,
+                                     resources={"metadata": {"path": str(tmp_path)}})
+    try:
+        client.execute(env=kernel_env)  # raises CellExecutionError if a cell fails
+    finally:
+        if km.has_kernel:
+            run_sync(km.shutdown_kernel)(now=True)
 
 
 # -- live progress ------------------------------------------------------------------
@@ -347,6 +413,11 @@ def interrupt_and_check(kernel: Kernel, server, label: str, code: str, ready,
     assert reply["ename"] == "KeyboardInterrupt", f"[{label}] {reply['ename']}: " \
         f"{reply['evalue']}"
     assert elapsed <= INTERRUPT_LIMIT_S, f"[{label}] took {elapsed:.3f}s to stop"
+    # One clear line, like any interrupted cell: no frames of rlm-magic's internals, and
+    # not the rewritten line a %%rlm cell runs as.
+    assert len(reply["traceback"]) == 1, "\n".join(reply["traceback"])
+    assert reply["traceback"][0] == f"KeyboardInterrupt: {reply['evalue']}"
+    assert " interrupted" in reply["evalue"], reply["evalue"]
     assert server.wait_for(lambda: server.in_flight == 0, timeout=5), \
         f"[{label}] {server.in_flight} requests still open after the interrupt"
     assert kernel.value("1 + 1") == 2
@@ -355,7 +426,8 @@ def interrupt_and_check(kernel: Kernel, server, label: str, code: str, ready,
                         "rlm_magic.jupyter.interrupts._previous_handler)") == ({}, None)
     return kernel.value("_u = rlm_magic.usage(); {'calls': _u.calls - _usage_before.calls, "
                         "'input_tokens': _u.input_tokens - _usage_before.input_tokens, "
-                        "'errors': _u.total.errors - _usage_before.total.errors}")
+                        "'errors': _u.total.errors - _usage_before.total.errors, "
+                        "'cancelled': _u.total.cancelled - _usage_before.total.cancelled}")
 
 
 def _mixed_batch(kernel: Kernel, server, label: str) -> None:
@@ -375,8 +447,8 @@ def _mixed_batch(kernel: Kernel, server, label: str) -> None:
         kernel, server, label,
         "await llm_query_batch([f'fast {i}' for i in range(4)] + "
         "[f'slow {i}' for i in range(4)])", ready)
-    # The 4 answered calls keep their tokens; the 4 cut off are recorded as errors.
-    assert usage == {"calls": 8, "input_tokens": 40, "errors": 4}, usage
+    # The 4 answered calls keep their tokens; the 4 cut off are counted as cancelled.
+    assert usage == {"calls": 8, "input_tokens": 40, "errors": 0, "cancelled": 4}, usage
     assert server.completed == 4 and server.cancelled == 4
 
 
@@ -409,7 +481,7 @@ def test_interrupt_rlm_blocking_step(rlm_kernel, server):
     usage = interrupt_and_check(rlm_kernel, server, "c: %%rlm --no-sandbox, blocking step",
                                 "%%rlm --no-sandbox -c data\nWhat is in the data?",
                                 ready_and_sleeping)
-    assert usage["calls"] == 2 and usage["errors"] == 0, usage
+    assert usage["calls"] == 2 and usage["errors"] == usage["cancelled"] == 0, usage
     assert rlm_kernel.value("_rlm.stop_reason, _rlm.success") == ("interrupted", False)
     assert rlm_kernel.value("len(_rlm.trajectory)") == 1
 
@@ -450,6 +522,7 @@ def test_interrupt_rlm_step_awaiting_batch(rlm_kernel, server):
                                 "%%rlm -c data --out res_d\nSummarise the data.",
                                 lambda msg_id: server.in_flight == 8)
     assert usage["calls"] == 9 and usage["input_tokens"] == 10, usage  # root answered
+    assert usage["cancelled"] == 8 and usage["errors"] == 0, usage
     assert server.cancelled == 8
     assert rlm_kernel.value("res_d.stop_reason") == "interrupted"
 
@@ -473,8 +546,20 @@ def test_interrupt_stops_a_cell_whose_batch_runs_in_the_background(rlm_kernel, s
     assert rlm_kernel.value("1 + 1") == 2
 
 
-def test_report_measurements():
-    """Not a check: prints what the interrupt tests measured (visible with -s)."""
-    for name, figure in MEASURED.items():
-        print(f"\n  {name}: {figure:.3f}" if isinstance(figure, float) else
-              f"\n  {name}: {figure}", end="")
+def test_interrupt_leaves_another_cells_background_batch_running(rlm_kernel, server):
+    server.latency = 30.0
+    rlm_kernel.run("import asyncio\n"
+                   "_bg = asyncio.ensure_future(llm_query_batch(['bg 1', 'bg 2']))")
+    msg_id = rlm_kernel.submit("await llm_query_batch(['fg 1', 'fg 2'])")
+    assert rlm_kernel.pump(lambda: server.in_flight == 4, timeout=30)
+    interrupted = time.perf_counter()
+    rlm_kernel.km.interrupt_kernel()
+    reply, replied = rlm_kernel.wait(msg_id, timeout=60)
+    MEASURED["f: batch, another cell's batch in the background"] = replied - interrupted
+    assert reply["ename"] == "KeyboardInterrupt"
+    assert replied - interrupted <= INTERRUPT_LIMIT_S
+    assert server.wait_for(lambda: server.in_flight == 2, timeout=5)
+    assert rlm_kernel.value("_bg.done()") is False  # the earlier cell's work goes on
+    assert server.in_flight == 2
+    rlm_kernel.run("_bg.cancel()")
+    assert server.wait_for(lambda: server.in_flight == 0, timeout=5)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 
 import pytest
@@ -110,6 +111,52 @@ async def test_authentication_errors_are_not_retried(rlm, server):
     assert len(server.requests) == 1
 
 
+async def test_an_error_names_the_kind_and_the_providers_sentence_once(rlm, server):
+    server.fail("context")
+    with pytest.raises(LLMQueryError) as caught:
+        await rlm.helpers.llm_query("x")
+    assert str(caught.value) == (
+        "LLM call to 'openai/sub-model' failed: ContextWindowExceededError: request (23009 "
+        "tokens) exceeds the available context size (4096 tokens), try increasing it")
+
+
+async def test_an_unreachable_endpoint_is_named(server):
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    endpoint = f"http://127.0.0.1:{port}/v1"
+    rlm = make_rlm(server, api_base=endpoint, max_retries=0)
+    with pytest.raises(LLMQueryError) as caught:
+        await rlm.helpers.llm_query("x")
+    message = str(caught.value)
+    assert message.startswith(f"LLM call to 'openai/sub-model' failed: could not reach "
+                              f"{endpoint} (")
+    assert "InternalServerError" not in message and len(message.splitlines()) == 1
+
+
+async def test_an_unpriced_model_whose_calls_all_failed_shows_an_unknown_cost(rlm, server):
+    server.fail("401")
+    with pytest.raises(LLMQueryError):
+        await rlm.helpers.llm_query("x")
+    row = repr(rlm.usage()).splitlines()[-1]
+    assert row.split()[:6] == ["openai/sub-model", "1", "0", "0", "0", "?"]  # cost: not $0
+
+
+@pytest.mark.parametrize("cost, shown", [
+    (0.0, "$0.0000"), (0.00003, "<$0.0001"), (0.00012, "$0.0001"), (1234.5, "$1,234.50")])
+def test_costs_are_shown_without_rounding_a_paid_call_to_zero(cost, shown):
+    from rlm_magic.llm.usage import format_cost
+
+    assert format_cost(cost) == shown
+
+
+async def test_the_run_status_starts_with_an_unknown_cost_not_zero(rlm):
+    from rlm_magic.jupyter.progress import RunStatus
+
+    line = RunStatus(rlm.start("q"), enabled=False).line()
+    assert " | 0 tokens | ? | " in line and "$0" not in line
+
+
 async def test_timeout_gives_a_clear_error(server):
     rlm = make_rlm(server, timeout=0.3, max_retries=0)
     server.fail("hang")
@@ -185,6 +232,18 @@ async def test_the_blocking_litellm_completion_is_never_called(rlm, server, monk
     await rlm.helpers.llm_query("a")
     await rlm.helpers.llm_query_batch(["b", "c"])
     assert len(server.requests) == 3
+
+
+async def test_cancelled_calls_are_counted_apart_from_errors(rlm, server):
+    server.latency = 30
+    task = asyncio.ensure_future(rlm.helpers.llm_query_batch(["a", "b", "c"]))
+    assert await asyncio.to_thread(server.wait_for, lambda: server.in_flight == 3)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    total = rlm.usage().total
+    assert (total.calls, total.cancelled, total.errors) == (3, 3, 0)
+    assert repr(rlm.usage()).splitlines()[0].split()[-2:] == ["errors", "cancelled"]
 
 
 async def test_bad_prompts_are_rejected_with_one_line_errors(rlm):

@@ -6,6 +6,7 @@ kernel; ``run_cell`` re-raises a cell's error so a failing cell fails its test.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 
@@ -99,6 +100,12 @@ def test_rlm_config_shows_settings_with_the_key_masked(shell):
     text = repr(shell.run_line_magic("rlm", "config"))
     assert "sk-...mnop" in text and "sk-abcdefghijklmnop" not in text
     assert "RLM.max_concurrency" in text
+
+
+def test_rlm_config_text_view_separates_every_name_from_its_value(shell):
+    settings = session_rlm(shell).settings()
+    lines = repr(shell.run_line_magic("rlm", "config")).splitlines()
+    assert [line.split("  ", 1)[0] for line in lines] == [f"RLM.{k}" for k in settings]
 
 
 def test_environment_variables_give_model_defaults(monkeypatch):
@@ -284,6 +291,16 @@ def test_rlm_cell_help_is_available(shell):
     assert "--context" in doc and "--live" in doc and "--out" in doc
 
 
+@pytest.mark.parametrize("typed, status", [
+    ("%%rlm --context logs\n", ("incomplete", 0)),
+    ("%%rlm --context logs\nWhich service times out most?\n", ("incomplete", 0)),
+    ("%%rlm --context logs\nWhich service times out most?\n\n", ("complete", None)),
+])
+def test_an_rlm_cell_is_incomplete_until_a_blank_line(shell, typed, status):
+    # What terminal IPython and jupyter console ask before running what was typed.
+    assert shell.input_transformer_manager.check_complete(typed) == status
+
+
 def test_help_cells_are_not_rewritten():
     from rlm_magic.jupyter.magics import transform_rlm_cell
 
@@ -309,6 +326,19 @@ async def test_unknown_line_subcommand_is_one_line(shell):
 
 # -- progress without a widget frontend --------------------------------------------------
 
+@pytest.mark.parametrize("client, request_, terminal", [
+    # execute_request shapes as measured (jupyter console, nbclient) and as JupyterLab's
+    # cells send them (metadata.cellId)
+    ("jupyter console", {"content": {"allow_stdin": True}, "metadata": {}}, True),
+    ("JupyterLab", {"content": {"allow_stdin": True}, "metadata": {"cellId": "c1"}}, False),
+    ("nbclient", {"content": {"allow_stdin": False}, "metadata": {}}, False),
+])
+def test_terminal_clients_are_told_apart_from_notebooks(client, request_, terminal):
+    from rlm_magic.jupyter.progress import from_a_terminal_client
+
+    assert from_a_terminal_client(request_) is terminal, client
+
+
 async def test_progress_falls_back_to_a_text_line_on_stderr(shell, server, capsys):
     session_rlm(shell).progress = True
     answers = await run_cell(shell, "await llm_query_batch(['a', 'b', 'c'])")
@@ -326,6 +356,35 @@ async def test_rlm_runs_show_a_text_status_line_on_stderr(shell, server, capsys)
     await run_cell(shell, "%%rlm -q\nq")
     last = capsys.readouterr().err.splitlines()[-1]
     assert "RLM openai/root-model | done | iteration 2/30 | sub-calls 2 done" in last
+
+
+async def test_an_interrupted_batch_counts_its_unfinished_calls_as_cancelled(shell, server,
+                                                                           capsys):
+    rlm = session_rlm(shell)
+    rlm.progress = True
+    server.latency_for = lambda body: 0.0 if "fast" in body["messages"][-1]["content"] else 30
+    task = asyncio.ensure_future(rlm.helpers.llm_query_batch(["fast", "slow 1", "slow 2"]))
+    assert await asyncio.to_thread(server.wait_for, lambda: server.in_flight == 2)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert "llm_query_batch: 1/3 done | 2 cancelled" in last
+    assert "in flight" not in last
+
+
+async def test_an_interrupted_run_counts_its_unfinished_sub_calls_as_cancelled(shell, server,
+                                                                              capsys):
+    session_rlm(shell).progress = True
+    server.script("root-model", [repl("llm_query_batch(['a', 'b'])")])
+    server.model_latency["sub-model"] = 30
+    task = asyncio.ensure_future(run_cell(shell, "%%rlm -q\nq"))
+    assert await asyncio.to_thread(server.wait_for, lambda: server.in_flight == 2)
+    task.cancel()
+    with pytest.raises((asyncio.CancelledError, KeyboardInterrupt)):
+        await task
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert "sub-calls 0 done, 2 cancelled" in last and "in flight" not in last
 
 
 async def test_no_progress_when_turned_off(shell, server, capsys):

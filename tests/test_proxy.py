@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from rlm_magic import LLMQueryError, RLM
+from rlm_magic import RLM, LLMQueryError
 
 from .litellm_proxy import MASTER_KEY
+
+# The real-kernel fixtures, shared with the kernel tests.
 from .test_kernel import Kernel, kernel_env, kernel_prefix, kernel_specs  # noqa: F401
 
 pytestmark = pytest.mark.proxy
@@ -69,7 +71,7 @@ async def test_the_proxy_s_reported_cost_reaches_the_ledger(litellm_proxy, serve
     assert record.cost_usd == pytest.approx(10 * 0.15e-6 + 5 * 0.6e-6)
 
 
-def test_two_kernels_sharing_the_proxy_lose_no_item(litellm_proxy, llm_server,
+def test_two_kernels_sharing_the_proxy_lose_no_item(litellm_proxy, llm_server,  # noqa: F811
                                                      kernel_specs, kernel_env):
     kernels = [Kernel("rlm", kernel_specs, kernel_env) for _ in range(2)]
     try:

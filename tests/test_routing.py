@@ -8,7 +8,7 @@ import asyncio
 import pytest
 from traitlets import TraitError
 
-from rlm_magic import LLMQueryError, RLM
+from rlm_magic import RLM, LLMQueryError
 
 from .llm_server import FakeLLMServer
 

@@ -102,8 +102,10 @@ class SettingsView:
         self.settings = settings
 
     def __repr__(self) -> str:
-        width = max(len(k) for k in self.settings) + 4
-        return "\n".join(f"RLM.{k}".ljust(width) + repr(v) for k, v in self.settings.items())
+        names = [f"RLM.{k}" for k in self.settings]
+        width = max(map(len, names)) + 2  # two spaces after the longest name
+        return "\n".join(name.ljust(width) + repr(v)
+                         for name, v in zip(names, self.settings.values()))
 
     def _repr_html_(self) -> str:
         return settings_html(self.settings)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import types
 
 from ..rlm.engine import RLM
+from . import interrupts
 from .helpers import HELPER_CODES
 from .magics import RLMMagics, transform_rlm_cell
 
@@ -42,6 +43,8 @@ def load(shell) -> None:
     shell.user_ns_hidden.update(helpers)  # keep them out of %who
     plain = shell.display_formatter.formatters["text/plain"]
     plain.for_type(types.CoroutineType, _coroutine_hint)
+    shell.events.register("pre_run_cell", interrupts.cell_started)
+    shell.events.register("post_run_cell", interrupts.cell_ended)
     setattr(shell, _STATE_ATTR, _State(rlm, magics, helpers))
 
 
@@ -64,6 +67,10 @@ def unload(shell) -> None:
         shell.configurables.remove(state.rlm)
     plain = shell.display_formatter.formatters["text/plain"]
     plain.type_printers.pop(types.CoroutineType, None)
+    for event, hook in (("pre_run_cell", interrupts.cell_started),
+                        ("post_run_cell", interrupts.cell_ended)):
+        if hook in shell.events.callbacks[event]:
+            shell.events.unregister(event, hook)
     delattr(shell, _STATE_ATTR)
 
 

@@ -12,7 +12,7 @@ import contextlib
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from ..errors import BatchError, ConfigError
+from ..errors import BatchError, ConfigError, interrupt
 from ..llm.batch import BatchOutcome, gather_limited
 from ..llm.messages import as_prompt_list, build_messages, check_max_tokens
 from .interrupts import run_interruptibly
@@ -42,7 +42,7 @@ class NotebookHelpers:
         check_max_tokens(max_tokens, "llm_query")
         messages = build_messages(prompt, system)
         completion = await run_interruptibly(
-            self.client.complete(messages, model=model, max_tokens=max_tokens))
+            self.client.complete(messages, model=model, max_tokens=max_tokens), "llm_query")
         return completion.text
 
     async def llm_query_batch(self, prompts: Iterable[str], *, system: str | None = None,
@@ -75,7 +75,7 @@ class NotebookHelpers:
 
     async def rlm_query(self, prompt: str, context: Any = None) -> str:
         """Run a child RLM on ``context`` and return its final answer (a str)."""
-        result = await run_interruptibly(self.rlm.arun(prompt, context=context))
+        result = await run_interruptibly(self.rlm.arun(prompt, context=context), "rlm_query")
         if not result.success:
             raise result.as_exception()
         return result.final_answer
@@ -136,7 +136,7 @@ def _kept_on_interrupt(outcome: BatchOutcome, name: str, value):
         results = [value(r) for r in outcome.results]
         _interrupted_batch = BatchError(results, outcome.errors or {})
         kept = sum(r is not None for r in results)
-        raise KeyboardInterrupt(
+        raise interrupt(
             f"{name} interrupted: the {kept} of {len(results)} answers that had arrived "
             "are in rlm_magic.interrupted_batch().results") from None
 

@@ -12,19 +12,47 @@ when the model's code blocks. The previous handler is restored when the work end
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import itertools
 import signal
 import threading
 from typing import Awaitable, TypeVar
 
+from ..errors import interrupt
+
 T = TypeVar("T")
 
-_guarded: dict[asyncio.Task, asyncio.AbstractEventLoop] = {}
+_guarded: dict[asyncio.Task, tuple[asyncio.AbstractEventLoop, int | None]] = {}
 _interrupted: set[asyncio.Task] = set()
 _previous_handler = None
 
+# Which cell started a piece of work: set when a cell starts (IPython's pre_run_cell
+# event) in the context its code runs in, so tasks the cell creates inherit it. An
+# interrupt stops only the work of the cell that is running, not another cell's
+# background batch.
+_cell: contextvars.ContextVar[int | None] = contextvars.ContextVar("rlm_magic_cell",
+                                                                   default=None)
+_running_cell: int | None = None
+_cell_numbers = itertools.count(1)
+
+
+def cell_started(info=None) -> None:
+    """IPython ``pre_run_cell`` hook (registered by the extension)."""
+    global _running_cell
+    _running_cell = next(_cell_numbers)
+    _cell.set(_running_cell)
+
+
+def cell_ended(result=None) -> None:
+    """IPython ``post_run_cell`` hook (registered by the extension)."""
+    global _running_cell
+    _running_cell = None
+
 
 def _handle_sigint(signum, frame) -> None:
-    for task, loop in list(_guarded.items()):
+    for task, (loop, cell) in list(_guarded.items()):
+        if _running_cell is not None and cell != _running_cell:
+            continue  # another cell's work, running in the background: not interrupted
         _interrupted.add(task)
         try:
             loop.call_soon_threadsafe(task.cancel)
@@ -46,7 +74,7 @@ def _install(task: asyncio.Task, loop) -> bool:
         # First guarded task, or a new cell's kernel handler now sits on top of ours:
         # take SIGINT (back), forwarding to whatever handler is current.
         _previous_handler = signal.signal(signal.SIGINT, _handle_sigint)
-    _guarded[task] = loop
+    _guarded[task] = (loop, _cell.get())
     return True
 
 
@@ -62,9 +90,10 @@ def _uninstall(task: asyncio.Task) -> None:
             _previous_handler = None
 
 
-async def run_interruptibly(awaitable: Awaitable[T]) -> T:
+async def run_interruptibly(awaitable: Awaitable[T], name: str = "the work") -> T:
     """Await ``awaitable`` in a task of its own that SIGINT cancels promptly; an
-    interrupt then surfaces here as KeyboardInterrupt, as it would in sync code."""
+    interrupt then surfaces here as KeyboardInterrupt ("<name> interrupted"), as it
+    would in sync code."""
     loop = asyncio.get_running_loop()
     task = asyncio.ensure_future(awaitable)
     installed = _install(task, loop)
@@ -81,7 +110,7 @@ async def run_interruptibly(awaitable: Awaitable[T]) -> T:
                 pass
             if task in _interrupted:
                 if _keyboard_interrupt_is_safe():
-                    raise KeyboardInterrupt from None
+                    raise interrupt(f"{name} interrupted") from None
                 # In a task of its own (asyncio.gather / create_task in a cell), a
                 # KeyboardInterrupt would escape the event loop and wedge the kernel.
                 raise asyncio.CancelledError from None

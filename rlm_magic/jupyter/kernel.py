@@ -28,16 +28,12 @@ class RLMKernel(IPythonKernel):
         super().__init__(**kwargs)  # creates self.shell, already holding the user config
         # Loading here, rather than through IPKernelApp.extensions, keeps it working
         # whatever extension options the user's own config sets (those replace, not
-        # extend, a list given on the command line). It is cheap: rlm_magic imports
-        # litellm only on the first model call.
-        # It bypasses the extension manager on purpose: a notebook written for any
-        # kernel starts with `%load_ext rlm_magic`, which then stays silent here
-        # (loading is idempotent) instead of printing "already loaded" into the
-        # notebook's outputs (noise, and a diff under nbval).
+        # extend, a list given on the command line). It goes through IPython's extension
+        # manager, so `%load_ext rlm_magic` says it is already loaded and
+        # `%unload_ext` / `%reload_ext` work as for any extension. It is cheap:
+        # rlm_magic imports litellm only on the first model call.
         try:
-            from rlm_magic import load_ipython_extension
-
-            load_ipython_extension(self.shell)
+            self.shell.extension_manager.load_extension("rlm_magic")
         except Exception:  # noqa: BLE001 - a broken extension must not kill the kernel
             self.log.exception("rlm_magic could not be loaded; run %load_ext rlm_magic "
                                "to see the error")

@@ -17,6 +17,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
+from ..errors import interrupt
 from .interrupts import run_interruptibly
 
 
@@ -91,6 +92,13 @@ def transform_rlm_cell(lines: list[str]) -> list[str]:
     return [f"await __import__('rlm_magic.jupyter.magics').jupyter.magics.run_rlm_cell({args!r}, {body!r})\n"]
 
 
+# IPython's check_complete (terminal IPython, and the kernel's answer to jupyter
+# console's is_complete_request) skips transformers marked this way. Unmarked, the
+# rewrite above would hide the "%%" from its rule that a cell magic is incomplete until
+# a blank line, and Enter after the %%rlm line would run a cell with no question.
+transform_rlm_cell.has_side_effects = True
+
+
 async def run_rlm_cell(line: str, body: str, shell=None):
     """What a ``%%rlm`` cell runs: parse, run on this loop, store, display."""
     if shell is None:
@@ -113,14 +121,14 @@ async def run_rlm_cell(line: str, body: str, shell=None):
     from .progress import RunStatus
 
     try:
-        with RunStatus(run, enabled=rlm.progress):
+        with RunStatus(run, enabled=rlm.progress, result_shown=not args.quiet):
             result = await run_interruptibly(run.execute())
     except (KeyboardInterrupt, asyncio.CancelledError) as stop:
         run.result.stop_reason = "interrupted"
         run.result.error = "interrupted by the user"
         shell.user_ns[args.out] = run.result
         if isinstance(stop, KeyboardInterrupt):
-            raise KeyboardInterrupt(
+            raise interrupt(
                 f"%%rlm interrupted after {len(run.result.trajectory)} iteration(s); the "
                 f"partial result is in {args.out}") from None
         raise

@@ -1,11 +1,15 @@
 """Live progress: a batch's progress bar and a ``%%rlm`` run's status panel.
 
-In Jupyter they are ipywidgets; elsewhere (terminal IPython, a script) one compact text
-line on stderr, rewritten in place. Updates are pushed from the kernel's loop (widgets
-must not be touched from other threads since ipykernel 7) by a timer at most
-``MAX_UPDATES_PER_S`` times a second, so a fast batch does not flood the frontend with
-comm messages. Progress never writes text/plain output, so notebooks stay stable under
-nbval.
+In a notebook they are ipywidgets; in a terminal (terminal IPython, jupyter console, a
+script) one compact text line on stderr, rewritten in place, ending as a summary line.
+Updates are pushed from the kernel's loop (widgets must not be touched from other
+threads since ipykernel 7) by a timer at most ``MAX_UPDATES_PER_S`` times a second, so a
+fast batch does not flood the frontend with comm messages.
+
+Beside every widget view sits a text/plain line, what a viewer without widgets shows
+(GitHub, nbviewer, an executed copy from papermill or nbconvert). It is the status as
+one line, rewritten with ``update_display_data`` when the work ends, so a saved notebook
+shows how the work ended, not how it started.
 """
 
 from __future__ import annotations
@@ -23,11 +27,32 @@ MAX_UPDATES_PER_S = 4
 
 
 def widgets_available() -> bool:
-    """True inside a Jupyter kernel, where a frontend can render widgets."""
+    """True when this cell came from a Jupyter frontend that can render widgets."""
     from IPython import get_ipython
 
     shell = get_ipython()
-    return shell is not None and getattr(shell, "kernel", None) is not None
+    kernel = getattr(shell, "kernel", None)
+    if kernel is None:
+        return False  # terminal IPython, a script
+    try:
+        request = kernel.get_parent("shell") or {}
+    except Exception:  # noqa: BLE001 - an unusual kernel: assume a notebook
+        return True
+    return not from_a_terminal_client(request)
+
+
+def from_a_terminal_client(request: dict) -> bool:
+    """Whether an execute_request came from a terminal client (jupyter console,
+    qtconsole), which prints a widget's text/plain instead of rendering it.
+
+    As measured: jupyter console sends ``allow_stdin: true`` and empty metadata.
+    Notebook frontends name the cell they run (``metadata.cellId``, sent by JupyterLab
+    and Notebook 7), and headless runners (nbclient, so papermill, nbconvert and nbval)
+    send ``allow_stdin: false``: both get widgets, with their text/plain line.
+    """
+    content = request.get("content") or {}
+    metadata = request.get("metadata") or {}
+    return bool(content.get("allow_stdin")) and "cellId" not in metadata
 
 
 class _LiveDisplay:
@@ -52,7 +77,7 @@ class _LiveDisplay:
 
     def final_line(self, exc_type) -> str:
         interrupted = exc_type is not None and not issubclass(exc_type, Exception)
-        return self.line() + (" (interrupted)" if interrupted else "")
+        return self.line(stopped=True) + (" (interrupted)" if interrupted else "")
 
     def _widget_view(self):
         raise NotImplementedError
@@ -118,20 +143,21 @@ class BatchProgress(_LiveDisplay):
         self.in_flight -= 1
         self.failed += 1
 
-    def line(self) -> str:
+    def line(self, stopped: bool = False) -> str:
         parts = [f"{self.label}: {self.done + self.failed}/{self.total} done"]
         if self.failed:
             parts.append(f"{self.failed} failed")
         if self.in_flight:
-            parts.append(f"{self.in_flight} in flight")
-        held = self.hold() if self.hold else None
+            # Once the batch has stopped, calls still counted in flight were cancelled.
+            parts.append(f"{self.in_flight} {'cancelled' if stopped else 'in flight'}")
+        held = None if stopped or not self.hold else self.hold()
         if held:
             parts.append(held)
         parts.append(f"{self.elapsed_s:.1f}s")
         tokens = self.input_tokens + self.output_tokens
         if tokens:
             parts.append(f"{tokens:,} tokens")
-            parts.append(format_cost(self.cost_usd, 0 if self.cost_usd is not None else 1))
+            parts.append(format_cost(self.cost_usd))
         return " | ".join(parts)
 
 
@@ -139,19 +165,23 @@ class RunStatus(_LiveDisplay):
     """One live status panel for a ``%%rlm`` run: iteration, what the root model is
     doing, sub-calls done / in flight (children included), tokens, cost, time."""
 
-    def __init__(self, run, *, enabled: bool = True):
+    def __init__(self, run, *, enabled: bool = True, result_shown: bool = False):
         self.run = run
+        # The result's own display repeats the figures (iterations, sub-calls, tokens,
+        # cost, time): the final line then says only how the run ended.
+        self.result_shown = result_shown
         super().__init__(enabled)
 
     def _widget_view(self):
         return StatusWidget()
 
-    def line(self, phase: str | None = None) -> str:
+    def line(self, phase: str | None = None, stopped: bool = False) -> str:
         tree = self.run.tree
         usage = tree.ledger.summary()
         calls = f"sub-calls {tree.done + tree.failed} done"
         if tree.in_flight:
-            calls += f", {tree.in_flight} in flight"
+            # Once the run has stopped, calls still counted in flight were cancelled.
+            calls += f", {tree.in_flight} {'cancelled' if stopped else 'in flight'}"
         if tree.failed:
             calls += f", {tree.failed} failed"
         held = None if phase else hold_message()
@@ -168,10 +198,33 @@ class RunStatus(_LiveDisplay):
             phase = "interrupted" if not issubclass(exc_type, Exception) else "failed"
         else:
             phase = "done" if result.success else (result.stop_reason or "failed")
-        return self.line(phase)
+            if self.result_shown and not isinstance(self._view, TextLine):
+                # (A terminal shows the result as one repr line, without the figures.)
+                return f"RLM {self.run.model} | {phase}"
+        return self.line(phase, stopped=True)
 
 
 # -- views -------------------------------------------------------------------------------
+
+class _WidgetOutput:
+    """A widget displayed with a text/plain line of our own beside it (ipywidgets' own
+    is its repr, e.g. ``HBox(children=(IntProgress(...``), under a display id, so the
+    line can be rewritten when the work ends."""
+
+    def __init__(self, widget, text: str):
+        from IPython.display import display
+
+        self.widget = widget
+        self.handle = display(self._bundle(text), raw=True, display_id=True)
+
+    def _bundle(self, text: str) -> dict:
+        bundle = dict(self.widget._repr_mimebundle_() or {})
+        bundle["text/plain"] = text
+        return bundle
+
+    def settle(self, text: str) -> None:
+        self.handle.update(self._bundle(text), raw=True)
+
 
 class BarWidget:
     """An ipywidgets progress bar with a status line beside it; when the batch ends the
@@ -179,7 +232,6 @@ class BarWidget:
 
     def show(self, progress: BatchProgress) -> None:
         import ipywidgets as widgets
-        from IPython.display import display
 
         self.bar = widgets.IntProgress(value=0, min=0, max=max(progress.total, 1),
                                        description=progress.label, bar_style="info",
@@ -187,7 +239,7 @@ class BarWidget:
         self.status = widgets.HTML()
         self.box = widgets.HBox([self.bar, self.status])
         self.update(progress)
-        display(self.box)
+        self.output = _WidgetOutput(self.box, progress.line())
 
     def update(self, progress: BatchProgress) -> None:
         with self.bar.hold_sync(), self.status.hold_sync():
@@ -201,6 +253,7 @@ class BarWidget:
             self.bar.value = progress.done + progress.failed
             self.bar.layout.display = "none"
             self.status.value = _code(line)
+        self.output.settle(line)
 
 
 class StatusWidget:
@@ -208,17 +261,17 @@ class StatusWidget:
 
     def show(self, status: RunStatus) -> None:
         import ipywidgets as widgets
-        from IPython.display import display
 
         self.html = widgets.HTML()
         self.update(status)
-        display(self.html)
+        self.output = _WidgetOutput(self.html, status.line())
 
     def update(self, status: RunStatus) -> None:
         self._set(status.line())
 
     def finish(self, status: RunStatus, line: str) -> None:
         self._set(line)
+        self.output.settle(line)
 
     def _set(self, line: str) -> None:
         value = _code(line)

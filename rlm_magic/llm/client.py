@@ -67,6 +67,17 @@ async def load_litellm():
     return _litellm
 
 
+async def close_loop_clients() -> None:
+    """Close litellm's cached HTTP clients before the running loop ends.
+
+    litellm keeps a set of connection pools per event loop and never closes them; a
+    script that calls ``RLM.run`` (one ``asyncio.run`` each) would otherwise leave every
+    run's connections open until the process runs out of descriptors."""
+    close = getattr(_litellm, "close_litellm_async_clients", None)
+    if close is not None:
+        await close()
+
+
 @dataclass(frozen=True)
 class Completion:
     """A model's answer and what it cost."""

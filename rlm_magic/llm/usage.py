@@ -11,6 +11,10 @@ import html
 import threading
 from dataclasses import asdict, dataclass, field, replace
 
+# The ``error`` of a call that was cancelled (an interrupt, a cancelled task): counted
+# apart from failures, since nothing went wrong with the model or the request.
+CANCELLED = "cancelled"
+
 
 @dataclass(frozen=True)
 class CallRecord:
@@ -40,6 +44,7 @@ class ModelUsage:
     unpriced_calls: int = 0
     retries: int = 0
     errors: int = 0
+    cancelled: int = 0
     elapsed_s: float = 0.0
     rate_limited: int = 0
 
@@ -50,7 +55,10 @@ class ModelUsage:
         self.input_tokens += record.input_tokens
         self.output_tokens += record.output_tokens
         self.retries += record.retries
-        self.errors += record.error is not None
+        if record.error == CANCELLED:
+            self.cancelled += 1
+        else:
+            self.errors += record.error is not None
         self.elapsed_s += record.elapsed_s
         if record.cost_usd is None:
             # A failed call that got no response is not billed; an answered call
@@ -104,7 +112,7 @@ class UsageSummary:
         }
 
     _COLUMNS = ("model", "calls", "cache hits", "input tokens", "output tokens",
-                "cost (USD)", "retries", "errors")
+                "cost (USD)", "retries", "errors", "cancelled")
 
     @property
     def _columns(self) -> tuple[str, ...]:
@@ -120,7 +128,7 @@ class UsageSummary:
     def _cells(self, row: ModelUsage) -> tuple[str, ...]:
         cells = (row.model, str(row.calls), str(row.cache_hits), f"{row.input_tokens:,}",
                  f"{row.output_tokens:,}", format_cost(row.cost_usd, row.unpriced_calls),
-                 str(row.retries), str(row.errors))
+                 str(row.retries), str(row.errors), str(row.cancelled))
         return cells + ((str(row.rate_limited),) if self.total.rate_limited else ())
 
     def __repr__(self) -> str:
@@ -146,10 +154,15 @@ class UsageSummary:
 
 
 def format_cost(cost: float | None, unpriced_calls: int = 0) -> str:
-    """Dollars for display; '?' marks calls whose price litellm does not know."""
+    """Dollars for display; '?' marks calls whose price litellm does not know. With no
+    priced answer yet (none arrived, or every call failed) the cost is unknown, never a
+    false $0."""
     if cost is None:
-        return "?" if unpriced_calls else "$0"
-    text = f"${cost:.4f}" if cost < 100 else f"${cost:,.2f}"
+        return "?"
+    if 0 < cost < 0.00005:
+        text = "<$0.0001"  # a paid call is never rounded down to a free-looking $0.0000
+    else:
+        text = f"${cost:.4f}" if cost < 100 else f"${cost:,.2f}"
     return text + (" + ?" if unpriced_calls else "")
 
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ..config import RLMConfig
 from ..errors import LLMQueryError, describe_exception
 from ..llm.batch import gather_limited
-from ..llm.client import LLMClient
+from ..llm.client import LLMClient, close_loop_clients
 from ..llm.limiter import ConcurrencyLimiter
 from ..llm.messages import build_messages
 from ..llm.redaction import off_loop_if_large
@@ -89,12 +89,18 @@ class RLM(RLMConfig):
                                 max_iterations=max_iterations, max_depth=max_depth,
                                 namespace=namespace, sandbox=sandbox).execute()
 
+    async def _run_and_close(self, query: str, context: Any, **overrides) -> RLMResult:
+        try:
+            return await self.arun(query, context, **overrides)
+        finally:
+            await close_loop_clients()  # this loop ends with the run: so do its connections
+
     def run(self, query: str, context: Any = None, **overrides) -> RLMResult:
         """Blocking ``arun``, for scripts. In a notebook, ``await rlm.arun(...)``."""
         try:
             asyncio.get_running_loop()
         except RuntimeError:
-            return asyncio.run(self.arun(query, context, **overrides))
+            return asyncio.run(self._run_and_close(query, context, **overrides))
         raise RuntimeError("RLM.run() cannot be used inside a running event loop (such as "
                            "a notebook cell): use `await rlm.arun(...)` instead")
 

@@ -1,0 +1,171 @@
+"""Terminal clients, driven for real through a pseudo-terminal: terminal IPython and
+``jupyter console --kernel rlm``, typing as a user types, with the offline demo model.
+
+Both run prompt_toolkit (the default, full-screen-capable prompt), so a cell is run
+when IPython judges it complete: a cell magic needs a blank line to end.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+
+import pytest
+
+from .conftest import MEASURED
+
+pexpect = pytest.importorskip("pexpect")
+
+pytestmark = pytest.mark.kernel
+
+QUESTION = 'Which service has the most "timeout" lines?'
+LOGS = ('logs = "service=a msg=timeout\\nservice=b msg=ok\\nservice=a msg=timeout"')
+ANSWER = 'Most "timeout" lines by service: a: 2'
+_ANSI = re.compile(r"\x1b(?:\[[0-9;?]*[A-Za-z]|\][^\x07]*\x07)")
+
+
+def _prompt(number: int) -> str:
+    """``In [N]:``, whatever colour codes a client puts around the number."""
+    color = r"(?:\x1b\[[0-9;]*m)*"
+    return rf"In \[{color}{number}{color}\]:"
+
+
+class Terminal:
+    """A program in a pseudo-terminal, typed into line by line."""
+
+    def __init__(self, argv: list[str], env: dict):
+        # poll, not select: late in a full run this process holds over 1,024 descriptors.
+        self.child = pexpect.spawn(argv[0], argv[1:], env=env, encoding="utf-8",
+                                   timeout=60, dimensions=(50, 250), use_poll=True)
+        self.count = 1
+        self.child.expect(_prompt(1), timeout=90)
+
+    def type(self, *lines: str, timeout: float = 60) -> str:
+        """Type lines (Enter after each) and return what the terminal showed until the
+        next prompt, without escape sequences."""
+        for line in lines:
+            self.child.send(line + "\r")
+        return self.next_prompt(timeout)
+
+    def next_prompt(self, timeout: float = 60) -> str:
+        self.count += 1
+        self.child.expect(_prompt(self.count), timeout=timeout)
+        return _ANSI.sub("", self.child.before)
+
+    def close(self) -> None:
+        self.child.send("exit\r")
+        try:
+            self.child.expect(pexpect.EOF, timeout=20)
+        finally:
+            self.child.close(force=True)
+
+
+@pytest.fixture(scope="module")
+def terminal_env(tmp_path_factory) -> dict:
+    return {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "TERM": "xterm",
+            "IPYTHONDIR": str(tmp_path_factory.mktemp("ipython")),  # no user config
+            # prompt_toolkit otherwise waits for a cursor-position answer pexpect never gives
+            "PROMPT_TOOLKIT_NO_CPR": "1"}
+
+
+@pytest.fixture(scope="module")
+def ipython(terminal_env):
+    """Terminal IPython with rlm_magic loaded and the demo model started."""
+    terminal = Terminal([sys.executable, "-m", "IPython", "--no-banner", "--colors=nocolor",
+                         "--no-autoindent"], terminal_env)
+    terminal.type("%load_ext rlm_magic")
+    terminal.type("%rlm demo")
+    terminal.type(LOGS)
+    yield terminal
+    terminal.close()
+
+
+@pytest.fixture(scope="module")
+def console(terminal_env):
+    """``jupyter console --kernel rlm`` (the kernel spec conftest.py installs into a
+    temporary prefix on JUPYTER_PATH), with the demo model started."""
+    terminal = Terminal([sys.executable, "-m", "jupyter_console", "--kernel", "rlm"],
+                        terminal_env)
+    terminal.type("%rlm demo")
+    terminal.type(LOGS)
+    yield terminal
+    terminal.close()
+
+
+def _typed_rlm_cell_answers(terminal: Terminal) -> None:
+    # Enter after the %%rlm line must ask for more, not run a cell with no question; a
+    # question ending in "?" is not a help request.
+    shown = terminal.type("%%rlm --context logs --out res", QUESTION, "", "")
+    assert "UsageError" not in shown and "not found" not in shown
+    assert ANSWER in shown
+    assert ANSWER in terminal.type("res.final_answer")
+
+
+def test_rlm_cell_can_be_typed_in_terminal_ipython(ipython):
+    _typed_rlm_cell_answers(ipython)
+
+
+def test_rlm_cell_can_be_typed_in_jupyter_console(console):
+    _typed_rlm_cell_answers(console)
+
+
+def _status_versions(shown: str, prefix: str) -> list[str]:
+    """Each version of a status line, in order: it is rewritten in place after a \\r."""
+    parts = re.split(r"\r(?!\n)", shown)
+    return [part.split("\r\n")[0].strip() for part in parts if part.startswith(prefix)]
+
+
+BATCH = "_ = await llm_query_batch(['Classify the sentiment: good'] * 3)"
+RUN = ("%%rlm --context logs -q", QUESTION, "", "")
+
+
+@pytest.mark.parametrize("client", ["ipython", "console"])
+def test_a_batch_shows_a_live_line_that_ends_as_a_summary(client, request):
+    shown = request.getfixturevalue(client).type(BATCH)
+    versions = _status_versions(shown, "llm_query_batch: ")
+    assert len(versions) >= 2, shown  # rewritten while the batch ran
+    assert versions[0].startswith("llm_query_batch: 0/3 done | ")
+    assert versions[-1].startswith("llm_query_batch: 3/3 done | ")
+    assert re.search(r"llm_query_batch: 3/3 done [^\r\n]*\r\n", shown)  # it stays
+
+
+@pytest.mark.parametrize("client", ["ipython", "console"])
+def test_a_run_shows_a_live_line_that_ends_as_a_summary(client, request):
+    shown = request.getfixturevalue(client).type(*RUN)
+    versions = _status_versions(shown, "RLM openai/rlm-demo-root | ")
+    assert len(versions) >= 2, shown
+    assert versions[0].startswith("RLM openai/rlm-demo-root | starting | iteration 0/30")
+    assert versions[-1].startswith("RLM openai/rlm-demo-root | done | iteration 3/30 | "
+                                   "sub-calls 3 done | ")
+
+
+@pytest.mark.parametrize("cell", [(BATCH,), RUN], ids=["batch", "run"])
+def test_jupyter_console_prints_no_widget_reprs(console, cell):
+    shown = console.type(*cell)
+    for widget_repr in ("HBox(", "IntProgress(", "HTML(value="):
+        assert widget_repr not in shown
+
+
+@pytest.mark.parametrize("client", ["ipython", "console"])
+def test_ctrl_c_stops_a_batch_with_one_clear_line(client, request, llm_server):
+    terminal = request.getfixturevalue(client)
+    llm_server.reset()
+    llm_server.latency = 30.0
+    terminal.type(f'%config RLM.api_base = "{llm_server.base_url}"')
+    terminal.type('%config RLM.sub_model = "openai/sub-model"')
+    try:
+        terminal.child.send("await llm_query_batch(['a', 'b'])\r")
+        assert llm_server.wait_for(lambda: llm_server.in_flight == 2, timeout=30)
+        pressed = time.perf_counter()
+        terminal.child.sendintr()  # Ctrl-C
+        shown = terminal.next_prompt(timeout=15)
+        MEASURED[f"Ctrl-C -> next prompt, {client}"] = time.perf_counter() - pressed
+        assert "KeyboardInterrupt: llm_query_batch interrupted: the 0 of 2 answers" in shown
+        assert "Traceback" not in shown and "helpers.py" not in shown
+        assert "llm_query_batch: 0/2 done | 2 cancelled" in shown
+        assert llm_server.wait_for(lambda: llm_server.in_flight == 0, timeout=5)
+    finally:
+        llm_server.reset()
+        terminal.type("%rlm demo")  # back to the demo model for the tests that follow

@@ -82,6 +82,19 @@ class RLMConfig(Configurable):
     cache_dir = Unicode(help="Where the cache lives. Default: "
                              "~/.cache/rlm-magic (or $XDG_CACHE_HOME/rlm-magic).").tag(config=True)
 
+    # -- streaming and prompt caching (issue 12) ----------------------------------------
+    stream = Bool(True, help="Stream root-model turns (and single llm_query calls): the "
+                             "status panel shows the text as it arrives, and `timeout` "
+                             "then limits a stall (no new tokens), not the whole answer. "
+                             "Turned off by itself for a provider that cannot stream."
+                  ).tag(config=True)
+    early_execution = Bool(False, help="Start a ```repl block as soon as its closing "
+                                       "fence has streamed in, while the model still "
+                                       "writes.").tag(config=True)
+    prompt_caching = Bool(True, help="Mark the root conversation's stable prefix for "
+                                     "providers whose prompt cache needs explicit "
+                                     "cache_control markers (Anthropic).").tag(config=True)
+
     # -- the RLM loop ---------------------------------------------------------------------
     max_iterations = Int(30, help="Most root-model turns per run.").tag(config=True)
     max_depth = Int(1, help="How deep rlm_query may nest child RLMs; 0 makes rlm_query "

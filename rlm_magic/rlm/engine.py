@@ -31,6 +31,7 @@ from .prompts import (
     describe_context,
     find_final,
 )
+from .live_turn import LiveTurn
 from .result import CodeRun, Iteration, RLMResult
 
 if TYPE_CHECKING:
@@ -110,6 +111,7 @@ class RunTree:
     warned_unpriced: bool = False
     iteration: int = 0
     max_iterations: int = 0
+    live_turn: LiveTurn | None = None  # the root turn streaming in, for the panel
 
     def take_sub_calls(self, wanted: int) -> int:
         """Reserve up to ``wanted`` sub-calls; returns how many are allowed."""
@@ -136,7 +138,8 @@ class Run:
                  model: str | None = None, sub_model: str | None = None,
                  max_iterations: int | None = None, max_depth: int | None = None,
                  namespace: dict[str, Any] | None = None,
-                 depth: int = 0, tree: RunTree | None = None):
+                 depth: int = 0, tree: RunTree | None = None,
+                 deadline: float | None = None):
         self.rlm = rlm
         self.id = next(_run_ids)
         self.query = query
@@ -154,6 +157,11 @@ class Run:
                                     rlm.max_sub_calls, rlm.max_cost_usd)
         self.namespace = namespace
         self.own_sub_calls = 0
+        # time.monotonic() by which this run's calls must end: a child run inherits its
+        # parent's step deadline; each step of its own sets a nearer one.
+        self.outer_deadline = deadline
+        self._step_deadline: float | None = None
+        self.early_execution = rlm.early_execution and rlm.stream
         self.result = RLMResult(query=query, model=self.model, sub_model=self.sub_model,
                                 depth=depth)
 
@@ -208,10 +216,13 @@ class Run:
             self._status("thinking", iteration=index)
             turn_started = time.perf_counter()
             calls_before = self.own_sub_calls
-            reply = await self._ask_root(messages)
-            iteration = Iteration(index=index, response=reply)
+            iteration, outputs = Iteration(index=index, response=""), []
+            turn = LiveTurn((lambda n, code: self._run_block(n, code, iteration, outputs))
+                            if self.early_execution else None)
+            reply = await self._ask_root(messages, turn, iteration)
+            iteration.response = reply
             result.trajectory.append(iteration)
-            feedback, final = await self._act_on(reply, iteration)
+            feedback, final = await self._act_on(reply, iteration, turn, outputs)
             iteration.sub_calls = self.own_sub_calls - calls_before
             iteration.elapsed_s = time.perf_counter() - turn_started
             if final is not None:
@@ -236,34 +247,50 @@ class Run:
             result.error = (f"no FINAL answer within max_iterations={self.max_iterations}; "
                             "final_answer holds the model's last reply")
 
-    async def _ask_root(self, messages) -> str:
-        completion = await self.client.complete(messages, model=self.model,
-                                                max_tokens=self.max_tokens,
-                                                ledger=self.tree.ledger)
+    async def _ask_root(self, messages, turn: LiveTurn | None = None,
+                        iteration: Iteration | None = None) -> str:
+        """One root turn, streamed into ``turn`` (the panel shows it; with early
+        execution its finished blocks start running). If the turn fails after some of
+        its blocks ran, the partial turn goes into the trajectory and the error says so."""
+        turn = turn if turn is not None else LiveTurn()
+        if self.depth == 0:
+            self.tree.live_turn = turn
+        try:
+            completion = await self.client.complete(
+                messages, model=self.model, max_tokens=self.max_tokens,
+                ledger=self.tree.ledger, stream=True, on_text=turn, cache_prefix=True,
+                deadline=self.outer_deadline)
+        except BaseException as exc:
+            await turn.cancel()
+            if not turn.ran or iteration is None:
+                raise
+            iteration.response = turn.text
+            self.result.trajectory.append(iteration)
+            if not isinstance(exc, Exception):
+                raise
+            raise RootTurnCutOff(
+                f"{describe_exception(exc)}; the turn's first {turn.ran} code block(s) "
+                "had already run (see the trajectory)") from exc
+        finally:
+            if self.depth == 0:
+                self.tree.live_turn = None
+        if iteration is not None:
+            iteration.early_blocks = turn.ran
         return completion.text
 
-    async def _act_on(self, reply: str, iteration: Iteration) -> tuple[str, str | None]:
+    async def _act_on(self, reply: str, iteration: Iteration, turn: LiveTurn | None = None,
+                      outputs: list[str] | None = None) -> tuple[str, str | None]:
         """Run the reply's code; return (feedback for the model, final answer or None)."""
         blocks = code_blocks(reply)
-        outputs = []
-        for number, code in enumerate(blocks, 1):
-            self._status("running code")
-            try:
-                step = await self.repl.run(code, timeout=self.step_timeout)
-            except BaseException:
-                # Interrupted mid-step: keep what the step printed in the trajectory.
-                partial = self.repl.last_output
-                shown = self.client.redactor().head(partial.as_text(),
-                                                    self.max_output_chars)
-                iteration.code.append(CodeRun(code, shown, partial.elapsed_s, error=True))
-                raise
-            seen = await self._as_model_sees_it(step.as_text())
-            iteration.code.append(CodeRun(code, seen, step.elapsed_s,
-                                          error=step.error is not None))
-            outputs.append(f"Output of block {number}:\n{seen}")
-            ready = self._answer_ready()
-            if ready is not None:
-                return "", ready
+        outputs = outputs if outputs is not None else []
+        if turn is not None and self.early_execution:
+            await turn.finish(blocks)  # the blocks not started while streaming, in order
+            if turn.stopped:
+                return "", self._answer_ready()
+        else:
+            for number, code in enumerate(blocks, 1):
+                if await self._run_block(number, code, iteration, outputs):
+                    return "", self._answer_ready()
         marker = find_final(reply)
         if marker is not None:
             answer, problem = self._resolve_final(marker)
@@ -273,6 +300,33 @@ class Run:
         if not blocks and marker is None:
             outputs.append("You wrote no ```repl code and gave no FINAL answer.")
         return "\n\n".join(outputs + [CONTINUE_PROMPT]), None
+
+    async def _run_block(self, number: int, code: str, iteration: Iteration,
+                         outputs: list[str]) -> bool:
+        """Run one block; True when the model's code set the answer ready."""
+        self._status("running code")
+        # Sub-calls of this step must end in time for the step to end with their
+        # results and errors in hand: they get a deadline a little before the step's.
+        margin = min(2.0, 0.1 * self.step_timeout)
+        self._step_deadline = time.monotonic() + self.step_timeout - margin
+        if self.outer_deadline is not None:
+            self._step_deadline = min(self._step_deadline, self.outer_deadline)
+        try:
+            step = await self.repl.run(code, timeout=self.step_timeout)
+        except BaseException:
+            # Interrupted mid-step: keep what the step printed in the trajectory.
+            partial = self.repl.last_output
+            shown = self.client.redactor().head(partial.as_text(),
+                                                self.max_output_chars)
+            iteration.code.append(CodeRun(code, shown, partial.elapsed_s, error=True))
+            raise
+        finally:
+            self._step_deadline = None
+        seen = await self._as_model_sees_it(step.as_text())
+        iteration.code.append(CodeRun(code, seen, step.elapsed_s,
+                                      error=step.error is not None))
+        outputs.append(f"Output of block {number}:\n{seen}")
+        return self._answer_ready() is not None
 
     def _resolve_final(self, marker) -> tuple[str | None, str]:
         if marker.kind == "FINAL":
@@ -425,7 +479,8 @@ class Run:
             return self._limit_error()
         child = Run(self.rlm, prompt, context, model=self.sub_model, sub_model=self.sub_model,
                     max_iterations=self.max_iterations, max_depth=self.max_depth,
-                    depth=self.depth + 1, tree=self.tree)
+                    depth=self.depth + 1, tree=self.tree,
+                    deadline=self._step_deadline or self.outer_deadline)
         self.tree.call_started()
         outcome = await child.execute()
         self.tree.call_ended(failed=not outcome.success)
@@ -463,7 +518,10 @@ class Run:
             completion = await self.client.complete(
                 build_messages(prompt, system if isinstance(system, str) else None),
                 model=self.sub_model, max_tokens=tokens, ledger=self.tree.ledger,
-                slot_held=slot_held, redactor=redactor)
+                slot_held=slot_held, redactor=redactor,
+                # One call at a time streams (its timeout is then a stall timeout);
+                # a batch's items do not: per-chunk work times 64 would load the loop.
+                stream=not slot_held, deadline=self._step_deadline or self.outer_deadline)
         except Exception as exc:  # noqa: BLE001 - errors are values inside the REPL
             if not slot_held:
                 self.tree.call_ended(failed=True)
@@ -481,6 +539,10 @@ class Run:
     def _limit_error(self) -> str:
         return (f"Error: max_sub_calls={self.tree.max_sub_calls} reached for this run; "
                 "no request was sent")
+
+
+class RootTurnCutOff(RuntimeError):
+    """A root turn failed after some of its code had already run (early execution)."""
 
 
 class _TreeObserver:

@@ -35,6 +35,9 @@ _FAILURES = {
     "500": (500, "injected server error", "server_error"),
     "429": (429, "injected rate limit", "rate_limit_error"),
     "401": (401, "injected bad API key", "invalid_request_error"),
+    # A provider that knows no prompt-cache markers, in the words such servers use.
+    "400-markers": (400, "messages.0.content: cache_control: Extra inputs are not "
+                         "permitted", "invalid_request_error"),
 }
 
 
@@ -238,8 +241,9 @@ class FakeLLMServer(LocalChatServer):
                         self.rejected_at.append(time.monotonic())
                 raise HTTPError(*_FAILURES[failure.kind], headers=failure.headers)
             text = self._reply_for(body)
-            with self._lock:
-                self.completed += 1
+            if not body.get("stream"):  # a stream is complete when its last chunk went
+                with self._lock:
+                    self.completed += 1
             return text
         except asyncio.CancelledError:  # the client closed the connection
             with self._lock:
@@ -257,6 +261,22 @@ class FakeLLMServer(LocalChatServer):
         return self.usage or super().usage_for(body, text)
 
     # -- streaming and prompt caches ----------------------------------------------------
+    async def _stream_chat(self, request, body, text, usage):
+        return await self._counted_stream(super()._stream_chat(request, body, text, usage))
+
+    async def _counted_stream(self, streaming):
+        """Counts a stream as completed when its last chunk went, as cancelled when the
+        client closed the connection first."""
+        try:
+            response = await streaming
+        except (asyncio.CancelledError, ConnectionError):
+            with self._lock:
+                self.cancelled += 1
+            raise
+        with self._lock:
+            self.completed += 1
+        return response
+
     def chunk_delay(self, body: dict, index: int) -> float:
         with self._lock:
             self.chunks_sent += 1
@@ -317,8 +337,16 @@ class FakeLLMServer(LocalChatServer):
                    "model": body.get("model"), "stop_reason": "end_turn",
                    "stop_sequence": None}
         if not body.get("stream"):
+            with self._lock:
+                self.completed += 1
             return web.json_response({**message, "content": [{"type": "text", "text": text}],
                                       "usage": usage})
+        return await self._counted_stream(self._stream_messages(request, flat, message,
+                                                                usage, text, output))
+
+    async def _stream_messages(self, request, flat, message, usage, text, output):
+        from aiohttp import web
+
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
 

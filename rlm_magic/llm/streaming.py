@@ -66,7 +66,9 @@ async def stream_completion(acompletion, request: dict, state: StreamState, *,
     response. Raises ``StreamStalled`` when no chunk comes for ``stall_timeout``
     seconds or ``deadline`` (``time.monotonic()``) passes; the connection is closed
     at once on any exit, an interrupt included."""
-    request = {**request, "stream": True,
+    # The HTTP client's own read timeout stays out of the way of the stall watch,
+    # which says what happened in words.
+    request = {**request, "stream": True, "timeout": stall_timeout + 5.0,
                "stream_options": {"include_usage": True}}
     stream = None
     watch = _StallWatch(stall_timeout, deadline)

@@ -88,9 +88,10 @@ class RLMConfig(Configurable):
                              "then limits a stall (no new tokens), not the whole answer. "
                              "Turned off by itself for a provider that cannot stream."
                   ).tag(config=True)
-    early_execution = Bool(False, help="Start a ```repl block as soon as its closing "
-                                       "fence has streamed in, while the model still "
-                                       "writes.").tag(config=True)
+    early_execution = Bool(True, help="Start a ```repl block as soon as its closing "
+                                      "fence has streamed in, while the model still "
+                                      "writes (streamed turns only). Blocks still run "
+                                      "in order, and the model sees the same.").tag(config=True)
     prompt_caching = Bool(True, help="Mark the root conversation's stable prefix for "
                                      "providers whose prompt cache needs explicit "
                                      "cache_control markers (Anthropic).").tag(config=True)

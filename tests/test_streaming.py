@@ -257,3 +257,21 @@ async def test_the_status_line_shows_cached_input_and_the_saving(server):
     await run.execute()
     line = RunStatus(run, enabled=False).line("done")
     assert " cached, saved $" in line
+
+
+async def test_an_interrupt_while_an_early_block_runs_stops_both_and_keeps_the_block(server):
+    rlm = make_rlm(server, early_execution=True)
+    server.token_delay = 0.1
+    server.script("root-model", [repl("print(llm_query('started'))\nimport time\n"
+                                      "time.sleep(30)") + prose(100)])
+    run = rlm.start("q", context="c")
+    task = asyncio.ensure_future(run.execute())
+    # The block has run its sub-call (and printed) while the turn is still streaming.
+    await asyncio.to_thread(server.wait_for, lambda: server.completed == 1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert server.wait_for(lambda: server.cancelled == 1, timeout=2), "the stream stayed open"
+    assert run.result.stop_reason == "interrupted"
+    [block] = run.result.trajectory[0].code
+    assert block.error and "started" in block.output

@@ -96,12 +96,14 @@ class LiveTurn:
             raise RuntimeError(
                 f"the root turn was cut off and retried after {self.ran} of its code "
                 "blocks had run, and the new answer's code differs")
-        self._codes = list(blocks)
-        while self._task is not None:
-            await asyncio.shield(self._task)
+        self._codes = list(blocks)  # a running worker picks the new ones up
         self._start()
-        if self._task is not None:
-            await self._task
+        try:
+            if self._task is not None:
+                await self._task
+        except BaseException:
+            await self.cancel()
+            raise
 
     async def cancel(self) -> None:
         """The turn failed or was interrupted: stop the block that is running."""

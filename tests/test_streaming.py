@@ -9,6 +9,7 @@ caches.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
@@ -262,12 +263,13 @@ async def test_the_status_line_shows_cached_input_and_the_saving(server):
 async def test_an_interrupt_while_an_early_block_runs_stops_both_and_keeps_the_block(server):
     rlm = make_rlm(server, early_execution=True)
     server.token_delay = 0.1
-    server.script("root-model", [repl("print(llm_query('started'))\nimport time\n"
-                                      "time.sleep(30)") + prose(100)])
-    run = rlm.start("q", context="c")
+    server.script("root-model", [repl("print(llm_query('started'))\ncontext.set()\n"
+                                      "import time\ntime.sleep(30)") + prose(100)])
+    printed = threading.Event()  # the block sets it once it has printed
+    run = rlm.start("q", context=printed)
     task = asyncio.ensure_future(run.execute())
-    # The block has run its sub-call (and printed) while the turn is still streaming.
-    await asyncio.to_thread(server.wait_for, lambda: server.completed == 1)
+    assert await asyncio.to_thread(printed.wait, 10)
+    assert server.completed == 1, "the turn should still be streaming"
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

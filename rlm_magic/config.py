@@ -60,7 +60,8 @@ class RLMConfig(Configurable):
 
     # -- calls --------------------------------------------------------------------------
     max_concurrency = Int(16, help="Most model requests in flight at once.").tag(config=True)
-    timeout = Float(120.0, help="Seconds per model call attempt.").tag(config=True)
+    timeout = Float(120.0, help="Seconds per model call attempt; for a streamed call, "
+                                "seconds without a new token.").tag(config=True)
     max_retries = Int(2, help="Retries on 408/409, 5xx, timeouts and connection errors, "
                               "with exponential backoff and jitter (429s are waited "
                               "out instead, within rate_limit_wait).").tag(config=True)
@@ -106,7 +107,8 @@ class RLMConfig(Configurable):
                          help="Stop a run once its known cost passes this many dollars. "
                               "Default: no limit.").tag(config=True)
     step_timeout = Float(300.0, help="Seconds one REPL step may run before it is "
-                                     "stopped.").tag(config=True)
+                                     "stopped; its sub-calls end in time (their timeouts "
+                                     "and retries shrink to fit).").tag(config=True)
     max_output_chars = Int(20_000, help="Most characters of REPL output shown to the "
                                         "model per step.").tag(config=True)
     system_prompt = Unicode(None, allow_none=True,

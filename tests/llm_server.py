@@ -36,6 +36,8 @@ _FAILURES = {
     "429": (429, "injected rate limit", "rate_limit_error"),
     "401": (401, "injected bad API key", "invalid_request_error"),
     # A provider that knows no prompt-cache markers, in the words such servers use.
+    "400-stream": (400, "stream: streaming is not supported by this model",
+                   "invalid_request_error"),
     "400-markers": (400, "messages.0.content: cache_control: Extra inputs are not "
                          "permitted", "invalid_request_error"),
 }

@@ -277,3 +277,29 @@ async def test_an_interrupt_while_an_early_block_runs_stops_both_and_keeps_the_b
     assert run.result.stop_reason == "interrupted"
     [block] = run.result.trajectory[0].code
     assert block.error and "started" in block.output
+
+
+async def test_a_streamed_answer_teaches_the_rate_gate_the_providers_limits(server):
+    rlm = make_rlm(server, api_base=server.base_url + "/")  # a gate of its own
+    server.limit_rate(rps=50, burst=20)
+    # Enough answers at once that the headers' remaining count says something.
+    await asyncio.gather(*(rlm.client.complete([{"role": "user", "content": f"q{i}"}],
+                                               model="openai/stream-x", stream=True)
+                           for i in range(14)))
+    assert rlm.client.gate("openai/stream-x").requests.capacity == 20  # the burst it said
+
+
+async def test_a_provider_that_cannot_stream_is_asked_plainly_from_then_on(server):
+    from rlm_magic.llm.client import _CANNOT_STREAM
+
+    server.fail("400-stream", times=1)
+    try:
+        done = await make_rlm(server).client.complete(
+            [{"role": "user", "content": "q"}], model="openai/no-stream", stream=True)
+        assert done.text == "echo: q" and not done.streamed and done.retries == 0
+        assert [bool(r.get("stream")) for r in server.requests] == [True, False]
+        await make_rlm(server).client.complete(
+            [{"role": "user", "content": "again"}], model="openai/no-stream", stream=True)
+        assert not server.requests[-1].get("stream")
+    finally:
+        _CANNOT_STREAM.discard("openai/no-stream")

@@ -229,13 +229,15 @@ class LLMClient:
             try:
                 timeout = call.time_left(config.timeout)
                 if state is not None:
-                    response = await stream_completion(
+                    # The stream carries the headers; its chunks, built into one
+                    # response, carry the text and usage.
+                    raw = await stream_completion(
                         litellm.acompletion, request, state, stall_timeout=timeout,
                         deadline=call.deadline)
-                    response = state.response(litellm, plain_messages) or response
+                    response = state.response(litellm, plain_messages) or raw
                 else:
-                    response = await asyncio.wait_for(litellm.acompletion(**request),
-                                                      timeout)
+                    raw = response = await asyncio.wait_for(
+                        litellm.acompletion(**request), timeout)
             except asyncio.CancelledError:
                 gate.failed(ticket)
                 spent.add_partial(state, litellm, plain_messages)
@@ -246,7 +248,7 @@ class LLMClient:
                 spent.add_partial(state, litellm, plain_messages)
             else:
                 usage = getattr(response, "usage", None)
-                gate.answered(ticket, _response_headers(response),
+                gate.answered(ticket, _response_headers(raw),
                               getattr(usage, "prompt_tokens", None), characters)
                 break
             if is_rate_limit(failure):

@@ -303,3 +303,11 @@ async def test_a_provider_that_cannot_stream_is_asked_plainly_from_then_on(serve
         assert not server.requests[-1].get("stream")
     finally:
         _CANNOT_STREAM.discard("openai/no-stream")
+
+
+async def test_a_call_whose_deadline_has_passed_is_not_sent(rlm, server):
+    with pytest.raises(LLMQueryError, match="time ran out before it could be sent"):
+        await rlm.client.complete([{"role": "user", "content": "late"}],
+                                  model="openai/x", deadline=time.monotonic() - 0.1)
+    assert server.requests == []
+    assert rlm.client.ledger.records[-1].error

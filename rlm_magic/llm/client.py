@@ -220,9 +220,19 @@ class LLMClient:
                 _record_cancelled(ledger, model, retries, started, rate_limited, spent)
                 raise
             except RateLimitWaitExceeded as exc:
+                if call.deadline is not None and deadline == call.deadline:
+                    raise _out_of_time(ledger, model, retries, rate_limited, started, spent,
+                                       "before it could be sent"
+                                       if time.monotonic() >= call.deadline else
+                                       "while the provider's rate limit held it back"
+                                       ) from None
                 raise self._rate_limit_failure(
                     ledger, model, retries, rate_limited, started, limited_since,
                     f"the provider's limit would hold it {exc.args[0]:.0f}s more") from None
+            if call.deadline is not None and time.monotonic() >= call.deadline:
+                gate.failed(ticket)  # nothing is sent that could not finish in time
+                raise _out_of_time(ledger, model, retries, rate_limited, started, spent,
+                                   "before it could be sent")
             if state is not None and state.received and call.on_text is not None:
                 call.on_text(None)  # the answer starts over
             state = StreamState(call.on_text) if streaming else None
@@ -475,6 +485,16 @@ def _explained(failure: BaseException, timeout: float, call: CallOptions,
     if isinstance(failure, asyncio.TimeoutError):
         return TimeoutError(f"no answer within timeout={timeout:g}s")
     return failure
+
+
+def _out_of_time(ledger: UsageLedger, model: str, retries: int, rate_limited: int,
+                 started: float, spent: _Spent, when: str) -> LLMQueryError:
+    error = LLMQueryError(model, TimeoutError(f"the REPL step's time ran out {when} "
+                                              "(step_timeout)"), retries=retries)
+    ledger.record(spent.record(model, retries=retries, error=str(error),
+                               rate_limited=rate_limited,
+                               elapsed_s=time.perf_counter() - started))
+    return error
 
 
 def cache_saving(litellm, model: str, completion: Completion) -> float | None:

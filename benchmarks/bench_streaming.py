@@ -102,6 +102,31 @@ async def one_run(server: FakeLLMServer, iterations: int, rate: float, *, stream
     return wall, max(lags), usage, result
 
 
+async def cpu_per_chunk(words: int = 2000) -> tuple[float, float, int]:
+    """CPU seconds this process spends on one answer of ``words`` tokens, streamed and
+    not, against a server in another process (so its CPU is not counted)."""
+    import subprocess
+
+    server = subprocess.Popen([sys.executable, str(ROOT / "tests" / "llm_server.py")],
+                              stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True,
+                              cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        base_url = server.stdout.readline().strip()
+        rlm = RLM(model="openai/cpu", api_base=base_url, api_key="sk-bench", progress=False)
+        prompt = " ".join(f"w{i}" for i in range(words))  # the server echoes it back
+        seen = []
+        results = {}
+        for stream in (False, True, False, True):  # the first of each warms up
+            before = time.process_time()
+            await rlm.client.complete([{"role": "user", "content": prompt}],
+                                      stream=stream, on_text=seen.append)
+            results[stream] = time.process_time() - before
+        chunks = len(seen) // 2
+        return results[False], results[True], chunks
+    finally:
+        server.kill()
+
+
 def input_cost(litellm, usage) -> tuple[float, float]:
     """(input cost as billed, input cost had nothing been cached), in dollars."""
     info = litellm.get_model_info(MODEL)
@@ -145,6 +170,10 @@ async def main() -> None:
             print(f"| {label} | {wall:.1f} | {lag * 1000:.0f} | {early_blocks} | "
                   f"{usage.input_tokens:,} | {usage.cached_input_tokens:,} | "
                   f"{usage.cache_write_tokens:,} | ${billed:.4f} | ${usage.cost_usd:.4f} |")
+        plain_cpu, stream_cpu, chunks = await cpu_per_chunk()
+        print(f"\nCPU of one {chunks:,}-token answer in this process: {plain_cpu * 1000:.0f} ms "
+              f"unstreamed, {stream_cpu * 1000:.0f} ms streamed: "
+              f"{(stream_cpu - plain_cpu) / chunks * 1e6:.0f} us more per chunk.")
         cached, plain = rows[1], rows[3]
         print(f"\nPrompt caching: input cost ${cached[4]:.4f} against ${plain[4]:.4f} "
               f"uncached ({1 - cached[4] / plain[4]:.0%} less); the ledger says caching "

@@ -452,9 +452,12 @@ def main() -> None:
     parser.add_argument("--tps", type=float, help="prompt tokens/s allowed")
     parser.add_argument("--token-burst", type=float)
     parser.add_argument("--headers", default="all", choices=["all", "retry-after", "none"])
+    parser.add_argument("--token-delay", type=float, default=0.0,
+                        help="seconds between streamed chunks")
     args = parser.parse_args()
     server = FakeLLMServer(port=args.port).start()
     server.latency = args.latency
+    server.token_delay = args.token_delay
     server.usage = None  # count prompt tokens as a token limit does
     server.requests = _Discard()  # a long benchmark must not grow memory
     if args.rps or args.tps:

@@ -311,3 +311,14 @@ async def test_a_call_whose_deadline_has_passed_is_not_sent(rlm, server):
                                   model="openai/x", deadline=time.monotonic() - 0.1)
     assert server.requests == []
     assert rlm.client.ledger.records[-1].error
+
+
+async def test_a_child_run_ends_within_its_parents_step(server):
+    rlm = make_rlm(server, step_timeout=1.5, max_depth=1)
+    server.script("root-model", [repl("print(rlm_query('dig', context='x'))"), "FINAL(up)"])
+    # The child (on the sub-model) writes a step that would sleep far past the parent's.
+    server.script("sub-model", [repl("import time\ntime.sleep(30)"), "FINAL(never)"])
+    result = await rlm.arun("q", context="c")
+    step = result.trajectory[0].code[0]
+    assert step.elapsed_s < 1.5, "the parent's step was killed instead of ending by itself"
+    assert "Error: child RLM failed" in step.output

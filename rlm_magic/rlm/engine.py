@@ -307,12 +307,14 @@ class Run:
         self._status("running code")
         # Sub-calls of this step must end in time for the step to end with their
         # results and errors in hand: they get a deadline a little before the step's.
-        margin = min(2.0, 0.1 * self.step_timeout)
-        self._step_deadline = time.monotonic() + self.step_timeout - margin
+        timeout = self.step_timeout
         if self.outer_deadline is not None:
-            self._step_deadline = min(self._step_deadline, self.outer_deadline)
+            # A child run: its step must be stopped, and unwound, before the parent's
+            # step ends (a stopped step's thread gets up to half a second to unwind).
+            timeout = max(0.1, min(timeout, self.outer_deadline - time.monotonic() - 0.5))
+        self._step_deadline = time.monotonic() + timeout - min(2.0, 0.1 * timeout)
         try:
-            step = await self.repl.run(code, timeout=self.step_timeout)
+            step = await self.repl.run(code, timeout=timeout)
         except BaseException:
             # Interrupted mid-step: keep what the step printed in the trajectory.
             partial = self.repl.last_output

@@ -26,7 +26,6 @@ class LiveTurn:
         self._run_block = run_block
         self._codes: list[str] = []  # blocks whose closing fence has streamed in
         self._scanned = 0  # characters of the text up to the last complete line seen
-        self._length = 0
         self._fence_pending = False
         self.ran = 0  # blocks run (or running) so far
         self.stopped = False
@@ -38,10 +37,9 @@ class LiveTurn:
             self._pieces.clear()
             # Blocks already run stay run: the retried answer must begin with them.
             self._codes = self._codes[:self.ran]
-            self._scanned = self._length = 0
+            self._scanned = 0
             return
         self._pieces.append(piece)
-        self._length += len(piece)
         if self._run_block is not None:
             self._fence_pending = self._fence_pending or "`" in piece
             if self._fence_pending and "\n" in piece:

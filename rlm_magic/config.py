@@ -15,8 +15,9 @@ from traitlets import Bool, Dict, Float, Int, TraitError, Unicode, default, vali
 from traitlets.config import Configurable
 
 # Keys of litellm_kwargs that rlm-magic sets itself; passing them would silently fight it.
-_OWNED_KWARGS = {"model", "messages", "stream", "api_key", "api_base", "base_url",
-                 "timeout", "max_retries", "num_retries", "max_tokens", "caching"}
+_OWNED_KWARGS = {"model", "messages", "stream", "stream_options", "api_key", "api_base",
+                 "base_url", "timeout", "max_retries", "num_retries", "max_tokens",
+                 "caching"}
 
 
 def default_cache_dir() -> str:

@@ -322,3 +322,22 @@ async def test_a_child_run_ends_within_its_parents_step(server):
     step = result.trajectory[0].code[0]
     assert step.elapsed_s < 1.5, "the parent's step was killed instead of ending by itself"
     assert "Error: child RLM failed" in step.output
+
+
+# -- settings -----------------------------------------------------------------------------
+
+def test_streaming_early_execution_and_prompt_caching_are_on_by_default():
+    from rlm_magic import RLM
+
+    rlm = RLM()
+    assert (rlm.stream, rlm.early_execution, rlm.prompt_caching) == (True, True, True)
+    assert {"stream", "early_execution", "prompt_caching"} <= set(rlm.settings())
+
+
+def test_litellm_kwargs_may_not_set_the_streams_options():
+    from traitlets import TraitError
+
+    from rlm_magic import RLM
+
+    with pytest.raises(TraitError, match="may not set stream_options"):
+        RLM(litellm_kwargs={"stream_options": {"include_usage": False}})

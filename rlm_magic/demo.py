@@ -214,8 +214,16 @@ class DemoServer(LocalChatServer):
         # Deterministic latency: a fixed base plus up to 40% more, by prompt hash.
         base = self.root_latency if is_rlm_turn else self.sub_latency
         digest = hashlib.sha1(json.dumps(messages).encode()).digest()[0]
-        await asyncio.sleep(base * (1 + 0.4 * digest / 255))
+        delay = base * (1 + 0.4 * digest / 255)
+        if body.get("stream") and is_rlm_turn:
+            # A streamed root turn arrives word by word, in the same time in all.
+            body["_pace"] = 0.6 * delay / len(split_tokens(text))
+            delay *= 0.4
+        await asyncio.sleep(delay)
         return text
+
+    def chunk_delay(self, body: dict, index: int) -> float:
+        return body.get("_pace", 0.0)
 
 
 # Sub-model rules -------------------------------------------------------------------

@@ -476,3 +476,17 @@ def test_report_measurements():
     for name, figure in MEASURED.items():
         print(f"\n  {name}: {figure:.3f}" if isinstance(figure, float) else
               f"\n  {name}: {figure}", end="")
+
+
+def test_interrupt_during_a_streamed_root_turn_closes_the_stream(rlm_kernel, server):
+    server.token_delay = 0.1
+    server.script(ROOT, ["Let me think at length. " + " ".join(f"w{i}" for i in range(300))])
+    rlm_kernel.run("data = 'some context'")
+    usage = interrupt_and_check(rlm_kernel, server, "f: %%rlm, root turn streaming",
+                                "%%rlm -c data --out res_f\nThink it over.",
+                                lambda msg_id: server.chunks_sent >= 6)
+    assert server.wait_for(lambda: server.cancelled == 1, timeout=2), "the stream stayed open"
+    assert usage["calls"] == 1 and usage["errors"] == 1, usage
+    assert rlm_kernel.value("res_f.stop_reason") == "interrupted"
+    # The tokens it had received are counted.
+    assert rlm_kernel.value("res_f.usage.output_tokens") >= 3

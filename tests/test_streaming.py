@@ -190,7 +190,9 @@ async def test_a_turn_that_fails_after_its_code_ran_says_which_blocks_ran(server
     server.script("root-model", [repl("ran = True\nprint('ran')") + prose(20)])
     result = await rlm.arun("q", context="c")
     assert not result.success and result.stop_reason == "error"
-    assert "first 1 code block(s) had already run" in result.error
+    assert result.error.startswith(
+        "RootTurnCutOff: the root turn failed after its code block 1 had already run")
+    assert "no new tokens for 0.5s" in result.error
     assert [c.output for c in result.trajectory[0].code] == ["ran"]
     assert result.variables["ran"] is True
 

@@ -268,9 +268,10 @@ class Run:
             self.result.trajectory.append(iteration)
             if not isinstance(exc, Exception):
                 raise
+            ran = "block 1" if turn.ran == 1 else f"blocks 1-{turn.ran}"
             raise RootTurnCutOff(
-                f"{describe_exception(exc)}; the turn's first {turn.ran} code block(s) "
-                "had already run (see the trajectory)") from exc
+                f"the root turn failed after its code {ran} had already run (see the "
+                f"trajectory): {describe_exception(exc)}") from exc
         finally:
             if self.depth == 0:
                 self.tree.live_turn = None

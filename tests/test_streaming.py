@@ -343,3 +343,20 @@ def test_litellm_kwargs_may_not_set_the_streams_options():
 
     with pytest.raises(TraitError, match="may not set stream_options"):
         RLM(litellm_kwargs={"stream_options": {"include_usage": False}})
+
+
+async def test_rlm_usage_shows_cached_input_and_the_saving(shell, server):
+    from .conftest import run_cell
+
+    server.usage = None
+    shell.run_line_magic("rlm", "usage --reset")
+    server.script("claude-sonnet-4-5", long_turns(2))
+    shell.user_ns["ctx"] = "c"
+    for line in (f'RLM.model = "{CLAUDE}"', f'RLM.api_base = "{server.anthropic_base}"'):
+        shell.run_line_magic("config", line)
+    await run_cell(shell, "%%rlm -c ctx -q\nWhat is it?")
+    table = shell.run_line_magic("rlm", "usage")
+    header, _, row = repr(table).splitlines()[:3]
+    assert header.split()[-4:] == ["cached", "input", "cache", "saved"]
+    assert row.startswith(CLAUDE) and row.split()[-1].startswith("$")
+    assert "<th>cached input</th><th>cache saved</th>" in table._repr_html_()

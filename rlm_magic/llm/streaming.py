@@ -72,8 +72,8 @@ class StreamState:
 
 async def stream_completion(acompletion, request: dict, state: StreamState, *,
                             stall_timeout: float, deadline: float | None = None):
-    """Run one streamed request to its end, feeding ``state``; returns the assembled
-    response. Raises ``StreamStalled`` when no chunk comes for ``stall_timeout``
+    """Run one streamed request to its end, feeding ``state`` (which then holds the
+    text and usage); returns litellm's stream, for its headers. Raises ``StreamStalled`` when no chunk comes for ``stall_timeout``
     seconds or ``deadline`` (``time.monotonic()``) passes; the connection is closed
     at once on any exit, an interrupt included."""
     # The HTTP client's own read timeout stays out of the way of the stall watch,

@@ -325,6 +325,8 @@ class Run:
             raise
         finally:
             self._step_deadline = None
+            if self.tree.live_turn is not None and self.depth == 0:
+                self._status("thinking")  # an early block ended; the model still writes
         seen = await self._as_model_sees_it(step.as_text())
         iteration.code.append(CodeRun(code, seen, step.elapsed_s,
                                       error=step.error is not None))

@@ -15,8 +15,9 @@ from traitlets import Bool, Dict, Float, Int, List, TraitError, Unicode, default
 from traitlets.config import Configurable
 
 # Keys of litellm_kwargs that rlm-magic sets itself; passing them would silently fight it.
-_OWNED_KWARGS = {"model", "messages", "stream", "api_key", "api_base", "base_url",
-                 "timeout", "max_retries", "num_retries", "max_tokens", "caching"}
+_OWNED_KWARGS = {"model", "messages", "stream", "stream_options", "api_key", "api_base",
+                 "base_url", "timeout", "max_retries", "num_retries", "max_tokens",
+                 "caching"}
 
 
 def default_cache_dir() -> str:
@@ -67,7 +68,8 @@ class RLMConfig(Configurable):
 
     # -- calls --------------------------------------------------------------------------
     max_concurrency = Int(16, help="Most model requests in flight at once.").tag(config=True)
-    timeout = Float(120.0, help="Seconds per model call attempt.").tag(config=True)
+    timeout = Float(120.0, help="Seconds per model call attempt; for a streamed call, "
+                                "seconds without a new token.").tag(config=True)
     max_retries = Int(2, help="Retries on 408/409, 5xx, timeouts and connection errors, "
                               "with exponential backoff and jitter (429s are waited "
                               "out instead, within rate_limit_wait).").tag(config=True)
@@ -89,6 +91,20 @@ class RLMConfig(Configurable):
     cache_dir = Unicode(help="Where the cache lives. Default: "
                              "~/.cache/rlm-magic (or $XDG_CACHE_HOME/rlm-magic).").tag(config=True)
 
+    # -- streaming and prompt caching (issue 12) ----------------------------------------
+    stream = Bool(True, help="Stream root-model turns (and single llm_query calls): the "
+                             "status panel shows the text as it arrives, and `timeout` "
+                             "then limits a stall (no new tokens), not the whole answer. "
+                             "Turned off by itself for a provider that cannot stream."
+                  ).tag(config=True)
+    early_execution = Bool(True, help="Start a ```repl block as soon as its closing "
+                                      "fence has streamed in, while the model still "
+                                      "writes (streamed turns only). Blocks still run "
+                                      "in order, and the model sees the same.").tag(config=True)
+    prompt_caching = Bool(True, help="Mark the root conversation's stable prefix for "
+                                     "providers whose prompt cache needs explicit "
+                                     "cache_control markers (Anthropic).").tag(config=True)
+
     # -- the RLM loop ---------------------------------------------------------------------
     max_iterations = Int(30, help="Most root-model turns per run.").tag(config=True)
     max_depth = Int(1, help="How deep rlm_query may nest child RLMs; 0 makes rlm_query "
@@ -99,7 +115,8 @@ class RLMConfig(Configurable):
                          help="Stop a run once its known cost passes this many dollars. "
                               "Default: no limit.").tag(config=True)
     step_timeout = Float(300.0, help="Seconds one REPL step may run before it is "
-                                     "stopped.").tag(config=True)
+                                     "stopped; its sub-calls end in time (their timeouts "
+                                     "and retries shrink to fit).").tag(config=True)
     max_output_chars = Int(20_000, help="Most characters of REPL output shown to the "
                                         "model per step.").tag(config=True)
     system_prompt = Unicode(None, allow_none=True,

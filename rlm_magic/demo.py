@@ -77,8 +77,7 @@ class LocalChatServer:
         loop = asyncio.new_event_loop()
         try:
             app = web.Application(client_max_size=64 * 1024 * 1024)
-            app.router.add_post("/v1/chat/completions", self._chat)
-            app.router.add_post("/chat/completions", self._chat)
+            self._add_routes(app.router)
             # handler_cancellation: a client that disconnects cancels its handler.
             self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
             loop.run_until_complete(self._runner.setup())
@@ -94,6 +93,10 @@ class LocalChatServer:
         loop.run_forever()
         loop.close()
 
+    def _add_routes(self, router) -> None:
+        router.add_post("/v1/chat/completions", self._chat)
+        router.add_post("/chat/completions", self._chat)
+
     async def _chat(self, request):
         from aiohttp import web
 
@@ -104,8 +107,49 @@ class LocalChatServer:
             return web.json_response({"error": {"message": error.message,
                                                 "type": error.kind}}, status=error.status,
                                      headers=error.headers)
-        return web.json_response(completion_json(body, text, self.usage_for(body, text)),
+        usage = self.usage_for(body, text)
+        if body.get("stream"):
+            return await self._stream_chat(request, body, text, usage)
+        return web.json_response(completion_json(body, text, usage, self),
                                  headers=self.response_headers(body))
+
+    async def _stream_chat(self, request, body: dict, text: str, usage: tuple[int, int]):
+        """The answer as OpenAI's server-sent events: one chunk per word, ``chunk_delay``
+        apart, and usage in a last chunk when the client asked for it."""
+        from aiohttp import web
+
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                               **(self.response_headers(body) or {})})
+        await response.prepare(request)
+        head = {"id": "chatcmpl-stream", "object": "chat.completion.chunk",
+                "created": int(time.time()), "model": body.get("model", "unknown")}
+
+        async def send(payload) -> None:
+            data = payload if isinstance(payload, str) else json.dumps({**head, **payload})
+            await response.write(f"data: {data}\n\n".encode())
+
+        for index, piece in enumerate(split_tokens(text)):
+            delay = self.chunk_delay(body, index)
+            if delay:
+                await asyncio.sleep(delay)
+            await send({"choices": [{"index": 0, "finish_reason": None,
+                                     "delta": {"role": "assistant", "content": piece}}]})
+        await send({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+        if (body.get("stream_options") or {}).get("include_usage") and self.stream_usage:
+            await send({"choices": [], "usage": usage_json(body, usage, self)})
+        await send("[DONE]")
+        await response.write_eof()
+        return response
+
+    # Streaming: seconds before each chunk, and whether usage is sent when asked for.
+    stream_usage = True
+
+    def chunk_delay(self, body: dict, index: int) -> float:
+        return 0.0
+
+    def cached_tokens(self, body: dict) -> int:
+        """Prompt tokens a provider's automatic prompt cache would have served."""
+        return 0
 
     def response_headers(self, body: dict) -> dict[str, str] | None:
         """Extra headers of a successful answer (a test server adds rate-limit ones)."""
@@ -125,8 +169,22 @@ class HTTPError(Exception):
         self.headers = headers
 
 
-def completion_json(body: dict, text: str, usage: tuple[int, int]) -> dict:
+def split_tokens(text: str) -> list[str]:
+    """Streaming pieces: each word with the whitespace after it (about a token each)."""
+    return re.findall(r"\s+|\S+\s*", text) or [""]
+
+
+def usage_json(body: dict, usage: tuple[int, int], server=None) -> dict:
     prompt_tokens, completion_tokens = usage
+    data = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+    cached = server.cached_tokens(body) if server is not None else 0
+    if cached:
+        data["prompt_tokens_details"] = {"cached_tokens": cached}
+    return data
+
+
+def completion_json(body: dict, text: str, usage: tuple[int, int], server=None) -> dict:
     return {
         "id": "chatcmpl-" + hashlib.sha1(text.encode()).hexdigest()[:12],
         "object": "chat.completion",
@@ -134,8 +192,7 @@ def completion_json(body: dict, text: str, usage: tuple[int, int]) -> dict:
         "model": body.get("model", "unknown"),
         "choices": [{"index": 0, "finish_reason": "stop",
                      "message": {"role": "assistant", "content": text}}],
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                  "total_tokens": prompt_tokens + completion_tokens},
+        "usage": usage_json(body, usage, server),
     }
 
 
@@ -163,8 +220,16 @@ class DemoServer(LocalChatServer):
         # Deterministic latency: a fixed base plus up to 40% more, by prompt hash.
         base = self.root_latency if is_rlm_turn else self.sub_latency
         digest = hashlib.sha1(json.dumps(messages).encode()).digest()[0]
-        await asyncio.sleep(base * (1 + 0.4 * digest / 255))
+        delay = base * (1 + 0.4 * digest / 255)
+        if body.get("stream") and is_rlm_turn:
+            # A streamed root turn arrives word by word, in the same time in all.
+            body["_pace"] = 0.6 * delay / len(split_tokens(text))
+            delay *= 0.4
+        await asyncio.sleep(delay)
         return text
+
+    def chunk_delay(self, body: dict, index: int) -> float:
+        return body.get("_pace", 0.0)
 
 
 # Sub-model rules -------------------------------------------------------------------

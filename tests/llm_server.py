@@ -7,11 +7,19 @@ latency, injects failures (500, 429, 401, a hang) and records every request and 
 peak number in flight. Like a real provider it can also enforce rate limits (requests
 and tokens per second, token buckets), answering excess requests with 429,
 ``retry-after`` and OpenAI's ``x-ratelimit-*`` headers.
+
+It streams (server-sent events, a delay between chunks, usage in the last chunk), speaks
+enough of Anthropic's Messages API (``/v1/messages``, plain and streamed) for litellm's
+``anthropic/`` provider, and plays a provider's prompt cache: Anthropic's, which serves
+prefixes that an earlier request marked with ``cache_control``, and OpenAI's automatic
+one, which serves any repeated prefix of whole messages.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import math
 import threading
 import time
@@ -19,7 +27,7 @@ from collections import defaultdict, deque
 from dataclasses import dataclass
 from typing import Callable, Union
 
-from rlm_magic.demo import HTTPError, LocalChatServer
+from rlm_magic.demo import HTTPError, LocalChatServer, split_tokens
 
 Reply = Union[str, Callable[[dict], str]]
 
@@ -30,6 +38,11 @@ _FAILURES = {
     # llama.cpp's answer to a prompt over its context size
     "context": (400, "request (23009 tokens) exceeds the available context size (4096 "
                 "tokens), try increasing it", "exceed_context_size_error"),
+    # A provider that knows no prompt-cache markers, in the words such servers use.
+    "400-stream": (400, "stream: streaming is not supported by this model",
+                   "invalid_request_error"),
+    "400-markers": (400, "messages.0.content: cache_control: Extra inputs are not "
+                         "permitted", "invalid_request_error"),
 }
 
 
@@ -143,6 +156,17 @@ class FakeLLMServer(LocalChatServer):
             self.rate_limit: RateLimit | None = None
             self.rejected_at: list[float] = []  # time.monotonic() of each 429 sent
             self._answer_headers: dict[int, dict[str, str]] = {}
+            # Streaming: seconds between chunks; a stall (no chunk for stall_for seconds)
+            # before chunk number stall_at; usage sent when the client asks for it.
+            self.token_delay = 0.0
+            self.stall_at: int | None = None
+            self.stall_for = 0.0
+            self.stream_usage = True
+            self.chunks_sent = 0
+            # Prompt caches: "auto" serves repeated message prefixes as OpenAI does.
+            self.auto_cache = False
+            self._cached_prefixes: set[str] = set()
+            self.anthropic_requests: list[dict] = []  # the raw Messages API bodies
 
     def script(self, model: str, replies: list[Reply]) -> None:
         """Queue replies for a model, used in order before its default reply."""
@@ -222,8 +246,9 @@ class FakeLLMServer(LocalChatServer):
                         self.rejected_at.append(time.monotonic())
                 raise HTTPError(*_FAILURES[failure.kind], headers=failure.headers)
             text = self._reply_for(body)
-            with self._lock:
-                self.completed += 1
+            if not body.get("stream"):  # a stream is complete when its last chunk went
+                with self._lock:
+                    self.completed += 1
             return text
         except asyncio.CancelledError:  # the client closed the connection
             with self._lock:
@@ -239,6 +264,152 @@ class FakeLLMServer(LocalChatServer):
 
     def usage_for(self, body: dict, text: str) -> tuple[int, int]:
         return self.usage or super().usage_for(body, text)
+
+    # -- streaming and prompt caches ----------------------------------------------------
+    async def _stream_chat(self, request, body, text, usage):
+        return await self._counted_stream(super()._stream_chat(request, body, text, usage))
+
+    async def _counted_stream(self, streaming):
+        """Counts a stream as completed when its last chunk went, as cancelled when the
+        client closed the connection first."""
+        try:
+            response = await streaming
+        except (asyncio.CancelledError, ConnectionError):
+            with self._lock:
+                self.cancelled += 1
+            raise
+        with self._lock:
+            self.completed += 1
+        return response
+
+    def chunk_delay(self, body: dict, index: int) -> float:
+        with self._lock:
+            self.chunks_sent += 1
+        if self.stall_at is not None and index == self.stall_at:
+            return self.stall_for
+        return self.token_delay
+
+    def cached_tokens(self, body: dict) -> int:
+        """OpenAI's automatic cache: the longest run of leading messages seen before."""
+        if not self.auto_cache:
+            return 0
+        cached, size, digest = 0, 0, hashlib.sha1()
+        for message in body.get("messages", []):
+            digest.update(json.dumps(message, sort_keys=True).encode())
+            size += len(_text_of(message.get("content"))) // 4
+            key = digest.hexdigest()
+            with self._lock:
+                if key in self._cached_prefixes:
+                    cached = size
+                self._cached_prefixes.add(key)
+        return cached
+
+    def _add_routes(self, router) -> None:
+        super()._add_routes(router)
+        router.add_post("/v1/messages", self._messages)
+
+    @property
+    def anthropic_base(self) -> str:
+        """api_base for litellm's ``anthropic/`` models (it appends ``/v1/messages``)."""
+        return f"http://{self.host}:{self.port}"
+
+    async def _messages(self, request):
+        """Anthropic's Messages API: the reply of ``answer`` (for the same model and
+        the messages flattened to text), with Anthropic's usage and cache fields."""
+        from aiohttp import web
+
+        body = await request.json()
+        with self._lock:
+            self.anthropic_requests.append(body)
+        system = body.get("system")
+        messages = ([{"role": "system", "content": _text_of(system)}] if system else []) + [
+            {"role": m["role"], "content": _text_of(m.get("content"))}
+            for m in body.get("messages", [])]
+        flat = {"model": body.get("model"), "messages": messages,
+                "stream": bool(body.get("stream"))}
+        try:
+            text = await self.answer(flat)
+        except HTTPError as error:
+            return web.json_response({"type": "error", "error": {
+                "type": error.kind, "message": error.message}}, status=error.status,
+                headers=error.headers)
+        prompt, output = self.usage_for(flat, text)
+        read, written = self._anthropic_cache(body)
+        # Anthropic's input_tokens excludes the cached and cache-written parts.
+        usage = {"input_tokens": max(0, prompt - read - written), "output_tokens": output,
+                 "cache_read_input_tokens": read, "cache_creation_input_tokens": written}
+        message = {"id": "msg_test", "type": "message", "role": "assistant",
+                   "model": body.get("model"), "stop_reason": "end_turn",
+                   "stop_sequence": None}
+        if not body.get("stream"):
+            with self._lock:
+                self.completed += 1
+            return web.json_response({**message, "content": [{"type": "text", "text": text}],
+                                      "usage": usage})
+        return await self._counted_stream(self._stream_messages(request, flat, message,
+                                                                usage, text, output))
+
+    async def _stream_messages(self, request, flat, message, usage, text, output):
+        from aiohttp import web
+
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+
+        async def send(event: str, data: dict) -> None:
+            await response.write(f"event: {event}\ndata: {json.dumps(data)}\n\n".encode())
+
+        await send("message_start", {"type": "message_start", "message": {
+            **message, "content": [], "stop_reason": None,
+            "usage": {**usage, "output_tokens": 1}}})
+        await send("content_block_start", {"type": "content_block_start", "index": 0,
+                                           "content_block": {"type": "text", "text": ""}})
+        for index, piece in enumerate(split_tokens(text)):
+            delay = self.chunk_delay(flat, index)
+            if delay:
+                await asyncio.sleep(delay)
+            await send("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                               "delta": {"type": "text_delta", "text": piece}})
+        await send("content_block_stop", {"type": "content_block_stop", "index": 0})
+        await send("message_delta", {"type": "message_delta", "delta": {
+            "stop_reason": "end_turn", "stop_sequence": None},
+            "usage": {"output_tokens": output}})
+        await send("message_stop", {"type": "message_stop"})
+        await response.write_eof()
+        return response
+
+    def _anthropic_cache(self, body: dict) -> tuple[int, int]:
+        """(tokens read from the cache, tokens written to it), as Anthropic counts them:
+        a prefix is cached when an earlier request put a ``cache_control`` breakpoint at
+        its end; this request reads the longest such prefix and writes its own
+        breakpoints past it."""
+        blocks = _blocks(body.get("system")) + [
+            block for m in body.get("messages", []) for block in _blocks(m.get("content"))]
+        digest, size, read, written_to = hashlib.sha1(), 0, 0, 0
+        marks = []
+        for block in blocks:
+            digest.update(json.dumps({k: v for k, v in block.items()
+                                      if k != "cache_control"}, sort_keys=True).encode())
+            size += len(block.get("text", "")) // 4
+            key = digest.hexdigest()
+            with self._lock:
+                if key in self._cached_prefixes:
+                    read = size
+            if block.get("cache_control"):
+                marks.append((key, size))
+        for key, end in marks:
+            if end > read:
+                with self._lock:
+                    self._cached_prefixes.add(key)
+                written_to = end
+        return read, max(0, written_to - read)
+
+    @property
+    def cache_markers(self) -> list[int]:
+        """How many ``cache_control`` breakpoints each Messages API request carried."""
+        return [sum(1 for block in _blocks(b.get("system")) if block.get("cache_control"))
+                + sum(1 for m in b.get("messages", []) for block in _blocks(m.get("content"))
+                      if block.get("cache_control"))
+                for b in self.anthropic_requests]
 
     def _take_failure(self, body: dict) -> Failure | None:
         for failure in self.failures:
@@ -257,6 +428,18 @@ class FakeLLMServer(LocalChatServer):
         return reply(body) if callable(reply) else reply
 
 
+def _blocks(content) -> list[dict]:
+    if not content:
+        return []
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    return [block for block in content if isinstance(block, dict)]
+
+
+def _text_of(content) -> str:
+    return "".join(block.get("text", "") for block in _blocks(content))
+
+
 def main() -> None:
     """Serve on its own (benchmarks run it in a separate process): prints its URL, then
     answers each line "stats" on stdin with a JSON line of its counters."""
@@ -272,9 +455,12 @@ def main() -> None:
     parser.add_argument("--tps", type=float, help="prompt tokens/s allowed")
     parser.add_argument("--token-burst", type=float)
     parser.add_argument("--headers", default="all", choices=["all", "retry-after", "none"])
+    parser.add_argument("--token-delay", type=float, default=0.0,
+                        help="seconds between streamed chunks")
     args = parser.parse_args()
     server = FakeLLMServer(port=args.port).start()
     server.latency = args.latency
+    server.token_delay = args.token_delay
     server.usage = None  # count prompt tokens as a token limit does
     server.requests = _Discard()  # a long benchmark must not grow memory
     if args.rps or args.tps:

@@ -389,6 +389,32 @@ def test_widget_updates_stream_while_batch_runs(rlm_kernel, server):
     assert rlm_kernel.value("_r") == [f"echo: p{i}" for i in range(8)]
 
 
+def test_status_widget_shows_the_root_turn_before_the_server_finished_it(rlm_kernel,
+                                                                         server):
+    rlm_kernel.run("%config RLM.progress = True\nlive_ctx = 'some context'")
+    server.token_delay = 0.03
+    words = " ".join(f"w{i}" for i in range(60))
+    server.script(ROOT, [f"Reading the context first. {words}\nFINAL(seen)"])
+    msg_id = rlm_kernel.submit("%%rlm -c live_ctx --out res_live\nWhat is in it?")
+
+    def live_text() -> str | None:
+        for _, m in rlm_kernel.messages(msg_id, "comm_msg"):
+            value = m["content"]["data"].get("state", {}).get("value")
+            if isinstance(value, str) and "rlm-live-turn" in value and " w3 " in value:
+                return value
+        return None
+
+    assert rlm_kernel.pump(lambda: live_text() is not None, timeout=30), \
+        "the status widget never showed the streaming turn"
+    streams_done_then = server.completed
+    shown = live_text()
+    reply, _ = rlm_kernel.wait(msg_id, timeout=60)
+    assert reply["status"] == "ok"
+    assert "Reading the context first." in shown and "FINAL" not in shown
+    assert streams_done_then == 0, "the server had finished the turn already"
+    assert rlm_kernel.value("res_live.final_answer") == "seen"
+
+
 # -- interrupts ---------------------------------------------------------------------
 def interrupt_and_check(kernel: Kernel, server, label: str, code: str, ready,
                         ready_timeout: float = 30) -> dict:
@@ -563,3 +589,17 @@ def test_interrupt_leaves_another_cells_background_batch_running(rlm_kernel, ser
     assert server.in_flight == 2
     rlm_kernel.run("_bg.cancel()")
     assert server.wait_for(lambda: server.in_flight == 0, timeout=5)
+
+
+def test_interrupt_during_a_streamed_root_turn_closes_the_stream(rlm_kernel, server):
+    server.token_delay = 0.1
+    server.script(ROOT, ["Let me think at length. " + " ".join(f"w{i}" for i in range(300))])
+    rlm_kernel.run("data = 'some context'")
+    usage = interrupt_and_check(rlm_kernel, server, "g: %%rlm, root turn streaming",
+                                "%%rlm -c data --out res_f\nThink it over.",
+                                lambda msg_id: server.chunks_sent >= 6)
+    assert server.wait_for(lambda: server.cancelled == 1, timeout=2), "the stream stayed open"
+    assert usage["calls"] == 1 and usage["errors"] == 0 and usage["cancelled"] == 1, usage
+    assert rlm_kernel.value("res_f.stop_reason") == "interrupted"
+    # The tokens it had received are counted.
+    assert rlm_kernel.value("res_f.usage.output_tokens") >= 3

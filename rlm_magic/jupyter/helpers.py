@@ -42,7 +42,9 @@ class NotebookHelpers:
         check_max_tokens(max_tokens, "llm_query")
         messages = build_messages(prompt, system)
         completion = await run_interruptibly(
-            self.client.complete(messages, model=model, max_tokens=max_tokens), "llm_query")
+            # Streamed (RLM.stream): a slow answer is timed out on a stall, not its length.
+            self.client.complete(messages, model=model, max_tokens=max_tokens, stream=True),
+            "llm_query")
         return completion.text
 
     async def llm_query_batch(self, prompts: Iterable[str], *, system: str | None = None,

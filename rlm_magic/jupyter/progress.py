@@ -21,7 +21,7 @@ import time
 from typing import Any, Callable
 
 from ..llm.ratelimit import hold_message
-from ..llm.usage import format_cost
+from ..llm.usage import format_cost, format_saving
 
 MAX_UPDATES_PER_S = 4
 
@@ -175,7 +175,8 @@ class RunStatus(_LiveDisplay):
     def _widget_view(self):
         return StatusWidget()
 
-    def line(self, phase: str | None = None, stopped: bool = False) -> str:
+    def line(self, phase: str | None = None, stopped: bool = False,
+             with_text: bool = True) -> str:
         tree = self.run.tree
         usage = tree.ledger.summary()
         calls = f"sub-calls {tree.done + tree.failed} done"
@@ -185,12 +186,25 @@ class RunStatus(_LiveDisplay):
         if tree.failed:
             calls += f", {tree.failed} failed"
         held = None if phase else hold_message()
+        tokens = f"{usage.total.total_tokens:,} tokens"
+        if usage.total.cached_input_tokens:
+            tokens += (f" ({usage.total.cached_input_tokens:,} cached, saved "
+                       f"{format_saving(usage.total.cache_saved_usd)})")
+        doing = phase or tree.phase
+        writing = self.partial_text(lines=1, width=60) if with_text and not phase else None
+        if writing:
+            doing = f"{doing}: …{writing}"
         return " | ".join([
-            f"RLM {self.run.model}", phase or tree.phase,
+            f"RLM {self.run.model}", doing,
             f"iteration {tree.iteration}/{tree.max_iterations or self.run.max_iterations}",
-            calls, *([held] if held else []), f"{usage.total.total_tokens:,} tokens",
+            calls, *([held] if held else []), tokens,
             format_cost(usage.cost_usd, usage.total.unpriced_calls),
             f"{self.elapsed_s:.1f}s"])
+
+    def partial_text(self, lines: int = 12, width: int = 160) -> str | None:
+        """The end of the root turn streaming in now, if any."""
+        turn = self.run.tree.live_turn
+        return turn.tail(lines, width) if turn is not None else None
 
     def final_line(self, exc_type) -> str:
         result = self.run.result
@@ -267,14 +281,17 @@ class StatusWidget:
         self.output = _WidgetOutput(self.html, status.line())
 
     def update(self, status: RunStatus) -> None:
-        self._set(status.line())
+        self._set(status.line(with_text=False), status.partial_text())
 
     def finish(self, status: RunStatus, line: str) -> None:
         self._set(line)
         self.output.settle(line)
 
-    def _set(self, line: str) -> None:
+    def _set(self, line: str, partial: str | None = None) -> None:
         value = _code(line)
+        if partial:  # the root turn as it streams in, under the line
+            value += (f"<pre class='rlm-live-turn' style='margin:2px 0;opacity:.75'>"
+                      f"{html.escape(partial)}</pre>")
         if self.html.value != value:
             self.html.value = value
 

@@ -18,8 +18,11 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ConfigError, LLMQueryError, describe_exception
 from . import routing
 from .limiter import ConcurrencyLimiter
+from .prompt_cache import REFUSED as _NO_MARKERS
+from .prompt_cache import cache_figures, mark_prefix, needs_markers, refuses_markers
 from .ratelimit import RateGate, RateLimitWaitExceeded, gate_for, headers_of, is_rate_limit
 from .redaction import Redactor, off_loop_if_large
+from .streaming import OnText, StreamStalled, StreamState, stream_completion
 from .usage import CallRecord, UsageLedger
 
 if TYPE_CHECKING:
@@ -90,6 +93,9 @@ class Completion:
     retries: int = 0
     elapsed_s: float = 0.0
     cached: bool = False
+    cached_input_tokens: int = 0  # served from the provider's prompt cache
+    cache_write_tokens: int = 0
+    streamed: bool = False
 
 
 def is_retryable(exc: BaseException) -> bool:
@@ -144,18 +150,22 @@ class LLMClient:
         ledger: UsageLedger | None = None,
         slot_held: bool = False,
         redactor: Redactor | None = None,
+        **options,
     ) -> Completion:
         """One chat completion with retries. Raises ``LLMQueryError`` when it fails.
 
         ``slot_held`` says the caller already holds a limiter slot for this call (the
         batch runner acquires slots itself so it can start tasks as slots free up).
+        ``options`` (see ``CallOptions``): ``stream``, ``on_text``, ``deadline`` and
+        ``cache_prefix``.
         """
         model = model or self.config.effective_sub_model
         ledger = ledger if ledger is not None else self.ledger
+        call = CallOptions(**options)
         if slot_held:
-            return await self._complete(messages, model, max_tokens, ledger, redactor)
+            return await self._complete(messages, model, max_tokens, ledger, redactor, call)
         async with self.limiter:
-            return await self._complete(messages, model, max_tokens, ledger, redactor)
+            return await self._complete(messages, model, max_tokens, ledger, redactor, call)
 
     def gate(self, model: str | None = None) -> RateGate:
         """The rate gate of ``model`` at this client's endpoint (shared process-wide)."""
@@ -190,7 +200,8 @@ class LLMClient:
             self._routed = (identity, router)
         return self._routed[1]
 
-    async def _complete(self, messages, model, max_tokens, ledger, redactor) -> Completion:
+    async def _complete(self, messages, model, max_tokens, ledger, redactor,
+                        call: "CallOptions") -> Completion:
         config = self.config
         params = {"max_tokens": max_tokens or config.max_tokens, **config.litellm_kwargs}
         started = time.perf_counter()
@@ -213,6 +224,14 @@ class LLMClient:
 
         litellm = await load_litellm()
         messages = await redact_messages(messages, redactor or self.redactor())
+        characters = sum(len(m["content"]) for m in messages
+                         if isinstance(m.get("content"), str))
+        plain_messages = messages
+        if call.cache_prefix and config.prompt_caching and needs_markers(litellm, model):
+            messages = mark_prefix(messages)
+        streaming = call.stream and config.stream and model not in _CANNOT_STREAM
+        spent = _Spent()  # tokens of attempts cut off by a stall, billed all the same
+        state: StreamState | None = None
         request = {"model": model, "messages": messages, "timeout": config.timeout,
                    # Retries are ours (backoff, jitter, counted in the ledger): stop the
                    # provider SDK from retrying underneath us.
@@ -234,34 +253,58 @@ class LLMClient:
                 request["api_key"] = config.api_key
 
         gate = self.gate(model)
-        characters = sum(len(m["content"]) for m in messages
-                         if isinstance(m.get("content"), str))
         tokens = gate.estimate_tokens(characters)
         retries = rate_limited = 0
         limited_since: float | None = None  # when this call first met a rate limit
         while True:
             deadline = (None if limited_since is None
                         else limited_since + config.rate_limit_wait)
+            if call.deadline is not None:
+                deadline = min(deadline or call.deadline, call.deadline)
             try:
                 ticket = await gate.enter(tokens, deadline)
             except asyncio.CancelledError:
-                _record_cancelled(ledger, model, retries, started, rate_limited)
+                _record_cancelled(ledger, model, retries, started, rate_limited, spent)
                 raise
             except RateLimitWaitExceeded as exc:
+                if call.deadline is not None and deadline == call.deadline:
+                    raise _out_of_time(ledger, model, retries, rate_limited, started, spent,
+                                       "before it could be sent"
+                                       if time.monotonic() >= call.deadline else
+                                       "while the provider's rate limit held it back"
+                                       ) from None
                 raise self._rate_limit_failure(
                     ledger, model, retries, rate_limited, started, limited_since,
                     f"the provider's limit would hold it {exc.args[0]:.0f}s more") from None
+            if call.deadline is not None and time.monotonic() >= call.deadline:
+                gate.failed(ticket)  # nothing is sent that could not finish in time
+                raise _out_of_time(ledger, model, retries, rate_limited, started, spent,
+                                   "before it could be sent")
+            if state is not None and state.received and call.on_text is not None:
+                call.on_text(None)  # the answer starts over
+            state = StreamState(call.on_text) if streaming else None
             try:
-                response = await asyncio.wait_for(send(**request), attempt_timeout)
+                if state is not None:
+                    # The stream carries the headers; its chunks, built into one
+                    # response, carry the text and usage.
+                    raw = await stream_completion(
+                        send, request, state, stall_timeout=call.time_left(config.timeout),
+                        deadline=call.deadline)
+                    response = state.response(litellm, plain_messages) or raw
+                else:
+                    raw = response = await asyncio.wait_for(
+                        send(**request), call.time_left(attempt_timeout))
             except asyncio.CancelledError:
                 gate.failed(ticket)
-                _record_cancelled(ledger, model, retries, started, rate_limited)
+                spent.add_partial(state, litellm, plain_messages)
+                _record_cancelled(ledger, model, retries, started, rate_limited, spent)
                 raise
             except Exception as exc:  # noqa: BLE001 - every failure is reported below
                 failure = exc
+                spent.add_partial(state, litellm, plain_messages)
             else:
                 usage = getattr(response, "usage", None)
-                gate.answered(ticket, _response_headers(response),
+                gate.answered(ticket, _response_headers(raw),
                               getattr(usage, "prompt_tokens", None), characters)
                 break
             if is_rate_limit(failure):
@@ -276,39 +319,54 @@ class LLMClient:
                                                started, limited_since,
                                                describe_exception(failure)) from failure
             gate.failed(ticket)
-            if retries >= max_retries or not is_retryable(failure):
-                if isinstance(failure, asyncio.TimeoutError):
-                    failure = TimeoutError(f"no answer within {attempt_timeout:g}s")
-                raise self._failed(ledger, model, retries, rate_limited, started,
-                                   failure) from failure
+            if messages is not plain_messages and refuses_markers(failure):
+                # A provider that rejects cache_control markers: send it plain, from
+                # now on, without spending a retry.
+                _NO_MARKERS.add(model)
+                request["messages"] = messages = plain_messages
+                continue
+            if streaming and state is not None and not state.chunks \
+                    and _cannot_stream(failure):
+                _CANNOT_STREAM.add(model)
+                streaming = False
+                continue
             delay = random.uniform(0, config.retry_backoff * 2 ** retries)
             delay = max(delay, min(_retry_after(failure) or 0.0, 60.0))
+            out_of_time = call.deadline is not None and \
+                time.monotonic() + delay + _MIN_ATTEMPT_S >= call.deadline
+            if retries >= max_retries or not is_retryable(failure) or out_of_time:
+                failure = _explained(failure, attempt_timeout, call, state)
+                raise self._failed(ledger, model, retries, rate_limited, started, failure,
+                                   spent) from failure
             retries += 1
             try:
                 await asyncio.sleep(delay)
             except asyncio.CancelledError:
-                _record_cancelled(ledger, model, retries, started, rate_limited)
+                _record_cancelled(ledger, model, retries, started, rate_limited, spent)
                 raise
 
         completion = _completion_from(response, model, retries,
-                                      time.perf_counter() - started, litellm)
-        ledger.record(CallRecord(model, completion.input_tokens, completion.output_tokens,
-                                 completion.cost_usd, retries=retries,
-                                 rate_limited=rate_limited,
-                                 elapsed_s=completion.elapsed_s))
+                                      time.perf_counter() - started, litellm, streaming)
+        ledger.record(spent.record(
+            model, completion.input_tokens, completion.output_tokens, completion.cost_usd,
+            retries=retries, rate_limited=rate_limited, elapsed_s=completion.elapsed_s,
+            cached_input_tokens=completion.cached_input_tokens,
+            cache_write_tokens=completion.cache_write_tokens,
+            cache_saved_usd=cache_saving(litellm, model, completion)))
         if key is not None:
             _cache_call(cache.set, key, {"text": completion.text,
                                          "input_tokens": completion.input_tokens,
                                          "output_tokens": completion.output_tokens})
         return completion
 
-
     def _failed(self, ledger: UsageLedger, model: str, retries: int, rate_limited: int,
-                started: float, failure: BaseException) -> LLMQueryError:
+                started: float, failure: BaseException,
+                spent: "_Spent | None" = None) -> LLMQueryError:
+        """The call failed for good: record it (with any tokens already billed)."""
         error = LLMQueryError(model, explain_proxy_failure(failure, model), retries=retries)
-        ledger.record(CallRecord(model, retries=retries, error=str(error),
-                                 rate_limited=rate_limited,
-                                 elapsed_s=time.perf_counter() - started))
+        ledger.record((spent or _Spent()).record(model, retries=retries, error=str(error),
+                                                 rate_limited=rate_limited,
+                                                 elapsed_s=time.perf_counter() - started))
         return error
 
     def _rate_limit_failure(self, ledger: UsageLedger, model: str, retries: int,
@@ -321,11 +379,13 @@ class LLMClient:
 
 
 def _record_cancelled(ledger: UsageLedger, model: str, retries: int, started: float,
-                      rate_limited: int = 0) -> None:
-    # A cancelled call may already have been billed in part: it stays in the ledger.
-    ledger.record(CallRecord(model, retries=retries, error="cancelled",
-                             rate_limited=rate_limited,
-                             elapsed_s=time.perf_counter() - started))
+                      rate_limited: int = 0, spent: "_Spent | None" = None) -> None:
+    # A cancelled call may already have been billed in part: it stays in the ledger,
+    # with the tokens it had streamed.
+    spent = spent or _Spent()
+    ledger.record(spent.record(model, retries=retries, error="cancelled",
+                               rate_limited=rate_limited,
+                               elapsed_s=time.perf_counter() - started))
 
 
 def _response_headers(response) -> dict | None:
@@ -364,15 +424,17 @@ async def redact_messages(messages: Messages, redactor: Redactor) -> Messages:
 
 
 def _completion_from(response, model: str, retries: int, elapsed: float,
-                     litellm) -> Completion:
+                     litellm, streamed: bool = False) -> Completion:
     choice = response.choices[0]
     text = getattr(choice.message, "content", None) or ""
     usage = getattr(response, "usage", None)
     input_tokens = int(getattr(usage, "prompt_tokens", 0) or 0)
     output_tokens = int(getattr(usage, "completion_tokens", 0) or 0)
+    read, written = cache_figures(usage)
     return Completion(text, model, input_tokens, output_tokens,
                       cost_usd=_cost_of(response, litellm), retries=retries,
-                      elapsed_s=elapsed)
+                      elapsed_s=elapsed, cached_input_tokens=read,
+                      cache_write_tokens=written, streamed=streamed)
 
 
 def _cost_of(response, litellm) -> float | None:
@@ -412,3 +474,106 @@ def explain_proxy_failure(failure: BaseException, model: str) -> BaseException |
         return ("the LiteLLM Proxy rejected the API key: it is not the proxy's master "
                 "key, and the proxy has no database to look other keys up in")
     return failure
+
+
+# -- streaming, deadlines and prompt caching -------------------------------------------------
+# Models whose provider refused a streamed request: not streamed for the rest of the
+# session.
+_CANNOT_STREAM: set[str] = set()
+_MIN_ATTEMPT_S = 0.5  # no retry is started with less time than this before the deadline
+
+
+@dataclass(frozen=True)
+class CallOptions:
+    """How one call is made, beyond the request itself.
+
+    - ``stream``: stream the answer (if ``RLM.stream`` and the provider can); the
+      timeout then applies to a stall, not to the whole answer.
+    - ``on_text``: called on the loop with each piece of streamed text; keep it cheap.
+    - ``deadline``: ``time.monotonic()`` by which the call must have ended, retries
+      included (a REPL step's deadline): timeouts and retries shrink to fit.
+    - ``cache_prefix``: mark the conversation's stable prefix for the provider's prompt
+      cache (when ``RLM.prompt_caching`` and the provider needs markers).
+    """
+
+    stream: bool = False
+    on_text: OnText | None = None
+    deadline: float | None = None
+    cache_prefix: bool = False
+
+    def time_left(self, timeout: float) -> float:
+        if self.deadline is None:
+            return timeout
+        return max(0.01, min(timeout, self.deadline - time.monotonic()))
+
+
+class _Spent:
+    """Tokens and dollars of attempts that were cut off after the provider had started
+    answering: they are billed, so they go into the call's record."""
+
+    def __init__(self):
+        self.input_tokens = self.output_tokens = 0
+        self.cost_usd: float | None = None
+
+    def add_partial(self, state: StreamState | None, litellm, messages) -> None:
+        if state is None or not state.received:
+            return
+        response = state.response(litellm, messages)
+        usage = getattr(response, "usage", None)
+        if usage is None:
+            return
+        self.input_tokens += int(getattr(usage, "prompt_tokens", 0) or 0)
+        self.output_tokens += int(getattr(usage, "completion_tokens", 0) or 0)
+        cost = _cost_of(response, litellm)
+        if cost is not None:
+            self.cost_usd = (self.cost_usd or 0.0) + cost
+
+    def record(self, model: str, input_tokens: int = 0, output_tokens: int = 0,
+               cost_usd: float | None = None, **fields) -> CallRecord:
+        if self.cost_usd is not None:
+            cost_usd = (cost_usd or 0.0) + self.cost_usd
+        return CallRecord(model, input_tokens + self.input_tokens,
+                          output_tokens + self.output_tokens, cost_usd, **fields)
+
+
+def _cannot_stream(exc: BaseException) -> bool:
+    """A provider that does not stream says so with a 400 (or litellm refuses)."""
+    status = getattr(exc, "status_code", None)
+    return (status in (400, 422) or type(exc).__name__ == "UnsupportedParamsError") \
+        and "stream" in str(exc).lower()
+
+
+def _explained(failure: BaseException, timeout: float, call: CallOptions,
+               state: StreamState | None) -> BaseException:
+    """Timeouts as one line that says which limit was hit."""
+    if call.deadline is not None and time.monotonic() >= call.deadline - _MIN_ATTEMPT_S \
+            and isinstance(failure, (asyncio.TimeoutError, TimeoutError)):
+        got = f" after {len(state.text):,} characters" if state and state.received else ""
+        return TimeoutError(f"the REPL step's time ran out{got} (step_timeout)")
+    if isinstance(failure, StreamStalled):
+        got = f" after {len(state.text):,} characters" if state and state.received else ""
+        return TimeoutError(f"{failure}{got} (timeout={timeout:g}s)")
+    if isinstance(failure, asyncio.TimeoutError):
+        return TimeoutError(f"no answer within timeout={timeout:g}s")
+    return failure
+
+
+def _out_of_time(ledger: UsageLedger, model: str, retries: int, rate_limited: int,
+                 started: float, spent: _Spent, when: str) -> LLMQueryError:
+    error = LLMQueryError(model, TimeoutError(f"the REPL step's time ran out {when} "
+                                              "(step_timeout)"), retries=retries)
+    ledger.record(spent.record(model, retries=retries, error=str(error),
+                               rate_limited=rate_limited,
+                               elapsed_s=time.perf_counter() - started))
+    return error
+
+
+def cache_saving(litellm, model: str, completion: Completion) -> float | None:
+    """Dollars the provider's prompt cache saved on this call (negative when writing the
+    cache cost more than reading saved), at litellm's prices; None if unpriced."""
+    if not (completion.cached_input_tokens or completion.cache_write_tokens):
+        return 0.0
+    from .prompt_cache import saving
+
+    return saving(litellm, model, completion.cached_input_tokens,
+                  completion.cache_write_tokens)

@@ -29,6 +29,11 @@ class CallRecord:
     elapsed_s: float = 0.0
     cached: bool = False
     rate_limited: int = 0  # 429 answers this call waited out (not counted as retries)
+    # Input tokens the provider's prompt cache served (part of input_tokens), tokens
+    # written to it, and the dollars caching saved on this call (None: unpriced).
+    cached_input_tokens: int = 0
+    cache_write_tokens: int = 0
+    cache_saved_usd: float | None = 0.0
 
 
 @dataclass
@@ -47,9 +52,15 @@ class ModelUsage:
     cancelled: int = 0
     elapsed_s: float = 0.0
     rate_limited: int = 0
+    cached_input_tokens: int = 0
+    cache_write_tokens: int = 0
+    cache_saved_usd: float = 0.0
 
     def add(self, record: CallRecord) -> None:
         self.calls += 1
+        self.cached_input_tokens += record.cached_input_tokens
+        self.cache_write_tokens += record.cache_write_tokens
+        self.cache_saved_usd += record.cache_saved_usd or 0.0
         self.rate_limited += record.rate_limited
         self.cache_hits += record.cached
         self.input_tokens += record.input_tokens
@@ -117,7 +128,13 @@ class UsageSummary:
     @property
     def _columns(self) -> tuple[str, ...]:
         # Rate limits are waited out, not failures; the column shows once they happen.
-        return self._COLUMNS + (("rate limited",) if self.total.rate_limited else ())
+        # So do the prompt cache's: once a provider served cached input.
+        return (self._COLUMNS + (("rate limited",) if self.total.rate_limited else ())
+                + (("cached input", "cache saved") if self._cache_columns else ()))
+
+    @property
+    def _cache_columns(self) -> bool:
+        return bool(self.total.cached_input_tokens or self.total.cache_write_tokens)
 
     def _rows(self) -> list[tuple[str, ...]]:
         rows = [self._cells(row) for row in self.by_model.values()]
@@ -129,7 +146,10 @@ class UsageSummary:
         cells = (row.model, str(row.calls), str(row.cache_hits), f"{row.input_tokens:,}",
                  f"{row.output_tokens:,}", format_cost(row.cost_usd, row.unpriced_calls),
                  str(row.retries), str(row.errors), str(row.cancelled))
-        return cells + ((str(row.rate_limited),) if self.total.rate_limited else ())
+        cells += (str(row.rate_limited),) if self.total.rate_limited else ()
+        if self._cache_columns:
+            cells += (f"{row.cached_input_tokens:,}", format_saving(row.cache_saved_usd))
+        return cells
 
     def __repr__(self) -> str:
         if not self.by_model:
@@ -164,6 +184,12 @@ def format_cost(cost: float | None, unpriced_calls: int = 0) -> str:
     else:
         text = f"${cost:.4f}" if cost < 100 else f"${cost:,.2f}"
     return text + (" + ?" if unpriced_calls else "")
+
+
+def format_saving(dollars: float) -> str:
+    """What prompt caching saved; negative while cache writes cost more than reads saved."""
+    text = format_cost(abs(dollars))
+    return ("-" + text) if dollars < 0 else text
 
 
 class UsageLedger:

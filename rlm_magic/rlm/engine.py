@@ -26,6 +26,7 @@ from ..llm.usage import SESSION_LEDGER, UsageLedger
 from ..repl.inprocess import AsyncREPL
 from ..repl.sandbox import SandboxREPL
 from ..repl.steps import repl_builtins, show_vars
+from .live_turn import LiveTurn
 from .prompts import (
     CONTINUE_PROMPT,
     ITERATION_LIMIT_PROMPT,
@@ -121,6 +122,7 @@ class RunTree:
     warned_unpriced: bool = False
     iteration: int = 0
     max_iterations: int = 0
+    live_turn: LiveTurn | None = None  # the root turn streaming in, for the panel
 
     def take_sub_calls(self, wanted: int) -> int:
         """Reserve up to ``wanted`` sub-calls; returns how many are allowed."""
@@ -147,7 +149,8 @@ class Run:
                  model: str | None = None, sub_model: str | None = None,
                  max_iterations: int | None = None, max_depth: int | None = None,
                  namespace: dict[str, Any] | None = None, sandbox: str | None = None,
-                 depth: int = 0, tree: RunTree | None = None):
+                 depth: int = 0, tree: RunTree | None = None,
+                 deadline: float | None = None):
         self.rlm = rlm
         self.id = next(_run_ids)
         self.query = query
@@ -168,6 +171,12 @@ class Run:
         if self.sandbox not in ("process", "none"):
             raise ValueError(f"sandbox must be 'process' or 'none', got {self.sandbox!r}")
         self.own_sub_calls = 0
+        # time.monotonic() by which this run's calls must end: a child run inherits its
+        # parent's step deadline; each step of its own sets a nearer one.
+        self.outer_deadline = deadline
+        self._step_deadline: float | None = None
+        self._ready: str | None = None  # the model's `answer`, once its code set it ready
+        self.early_execution = rlm.early_execution and rlm.stream
         self.result = RLMResult(query=query, model=self.model, sub_model=self.sub_model,
                                 depth=depth, sandbox=self.sandbox)
 
@@ -235,10 +244,13 @@ class Run:
             self._status("thinking", iteration=index)
             turn_started = time.perf_counter()
             calls_before = self.own_sub_calls
-            reply = await self._ask_root(messages)
-            iteration = Iteration(index=index, response=reply)
+            iteration, outputs = Iteration(index=index, response=""), []
+            turn = LiveTurn((lambda n, code: self._run_block(n, code, iteration, outputs))
+                            if self.early_execution else None)
+            reply = await self._ask_root(messages, turn, iteration)
+            iteration.response = reply
             result.trajectory.append(iteration)
-            feedback, final = await self._act_on(reply, iteration)
+            feedback, final = await self._act_on(reply, iteration, turn, outputs)
             iteration.sub_calls = self.own_sub_calls - calls_before
             iteration.elapsed_s = time.perf_counter() - turn_started
             if final is not None:
@@ -263,34 +275,51 @@ class Run:
             result.error = (f"no FINAL answer within max_iterations={self.max_iterations}; "
                             "final_answer holds the model's last reply")
 
-    async def _ask_root(self, messages) -> str:
-        completion = await self.client.complete(messages, model=self.model,
-                                                max_tokens=self.max_tokens,
-                                                ledger=self.tree.ledger)
+    async def _ask_root(self, messages, turn: LiveTurn | None = None,
+                        iteration: Iteration | None = None) -> str:
+        """One root turn, streamed into ``turn`` (the panel shows it; with early
+        execution its finished blocks start running). If the turn fails after some of
+        its blocks ran, the partial turn goes into the trajectory and the error says so."""
+        turn = turn if turn is not None else LiveTurn()
+        if self.depth == 0:
+            self.tree.live_turn = turn
+        try:
+            completion = await self.client.complete(
+                messages, model=self.model, max_tokens=self.max_tokens,
+                ledger=self.tree.ledger, stream=True, on_text=turn, cache_prefix=True,
+                deadline=self.outer_deadline)
+        except BaseException as exc:
+            await turn.cancel()
+            if not turn.ran or iteration is None:
+                raise
+            iteration.response = turn.text
+            self.result.trajectory.append(iteration)
+            if not isinstance(exc, Exception):
+                raise
+            ran = "block 1" if turn.ran == 1 else f"blocks 1-{turn.ran}"
+            raise RootTurnCutOff(
+                f"the root turn failed after its code {ran} had already run (see the "
+                f"trajectory): {describe_exception(exc)}") from exc
+        finally:
+            if self.depth == 0:
+                self.tree.live_turn = None
+        if iteration is not None:
+            iteration.early_blocks = turn.ran
         return completion.text
 
-    async def _act_on(self, reply: str, iteration: Iteration) -> tuple[str, str | None]:
+    async def _act_on(self, reply: str, iteration: Iteration, turn: LiveTurn | None = None,
+                      outputs: list[str] | None = None) -> tuple[str, str | None]:
         """Run the reply's code; return (feedback for the model, final answer or None)."""
         blocks = code_blocks(reply)
-        outputs = []
-        for number, code in enumerate(blocks, 1):
-            self._status("running code")
-            try:
-                step = await self.repl.run(code, timeout=self.step_timeout)
-            except BaseException:
-                # Interrupted mid-step: keep what the step printed in the trajectory.
-                partial = self.repl.last_output
-                shown = self.client.redactor().head(partial.as_text(),
-                                                    self.max_output_chars)
-                iteration.code.append(CodeRun(code, shown, partial.elapsed_s, error=True))
-                raise
-            seen = await self._as_model_sees_it(step.as_text(), step.dropped_chars)
-            iteration.code.append(CodeRun(code, seen, step.elapsed_s,
-                                          error=step.error is not None))
-            outputs.append(f"Output of block {number}:\n{seen}")
-            ready = await self.repl.ready_answer()
-            if ready is not None:
-                return "", ready
+        outputs = outputs if outputs is not None else []
+        if turn is not None and self.early_execution:
+            await turn.finish(blocks)  # the blocks not started while streaming, in order
+            if turn.stopped:
+                return "", self._ready
+        else:
+            for number, code in enumerate(blocks, 1):
+                if await self._run_block(number, code, iteration, outputs):
+                    return "", self._ready
         marker = find_final(reply)
         if marker is not None:
             answer, problem = await self._resolve_final(marker)
@@ -300,6 +329,39 @@ class Run:
         if not blocks and marker is None:
             outputs.append("You wrote no ```repl code and gave no FINAL answer.")
         return "\n\n".join(outputs + [CONTINUE_PROMPT]), None
+
+    async def _run_block(self, number: int, code: str, iteration: Iteration,
+                         outputs: list[str]) -> bool:
+        """Run one block; True when the model's code set the answer ready."""
+        self._status("running code")
+        # Sub-calls of this step must end in time for the step to end with their
+        # results and errors in hand: they get a deadline a little before the step's.
+        timeout = self.step_timeout
+        if self.outer_deadline is not None:
+            # A child run: its step must be stopped, and unwound, before the parent's
+            # step ends (a stopped step's thread gets up to half a second to unwind).
+            timeout = max(0.1, min(timeout, self.outer_deadline - time.monotonic() - 0.5))
+        self._step_deadline = time.monotonic() + timeout - min(2.0, 0.1 * timeout)
+        try:
+            step = await self.repl.run(code, timeout=timeout)
+        except BaseException:
+            # Interrupted mid-step: keep what the step printed in the trajectory.
+            partial = self.repl.last_output
+            shown = self.client.redactor().head(partial.as_text(),
+                                                self.max_output_chars)
+            iteration.code.append(CodeRun(code, shown, partial.elapsed_s, error=True))
+            raise
+        finally:
+            self._step_deadline = None
+            if self.tree.live_turn is not None and self.depth == 0:
+                self._status("thinking")  # an early block ended; the model still writes
+        seen = await self._as_model_sees_it(step.as_text(), step.dropped_chars)
+        iteration.code.append(CodeRun(code, seen, step.elapsed_s,
+                                      error=step.error is not None))
+        outputs.append(f"Output of block {number}:\n{seen}")
+        # The REPL (in this process or the sandbox's) says whether `answer` is ready.
+        self._ready = await self.repl.ready_answer()
+        return self._ready is not None
 
     async def _resolve_final(self, marker) -> tuple[str | None, str]:
         if marker.kind == "FINAL":
@@ -430,7 +492,8 @@ class Run:
             return self._limit_error()
         child = Run(self.rlm, prompt, context, model=self.sub_model, sub_model=self.sub_model,
                     max_iterations=self.max_iterations, max_depth=self.max_depth,
-                    sandbox=self.sandbox, depth=self.depth + 1, tree=self.tree)
+                    sandbox=self.sandbox, depth=self.depth + 1, tree=self.tree,
+                    deadline=self._step_deadline or self.outer_deadline)
         self.tree.call_started()
         outcome = await child.execute()
         self.tree.call_ended(failed=not outcome.success)
@@ -468,7 +531,10 @@ class Run:
             completion = await self.client.complete(
                 build_messages(prompt, system if isinstance(system, str) else None),
                 model=self.sub_model, max_tokens=tokens, ledger=self.tree.ledger,
-                slot_held=slot_held, redactor=redactor)
+                slot_held=slot_held, redactor=redactor,
+                # One call at a time streams (its timeout is then a stall timeout);
+                # a batch's items do not: per-chunk work times 64 would load the loop.
+                stream=not slot_held, deadline=self._step_deadline or self.outer_deadline)
         except Exception as exc:  # noqa: BLE001 - errors are values inside the REPL
             if not slot_held:
                 self.tree.call_ended(failed=True)
@@ -486,6 +552,10 @@ class Run:
     def _limit_error(self) -> str:
         return (f"Error: max_sub_calls={self.tree.max_sub_calls} reached for this run; "
                 "no request was sent")
+
+
+class RootTurnCutOff(RuntimeError):
+    """A root turn failed after some of its code had already run (early execution)."""
 
 
 class _TreeObserver:

@@ -31,6 +31,7 @@ class Iteration:
     code: list[CodeRun] = field(default_factory=list)
     sub_calls: int = 0
     elapsed_s: float = 0.0
+    early_blocks: int = 0  # blocks started while the turn was still streaming
 
 
 @dataclass

@@ -1,0 +1,165 @@
+"""Streamed completions: the text arrives chunk by chunk, so a slow model is watched for
+stalls instead of being cut off at a total length, and whatever arrived before a cancel
+or a stall is still counted.
+
+The per-chunk path is kept cheap (it runs on the kernel's loop, once per token): a
+piece of text is appended to a list and the stall timer is pushed back; joining the
+text, counting tokens and pricing happen once, at the end (``StreamState.response``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Callable, Optional
+
+# Called with each piece of streamed text; with None when a retry starts the answer over.
+OnText = Callable[[Optional[str]], None]
+
+
+class StreamStalled(TimeoutError):
+    """No new token arrived for the stall timeout (or the call's deadline passed)."""
+
+
+class StreamState:
+    """What a streamed attempt has received so far; survives any failure."""
+
+    def __init__(self, on_text: OnText | None = None):
+        self.on_text = on_text
+        self.chunks: list[Any] = []
+        self._pieces: list[str] = []
+        self.first_token_at: float | None = None
+
+    def add(self, chunk) -> None:
+        self.chunks.append(chunk)
+        choices = getattr(chunk, "choices", None)
+        piece = getattr(choices[0].delta, "content", None) if choices else None
+        if piece:
+            if self.first_token_at is None:
+                self.first_token_at = time.perf_counter()
+            self._pieces.append(piece)
+            if self.on_text is not None:
+                self.on_text(piece)
+
+    @property
+    def text(self) -> str:
+        return "".join(self._pieces)
+
+    @property
+    def received(self) -> bool:
+        return bool(self._pieces)
+
+    def response(self, litellm, messages):
+        """The whole (or partial) answer as one ModelResponse, with usage: the
+        provider's when it sent it, else counted by litellm's tokenizer."""
+        if not self.chunks:
+            return None
+        usage = next((c.usage for c in reversed(self.chunks[-3:])
+                      if getattr(c, "usage", None)), None)
+        try:
+            if usage is None:
+                # litellm's builder counts the tokens (it walks every chunk: ~0.1 ms
+                # each, so only when the provider left usage out).
+                return litellm.stream_chunk_builder(self.chunks, messages=messages)
+            return litellm.ModelResponse(
+                model=getattr(self.chunks[-1], "model", None),
+                choices=[{"index": 0, "finish_reason": "stop",
+                          "message": {"role": "assistant", "content": self.text}}],
+                usage=usage)
+        except Exception:  # noqa: BLE001 - a partial stream litellm cannot assemble
+            return None
+
+
+async def stream_completion(acompletion, request: dict, state: StreamState, *,
+                            stall_timeout: float, deadline: float | None = None):
+    """Run one streamed request to its end, feeding ``state`` (which then holds the
+    text and usage); returns litellm's stream, for its headers. Raises ``StreamStalled`` when no chunk comes for ``stall_timeout``
+    seconds or ``deadline`` (``time.monotonic()``) passes; the connection is closed
+    at once on any exit, an interrupt included."""
+    # The HTTP client's own read timeout stays out of the way of the stall watch,
+    # which says what happened in words.
+    request = {**request, "stream": True, "timeout": stall_timeout + 5.0,
+               "stream_options": {"include_usage": True}}
+    stream = None
+    watch = _StallWatch(stall_timeout, deadline)
+    try:
+        async with watch:
+            stream = await acompletion(**request)
+            watch.touch()
+            async for chunk in stream:
+                watch.touch()
+                state.add(chunk)
+    except _Expired:
+        raise StreamStalled(watch.reason()) from None
+    finally:
+        if stream is not None:
+            close = getattr(stream, "aclose", None)
+            if close is not None:
+                try:
+                    await asyncio.shield(close())
+                except BaseException:  # noqa: BLE001 - closing must not mask the cause
+                    pass
+    return stream
+
+
+class _Expired(Exception):
+    pass
+
+
+class _StallWatch:
+    """Cancels the streaming task when no chunk came for ``seconds``, or at
+    ``deadline``. One timer, re-armed lazily: a chunk only stores a timestamp."""
+
+    def __init__(self, seconds: float, deadline: float | None):
+        self.seconds, self.deadline = seconds, deadline
+        self.expired = False
+        self._at_deadline = False
+
+    def touch(self) -> None:
+        self.last = time.monotonic()
+
+    async def __aenter__(self):
+        self.loop = asyncio.get_running_loop()
+        self.task = asyncio.current_task()
+        self.touch()
+        self._cancels = _cancelling(self.task)
+        self._handle = self.loop.call_later(self._next_check(), self._check)
+        return self
+
+    async def __aexit__(self, exc_type, exc, tb):
+        self._handle.cancel()
+        if self.expired and exc_type is asyncio.CancelledError:
+            # Our own cancel, not the user's: turn it into a timeout.
+            uncancel = getattr(self.task, "uncancel", None)
+            if uncancel is not None:
+                uncancel()
+            if _cancelling(self.task) <= self._cancels:
+                raise _Expired
+        return False
+
+    def _next_check(self) -> float:
+        now = time.monotonic()
+        due = self.last + self.seconds
+        if self.deadline is not None:
+            due = min(due, self.deadline)
+        return max(0.0, due - now)
+
+    def _check(self) -> None:
+        now = time.monotonic()
+        if self.deadline is not None and now >= self.deadline:
+            self._at_deadline = True
+        if self._at_deadline or now - self.last >= self.seconds:
+            self.expired = True
+            self.task.cancel()
+        else:
+            self._handle = self.loop.call_later(self._next_check(), self._check)
+
+    def reason(self) -> str:
+        if self._at_deadline:
+            return "the step's time ran out while the answer was streaming"
+        return f"no new tokens for {self.seconds:g}s"
+
+
+def _cancelling(task) -> int:
+    counter = getattr(task, "cancelling", None)  # Python 3.11+
+    return counter() if counter is not None else 0

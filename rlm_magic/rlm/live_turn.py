@@ -1,0 +1,112 @@
+"""A root turn as it streams in: its text so far (what the status panel shows), and the
+```repl blocks whose closing fence has arrived (what early execution may start).
+
+``LiveTurn`` is the ``on_text`` of a streamed root call, so it runs once per chunk on
+the kernel's loop: it only appends, and looks for finished blocks only when a chunk
+ends a line while a fence is open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Awaitable, Callable
+
+from .prompts import code_blocks
+
+# Runs block ``number`` (from 1) of the turn; returns True when the run should stop
+# running this turn's code (the answer is ready).
+RunBlock = Callable[[int, str], Awaitable[bool]]
+
+
+class LiveTurn:
+    """The streamed text of one root turn; optionally starts finished blocks early."""
+
+    def __init__(self, run_block: RunBlock | None = None):
+        self._pieces: list[str] = []
+        self._run_block = run_block
+        self._codes: list[str] = []  # blocks whose closing fence has streamed in
+        self._scanned = 0  # characters of the text up to the last complete line seen
+        self._fence_pending = False
+        self.ran = 0  # blocks run (or running) so far
+        self.stopped = False
+        self._task: asyncio.Task | None = None
+
+    # -- the text -------------------------------------------------------------------
+    def __call__(self, piece: str | None) -> None:
+        if piece is None:  # a retry: the answer starts over
+            self._pieces.clear()
+            # Blocks already run stay run: the retried answer must begin with them.
+            self._codes = self._codes[:self.ran]
+            self._scanned = 0
+            return
+        self._pieces.append(piece)
+        if self._run_block is not None:
+            self._fence_pending = self._fence_pending or "`" in piece
+            if self._fence_pending and "\n" in piece:
+                self._scan()
+
+    @property
+    def text(self) -> str:
+        return "".join(self._pieces)
+
+    def tail(self, lines: int = 12, width: int = 160) -> str:
+        """The last lines of the text so far, for a status view."""
+        text = "".join(self._pieces[-400:])
+        shown = text.splitlines()[-lines:]
+        return "\n".join(line if len(line) <= width else line[:width - 1] + "…"
+                         for line in shown)
+
+    # -- early execution ------------------------------------------------------------
+    def _scan(self) -> None:
+        """Queue blocks whose closing fence line is complete. Only whole lines are
+        parsed, so the blocks found are exactly the first blocks of the final text."""
+        text = self.text
+        whole = text[:text.rfind("\n") + 1]
+        self._fence_pending = "`" in text[len(whole):]
+        if len(whole) <= self._scanned:
+            return
+        self._scanned = len(whole)
+        found = code_blocks(whole)
+        if len(found) > len(self._codes) and found[:self.ran] == self._codes[:self.ran]:
+            self._codes = found
+            self._start()
+
+    def _start(self) -> None:
+        if self._task is None and not self.stopped:
+            self._task = asyncio.ensure_future(self._work())
+
+    async def _work(self) -> None:
+        while self.ran < len(self._codes) and not self.stopped:
+            self.ran += 1
+            if await self._run_block(self.ran, self._codes[self.ran - 1]):
+                self.stopped = True
+        self._task = None
+
+    @property
+    def executed(self) -> list[str]:
+        return self._codes[:self.ran]
+
+    async def finish(self, blocks: list[str]) -> None:
+        """The turn is complete: run the blocks not yet run, in order, and wait."""
+        if self._run_block is None:
+            return
+        if blocks[:self.ran] != self.executed:
+            raise RuntimeError(
+                f"the root turn was cut off and retried after {self.ran} of its code "
+                "blocks had run, and the new answer's code differs")
+        self._codes = list(blocks)  # a running worker picks the new ones up
+        self._start()
+        try:
+            if self._task is not None:
+                await self._task
+        except BaseException:
+            await self.cancel()
+            raise
+
+    async def cancel(self) -> None:
+        """The turn failed or was interrupted: stop the block that is running."""
+        self.stopped = True
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)

@@ -12,6 +12,7 @@ import asyncio
 import os
 import random
 import time
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +47,12 @@ def _import_litellm():
         import litellm
 
         litellm.suppress_debug_info = True  # no "Give Feedback / Get Help" banners in cells
+        # pydantic warns, the first time litellm builds some of its own types (a Router, a
+        # streamed answer), that they use `ReadOnly`: noise in a cell, nothing to act on.
+        warnings.filterwarnings("ignore", message=r".*is using the `ReadOnly` qualifier",
+                                category=UserWarning)
+        warnings.filterwarnings("ignore", message=r".*are using the `ReadOnly` qualifier",
+                                category=UserWarning)
         # litellm's import leaves ~400k objects for the cyclic GC to walk: a full
         # collection then takes ~180 ms, a stall of the kernel's loop in the middle of
         # a batch. They live as long as the process; freezing moves them out of the

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import warnings
 from typing import Any
 
 from ..config import looks_secret, mask_secret
@@ -67,8 +66,4 @@ def build_router(litellm, model_list: list[dict], router_settings: dict, *,
                  num_retries: int, timeout: float):
     """A Router for this configuration; ``router_settings`` win over our defaults."""
     settings = {"num_retries": num_retries, "timeout": timeout, **router_settings}
-    with warnings.catch_warnings():
-        # Building the first Router makes pydantic warn about litellm's own types
-        # ("using the `ReadOnly` qualifier"): noise in a notebook cell, nothing to act on.
-        warnings.filterwarnings("ignore", message=".*ReadOnly.*", category=UserWarning)
-        return litellm.Router(model_list=[dict(entry) for entry in model_list], **settings)
+    return litellm.Router(model_list=[dict(entry) for entry in model_list], **settings)

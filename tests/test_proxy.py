@@ -41,6 +41,22 @@ async def test_a_run_goes_through_the_proxy(litellm_proxy, server):
     assert len(server.requests_for("root-model")) == 2
 
 
+async def test_a_rlm_cell_goes_through_the_proxy(litellm_proxy, server, shell):
+    from rlm_magic.jupyter.extension import session_rlm
+
+    from .conftest import run_cell
+
+    rlm = session_rlm(shell)
+    rlm.api_base, rlm.api_key = litellm_proxy.base_url, MASTER_KEY
+    rlm.model, rlm.sub_model = "litellm_proxy/root", "litellm_proxy/sub"
+    shell.user_ns["logs"] = "timeout\nok\ntimeout"
+    server.script("root-model", ["```repl\nn = llm_query('count')\n```", "FINAL_VAR(n)"])
+    await run_cell(shell, "%%rlm --context logs --out res\nHow many timeouts?")
+    assert shell.user_ns["res"].final_answer == "echo: count"
+    assert len(server.requests_for("root-model")) == 2
+    assert len(server.requests_for("sub-model")) == 1
+
+
 async def test_the_proxy_s_rate_limit_is_waited_out_losing_no_item(litellm_proxy, server):
     # The proxy allows 3 requests in flight for "limited"; 16 go out at once.
     rlm = through(litellm_proxy, sub_model="litellm_proxy/limited", max_concurrency=16)

@@ -135,6 +135,19 @@ async def test_explicit_rpm_paces_from_the_first_request(server):
     assert server.rejected == 0
 
 
+async def test_cancelled_waiters_give_their_turns_back(server):
+    rlm = make_rlm(server, rpm=60, max_concurrency=64)  # one request a second
+    held = asyncio.ensure_future(rlm.helpers.llm_query_batch([f"p{i}" for i in range(50)]))
+    assert await asyncio.to_thread(server.wait_for, lambda: len(server.requests) == 1)
+    held.cancel()  # 49 calls booked up to 49 s ahead give up
+    with pytest.raises(asyncio.CancelledError):
+        await held
+    await asyncio.sleep(1.1)  # the next turn of the pace
+    started = time.perf_counter()
+    assert await rlm.helpers.llm_query("next") == "echo: next"
+    assert time.perf_counter() - started < 1.5
+
+
 async def test_learned_limits_pace_the_next_batch_without_any_429(server):
     rlm = make_rlm(server, max_concurrency=64)
     server.limit_rate(rps=50, burst=20)

@@ -278,6 +278,7 @@ class RateGate:
         ``deadline`` (monotonic) bounds the wait: past it, ``RateLimitWaitExceeded``.
         """
         await self.slots.acquire()
+        booked, epoch = False, self.epoch
         try:
             while True:
                 now = time.monotonic()
@@ -285,16 +286,21 @@ class RateGate:
                 start = max(now, self.paused_until)
                 start = max(start, self.requests.reserve(1, start),
                             self.tokens.reserve(tokens, start))
+                booked = True
                 if deadline is not None and start > deadline:
-                    self.requests.refund(1)
-                    self.tokens.refund(tokens)
                     raise RateLimitWaitExceeded(start - now)
                 if start > now:
                     await self._sleep(start - now)
                 # A pause that began while we waited voids our booking: book again.
                 if self.epoch == epoch:
                     return Ticket(tokens, time.monotonic(), epoch)
+                booked = False  # the pause emptied the buckets, our booking with them
         except BaseException:
+            # A booking given up (a cancel, a deadline) goes back: else the pace would
+            # stay slowed by calls that were never sent, for the rest of the session.
+            if booked and self.epoch == epoch:
+                self.requests.refund(1)
+                self.tokens.refund(tokens)
             self.slots.release()
             raise
 

@@ -73,9 +73,10 @@ class StreamState:
 async def stream_completion(acompletion, request: dict, state: StreamState, *,
                             stall_timeout: float, deadline: float | None = None):
     """Run one streamed request to its end, feeding ``state`` (which then holds the
-    text and usage); returns litellm's stream, for its headers. Raises ``StreamStalled`` when no chunk comes for ``stall_timeout``
-    seconds or ``deadline`` (``time.monotonic()``) passes; the connection is closed
-    at once on any exit, an interrupt included."""
+    text and usage); returns litellm's stream, for its headers. Raises
+    ``StreamStalled`` when no chunk comes for ``stall_timeout`` seconds or ``deadline``
+    (``time.monotonic()``) passes; the connection is closed at once on any exit, an
+    interrupt included."""
     # The HTTP client's own read timeout stays out of the way of the stall watch,
     # which says what happened in words.
     request = {**request, "stream": True, "timeout": stall_timeout + 5.0,
@@ -97,8 +98,8 @@ async def stream_completion(acompletion, request: dict, state: StreamState, *,
             if close is not None:
                 try:
                     await asyncio.shield(close())
-                except BaseException:  # noqa: BLE001 - closing must not mask the cause
-                    pass
+                except Exception:  # noqa: BLE001 - closing must not mask the cause
+                    pass  # (an interrupt during the close is no Exception: it goes on up)
     return stream
 
 

@@ -14,7 +14,7 @@ import random
 import time
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import ConfigError, LLMQueryError, describe_exception
 from . import routing
@@ -341,7 +341,8 @@ class LLMClient:
             delay = max(delay, min(_retry_after(failure) or 0.0, 60.0))
             out_of_time = call.deadline is not None and \
                 time.monotonic() + delay + _MIN_ATTEMPT_S >= call.deadline
-            if retries >= max_retries or not is_retryable(failure) or out_of_time:
+            final = call.may_retry is not None and not call.may_retry()
+            if retries >= max_retries or not is_retryable(failure) or out_of_time or final:
                 failure = _explained(failure, attempt_timeout, call, state)
                 raise self._failed(ledger, model, retries, rate_limited, started, failure,
                                    spent) from failure
@@ -501,12 +502,15 @@ class CallOptions:
       included (a REPL step's deadline): timeouts and retries shrink to fit.
     - ``cache_prefix``: mark the conversation's stable prefix for the provider's prompt
       cache (when ``RLM.prompt_caching`` and the provider needs markers).
+    - ``may_retry``: asked before a failed attempt starts over; False when starting over
+      would be wrong (a root turn whose code already ran while it streamed).
     """
 
     stream: bool = False
     on_text: OnText | None = None
     deadline: float | None = None
     cache_prefix: bool = False
+    may_retry: Callable[[], bool] | None = None
 
     def time_left(self, timeout: float) -> float:
         if self.deadline is None:

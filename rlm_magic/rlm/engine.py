@@ -251,6 +251,9 @@ class Run:
             iteration.response = reply
             result.trajectory.append(iteration)
             feedback, final = await self._act_on(reply, iteration, turn, outputs)
+            if iteration.cut_off:
+                feedback = (f"(Your reply was cut off after its code had run: "
+                            f"{iteration.cut_off}. Its output is below.)\n\n{feedback}")
             iteration.sub_calls = self.own_sub_calls - calls_before
             iteration.elapsed_s = time.perf_counter() - turn_started
             if final is not None:
@@ -279,7 +282,8 @@ class Run:
                         iteration: Iteration | None = None) -> str:
         """One root turn, streamed into ``turn`` (the panel shows it; with early
         execution its finished blocks start running). If the turn fails after some of
-        its blocks ran, the partial turn goes into the trajectory and the error says so."""
+        its blocks ran, it is not asked again (its code would run twice): the partial
+        turn stands, with its outputs, and the model is told where it was cut off."""
         turn = turn if turn is not None else LiveTurn()
         if self.depth == 0:
             self.tree.live_turn = turn
@@ -287,19 +291,19 @@ class Run:
             completion = await self.client.complete(
                 messages, model=self.model, max_tokens=self.max_tokens,
                 ledger=self.tree.ledger, stream=True, on_text=turn, cache_prefix=True,
-                deadline=self.outer_deadline)
+                deadline=self.outer_deadline, may_retry=lambda: not turn.ran)
         except BaseException as exc:
+            if turn.ran and iteration is not None and isinstance(exc, Exception):
+                # Cut off after its code ran: the partial turn stands, and _act_on lets
+                # its blocks finish.
+                iteration.cut_off = describe_exception(exc)
+                iteration.early_blocks = turn.ran
+                return turn.text
             await turn.cancel()
-            if not turn.ran or iteration is None:
-                raise
-            iteration.response = turn.text
-            self.result.trajectory.append(iteration)
-            if not isinstance(exc, Exception):
-                raise
-            ran = "block 1" if turn.ran == 1 else f"blocks 1-{turn.ran}"
-            raise RootTurnCutOff(
-                f"the root turn failed after its code {ran} had already run (see the "
-                f"trajectory): {describe_exception(exc)}") from exc
+            if turn.ran and iteration is not None:  # interrupted: keep what ran
+                iteration.response = turn.text
+                self.result.trajectory.append(iteration)
+            raise
         finally:
             if self.depth == 0:
                 self.tree.live_turn = None
@@ -552,10 +556,6 @@ class Run:
     def _limit_error(self) -> str:
         return (f"Error: max_sub_calls={self.tree.max_sub_calls} reached for this run; "
                 "no request was sent")
-
-
-class RootTurnCutOff(RuntimeError):
-    """A root turn failed after some of its code had already run (early execution)."""
 
 
 class _TreeObserver:

@@ -32,6 +32,7 @@ class Iteration:
     sub_calls: int = 0
     elapsed_s: float = 0.0
     early_blocks: int = 0  # blocks started while the turn was still streaming
+    cut_off: str | None = None  # why the turn's text stopped after its code had run
 
 
 @dataclass

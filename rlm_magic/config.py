@@ -235,6 +235,30 @@ class RLMConfig(Configurable):
     def effective_sub_model(self) -> str:
         return self.sub_model or self.model
 
+    def configured_secrets(self) -> list[str]:
+        """Every secret the settings hold: the api_key, and secret-looking values inside
+        litellm_kwargs, model_list and router_settings (headers included), with litellm's
+        ``os.environ/NAME`` references resolved. Redaction and the sandbox's environment
+        both keep these from the model."""
+        found: list[str] = []
+
+        def walk(value, secret: bool = False) -> None:
+            if isinstance(value, dict):
+                for name, item in value.items():
+                    walk(item, secret or looks_secret(str(name)))
+            elif isinstance(value, (list, tuple)):
+                for item in value:
+                    walk(item, secret)
+            elif secret and isinstance(value, str) and value:
+                if value.startswith("os.environ/"):
+                    value = os.environ.get(value[len("os.environ/"):], "")
+                if value:
+                    found.append(value)
+
+        walk({"api_key": self.api_key, "litellm_kwargs": self.litellm_kwargs,
+              "model_list": self.model_list, "router_settings": self.router_settings})
+        return found
+
     def settings(self, *, mask_secrets: bool = True) -> dict:
         """The effective value of every setting, with secrets masked."""
         values = {name: getattr(self, name) for name in sorted(self.class_trait_names(config=True))}
@@ -251,7 +275,8 @@ class RLMConfig(Configurable):
         return values
 
 
-_SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
+_SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL",
+                   "AUTHORIZATION")
 
 
 def looks_secret(name: str) -> bool:

@@ -10,6 +10,9 @@ from traitlets import TraitError
 
 from rlm_magic import RLM, LLMQueryError
 
+from rlm_magic.llm.client import load_litellm
+
+from .conftest import make_rlm
 from .llm_server import FakeLLMServer
 
 DEAD = "http://127.0.0.1:9/v1"  # nothing listens on the discard port
@@ -40,6 +43,15 @@ async def test_calls_go_through_the_router_to_the_group_s_deployment(server):
     assert request["model"] == "sub-model"
     [record] = rlm.client.ledger.records
     assert record.model == "sub" and record.input_tokens == 10
+    assert record.cost_usd is None  # litellm knows no price for it: unknown, not $0
+
+
+async def test_a_router_leaves_unpriced_models_unpriced_for_everyone(server):
+    routed([deployment("sub", "openai/sub-model", server.base_url)]).client._router(
+        await load_litellm())
+    direct = make_rlm(server)  # the same model, not routed
+    await direct.helpers.llm_query("x")
+    assert direct.usage().total.cost_usd is None
 
 
 async def test_root_and_sub_model_on_two_endpoints(server, second_server):
@@ -102,6 +114,16 @@ async def test_keys_in_the_model_list_never_reach_a_model(server):
     key = "sk-live-abcdefghijklmnop"
     rlm = routed([deployment("sub", "openai/sub-model", server.base_url, api_key=key)])
     assert await rlm.helpers.llm_query(f"my key is {key}") == "echo: my key is [REDACTED]"
+
+
+def test_configured_secrets_include_nested_headers_and_environment_references(monkeypatch):
+    monkeypatch.setenv("DEPLOY_KEY_VAR", "sk-from-the-environment-123")
+    rlm = routed([{"model_name": "sub", "litellm_params": {
+        "model": "openai/x", "api_key": "os.environ/DEPLOY_KEY_VAR"}}],
+        litellm_kwargs={"extra_headers": {"Authorization": "Bearer tok-header-789"},
+                        "temperature": 0})
+    assert set(rlm.configured_secrets()) == {"sk-from-the-environment-123",
+                                             "Bearer tok-header-789"}
 
 
 async def test_the_cache_answers_a_routed_call_again_at_no_cost(server, tmp_path):

@@ -274,13 +274,17 @@ async def test_the_environment_holds_no_secrets(rlm, server, monkeypatch):
     monkeypatch.setenv("MY_SERVICE_TOKEN", "tok-very-secret-123")
     monkeypatch.setenv("DB_URL", "postgres://me:sk-configured-key-456@db")
     monkeypatch.setenv("PLAIN_SETTING", "visible")
+    monkeypatch.setenv("SSH_AUTH_SOCK", "/tmp/ssh-agent.sock")  # a way out of the netns
+    monkeypatch.setenv("HEADER_ECHO", "Bearer tok-header-789")
     rlm.api_key = "sk-configured-key-456"
+    rlm.litellm_kwargs = {"extra_headers": {"Authorization": "Bearer tok-header-789"}}
     server.script("root-model", [repl(
         "import os\nprint('MY_SERVICE_TOKEN' in os.environ, 'DB_URL' in os.environ, "
+        "'SSH_AUTH_SOCK' in os.environ, 'HEADER_ECHO' in os.environ, "
         "any('tok-very' in v or 'sk-configured' in v for v in os.environ.values()), "
         "os.environ.get('PLAIN_SETTING'))"), "FINAL(ok)"])
     result = await rlm.arun("q", context="c")
-    assert outputs(result)[0] == "False False False visible"
+    assert outputs(result)[0] == "False False False False False visible"
 
 
 async def test_the_working_directory_is_a_fresh_folder_removed_afterwards(rlm, server):

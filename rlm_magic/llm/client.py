@@ -187,7 +187,7 @@ class LLMClient:
 
     def redactor(self) -> Redactor:
         """Removes current secrets; a batch builds one and shares it between its calls."""
-        return Redactor(extra=[self.config.api_key, *routing.secrets(self.config.model_list)])
+        return Redactor(extra=self.config.configured_secrets())
 
     def _endpoint(self) -> str | None:
         """Where calls go: the api_base, or the Router configuration's identity."""

@@ -49,13 +49,6 @@ def masked(model_list: list[dict]) -> list[dict]:
         for name, value in entry["litellm_params"].items()}} for entry in model_list]
 
 
-def secrets(model_list: list[dict]) -> list[str]:
-    """Every secret in the list, so redaction keeps them from models too."""
-    return [str(value) for entry in model_list
-            for name, value in entry["litellm_params"].items()
-            if looks_secret(name) and isinstance(value, str) and value]
-
-
 def identity(model_list: list[dict], router_settings: dict) -> str:
     """A short, stable name for one configuration (for rate gates and cache keys)."""
     text = json.dumps([model_list, router_settings], sort_keys=True, default=str)
@@ -66,4 +59,15 @@ def build_router(litellm, model_list: list[dict], router_settings: dict, *,
                  num_retries: int, timeout: float):
     """A Router for this configuration; ``router_settings`` win over our defaults."""
     settings = {"num_retries": num_retries, "timeout": timeout, **router_settings}
-    return litellm.Router(model_list=[dict(entry) for entry in model_list], **settings)
+    known = set(litellm.model_cost)
+    router = litellm.Router(model_list=[dict(entry) for entry in model_list], **settings)
+    # The Router enters each deployment's model into litellm's process-wide price map,
+    # without a price when litellm knows none: every later call to that model, routed or
+    # not, would then be priced at a false $0 instead of unknown.
+    models = {entry["litellm_params"]["model"] for entry in model_list}
+    for name in (set(litellm.model_cost) - known) & models:
+        entry = litellm.model_cost[name]
+        if not any("cost" in key and isinstance(value, (int, float))
+                   for key, value in entry.items()):
+            del litellm.model_cost[name]
+    return router

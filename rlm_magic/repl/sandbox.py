@@ -56,7 +56,14 @@ def sandbox_environment(secrets: tuple[str | None, ...] = ()) -> dict[str, str]:
 
     secrets = tuple(s for s in secrets if s)
     return {name: value for name, value in os.environ.items()
-            if not looks_secret(name) and not any(s in value for s in secrets)}
+            if not looks_secret(name) and name not in _HOST_AGENTS
+            and not any(s in value for s in secrets)}
+
+
+# Where the user's agents listen (ssh-agent, the session bus, Docker, gpg-agent): Unix
+# sockets on the filesystem, which a network namespace does not close.
+_HOST_AGENTS = frozenset({"SSH_AUTH_SOCK", "DBUS_SESSION_BUS_ADDRESS", "XDG_RUNTIME_DIR",
+                          "DOCKER_HOST", "GPG_AGENT_INFO"})
 
 
 class _Sandbox:

@@ -202,7 +202,7 @@ class Run:
                 self.repl = SandboxREPL(self.context, self._repl_helpers(),
                                         memory_mb=self.rlm.sandbox_memory_mb,
                                         max_output_chars=self.max_output_chars,
-                                        secrets=(self.rlm.api_key,))
+                                        secrets=tuple(self.rlm.configured_secrets()))
                 await self.repl.start()  # the process starts while the root model thinks
             else:
                 namespace.update(injected)

@@ -131,6 +131,22 @@ async def test_batches_reach_the_same_peak_concurrency_in_both_repls(server, san
     assert server.peak_in_flight == 16
 
 
+@pytest.mark.parametrize("sandbox", ["process", "none"])
+async def test_a_call_the_code_stops_waiting_for_is_cancelled_in_both_repls(server, sandbox):
+    rlm = make_rlm(server, sandbox=sandbox)
+    server.model_latency = {"sub-model": 5.0}
+    server.script("root-model", [
+        repl("try:\n    await asyncio.wait_for(llm_query('slow'), 0.2)\n"
+             "except asyncio.TimeoutError:\n    print('gave up')"),
+        repl("import time\ntime.sleep(1)"),  # the run goes on a while after
+        "FINAL(ok)"])
+    result = await rlm.arun("q", context="c")
+    assert outputs(result)[0] == "gave up"
+    [call] = rlm.client.ledger.records[1:2]  # after the first root turn
+    assert call.model == "openai/sub-model" and call.error == "cancelled"
+    assert call.elapsed_s < 0.8  # when the code gave up, not when the run ended
+
+
 async def test_helper_arguments_json_cannot_carry_arrive_as_in_process(rlm, server):
     server.script("root-model", [repl(
         "print(llm_query_batch(p for p in ('a', 'b')))\nprint(llm_query_batch({'c'}))\n"

@@ -131,6 +131,7 @@ class SandboxREPL:
         self._reply_op = ""
         self._step: int | None = None  # the step whose helper calls are served
         self._calls: set[asyncio.Task] = set()
+        self._call_tasks: dict[int, asyncio.Task] = {}  # by the sandbox's call id
         self._answer: str | None = None
         self._closed = False
 
@@ -241,6 +242,10 @@ class SandboxREPL:
                 message = await self._read(sandbox)
                 if message["op"] == "call":
                     self._serve_call(sandbox, message)
+                elif message["op"] == "cancel":
+                    task = self._call_tasks.get(message.get("id"))
+                    if task is not None:
+                        task.cancel()
                 elif self._reply is not None and message["op"] == self._reply_op:
                     if not self._reply.done():
                         self._reply.set_result(message)
@@ -303,9 +308,11 @@ class SandboxREPL:
             return
         task = self.loop.create_task(coroutine)
         self._calls.add(task)
+        self._call_tasks[call_id] = task
 
         def answer(task: asyncio.Task) -> None:
             self._calls.discard(task)
+            self._call_tasks.pop(call_id, None)
             if task.cancelled():
                 self._send(sandbox, {"op": "result", "id": call_id, "stopped": True})
             elif task.exception() is not None:

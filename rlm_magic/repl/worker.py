@@ -142,6 +142,10 @@ class Worker:
             step = self.current_step
         self.send({"op": "call", "id": call_id, "step": step, "name": name,
                    "args": list(args), "kwargs": kwargs})
+        # Model code that stops waiting (a cancelled task, wait_for's timeout) stops the
+        # call in the kernel too, as in-process: else it would run on, and be billed.
+        future.add_done_callback(
+            lambda done: done.cancelled() and self.send({"op": "cancel", "id": call_id}))
         return future
 
     def read_forever(self) -> None:

@@ -132,6 +132,7 @@ class SandboxREPL:
         self._step: int | None = None  # the step whose helper calls are served
         self._calls: set[asyncio.Task] = set()
         self._call_tasks: dict[int, asyncio.Task] = {}  # by the sandbox's call id
+        self._overdue: list[str] = []  # replies to requests that timed out
         self._answer: str | None = None
         self._closed = False
 
@@ -249,6 +250,8 @@ class SandboxREPL:
                 elif self._reply is not None and message["op"] == self._reply_op:
                     if not self._reply.done():
                         self._reply.set_result(message)
+                elif message["op"] in self._overdue:
+                    self._overdue.remove(message["op"])  # an answer we stopped waiting for
                 else:
                     raise bridge.BridgeError(f"an unexpected {message['op']!r} message")
         except asyncio.CancelledError:
@@ -286,6 +289,9 @@ class SandboxREPL:
         try:
             self._send(sandbox, {"op": op, **fields})
             return await asyncio.wait_for(asyncio.shield(reply), timeout)
+        except asyncio.TimeoutError:
+            self._overdue.append(reply_op)  # if it still comes, it is no protocol breach
+            raise
         finally:
             self._reply = None
 

@@ -179,8 +179,8 @@ class Worker:
             if op == "run":
                 self.send(self.run_step(message))
             elif op == "final_var":
-                self.send({"op": "final_var", "value": final_var(self.namespace,
-                                                                 str(message.get("name")))})
+                self.send({"op": "final_var", "value": final_text(self.namespace,
+                                                                  str(message.get("name")))})
             elif op == "names":
                 self.send({"op": "names", "names": user_variables(self.namespace)})
             elif op == "variables":
@@ -225,9 +225,11 @@ class Worker:
                 encoded = json.dumps(value, ensure_ascii=False, allow_nan=False)
             except (TypeError, ValueError, RecursionError):
                 encoded = None
-            if encoded is not None and len(encoded) <= min(
+            # Limits count bytes, as the bridge does: a character may take four.
+            size = _utf8_size(encoded) if encoded is not None else 0
+            if encoded is not None and size <= min(
                     _VARIABLE_JSON_LIMIT, _VARIABLES_TOTAL_LIMIT - total):
-                out[name], total = {"json": value}, total + len(encoded)
+                out[name], total = {"json": value}, total + size
                 continue
             try:
                 text = repr(value)
@@ -235,8 +237,28 @@ class Worker:
                 text = f"<{type(value).__name__}: repr failed: {exc}>"
             if len(text) > 10_000:
                 text = text[:10_000] + f"... [{len(text):,} characters; too large to return]"
-            out[name], total = {"repr": text, "type": type(value).__name__}, total + len(text)
+            out[name], total = ({"repr": text, "type": type(value).__name__},
+                                total + _utf8_size(text))
         return out
+
+
+def _utf8_size(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+# FINAL_VAR's text beyond this many bytes is cut (with a note): the bridge takes 128 MB.
+_FINAL_LIMIT = 64 * 2**20
+
+
+def final_text(namespace: dict, name: str) -> str | None:
+    value = final_var(namespace, name)
+    if value is None or len(value) * 4 <= _FINAL_LIMIT:
+        return value
+    size = _utf8_size(value)
+    if size <= _FINAL_LIMIT:
+        return value
+    return (value[:_FINAL_LIMIT // 4] + f"\n... [FINAL_VAR({name}) holds {size:,} bytes, "
+            f"more than the sandbox returns ({_FINAL_LIMIT:,}); the rest is cut]")
 
 
 def isolate_network() -> tuple[bool, str]:

@@ -122,7 +122,8 @@ class RLMConfig(Configurable):
     system_prompt = Unicode(None, allow_none=True,
                             help="Replace the built-in RLM system prompt. It is "
                                  "formatted with {context_type}, {context_length}, "
-                                 "{context_preview}, {max_depth}.").tag(config=True)
+                                 "{context_preview}, {max_depth}, {depth_left}, "
+                                 "{max_output_chars}.").tag(config=True)
 
     # -- where the model's code runs ------------------------------------------------------
     sandbox = Unicode(help="Where the model's code runs: 'process' (a sandbox process per "

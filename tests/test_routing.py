@@ -9,7 +9,6 @@ import pytest
 from traitlets import TraitError
 
 from rlm_magic import RLM, LLMQueryError
-
 from rlm_magic.llm.client import load_litellm
 
 from .conftest import make_rlm

@@ -4,9 +4,9 @@ ipykernel's own SIGINT handler for async cells schedules its cancellation with
 ``call_soon``, which does not wake a loop asleep in ``select()``: the interrupt lands
 only when a timer fires, often seconds later (ipykernel issue 881). While rlm-magic
 work is running, this module's handler replaces it and cancels that work with
-``call_soon_threadsafe``, which wakes the loop at once. Model code runs in worker
-threads (see ``repl``), so the main thread is always free to take the signal, even
-when the model's code blocks. The previous handler is restored when the work ends.
+``call_soon_threadsafe``, which wakes the loop at once. Model code runs in a sandbox
+process or in worker threads (see ``repl``), never on the main thread, so the main
+thread is always free to take the signal, even when the model's code blocks. The previous handler is restored when the work ends.
 """
 
 from __future__ import annotations

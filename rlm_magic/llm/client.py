@@ -1,9 +1,12 @@
 """The async LLM client: every model call in rlm-magic goes through ``LLMClient.complete``.
 
 It owns the things that must be shared by all calls of a session: the concurrency
-limit, timeouts, retries with backoff, the optional disk cache and the usage ledger.
-Only ``litellm.acompletion`` is used, on the caller's running loop: litellm caches its
-async HTTP clients per event loop, so running a call on a second loop would break them.
+limit, the provider's rate gate (``ratelimit``), timeouts, retries with backoff,
+streaming, the optional disk cache and the usage ledger. Calls go to
+``litellm.acompletion``, or to ``Router.acompletion`` when ``RLM.model_list`` is set
+(``routing``: the Router then retries), always on the caller's running loop: litellm
+caches its async HTTP clients per event loop, so a call on a second loop would break
+them. The blocking ``litellm.completion`` is never used.
 """
 
 from __future__ import annotations
@@ -21,7 +24,14 @@ from . import routing
 from .limiter import ConcurrencyLimiter
 from .prompt_cache import REFUSED as _NO_MARKERS
 from .prompt_cache import cache_figures, mark_prefix, needs_markers, refuses_markers
-from .ratelimit import RateGate, RateLimitWaitExceeded, gate_for, headers_of, is_rate_limit
+from .ratelimit import (
+    RateGate,
+    RateLimitWaitExceeded,
+    gate_for,
+    headers_of,
+    is_rate_limit,
+    non_negative,
+)
 from .redaction import Redactor, off_loop_if_large
 from .streaming import OnText, StreamStalled, StreamState, stream_completion
 from .usage import CallRecord, UsageLedger
@@ -460,19 +470,11 @@ def _cost_of(response, litellm) -> float | None:
     if cost is None:
         # A LiteLLM Proxy prices the call with its upstream's price and says so, even
         # when the name it answers under means nothing to litellm's price map here.
-        cost = _number((hidden.get("additional_headers") or {}).get(PROXY_COST_HEADER))
+        cost = non_negative((hidden.get("additional_headers") or {}).get(PROXY_COST_HEADER))
     return float(cost) if cost is not None else None
 
 
 PROXY_COST_HEADER = "llm_provider-x-litellm-response-cost"
-
-
-def _number(value) -> float | None:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if number == number and number >= 0 else None  # not NaN, not negative
 
 
 def explain_proxy_failure(failure: BaseException, model: str) -> BaseException | str:

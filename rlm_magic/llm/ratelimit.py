@@ -112,11 +112,13 @@ def parse_duration(text: str | None) -> float | None:
         return None
 
 
-def _number(value: Any) -> float | None:
+def non_negative(value: Any) -> float | None:
+    """A header's number, or None when it is missing, not a number, NaN or negative."""
     try:
-        return float(value)
+        number = float(value)
     except (TypeError, ValueError):
         return None
+    return number if number >= 0 else None  # (NaN >= 0 is False)
 
 
 def read_headers(headers: Mapping[str, Any] | None) -> Headers:
@@ -130,16 +132,16 @@ def read_headers(headers: Mapping[str, Any] | None) -> Headers:
 
     def reading(kind: str, anthropic: str) -> Reading:
         get = found.get
-        return Reading(
-            _number(get(f"x-ratelimit-limit-{kind}", get(f"anthropic-ratelimit-{anthropic}-limit"))),
-            _number(get(f"x-ratelimit-remaining-{kind}",
-                        get(f"anthropic-ratelimit-{anthropic}-remaining"))),
-            parse_duration(get(f"x-ratelimit-reset-{kind}",
-                               get(f"anthropic-ratelimit-{anthropic}-reset"))))
+        def either(field: str):
+            return get(f"x-ratelimit-{field}-{kind}",
+                       get(f"anthropic-ratelimit-{anthropic}-{field}"))
+
+        return Reading(non_negative(either("limit")), non_negative(either("remaining")),
+                       parse_duration(either("reset")))
 
     retry_after = None
     if "retry-after-ms" in found:
-        ms = _number(found["retry-after-ms"])
+        ms = non_negative(found["retry-after-ms"])
         retry_after = ms / 1000 if ms is not None else None
     if retry_after is None and "retry-after" in found:
         retry_after = parse_duration(found["retry-after"])

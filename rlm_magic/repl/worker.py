@@ -185,8 +185,6 @@ class Worker:
                 self.send({"op": "names", "names": user_variables(self.namespace)})
             elif op == "variables":
                 self.send({"op": "variables", "variables": self.variables()})
-            elif op == "exit":
-                return
 
     def run_step(self, message: dict) -> dict:
         step_id, limit = int(message["step"]), int(message["limit"])

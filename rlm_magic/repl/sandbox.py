@@ -217,7 +217,9 @@ class SandboxREPL:
         for task in list(self._calls):
             task.cancel()
         starting, self._starting = self._starting, None
-        if starting is not None and not starting.done():
+        if starting is not None:
+            # Cancelled if still starting; a start that failed is read here, so asyncio
+            # does not log "Task exception was never retrieved" for a run that ran no code.
             starting.cancel()
             await asyncio.gather(starting, return_exceptions=True)
         if self._listener is not None:

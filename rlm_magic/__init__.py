@@ -7,7 +7,7 @@ Nothing heavy is imported here: litellm loads on the first model call.
 
 from __future__ import annotations
 
-from .errors import BatchError, ConfigError, LLMQueryError, RLMError
+from .errors import BatchError, ConfigError, LLMQueryError, PromptTooLongError, RLMError
 from .jupyter.helpers import interrupted_batch
 from .llm.usage import CallRecord, UsageLedger, UsageSummary, usage
 from .rlm.engine import RLM
@@ -16,7 +16,7 @@ from .rlm.result import CodeRun, Iteration, RLMResult, RLMRunError
 __version__ = "0.1.0"
 __all__ = [
     "RLM", "RLMResult", "RLMRunError", "Iteration", "CodeRun",
-    "RLMError", "ConfigError", "LLMQueryError", "BatchError",
+    "RLMError", "ConfigError", "LLMQueryError", "PromptTooLongError", "BatchError",
     "UsageLedger", "UsageSummary", "CallRecord", "usage", "interrupted_batch",
     "load_ipython_extension", "unload_ipython_extension",
 ]

@@ -167,6 +167,9 @@ class FakeLLMServer(LocalChatServer):
             self.auto_cache = False
             self._cached_prefixes: set[str] = set()
             self.anthropic_requests: list[dict] = []  # the raw Messages API bodies
+            # A model's window: prompts over this many tokens get OpenAI's 400.
+            self.context_window: int | None = None
+            self.context_errors = 0
 
     def script(self, model: str, replies: list[Reply]) -> None:
         """Queue replies for a model, used in order before its default reply."""
@@ -230,6 +233,13 @@ class FakeLLMServer(LocalChatServer):
                     # Rejected at once, as providers do: it never counts as in flight.
                     raise HTTPError(429, "Rate limit reached for requests",
                                     "rate_limit_error", headers=headers)
+            tokens = prompt_tokens(body)
+            if self.context_window is not None and tokens > self.context_window:
+                self.context_errors += 1
+                raise HTTPError(400, f"This model's maximum context length is "
+                                f"{self.context_window} tokens. However, your messages "
+                                f"resulted in {tokens} tokens. Please reduce the length "
+                                "of the messages.", "invalid_request_error")
             self.in_flight += 1
             self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
             failure = self._take_failure(body)

@@ -16,8 +16,8 @@ import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError, LLMQueryError, describe_exception
-from . import routing
+from ..errors import ConfigError, LLMQueryError, PromptTooLongError, describe_exception
+from . import routing, windows
 from .limiter import ConcurrencyLimiter
 from .prompt_cache import REFUSED as _NO_MARKERS
 from .prompt_cache import cache_figures, mark_prefix, needs_markers, refuses_markers
@@ -185,6 +185,11 @@ class LLMClient:
                             learns_from_headers=False)
         return gate_for(model, config.api_base, config.api_key, config.rpm, config.tpm)
 
+    def input_window(self, model: str | None = None) -> int | None:
+        """Input tokens ``model`` takes, if known (see ``windows.input_window``)."""
+        return windows.input_window(_litellm, model or self.config.effective_sub_model,
+                                    self._endpoint(), self.config.context_window)
+
     def redactor(self) -> Redactor:
         """Removes current secrets; a batch builds one and shares it between its calls."""
         return Redactor(extra=[self.config.api_key, *routing.secrets(self.config.model_list)])
@@ -233,6 +238,13 @@ class LLMClient:
         messages = await redact_messages(messages, redactor or self.redactor())
         characters = sum(len(m["content"]) for m in messages
                          if isinstance(m.get("content"), str))
+        window = self.input_window(model)
+        if window is not None:
+            # A prompt the model cannot take is not sent: it would be billed or refused.
+            room = window - windows.reserve_for_answer(window, params["max_tokens"])
+            over = await windows.prompt_tokens_over(litellm, model, messages, room)
+            if over is not None:
+                raise PromptTooLongError(model, over, room)
         plain_messages = messages
         if call.cache_prefix and config.prompt_caching and needs_markers(litellm, model):
             messages = mark_prefix(messages)
@@ -326,6 +338,7 @@ class LLMClient:
                                                started, limited_since,
                                                describe_exception(failure)) from failure
             gate.failed(ticket)
+            windows.learn_from(failure, self._endpoint(), model)
             if messages is not plain_messages and refuses_markers(failure):
                 # A provider that rejects cache_control markers: send it plain, from
                 # now on, without spending a retry.

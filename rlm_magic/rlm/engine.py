@@ -16,12 +16,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..config import RLMConfig
-from ..errors import LLMQueryError, describe_exception
+from ..errors import LLMQueryError, PromptTooLongError, describe_exception
 from ..llm.batch import gather_limited
 from ..llm.client import LLMClient, close_loop_clients
 from ..llm.limiter import ConcurrencyLimiter
 from ..llm.messages import build_messages
 from ..llm.redaction import off_loop_if_large
+from ..llm.windows import is_context_error
 from ..llm.usage import SESSION_LEDGER, UsageLedger
 from ..repl.inprocess import AsyncREPL
 from ..repl.sandbox import SandboxREPL
@@ -538,6 +539,14 @@ class Run:
         except Exception as exc:  # noqa: BLE001 - errors are values inside the REPL
             if not slot_held:
                 self.tree.call_ended(failed=True)
+            if isinstance(exc, PromptTooLongError):
+                return (f"Error: prompt is about {exc.tokens:,} tokens, the sub-model takes "
+                        f"{exc.room:,}; split it")
+            if is_context_error(exc):
+                window = self.client.input_window(self.sub_model)
+                takes = f" of {window:,} tokens" if window else ""
+                return (f"Error: the prompt is over the sub-model's window{takes} (the "
+                        "provider refused it); split it")
             return f"Error: {exc}" if isinstance(exc, LLMQueryError) else \
                 f"Error: {describe_exception(exc)}"
         if not slot_held:

@@ -1,0 +1,104 @@
+"""Context windows: prompts that cannot fit are not sent, and windows are learned from
+the provider's context-length errors. Over real HTTP against the local test server."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlm_magic import LLMQueryError, PromptTooLongError
+from rlm_magic.llm import windows
+
+from .conftest import make_rlm
+
+
+def repl(code: str) -> str:
+    return f"```repl\n{code}\n```\n"
+
+
+@pytest.fixture(autouse=True)
+def _forget_learned_windows():
+    windows._LEARNED.clear()
+    yield
+    windows._LEARNED.clear()
+
+
+PROSE = "The quick brown fox jumps over the lazy dog near the river bank. "  # ~4 chars/token
+
+
+async def test_an_oversized_sub_call_is_refused_in_the_repl_before_sending(server):
+    rlm = make_rlm(server, context_window=2000, max_tokens=500)
+    server.script("root-model", [repl("big = llm_query(context)\nprint(big)"), "FINAL(done)"])
+    result = await rlm.arun("q", context=PROSE * 400)  # ~6,400 tokens
+    seen = result.trajectory[0].code[0].output
+    assert seen.startswith("Error: prompt is about ")
+    assert "tokens, the sub-model takes 1,500; split it" in seen
+    assert server.requests_for("sub-model") == []  # nothing was sent
+
+
+async def test_a_prompt_that_fits_is_sent(server):
+    rlm = make_rlm(server, context_window=2000, max_tokens=500)
+    server.script("root-model", [repl("print(llm_query(context[:2000]))"), "FINAL(done)"])
+    result = await rlm.arun("q", context=PROSE * 400)
+    assert result.trajectory[0].code[0].output.startswith("echo: The quick")
+    assert len(server.requests_for("sub-model")) == 1
+
+
+async def test_notebook_llm_query_raises_prompt_too_long(server):
+    rlm = make_rlm(server, context_window=2000, max_tokens=500)
+    with pytest.raises(PromptTooLongError) as caught:
+        await rlm.helpers.llm_query(PROSE * 400)
+    assert isinstance(caught.value, LLMQueryError)
+    assert "prompt is about" in str(caught.value) and "split it" in str(caught.value)
+    assert caught.value.room == 1500 and caught.value.tokens > 1500
+    assert server.requests == []
+
+
+async def test_a_window_litellm_knows_is_used_without_configuration(server):
+    rlm = make_rlm(server, sub_model="openai/gpt-4o-mini")  # 128k tokens to litellm
+    with pytest.raises(PromptTooLongError) as caught:
+        await rlm.helpers.llm_query("word " * 700_000)
+    assert caught.value.room == 128_000 - 4096
+    assert server.requests == []
+
+
+async def test_the_window_is_learned_from_the_providers_error(server):
+    server.context_window = 1000
+    rlm = make_rlm(server)  # no window known: the first oversized prompt is sent
+    with pytest.raises(LLMQueryError, match="maximum context length is 1000 tokens"):
+        await rlm.helpers.llm_query(PROSE * 100)
+    assert len(server.requests) == 1
+    assert rlm.client.input_window("openai/sub-model") == 1000
+    with pytest.raises(PromptTooLongError):
+        await rlm.helpers.llm_query(PROSE * 100)
+    assert len(server.requests) == 1  # the second one was not sent
+
+
+async def test_llama_cpp_context_errors_are_understood(server):
+    server.fail("context", model="sub-model")
+    rlm = make_rlm(server)
+    server.script("root-model", [repl("print(llm_query('hello'))"), "FINAL(done)"])
+    result = await rlm.arun("q", context="c")
+    seen = result.trajectory[0].code[0].output
+    assert seen == ("Error: the prompt is over the sub-model's window of 4,096 tokens (the "
+                    "provider refused it); split it")
+
+
+def test_near_limit_prompts_are_counted_exactly_and_clear_cases_are_not():
+    import asyncio
+
+    class Counter:
+        calls = 0
+
+        def token_counter(self, model, messages):
+            Counter.calls += 1
+            return 900
+
+    small = [{"role": "user", "content": "x" * 400}]
+    near = [{"role": "user", "content": "x" * 4000}]
+    huge = [{"role": "user", "content": "x" * 100_000}]
+    assert asyncio.run(windows.prompt_tokens_over(Counter(), "m", small, 1000)) is None
+    assert Counter.calls == 0
+    assert asyncio.run(windows.prompt_tokens_over(Counter(), "m", huge, 1000)) > 1000
+    assert Counter.calls == 0
+    assert asyncio.run(windows.prompt_tokens_over(Counter(), "m", near, 1000)) is None
+    assert Counter.calls == 1  # 900 exact tokens fit, though 1,004 were estimated

@@ -102,3 +102,77 @@ def test_near_limit_prompts_are_counted_exactly_and_clear_cases_are_not():
     assert Counter.calls == 0
     assert asyncio.run(windows.prompt_tokens_over(Counter(), "m", near, 1000)) is None
     assert Counter.calls == 1  # 900 exact tokens fit, though 1,004 were estimated
+
+
+# -- the root model's conversation fits its window -----------------------------------
+
+def long_run(turns: int):
+    """A root model that prints ~1,200 characters a turn for ``turns`` turns, then
+    answers with how many turns its code counted and whether it can read `history`.
+    Asked for a summary, it writes one."""
+    state = {"turns": 0}
+
+    def reply(body: dict) -> str:
+        last = body["messages"][-1]["content"]
+        if last.startswith("Your conversation is about to be compacted"):
+            return f"Summary: {state['turns']} turns done; `steps` counts them."
+        state["turns"] += 1
+        if state["turns"] == 1:
+            return repl("steps = [1]\nprint(context[:1200])")
+        if state["turns"] <= turns:
+            return repl("steps.append(1)\nprint(context[:1200])")
+        return repl("count = f'{len(steps)} {len(history) > 2 * len(steps)}'") + \
+            "FINAL_VAR(count)"
+    return reply
+
+
+@pytest.fixture(params=["process", "none"])
+def repl_kind(request) -> str:
+    return request.param
+
+
+async def test_a_run_three_times_its_window_long_is_compacted_and_succeeds(server, repl_kind):
+    server.usage = None  # tokens counted as the window is: ~4 characters each
+    server.context_window = 4000
+    server.reply_with("root-model", long_run(40))
+    rlm = make_rlm(server, context_window=4000, max_tokens=500, max_iterations=45,
+                   sandbox=repl_kind)
+    result = await rlm.arun("How many turns?", context=PROSE * 40)
+    assert result.success, result.error
+    assert result.final_answer == "40 True"  # every turn counted; history has them all
+    sent = sum(len(m["content"]) // 4 for r in server.requests_for("root-model")
+               for m in r["messages"][-1:])
+    assert sent > 3 * 4000  # the outputs add up to over three windows
+    assert server.context_errors == 0  # compacted in time, every time
+    assert len(result.compactions) >= 3
+    first = result.compactions[0]
+    assert first.reason == "threshold" and first.tokens_after < first.tokens_before
+    assert first.input_tokens > 0 and first.summary.startswith("Summary:")
+    assert result.trajectory[first.before_iteration - 1].compaction is first
+
+
+async def test_a_context_length_error_compacts_and_retries_the_turn(server):
+    server.usage = None
+    server.context_window = 3000
+    server.reply_with("root-model", long_run(12))
+    rlm = make_rlm(server, max_tokens=500, max_iterations=20)  # no window known
+    result = await rlm.arun("How many turns?", context=PROSE * 40)
+    assert result.success, result.error
+    assert result.final_answer == "12 True"
+    assert server.context_errors == 1  # learned then, compacted in time afterwards
+    assert result.compactions[0].reason == "context error"
+    assert rlm.client.input_window("openai/root-model") == 3000
+
+
+async def test_the_html_view_shows_where_the_conversation_was_compacted(server):
+    server.usage = None
+    server.context_window = 4000
+    server.reply_with("root-model", long_run(12))
+    rlm = make_rlm(server, context_window=4000, max_tokens=500, max_iterations=20,
+                   sandbox="none")
+    result = await rlm.arun("How many turns?", context=PROSE * 40)
+    view = result._repr_html_()
+    assert f"{len(result.compactions)} compaction(s)" in view
+    assert view.count("Conversation compacted (threshold)") == len(result.compactions)
+    assert "Summary: " in view
+    assert result.to_dict()["compactions"][0]["reason"] == "threshold"

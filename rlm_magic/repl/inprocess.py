@@ -210,6 +210,9 @@ class AsyncREPL:
     async def ready_answer(self) -> str | None:
         return ready_answer(self.namespace)
 
+    async def set_variable(self, name: str, value: Any) -> None:
+        self.namespace[name] = value
+
     async def variable_names(self) -> list[str]:
         return user_variables(self.namespace)
 

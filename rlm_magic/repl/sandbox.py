@@ -401,6 +401,10 @@ class SandboxREPL:
                                      name=name)).get("value")
         return value if isinstance(value, str) else None
 
+    async def set_variable(self, name: str, value: Any) -> None:
+        """Put JSON data into the sandbox's namespace (only ever sent to it, as JSON)."""
+        await self._request("set", "set", timeout=30, name=name, value=value)
+
     async def variable_names(self) -> list[str]:
         names = (await self._request("names", "names", timeout=30)).get("names")
         return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []

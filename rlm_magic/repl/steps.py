@@ -25,7 +25,8 @@ from .capture import OutputSink, captured_into
 ASYNC_TABLE = "__rlm_async__"
 _LAST_VALUE = "__rlm_last__"
 # What every REPL namespace starts with besides the helpers; not "the model's variables".
-PRELOADED = ("context", "answer", "SHOW_VARS", "asyncio", "re", "json")
+PRELOADED = ("context", "answer", "SHOW_VARS", "asyncio", "re", "json",
+             "history")  # history: the root conversation, put there when it is compacted
 HELPER_NAMES = ("llm_query", "llm_query_batch", "llm_query_batched", "rlm_query",
                 "rlm_query_batch", "rlm_query_batched")
 # asyncio functions whose arguments model code means to run concurrently. Matched as

@@ -181,6 +181,9 @@ class Worker:
                 self.send({"op": "names", "names": user_variables(self.namespace)})
             elif op == "variables":
                 self.send({"op": "variables", "variables": self.variables()})
+            elif op == "set":
+                self.namespace[str(message.get("name"))] = message.get("value")
+                self.send({"op": "set"})
             elif op == "exit":
                 return
 

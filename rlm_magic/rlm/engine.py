@@ -22,21 +22,24 @@ from ..llm.client import LLMClient, close_loop_clients
 from ..llm.limiter import ConcurrencyLimiter
 from ..llm.messages import build_messages
 from ..llm.redaction import off_loop_if_large
-from ..llm.windows import is_context_error
+from ..llm.windows import CHARS_PER_TOKEN, estimate_tokens, is_context_error, \
+    reserve_for_answer
 from ..llm.usage import SESSION_LEDGER, UsageLedger
 from ..repl.inprocess import AsyncREPL
 from ..repl.sandbox import SandboxREPL
 from ..repl.steps import repl_builtins, show_vars
 from .live_turn import LiveTurn
 from .prompts import (
+    AFTER_COMPACTION_PROMPT,
     CONTINUE_PROMPT,
     ITERATION_LIMIT_PROMPT,
+    SUMMARY_PROMPT,
     SYSTEM_PROMPT,
     code_blocks,
     describe_context,
     find_final,
 )
-from .result import CodeRun, Iteration, RLMResult
+from .result import CodeRun, Compaction, Iteration, RLMResult
 
 if TYPE_CHECKING:
     from ..jupyter.helpers import NotebookHelpers
@@ -196,7 +199,7 @@ class Run:
         preexisting = set(namespace) if live else set()  # the notebook's own variables
         try:
             injected = self._repl_globals(namespace)
-            touched = [*injected, *self._repl_helpers(), "__rlm_async__"]
+            touched = [*injected, *self._repl_helpers(), "__rlm_async__", "history"]
             if live:
                 saved = {name: namespace[name] for name in touched if name in namespace}
             if self.sandbox == "process":
@@ -239,16 +242,20 @@ class Run:
             await self.repl.aclose()  # stopped steps may send nothing more
 
     async def _loop(self, result: RLMResult) -> None:
-        messages = [{"role": "system", "content": self._system_prompt()},
-                    {"role": "user", "content": self._first_message()}]
+        self._messages = [{"role": "system", "content": self._system_prompt()},
+                          {"role": "user", "content": self._first_message()}]
+        self._history = list(self._messages)  # every message, compactions or not
         for index in range(1, self.max_iterations + 1):
             self._status("thinking", iteration=index)
             turn_started = time.perf_counter()
             calls_before = self.own_sub_calls
             iteration, outputs = Iteration(index=index, response=""), []
-            turn = LiveTurn((lambda n, code: self._run_block(n, code, iteration, outputs))
-                            if self.early_execution else None)
-            reply = await self._ask_root(messages, turn, iteration)
+
+            def new_turn(iteration=iteration, outputs=outputs):
+                return LiveTurn((lambda n, code: self._run_block(n, code, iteration, outputs))
+                                if self.early_execution else None)
+
+            reply, turn = await self._root_turn(index, iteration, new_turn)
             iteration.response = reply
             result.trajectory.append(iteration)
             feedback, final = await self._act_on(reply, iteration, turn, outputs)
@@ -259,13 +266,16 @@ class Run:
                 return
             if self._stopped_by_budget(result):
                 return
-            messages += [{"role": "assistant", "content": reply},
-                         {"role": "user", "content": feedback}]
+            exchange = [{"role": "assistant", "content": reply},
+                        {"role": "user", "content": feedback}]
+            self._messages += exchange
+            self._history += exchange
 
         # Out of iterations: one last chance to answer, without running code.
         self._status("thinking", iteration=self.max_iterations)
-        reply = await self._ask_root(messages + [{"role": "user",
-                                                  "content": ITERATION_LIMIT_PROMPT}])
+        reply, _ = await self._root_turn(
+            self.max_iterations + 1, None, LiveTurn,
+            extra=[{"role": "user", "content": ITERATION_LIMIT_PROMPT}])
         marker = find_final(reply)
         answer = (await self._resolve_final(marker))[0] if marker else None
         if answer is not None:
@@ -275,6 +285,65 @@ class Run:
             result.stop_reason = "max_iterations"
             result.error = (f"no FINAL answer within max_iterations={self.max_iterations}; "
                             "final_answer holds the model's last reply")
+
+    # -- a conversation that fits the root model's window ------------------------------
+    async def _root_turn(self, index: int, iteration: Iteration | None, new_turn,
+                         extra: list[dict] = ()) -> tuple[str, LiveTurn]:
+        """A root turn on the conversation, compacted first when it nears the model's
+        window; a context-length error compacts it once more and tries again."""
+        await self._compact_if_near_window(index, iteration)
+        turn = new_turn()
+        try:
+            return await self._ask_root(self._messages + list(extra), turn, iteration), turn
+        except LLMQueryError as exc:
+            if not is_context_error(exc) or turn.ran:
+                raise
+        await self._compact(index, iteration, "context error")
+        turn = new_turn()
+        return await self._ask_root(self._messages + list(extra), turn, iteration), turn
+
+    def _room(self) -> int | None:
+        """Tokens the root model takes as a prompt (its window less the answer's)."""
+        window = self.client.input_window(self.model)
+        if window is None:
+            return None
+        return window - reserve_for_answer(window, self.max_tokens)
+
+    async def _compact_if_near_window(self, index: int, iteration: Iteration | None) -> None:
+        room = self._room()
+        if room is None or len(self._messages) <= 2:
+            return
+        if estimate_tokens(self._messages) > self.rlm.compact_at * room:
+            await self._compact(index, iteration, "threshold")
+
+    async def _compact(self, index: int, iteration: Iteration | None, reason: str) -> None:
+        """The root model summarises its progress; the conversation restarts from the
+        system prompt, the question and that summary. The full history goes into the
+        REPL variable ``history`` first, so nothing the model saw is lost."""
+        self._status("compacting")
+        before = estimate_tokens(self._messages)
+        await self.repl.set_variable("history", [dict(m) for m in self._history])
+        room = self._room() or max(256, before // 2)
+        request = _fitted(self._messages, int(room * 0.8)) + [
+            {"role": "user", "content": SUMMARY_PROMPT}]
+        completion = await self.client.complete(
+            request, model=self.model, max_tokens=self.max_tokens, ledger=self.tree.ledger,
+            deadline=self.outer_deadline)
+        summary = completion.text.strip() or "(the model wrote no summary)"
+        number = len(self.result.compactions) + 1
+        self._history += [{"role": "user", "content": SUMMARY_PROMPT},
+                          {"role": "assistant", "content": summary}]
+        self._messages = [*self._messages[:2], {"role": "assistant", "content": summary},
+                          {"role": "user",
+                           "content": AFTER_COMPACTION_PROMPT.format(number=number)}]
+        await self.repl.set_variable("history", [dict(m) for m in self._history])
+        record = Compaction(index, reason, before, estimate_tokens(self._messages),
+                            completion.input_tokens, completion.output_tokens,
+                            completion.cost_usd, summary)
+        self.result.compactions.append(record)
+        if iteration is not None:
+            iteration.compaction = record
+        self._status("thinking")
 
     async def _ask_root(self, messages, turn: LiveTurn | None = None,
                         iteration: Iteration | None = None) -> str:
@@ -561,6 +630,33 @@ class Run:
     def _limit_error(self) -> str:
         return (f"Error: max_sub_calls={self.tree.max_sub_calls} reached for this run; "
                 "no request was sent")
+
+
+def _fitted(messages: list[dict], room: int) -> list[dict]:
+    """The conversation cut to about ``room`` tokens for its summary: the system prompt
+    and question, then the latest exchanges that fit (the oldest are left out whole;
+    a single exchange too big alone keeps its head and tail)."""
+    head, tail = messages[:2], messages[2:]
+    budget = max(64, room - estimate_tokens(head))
+    left_out = 0
+    while len(tail) > 2 and estimate_tokens(tail) > budget:
+        tail, left_out = tail[2:], left_out + 2  # whole (assistant, user) exchanges
+    if estimate_tokens(tail) > budget:
+        share = max(200, budget * CHARS_PER_TOKEN // max(1, len(tail)))
+        tail = [{**m, "content": _head_and_tail(m["content"], share)}
+                if isinstance(m.get("content"), str) else m for m in tail]
+    if left_out:
+        note = {"role": "user", "content": f"[{left_out} earlier messages are left out "
+                                           "here to fit your window]"}
+        return [*head, {"role": "assistant", "content": "(working)"}, note, *tail]
+    return [*head, *tail]
+
+
+def _head_and_tail(text: str, size: int) -> str:
+    if len(text) <= size:
+        return text
+    half = size // 2
+    return f"{text[:half]}\n... [{len(text) - size:,} characters cut] ...\n{text[-half:]}"
 
 
 class RootTurnCutOff(RuntimeError):

@@ -47,6 +47,19 @@ ITERATION_LIMIT_PROMPT = (
     "You have reached the iteration limit. Do not write more code. Give your best final "
     "answer now, on its own line, as FINAL(answer).")
 
+SUMMARY_PROMPT = (
+    "Your conversation is about to be compacted to fit your context window. Write a "
+    "summary of your progress so far, for yourself to continue from: what the question "
+    "needs, what you have learned (with the figures and facts found), which REPL "
+    "variables hold what (their names and contents), and what is left to do. Write no "
+    "code and no FINAL; only the summary.")
+
+AFTER_COMPACTION_PROMPT = (
+    "Your conversation was compacted to fit your context window (compaction {number}); "
+    "your summary of it is above. Every REPL variable is kept, and the full conversation "
+    "so far is in the REPL variable `history` (a list of {{'role', 'content'}} dicts). "
+    "Continue from the summary.")
+
 CONTINUE_PROMPT = (
     "Continue. Write ```repl code to make progress, or give the answer with FINAL(...) "
     "or FINAL_VAR(name) once you have it.")

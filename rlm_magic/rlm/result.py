@@ -23,6 +23,21 @@ class CodeRun:
 
 
 @dataclass
+class Compaction:
+    """The root model's conversation was summarised to fit its window, before an
+    iteration; the full history went into the REPL variable ``history``."""
+
+    before_iteration: int
+    reason: str  # "threshold" (compact_at) or "context error" (the provider refused)
+    tokens_before: int  # estimated tokens of the conversation
+    tokens_after: int
+    input_tokens: int = 0  # what the summary call cost
+    output_tokens: int = 0
+    cost_usd: float | None = None
+    summary: str = ""
+
+
+@dataclass
 class Iteration:
     """One root-model turn."""
 
@@ -32,6 +47,7 @@ class Iteration:
     sub_calls: int = 0
     elapsed_s: float = 0.0
     early_blocks: int = 0  # blocks started while the turn was still streaming
+    compaction: Compaction | None = None  # the conversation was compacted before it
 
 
 @dataclass
@@ -57,6 +73,8 @@ class RLMResult:
     # answers already paid for are never lost. In-process: the values themselves; from
     # a sandbox: JSON data, or a SandboxRepr string for anything else.
     variables: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    # Where the root conversation was summarised to fit the model's window.
+    compactions: list[Compaction] = field(default_factory=list)
 
     @property
     def answer(self) -> str | None:
@@ -72,7 +90,8 @@ class RLMResult:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-safe dict of the result; ``variables`` gives each variable's type."""
         data = {f.name: getattr(self, f.name) for f in fields(self)
-                if f.name not in ("usage", "trajectory", "variables")}
+                if f.name not in ("usage", "trajectory", "variables", "compactions")}
+        data["compactions"] = [asdict(c) for c in self.compactions]
         data["trajectory"] = [asdict(iteration) for iteration in self.trajectory]
         data["usage"] = self.usage.to_dict()
         data["variables"] = {name: getattr(value, "type_name", "") or type(value).__name__

@@ -134,7 +134,8 @@ class LocalChatServer:
                 await asyncio.sleep(delay)
             await send({"choices": [{"index": 0, "finish_reason": None,
                                      "delta": {"role": "assistant", "content": piece}}]})
-        await send({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+        await send({"choices": [{"index": 0, "delta": {},
+                                 "finish_reason": self.finish_reason(body)}]})
         if (body.get("stream_options") or {}).get("include_usage") and self.stream_usage:
             await send({"choices": [], "usage": usage_json(body, usage, self)})
         await send("[DONE]")
@@ -150,6 +151,10 @@ class LocalChatServer:
     def cached_tokens(self, body: dict) -> int:
         """Prompt tokens a provider's automatic prompt cache would have served."""
         return 0
+
+    def finish_reason(self, body: dict) -> str:
+        """Why the answer ended: "stop", or "length" when max_tokens cut it."""
+        return "stop"
 
     def response_headers(self, body: dict) -> dict[str, str] | None:
         """Extra headers of a successful answer (a test server adds rate-limit ones)."""
@@ -190,7 +195,8 @@ def completion_json(body: dict, text: str, usage: tuple[int, int], server=None) 
         "object": "chat.completion",
         "created": int(time.time()),
         "model": body.get("model", "unknown"),
-        "choices": [{"index": 0, "finish_reason": "stop",
+        "choices": [{"index": 0, "finish_reason": server.finish_reason(body)
+                     if server is not None else "stop",
                      "message": {"role": "assistant", "content": text}}],
         "usage": usage_json(body, usage, server),
     }

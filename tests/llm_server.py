@@ -170,6 +170,10 @@ class FakeLLMServer(LocalChatServer):
             # A model's window: prompts over this many tokens get OpenAI's 400.
             self.context_window: int | None = None
             self.context_errors = 0
+            # Cut answers longer than the request's max_tokens (~4 characters a token)
+            # and say "length", as providers do.
+            self.enforce_max_tokens = False
+            self._cut: set[int] = set()
 
     def script(self, model: str, replies: list[Reply]) -> None:
         """Queue replies for a model, used in order before its default reply."""
@@ -256,6 +260,11 @@ class FakeLLMServer(LocalChatServer):
                         self.rejected_at.append(time.monotonic())
                 raise HTTPError(*_FAILURES[failure.kind], headers=failure.headers)
             text = self._reply_for(body)
+            limit = body.get("max_tokens")
+            if self.enforce_max_tokens and isinstance(limit, int) and len(text) > 4 * limit:
+                text = text[:4 * limit]
+                with self._lock:
+                    self._cut.add(id(body))
             if not body.get("stream"):  # a stream is complete when its last chunk went
                 with self._lock:
                     self.completed += 1
@@ -298,6 +307,13 @@ class FakeLLMServer(LocalChatServer):
         if self.stall_at is not None and index == self.stall_at:
             return self.stall_for
         return self.token_delay
+
+    def finish_reason(self, body: dict) -> str:
+        with self._lock:
+            if id(body) in self._cut:
+                self._cut.discard(id(body))
+                return "length"
+            return "stop"
 
     def cached_tokens(self, body: dict) -> int:
         """OpenAI's automatic cache: the longest run of leading messages seen before."""

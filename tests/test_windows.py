@@ -176,3 +176,23 @@ async def test_the_html_view_shows_where_the_conversation_was_compacted(server):
     assert view.count("Conversation compacted (threshold)") == len(result.compactions)
     assert "Summary: " in view
     assert result.to_dict()["compactions"][0]["reason"] == "threshold"
+
+
+# -- advice that fits the sub-model ---------------------------------------------------
+
+async def test_the_system_prompt_advises_chunks_that_fit_the_sub_model(server):
+    rlm = make_rlm(server, context_window=4096)  # a small local model
+    server.script("root-model", ["FINAL(ok)"])
+    await rlm.arun("q", context="c")
+    system = server.requests_for("root-model")[0]["messages"][0]["content"]
+    assert "it can read ~6.6k characters per prompt" in system
+    assert "chunks (about 1.2k-5k characters" in system
+    assert "100k" not in system
+
+
+async def test_without_a_known_window_the_classic_advice_stays(server):
+    rlm = make_rlm(server)
+    server.script("root-model", ["FINAL(ok)"])
+    await rlm.arun("q", context="c")
+    system = server.requests_for("root-model")[0]["messages"][0]["content"]
+    assert "~100k characters per prompt" in system and "20k-100k characters" in system

@@ -72,6 +72,11 @@ def result_html(result: "RLMResult") -> str:
         parts.append(f"<details><summary>Iteration {it.index} · {len(it.code)} block(s) · "
                      f"{it.sub_calls} sub-call(s) · {it.elapsed_s:.2f}s</summary>")
         parts.append(f"<div><b>Model</b><pre>{html.escape(with_code_as_pointers(it.response))}</pre></div>")
+        for note in it.notes:
+            parts.append(f"<p class='rlm-meta'>{html.escape(note)}</p>")
+        if it.cut_answers:
+            parts.append(f"<p class='rlm-meta'>{it.cut_answers} sub-call answer(s) stopped "
+                         "at max_tokens (cut off)</p>")
         for number, block in enumerate(it.code, 1):
             parts.append(f"<div><b>Block {number}</b> ({block.elapsed_s:.2f}s)"
                          f"{_highlight(block.code)}<b>Output</b>"

@@ -103,6 +103,11 @@ class Completion:
     cached_input_tokens: int = 0  # served from the provider's prompt cache
     cache_write_tokens: int = 0
     streamed: bool = False
+    finish_reason: str | None = None  # "length": the answer stopped at max_tokens
+
+    @property
+    def cut_off(self) -> bool:
+        return self.finish_reason == "length"
 
 
 def is_retryable(exc: BaseException) -> bool:
@@ -372,7 +377,8 @@ class LLMClient:
             retries=retries, rate_limited=rate_limited, elapsed_s=completion.elapsed_s,
             cached_input_tokens=completion.cached_input_tokens,
             cache_write_tokens=completion.cache_write_tokens,
-            cache_saved_usd=cache_saving(litellm, model, completion)))
+            cache_saved_usd=cache_saving(litellm, model, completion),
+            cut_off=completion.cut_off))
         if key is not None:
             _cache_call(cache.set, key, {"text": completion.text,
                                          "input_tokens": completion.input_tokens,
@@ -454,7 +460,8 @@ def _completion_from(response, model: str, retries: int, elapsed: float,
     return Completion(text, model, input_tokens, output_tokens,
                       cost_usd=_cost_of(response, litellm), retries=retries,
                       elapsed_s=elapsed, cached_input_tokens=read,
-                      cache_write_tokens=written, streamed=streamed)
+                      cache_write_tokens=written, streamed=streamed,
+                      finish_reason=getattr(choice, "finish_reason", None))
 
 
 def _cost_of(response, litellm) -> float | None:

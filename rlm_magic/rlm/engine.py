@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ..config import RLMConfig
 from ..errors import LLMQueryError, PromptTooLongError, describe_exception
 from ..llm.batch import gather_limited
-from ..llm.client import LLMClient, close_loop_clients
+from ..llm.client import LLMClient, close_loop_clients, load_litellm
 from ..llm.limiter import ConcurrencyLimiter
 from ..llm.messages import build_messages
 from ..llm.redaction import off_loop_if_large
@@ -33,6 +33,7 @@ from .prompts import (
     AFTER_COMPACTION_PROMPT,
     CONTINUE_PROMPT,
     ITERATION_LIMIT_PROMPT,
+    chunk_advice,
     SUMMARY_PROMPT,
     SYSTEM_PROMPT,
     code_blocks,
@@ -175,6 +176,7 @@ class Run:
         if self.sandbox not in ("process", "none"):
             raise ValueError(f"sandbox must be 'process' or 'none', got {self.sandbox!r}")
         self.own_sub_calls = 0
+        self.cut_answers = 0  # sub-call answers that stopped at max_tokens
         # time.monotonic() by which this run's calls must end: a child run inherits its
         # parent's step deadline; each step of its own sets a nearer one.
         self.outer_deadline = deadline
@@ -224,6 +226,11 @@ class Run:
                 for name in touched:
                     namespace.pop(name, None)
                 namespace.update(saved)
+            if result.stop_reason == "final" and _is_error(result.final_answer):
+                # The answer is a failed call's error string: that is not an answer.
+                result.stop_reason = "error"
+                result.error = ("the final answer is an error message, not an answer: "
+                                + " ".join(result.final_answer.split())[:300])
             result.success = result.stop_reason == "final"
             result.iterations = len(result.trajectory)
             result.usage = self.tree.ledger.summary()
@@ -242,6 +249,7 @@ class Run:
             await self.repl.aclose()  # stopped steps may send nothing more
 
     async def _loop(self, result: RLMResult) -> None:
+        await load_litellm()  # its model info gives the windows the prompt advises by
         self._messages = [{"role": "system", "content": self._system_prompt()},
                           {"role": "user", "content": self._first_message()}]
         self._history = list(self._messages)  # every message, compactions or not
@@ -392,7 +400,7 @@ class Run:
                     return "", self._ready
         marker = find_final(reply)
         if marker is not None:
-            answer, problem = await self._resolve_final(marker)
+            answer, problem = await self._resolve_final(marker, iteration)
             if answer is not None:
                 return "", answer
             outputs.append(problem)
@@ -412,6 +420,7 @@ class Run:
             # step ends (a stopped step's thread gets up to half a second to unwind).
             timeout = max(0.1, min(timeout, self.outer_deadline - time.monotonic() - 0.5))
         self._step_deadline = time.monotonic() + timeout - min(2.0, 0.1 * timeout)
+        cut_before = self.cut_answers
         try:
             step = await self.repl.run(code, timeout=timeout)
         except BaseException:
@@ -426,6 +435,12 @@ class Run:
             if self.tree.live_turn is not None and self.depth == 0:
                 self._status("thinking")  # an early block ended; the model still writes
         seen = await self._as_model_sees_it(step.as_text(), step.dropped_chars)
+        cut = self.cut_answers - cut_before
+        if cut:
+            iteration.cut_answers += cut
+            seen += (f"\n[{cut} sub-call answer{'s' if cut > 1 else ''} of this step "
+                     f"stopped at max_tokens and {'are' if cut > 1 else 'is'}"
+                     " cut off; ask for shorter answers or smaller pieces]")
         iteration.code.append(CodeRun(code, seen, step.elapsed_s,
                                       error=step.error is not None))
         outputs.append(f"Output of block {number}:\n{seen}")
@@ -433,10 +448,24 @@ class Run:
         self._ready = await self.repl.ready_answer()
         return self._ready is not None
 
-    async def _resolve_final(self, marker) -> tuple[str | None, str]:
-        if marker.kind == "FINAL":
-            return marker.value, ""
+    async def _resolve_final(self, marker, iteration: Iteration | None = None
+                             ) -> tuple[str | None, str]:
         repl = getattr(self, "repl", None)
+        if marker.kind == "FINAL":
+            # FINAL(name), where name is exactly a REPL variable's: a real model's slip
+            # for FINAL_VAR(name). Answer with the value, and say so.
+            if repl is not None and marker.value.isidentifier() \
+                    and marker.value in await repl.variable_names():
+                value = await repl.final_var(marker.value)
+                if value is not None:
+                    note = (f"FINAL({marker.value}) names a REPL variable: answered with "
+                            "its value, as FINAL_VAR would")
+                    if iteration is not None:
+                        iteration.notes.append(note)
+                    else:
+                        self.result.notes.append(note)
+                    return value, ""
+            return marker.value, ""
         value = await repl.final_var(marker.value) if repl else None
         if value is not None:
             return value, ""
@@ -481,7 +510,12 @@ class Run:
     # -- prompts ----------------------------------------------------------------------
     def _system_prompt(self) -> str:
         type_name, length, preview = describe_context(self.context)
+        window = self.client.input_window(self.sub_model)
+        reads, chunk = chunk_advice(
+            window - reserve_for_answer(window, self.max_tokens) if window else None,
+            CHARS_PER_TOKEN)
         fields = _Fields(context_type=type_name, context_length=length,
+                         sub_model_reads=reads, chunk_size=chunk,
                          context_preview=self.client.redactor()(preview),
                          max_depth=self.max_depth, depth_left=self.max_depth - self.depth,
                          max_output_chars=self.max_output_chars)
@@ -620,6 +654,8 @@ class Run:
                 f"Error: {describe_exception(exc)}"
         if not slot_held:
             self.tree.call_ended()
+        if completion.cut_off:
+            self.cut_answers += 1
         return completion.text
 
     def _take_sub_calls(self, wanted: int) -> int:
@@ -657,6 +693,10 @@ def _head_and_tail(text: str, size: int) -> str:
         return text
     half = size // 2
     return f"{text[:half]}\n... [{len(text) - size:,} characters cut] ...\n{text[-half:]}"
+
+
+def _is_error(answer: str | None) -> bool:
+    return isinstance(answer, str) and answer.lstrip().startswith("Error:")
 
 
 class RootTurnCutOff(RuntimeError):

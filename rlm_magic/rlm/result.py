@@ -48,6 +48,8 @@ class Iteration:
     elapsed_s: float = 0.0
     early_blocks: int = 0  # blocks started while the turn was still streaming
     compaction: Compaction | None = None  # the conversation was compacted before it
+    cut_answers: int = 0  # sub-call answers that stopped at max_tokens
+    notes: list[str] = field(default_factory=list)  # how the engine read the reply
 
 
 @dataclass
@@ -75,6 +77,7 @@ class RLMResult:
     variables: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     # Where the root conversation was summarised to fit the model's window.
     compactions: list[Compaction] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # the engine's notes on the last turn
 
     @property
     def answer(self) -> str | None:

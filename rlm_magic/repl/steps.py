@@ -281,7 +281,13 @@ def install_helpers(namespace: dict[str, Any], names, submit: Submit,
 def user_variables(namespace: dict[str, Any]) -> list[str]:
     """Names of the variables the model made."""
     hidden = {*PRELOADED, *HELPER_NAMES}
-    return [name for name in namespace if not name.startswith("_") and name not in hidden]
+    return [name for name in namespace if not name.startswith("_") and name not in hidden
+            and not _is_context_name(name)]
+
+
+def _is_context_name(name: str) -> bool:
+    """A session's earlier contexts (context_0, context_1, ...): given, not made."""
+    return name.startswith("context_") and name[8:].isdigit()
 
 
 def show_vars(namespace: dict[str, Any]) -> None:

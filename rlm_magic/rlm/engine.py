@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..config import RLMConfig
-from ..errors import LLMQueryError, PromptTooLongError, describe_exception
+from ..errors import ConfigError, LLMQueryError, PromptTooLongError, describe_exception
 from ..llm.batch import gather_limited
 from ..llm.client import LLMClient, close_loop_clients, load_litellm
 from ..llm.limiter import ConcurrencyLimiter
@@ -41,6 +41,7 @@ from .prompts import (
     find_final,
 )
 from .result import CodeRun, Compaction, Iteration, RLMResult
+from .session import RLMSession
 
 if TYPE_CHECKING:
     from ..jupyter.helpers import NotebookHelpers
@@ -55,6 +56,7 @@ class RLM(RLMConfig):
         super().__init__(**kwargs)
         self._client: LLMClient | None = None
         self._helpers: "NotebookHelpers | None" = None
+        self.sessions: dict[str, RLMSession] = {}
 
     @property
     def client(self) -> LLMClient:
@@ -75,6 +77,21 @@ class RLM(RLMConfig):
         """Usage of every call made through this RLM."""
         return self.client.ledger.summary()
 
+    def session(self, name: str = "session", sandbox: str | None = None) -> RLMSession:
+        """The session called ``name``, started on first use."""
+        existing = self.sessions.get(name)
+        if existing is None or existing.closed:
+            existing = self.sessions[name] = RLMSession(self, name, sandbox)
+        return existing
+
+    async def forget(self, name: str) -> bool:
+        """End the session ``name`` (its sandbox process too); False if there is none."""
+        session = self.sessions.pop(name, None)
+        if session is None:
+            return False
+        await session.aclose()
+        return True
+
     def start(self, query: str, context: Any = None, **overrides) -> "Run":
         """A run, not yet started: ``await run.execute()``; ``run.result`` is kept up
         to date, so a caller still has the partial result after an interrupt."""
@@ -84,8 +101,12 @@ class RLM(RLMConfig):
                    sub_model: str | None = None, max_iterations: int | None = None,
                    max_depth: int | None = None,
                    namespace: dict[str, Any] | None = None,
-                   sandbox: str | None = None) -> RLMResult:
+                   sandbox: str | None = None,
+                   session: "RLMSession | str | None" = None) -> RLMResult:
         """Answer ``query`` about ``context``; returns an ``RLMResult`` (check ``.success``).
+
+        ``session``: an ``RLMSession`` (or the name of one of this RLM's) to carry on
+        in: its REPL variables, contexts and earlier answers are there for this question.
 
         ``namespace``: run the REPL in this dict instead of a fresh one (what ``--live``
         does with the notebook's namespace); such a run is never sandboxed.
@@ -93,7 +114,8 @@ class RLM(RLMConfig):
         """
         return await self.start(query, context, model=model, sub_model=sub_model,
                                 max_iterations=max_iterations, max_depth=max_depth,
-                                namespace=namespace, sandbox=sandbox).execute()
+                                namespace=namespace, sandbox=sandbox,
+                                session=session).execute()
 
     async def _run_and_close(self, query: str, context: Any, **overrides) -> RLMResult:
         try:
@@ -155,8 +177,15 @@ class Run:
                  max_iterations: int | None = None, max_depth: int | None = None,
                  namespace: dict[str, Any] | None = None, sandbox: str | None = None,
                  depth: int = 0, tree: RunTree | None = None,
-                 deadline: float | None = None):
+                 deadline: float | None = None,
+                 session: RLMSession | str | None = None):
         self.rlm = rlm
+        if isinstance(session, str):
+            session = rlm.session(session, sandbox)
+        if session is not None and namespace is not None:
+            raise ConfigError("a session keeps a REPL of its own: it cannot run in the "
+                              "notebook's namespace (--live)")
+        self.session = session
         self.id = next(_run_ids)
         self.query = query
         self.context = context
@@ -173,6 +202,8 @@ class Run:
                                     rlm.max_sub_calls, rlm.max_cost_usd)
         self.namespace = namespace
         self.sandbox = "none" if namespace is not None else (sandbox or rlm.sandbox)
+        if session is not None:
+            self.sandbox = session.sandbox  # the REPL it keeps
         if self.sandbox not in ("process", "none"):
             raise ValueError(f"sandbox must be 'process' or 'none', got {self.sandbox!r}")
         self.own_sub_calls = 0
@@ -192,6 +223,17 @@ class Run:
 
     # -- the loop ---------------------------------------------------------------------
     async def execute(self) -> RLMResult:
+        session = self.session
+        if session is None:
+            return await self._execute()
+        session.claim()
+        async with session._busy:
+            try:
+                return await self._execute()
+            finally:
+                session.record(self.result)  # failed or interrupted runs too
+
+    async def _execute(self) -> RLMResult:
         started = time.perf_counter()
         result = self.result
         live = self.namespace is not None
@@ -204,7 +246,9 @@ class Run:
             touched = [*injected, *self._repl_helpers(), "__rlm_async__", "history"]
             if live:
                 saved = {name: namespace[name] for name in touched if name in namespace}
-            if self.sandbox == "process":
+            if self.session is not None:
+                await self._session_repl(self.session, namespace, injected)
+            elif self.sandbox == "process":
                 self.repl = SandboxREPL(self.context, self._repl_helpers(),
                                         memory_mb=self.rlm.sandbox_memory_mb,
                                         max_output_chars=self.max_output_chars,
@@ -237,16 +281,50 @@ class Run:
             result.elapsed_s = time.perf_counter() - started
         return result
 
+    async def _session_repl(self, session: RLMSession, namespace: dict[str, Any],
+                            injected: dict[str, Any]) -> None:
+        """The session's REPL, made by its first run and kept: a new context joins the
+        earlier ones as context_N and becomes `context`."""
+        names = []
+        if self.context is not None:
+            session.contexts.append(self.context)
+            names = [f"context_{len(session.contexts) - 1}", "context"]
+        self.context = session.context
+        helpers = self._repl_helpers()
+        if session.repl is None:
+            if self.sandbox == "process":
+                self.repl = SandboxREPL(self.context, helpers,
+                                        memory_mb=self.rlm.sandbox_memory_mb,
+                                        max_output_chars=self.max_output_chars,
+                                        secrets=(self.rlm.api_key,))
+                await self.repl.start()
+                if names:
+                    await self.repl.set_context(self.context, names[:1])
+            else:
+                namespace.update(injected)
+                namespace.update({name: self.context for name in names})
+                session.namespace = namespace
+                self.repl = AsyncREPL(namespace, helpers)
+            session.repl = self.repl
+            return
+        self.repl = session.repl
+        self.repl.rebind(helpers)
+        await self.repl.set_variable("answer", {"content": "", "ready": False})
+        if names:
+            await self.repl.set_context(self.context, names)
+
     async def _close_repl(self, result: RLMResult, preexisting: set[str]) -> None:
         """Close the REPL, keeping the model's variables whatever ended the run:
-        answers already paid for stay reachable as result.variables."""
+        answers already paid for stay reachable as result.variables. A session's REPL
+        stays open for its next question."""
         result.network_isolated = getattr(self.repl, "network_isolated", None)
         try:
             variables = await self.repl.variables()
             result.variables = {name: value for name, value in variables.items()
                                 if name not in preexisting}
         finally:
-            await self.repl.aclose()  # stopped steps may send nothing more
+            if self.session is None:
+                await self.repl.aclose()  # stopped steps may send nothing more
 
     async def _loop(self, result: RLMResult) -> None:
         await load_litellm()  # its model info gives the windows the prompt advises by
@@ -526,8 +604,16 @@ class Run:
             return template  # a custom prompt with literal braces: use it as written
 
     def _first_message(self) -> str:
-        return (f"Question: {self.query}\n\nThe data is in the REPL variable `context`. "
-                "Look at it before you answer.")
+        question = (f"Question: {self.query}\n\nThe data is in the REPL variable `context`. "
+                    "Look at it before you answer.")
+        session = self.session
+        if session is None or not session.exchanges:
+            return question
+        contexts = len(session.contexts)
+        earlier = (f" Earlier contexts of this session: "
+                   f"{', '.join(f'context_{i}' for i in range(contexts - 1))}."
+                   if contexts > 1 else "")
+        return f"{session.memory()}\n\n{question}{earlier}"
 
     # -- the REPL's view --------------------------------------------------------------
     def _repl_globals(self, namespace: dict[str, Any]) -> dict[str, Any]:

@@ -129,3 +129,27 @@ async def test_rlm_session_cells_carry_on_and_forget_ends_the_session(shell, ser
     assert session.closed and "notes" not in repr(shell.run_line_magic("rlm", "sessions"))
     with pytest.raises(Exception, match="no session named 'notes'"):
         shell.run_line_magic("rlm", "forget notes")
+
+
+async def test_a_session_answers_one_question_at_a_time(server):
+    from rlm_magic import ConfigError
+
+    server.model_latency = {"root-model": 0.3}
+    rlm = make_rlm(server, sandbox="none")
+    session = rlm.session("s")
+    first = asyncio.ensure_future(session.arun("q1", context="c"))
+    assert await asyncio.to_thread(server.wait_for, lambda: len(server.requests) == 1)
+    with pytest.raises(ConfigError, match="session 's' is answering another question"):
+        await session.arun("q2")
+    await first
+    await rlm.forget("s")
+
+
+async def test_session_and_live_cannot_be_combined(shell, server):
+    from IPython.core.error import UsageError
+
+    from .conftest import run_cell
+
+    with pytest.raises(UsageError, match="--session keeps a REPL of its own"):
+        await run_cell(shell, "%%rlm --session s --live\nq")
+    assert server.requests == []

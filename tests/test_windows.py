@@ -196,3 +196,15 @@ async def test_without_a_known_window_the_classic_advice_stays(server):
     await rlm.arun("q", context="c")
     system = server.requests_for("root-model")[0]["messages"][0]["content"]
     assert "~100k characters per prompt" in system and "20k-100k characters" in system
+
+
+def test_window_settings_are_validated():
+    from traitlets import TraitError
+
+    from rlm_magic import RLM
+
+    with pytest.raises(TraitError, match="context_window must be >= 256"):
+        RLM(context_window=100)
+    with pytest.raises(TraitError, match="compact_at must be between 0.1 and 1.0"):
+        RLM(compact_at=1.5)
+    assert RLM(context_window=8192, compact_at=0.5).compact_at == 0.5

@@ -208,3 +208,18 @@ def test_window_settings_are_validated():
     with pytest.raises(TraitError, match="compact_at must be between 0.1 and 1.0"):
         RLM(compact_at=1.5)
     assert RLM(context_window=8192, compact_at=0.5).compact_at == 0.5
+
+
+async def test_a_large_prompt_near_the_limit_is_counted_off_the_loop():
+    import threading
+
+    threads = []
+
+    class Counter:
+        def token_counter(self, model, messages):
+            threads.append(threading.current_thread())
+            return 130_000
+
+    near = [{"role": "user", "content": "x" * 540_000}]  # ~135k tokens by the estimate
+    assert await windows.prompt_tokens_over(Counter(), "m", near, 120_000) == 130_000
+    assert threads and threads[0] is not threading.main_thread()

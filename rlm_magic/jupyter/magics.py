@@ -77,7 +77,7 @@ class RLMMagics(Magics):
 
     @line_magic("rlm")
     def rlm_line(self, line: str):
-        """%rlm config | usage | demo [stop] | help"""
+        """%rlm config | usage | sessions | forget NAME | demo [stop] | help"""
         from ..jupyter import subcommands
 
         return subcommands.dispatch(self, line)

@@ -434,8 +434,19 @@ class SandboxREPL:
         self._pickled = pickled
 
     async def set_variable(self, name: str, value: Any) -> None:
-        """Put JSON data into the sandbox's namespace (only ever sent to it, as JSON)."""
-        await self._request("set", "set", timeout=30, name=name, value=value)
+        """Put JSON data into the sandbox's namespace (only ever sent to it, as JSON).
+        Framed in a thread: a long conversation (``history``) is megabytes of JSON."""
+        framed = await asyncio.to_thread(bridge.frame, {"op": "set", "name": name,
+                                                        "value": value})
+        sandbox = await self._ready()
+        if sandbox.dead:
+            raise SandboxError(sandbox.dead)
+        reply = self._expect("set")
+        try:
+            sandbox.writer.write(framed)
+            await asyncio.wait_for(asyncio.shield(reply), 30)
+        finally:
+            self._reply = None
 
     async def variable_names(self) -> list[str]:
         names = (await self._request("names", "names", timeout=30)).get("names")

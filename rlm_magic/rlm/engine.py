@@ -410,11 +410,18 @@ class Run:
         before = estimate_tokens(self._messages)
         await self.repl.set_variable("history", [dict(m) for m in self._history])
         room = self._room() or max(256, before // 2)
-        request = _fitted(self._messages, int(room * 0.8)) + [
-            {"role": "user", "content": SUMMARY_PROMPT}]
-        completion = await self.client.complete(
-            request, model=self.model, max_tokens=self.max_tokens, ledger=self.tree.ledger,
-            deadline=self.outer_deadline)
+        for share in (0.8, 0.4):  # the estimate may be short for code: then less
+            request = _fitted(self._messages, int(room * share)) + [
+                {"role": "user", "content": SUMMARY_PROMPT}]
+            try:
+                completion = await self.client.complete(
+                    request, model=self.model, max_tokens=self.max_tokens,
+                    ledger=self.tree.ledger, deadline=self.outer_deadline)
+                break
+            except LLMQueryError as exc:
+                if share == 0.4 or not is_context_error(exc):
+                    raise
+                room = self._room() or room  # the error may have taught the window
         summary = completion.text.strip() or "(the model wrote no summary)"
         number = len(self.result.compactions) + 1
         self._history += [{"role": "user", "content": SUMMARY_PROMPT},

@@ -153,3 +153,17 @@ async def test_session_and_live_cannot_be_combined(shell, server):
     with pytest.raises(UsageError, match="--session keeps a REPL of its own"):
         await run_cell(shell, "%%rlm --session s --live\nq")
     assert server.requests == []
+
+
+async def test_a_session_keeps_the_repl_kind_it_started_with(shell, server):
+    from IPython.core.error import UsageError
+
+    from .conftest import run_cell
+
+    server.script("root-model", ["FINAL(ok)"])
+    await run_cell(shell, "%%rlm --session kinds --no-sandbox -q\nq")
+    with pytest.raises(UsageError, match="session 'kinds' runs its code in this kernel; "
+                                         "it cannot switch to sandbox='process'"):
+        await run_cell(shell, "%%rlm --session kinds --sandbox -q\nq")
+    assert len(server.requests) == 1
+    shell.run_line_magic("rlm", "forget kinds")

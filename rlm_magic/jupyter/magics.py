@@ -123,12 +123,14 @@ async def run_rlm_cell(line: str, body: str, shell=None):
     session = None
     if args.session:
         session = rlm.session(args.session, options["sandbox"])
-        try:
+    try:
+        if session is not None:
             session.claim()
-        except ConfigError as exc:
-            raise UsageError(str(exc)) from None
-    run = rlm.start(query.strip(), context, namespace=shell.user_ns if args.live else None,
-                    session=session, **options)
+        run = rlm.start(query.strip(), context,
+                        namespace=shell.user_ns if args.live else None,
+                        session=session, **options)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
     from .progress import RunStatus
 
     try:

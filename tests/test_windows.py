@@ -114,7 +114,7 @@ def long_run(turns: int):
 
     def reply(body: dict) -> str:
         last = body["messages"][-1]["content"]
-        if last.startswith("Your conversation is about to be compacted"):
+        if "Your conversation is about to be compacted" in last:
             return f"Summary: {state['turns']} turns done; `steps` counts them."
         state["turns"] += 1
         if state["turns"] == 1:
@@ -223,3 +223,17 @@ async def test_a_large_prompt_near_the_limit_is_counted_off_the_loop():
     near = [{"role": "user", "content": "x" * 540_000}]  # ~135k tokens by the estimate
     assert await windows.prompt_tokens_over(Counter(), "m", near, 120_000) == 130_000
     assert threads and threads[0] is not threading.main_thread()
+
+
+def test_the_summary_request_keeps_the_question_and_the_latest_exchanges():
+    from rlm_magic.rlm.engine import _fitted
+
+    head = [{"role": "system", "content": "s" * 400}, {"role": "user", "content": "q" * 400}]
+    exchanges = [{"role": role, "content": f"{n}" * 4000}
+                 for n in range(6) for role in ("assistant", "user")]
+    fitted = _fitted(head + exchanges, 4500)  # room for two exchanges of ~2,000 tokens
+    assert fitted[:2] == head
+    assert fitted[3]["content"] == "[8 earlier messages are left out here to fit your window]"
+    assert [m["content"][0] for m in fitted[4:]] == ["4", "4", "5", "5"]
+    assert [m["role"] for m in fitted] == ["system", "user", "assistant", "user",
+                                           "assistant", "user", "assistant", "user"]

@@ -336,6 +336,7 @@ class Run:
         self._messages = [{"role": "system", "content": self._system_prompt()},
                           {"role": "user", "content": self._first_message()}]
         self._history = list(self._messages)  # every message, compactions or not
+        self._compacted_length = len(self._messages)
         for index in range(1, self.max_iterations + 1):
             self._status("thinking", iteration=index)
             turn_started = time.perf_counter()
@@ -402,7 +403,9 @@ class Run:
 
     async def _compact_if_near_window(self, index: int, iteration: Iteration | None) -> None:
         room = self._room()
-        if room is None or len(self._messages) <= 2:
+        # Only a conversation that grew since it started (or was last compacted): a
+        # summary that is itself too big is not summarised again every turn.
+        if room is None or len(self._messages) <= self._compacted_length:
             return
         if estimate_tokens(self._messages) > self.rlm.compact_at * room:
             await self._compact(index, iteration, "threshold")
@@ -416,8 +419,8 @@ class Run:
         await self.repl.set_variable("history", [dict(m) for m in self._history])
         room = self._room() or max(256, before // 2)
         for share in (0.8, 0.4):  # the estimate may be short for code: then less
-            request = _fitted(self._messages, int(room * share)) + [
-                {"role": "user", "content": SUMMARY_PROMPT}]
+            request = _with_user_message(_fitted(self._messages, int(room * share)),
+                                         SUMMARY_PROMPT)
             try:
                 completion = await self.client.complete(
                     request, model=self.model, max_tokens=self.max_tokens,
@@ -435,6 +438,7 @@ class Run:
                           {"role": "user",
                            "content": AFTER_COMPACTION_PROMPT.format(number=number)}]
         await self.repl.set_variable("history", [dict(m) for m in self._history])
+        self._compacted_length = len(self._messages)
         record = Compaction(index, reason, before, estimate_tokens(self._messages),
                             completion.input_tokens, completion.output_tokens,
                             completion.cost_usd, summary)
@@ -784,6 +788,15 @@ def _fitted(messages: list[dict], room: int) -> list[dict]:
                                            "here to fit your window]"}
         return [*head, {"role": "assistant", "content": "(working)"}, note, *tail]
     return [*head, *tail]
+
+
+def _with_user_message(messages: list[dict], text: str) -> list[dict]:
+    """``text`` as the next user message; joined to the last one if that is the
+    user's too (some providers refuse two user messages in a row)."""
+    last = messages[-1]
+    if last.get("role") == "user" and isinstance(last.get("content"), str):
+        return [*messages[:-1], {**last, "content": f"{last['content']}\n\n{text}"}]
+    return [*messages, {"role": "user", "content": text}]
 
 
 def _head_and_tail(text: str, size: int) -> str:

@@ -237,3 +237,16 @@ def test_the_summary_request_keeps_the_question_and_the_latest_exchanges():
     assert [m["content"][0] for m in fitted[4:]] == ["4", "4", "5", "5"]
     assert [m["role"] for m in fitted] == ["system", "user", "assistant", "user",
                                            "assistant", "user", "assistant", "user"]
+
+
+async def test_a_router_groups_window_is_its_deployments_smallest(server):
+    rlm = make_rlm(server, model_list=[
+        {"model_name": "sub", "litellm_params": {"model": "openai/gpt-4o-mini",
+                                                 "api_base": server.base_url}},
+        {"model_name": "sub", "litellm_params": {"model": "openai/gpt-4",
+                                                 "api_base": server.base_url}}],
+        sub_model="sub")
+    from rlm_magic.llm.client import load_litellm
+
+    await load_litellm()
+    assert rlm.client.input_window("sub") == 8192  # gpt-4's, under gpt-4o-mini's 128k

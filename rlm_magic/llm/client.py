@@ -192,8 +192,11 @@ class LLMClient:
 
     def input_window(self, model: str | None = None) -> int | None:
         """Input tokens ``model`` takes, if known (see ``windows.input_window``)."""
-        return windows.input_window(_litellm, model or self.config.effective_sub_model,
-                                    self._endpoint(), self.config.context_window)
+        model = model or self.config.effective_sub_model
+        behind = routing.deployments(self.config.model_list, model) \
+            if self.config.model_list else ()
+        return windows.input_window(_litellm, model, self._endpoint(),
+                                    self.config.context_window, behind)
 
     def redactor(self) -> Redactor:
         """Removes current secrets; a batch builds one and shares it between its calls."""

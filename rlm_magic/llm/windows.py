@@ -64,10 +64,14 @@ def learn_from(exc: BaseException, endpoint: str | None, model: str) -> int | No
 
 
 def input_window(litellm: Any, model: str, endpoint: str | None,
-                 configured: int | None) -> int | None:
+                 configured: int | None, behind: list[str] = ()) -> int | None:
     """Tokens ``model`` takes as input: litellm's model info, else ``configured``
-    (``RLM.context_window``), else what the provider said in an error; None if unknown."""
+    (``RLM.context_window``), else what the provider said in an error; None if unknown.
+    ``behind``: the models behind a Router group (the smallest window counts)."""
     known = _model_info_window(litellm, model)
+    if not known and behind:
+        windows = [_model_info_window(litellm, name) for name in behind]
+        known = min(windows) if windows and all(windows) else None
     if known:
         return known
     if configured:

@@ -119,14 +119,18 @@ async def test_rlm_session_cells_carry_on_and_forget_ends_the_session(shell, ser
         repl("print(parts[2])") + "FINAL_VAR(parts)"])
     shell.user_ns["doc"] = "x|y|z"
     await run_cell(shell, "%%rlm --session notes --context doc -q\nSummarise each part")
+    session = shell.magics_manager.registry["RLMMagics"].rlm.sessions["notes"]
+    process = session.repl._sandbox.process
     await run_cell(shell, "%%rlm --session notes -q\nAnd the third one?")
+    assert session.repl._sandbox.process is process  # one sandbox process for both cells
     assert shell.user_ns["_rlm"].trajectory[0].code[0].output == "echo: z"
     assert len(server.requests_for("sub-model")) == 3
     listing = repr(shell.run_line_magic("rlm", "sessions"))
     assert listing.splitlines()[1].split()[:3] == ["notes", "2", "1"]
-    session = shell.magics_manager.registry["RLMMagics"].rlm.sessions["notes"]
+    assert process.poll() is None
     shell.run_line_magic("rlm", "forget notes")
     assert session.closed and "notes" not in repr(shell.run_line_magic("rlm", "sessions"))
+    assert await asyncio.to_thread(process.wait, 10) is not None  # forget ended it
     with pytest.raises(Exception, match="no session named 'notes'"):
         shell.run_line_magic("rlm", "forget notes")
 

@@ -74,9 +74,7 @@ async def test_a_session_survives_a_failed_run_with_its_variables(server, repl_k
 
 
 async def test_a_session_survives_an_interrupted_run(server, repl_kind):
-    # Without early execution: cancelling an in-process run while an early-started
-    # block runs does not stop it, on main too (a bug of its own, reported apart).
-    rlm = make_rlm(server, sandbox=repl_kind, early_execution=False)
+    rlm = make_rlm(server, sandbox=repl_kind)
     session = rlm.session("s")
     server.script("root-model", [
         repl("kept = 7\nllm_query('started')\nimport time\n"

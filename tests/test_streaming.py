@@ -362,3 +362,30 @@ async def test_rlm_usage_shows_cached_input_and_the_saving(shell, server):
     assert header.split()[-4:] == ["cached", "input", "cache", "saved"]
     assert row.startswith(CLAUDE) and row.split()[-1].startswith("$")
     assert "<th>cached input</th><th>cache saved</th>" in table._repr_html_()
+
+
+async def test_an_interrupt_that_lands_while_a_stream_closes_is_not_lost():
+    from rlm_magic.llm.streaming import StreamState, stream_completion
+
+    closing = asyncio.Event()
+
+    class Stream:  # a stream that has ended, and takes a moment to close
+        def __aiter__(self):
+            return self
+
+        async def __anext__(self):
+            raise StopAsyncIteration
+
+        async def aclose(self):
+            closing.set()
+            await asyncio.sleep(0.05)
+
+    async def acompletion(**request):
+        return Stream()
+
+    task = asyncio.ensure_future(stream_completion(acompletion, {}, StreamState(None),
+                                                   stall_timeout=5))
+    await closing.wait()
+    task.cancel()  # the user's interrupt, while the finished stream closes
+    with pytest.raises(asyncio.CancelledError):
+        await task

@@ -107,6 +107,8 @@ async def stream_completion(acompletion, request: dict, state: StreamState, *,
             if close is not None:
                 try:
                     await asyncio.shield(close())
+                except asyncio.CancelledError:
+                    raise  # an interrupt that landed while closing: never lost
                 except BaseException:  # noqa: BLE001 - closing must not mask the cause
                     pass
     return stream

@@ -204,10 +204,10 @@ class Run:
         self.sandbox = "none" if namespace is not None else (sandbox or rlm.sandbox)
         if session is not None:
             if sandbox is not None and sandbox != session.sandbox:
-                raise ConfigError(
-                    f"session {session.name!r} runs its code "
-                    f"{'in a sandbox process' if session.sandbox == 'process' else 'in this kernel'}"
-                    f"; it cannot switch to sandbox={sandbox!r}")
+                where = ("in a sandbox process" if session.sandbox == "process"
+                         else "in this kernel")
+                raise ConfigError(f"session {session.name!r} runs its code {where}; it "
+                                  f"cannot switch to sandbox={sandbox!r}")
             self.sandbox = session.sandbox  # the REPL it keeps
         if self.sandbox not in ("process", "none"):
             raise ValueError(f"sandbox must be 'process' or 'none', got {self.sandbox!r}")

@@ -7,16 +7,17 @@ Nothing heavy is imported here: litellm loads on the first model call.
 
 from __future__ import annotations
 
-from .errors import BatchError, ConfigError, LLMQueryError, RLMError
+from .errors import BatchError, ConfigError, LLMQueryError, PromptTooLongError, RLMError
 from .jupyter.helpers import interrupted_batch
 from .llm.usage import CallRecord, UsageLedger, UsageSummary, usage
 from .rlm.engine import RLM
-from .rlm.result import CodeRun, Iteration, RLMResult, RLMRunError
+from .rlm.result import CodeRun, Compaction, Iteration, RLMResult, RLMRunError
+from .rlm.session import RLMSession
 
 __version__ = "0.1.0"
 __all__ = [
-    "RLM", "RLMResult", "RLMRunError", "Iteration", "CodeRun",
-    "RLMError", "ConfigError", "LLMQueryError", "BatchError",
+    "RLM", "RLMResult", "RLMRunError", "RLMSession", "Iteration", "CodeRun", "Compaction",
+    "RLMError", "ConfigError", "LLMQueryError", "PromptTooLongError", "BatchError",
     "UsageLedger", "UsageSummary", "CallRecord", "usage", "interrupted_batch",
     "load_ipython_extension", "unload_ipython_extension",
 ]

@@ -117,6 +117,15 @@ class RLMConfig(Configurable):
     step_timeout = Float(300.0, help="Seconds one REPL step may run before it is "
                                      "stopped; its sub-calls end in time (their timeouts "
                                      "and retries shrink to fit).").tag(config=True)
+    context_window = Int(None, allow_none=True,
+                         help="Input tokens of a model litellm has no entry for (a local "
+                              "server, a Router group). Default: litellm's model info, "
+                              "else what the provider's context-length error says."
+                         ).tag(config=True)
+    compact_at = Float(0.85, help="Compact the root model's conversation (it summarises "
+                                  "its progress; the full history stays in the REPL "
+                                  "variable `history`) before a turn would pass this "
+                                  "share of its window.").tag(config=True)
     max_output_chars = Int(20_000, help="Most characters of REPL output shown to the "
                                         "model per step.").tag(config=True)
     system_prompt = Unicode(None, allow_none=True,
@@ -229,6 +238,20 @@ class RLMConfig(Configurable):
         value = proposal["value"]
         if value is not None and value < 0:
             raise TraitError(f"RLM.max_cost_usd must be >= 0 or None, got {value!r}")
+        return value
+
+    @validate("context_window")
+    def _check_window(self, proposal):
+        value = proposal["value"]
+        if value is not None and value < 256:
+            raise TraitError(f"RLM.context_window must be >= 256 tokens or None, got {value!r}")
+        return value
+
+    @validate("compact_at")
+    def _check_compact_at(self, proposal):
+        value = proposal["value"]
+        if not 0.1 <= value <= 1.0:
+            raise TraitError(f"RLM.compact_at must be between 0.1 and 1.0, got {value!r}")
         return value
 
     # -- derived --------------------------------------------------------------------------

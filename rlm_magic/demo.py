@@ -134,7 +134,8 @@ class LocalChatServer:
                 await asyncio.sleep(delay)
             await send({"choices": [{"index": 0, "finish_reason": None,
                                      "delta": {"role": "assistant", "content": piece}}]})
-        await send({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+        await send({"choices": [{"index": 0, "delta": {},
+                                 "finish_reason": self.finish_reason(body)}]})
         if (body.get("stream_options") or {}).get("include_usage") and self.stream_usage:
             await send({"choices": [], "usage": usage_json(body, usage, self)})
         await send("[DONE]")
@@ -150,6 +151,10 @@ class LocalChatServer:
     def cached_tokens(self, body: dict) -> int:
         """Prompt tokens a provider's automatic prompt cache would have served."""
         return 0
+
+    def finish_reason(self, body: dict) -> str:
+        """Why the answer ended: "stop", or "length" when max_tokens cut it."""
+        return "stop"
 
     def response_headers(self, body: dict) -> dict[str, str] | None:
         """Extra headers of a successful answer (a test server adds rate-limit ones)."""
@@ -190,7 +195,8 @@ def completion_json(body: dict, text: str, usage: tuple[int, int], server=None) 
         "object": "chat.completion",
         "created": int(time.time()),
         "model": body.get("model", "unknown"),
-        "choices": [{"index": 0, "finish_reason": "stop",
+        "choices": [{"index": 0, "finish_reason": server.finish_reason(body)
+                     if server is not None else "stop",
                      "message": {"role": "assistant", "content": text}}],
         "usage": usage_json(body, usage, server),
     }
@@ -282,6 +288,13 @@ def _task(question: str) -> tuple[str | None, str | None]:
             field.group(1).lower() if field else None)
 
 
+def _earlier_totals(messages: list[dict]) -> bool:
+    """Whether an earlier question of this session left its counts in `totals`."""
+    first_user = next((m["content"] for m in messages if m.get("role") == "user"), "")
+    return "Earlier questions in this session" in first_user and \
+        re.search(r"^Variables in the REPL:.*\btotals\b", first_user, re.M) is not None
+
+
 def root_reply(messages: list[dict]) -> str:
     """The next move of the demo strategy, from how many turns came before."""
     turn = sum(1 for m in messages if m.get("role") == "assistant")
@@ -295,6 +308,14 @@ def root_reply(messages: list[dict]) -> str:
                         "quote the term to count, e.g. Which service has the most "
                         "\"timeout\" lines? It is a scripted stand-in: use a real model "
                         "for other questions.", "invalid_request_error")
+    if turn == 0 and _earlier_totals(messages):
+        # A follow-up in a session: the counts of the earlier question are in `totals`.
+        pick = "ranked[-1]" if re.search(r"\b(?:fewest|least)\b", question, re.I) \
+            else "ranked[0]"
+        return ("The earlier question's counts are still in `totals`: no new sub-calls "
+                f"needed.\n```repl\nranked = totals.most_common()\nname, count = {pick}\n"
+                f"result = f'{{name}}: {{count}} \"{term}\" lines'\nprint(result)\n```\n"
+                "FINAL_VAR(result)")
     if turn == 0:
         return ("First I look at the context: its type, size and a sample.\n"
                 "```repl\nprint(type(context).__name__, len(context))\n"

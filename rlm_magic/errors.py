@@ -35,6 +35,19 @@ class LLMQueryError(RLMError):
         super().__init__(f"LLM call to {model!r} failed{tries}: {reason}")
 
 
+class PromptTooLongError(LLMQueryError):
+    """A prompt cannot fit the model's input window; it was not sent."""
+
+    def __init__(self, model: str, tokens: int, room: int):
+        self.tokens, self.room = tokens, room
+        self.reason = f"prompt is about {tokens:,} tokens, the model takes {room:,}; split it"
+        super().__init__(model, self.reason)
+        self.args = (f"{self.reason} (not sent to {model!r})",)
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
 class BatchError(RLMError):
     """Some items of a batch failed; the successful results are kept in ``.results``."""
 

@@ -167,6 +167,13 @@ class FakeLLMServer(LocalChatServer):
             self.auto_cache = False
             self._cached_prefixes: set[str] = set()
             self.anthropic_requests: list[dict] = []  # the raw Messages API bodies
+            # A model's window: prompts over this many tokens get OpenAI's 400.
+            self.context_window: int | None = None
+            self.context_errors = 0
+            # Cut answers longer than the request's max_tokens (~4 characters a token)
+            # and say "length", as providers do.
+            self.enforce_max_tokens = False
+            self._cut: set[int] = set()
 
     def script(self, model: str, replies: list[Reply]) -> None:
         """Queue replies for a model, used in order before its default reply."""
@@ -230,6 +237,13 @@ class FakeLLMServer(LocalChatServer):
                     # Rejected at once, as providers do: it never counts as in flight.
                     raise HTTPError(429, "Rate limit reached for requests",
                                     "rate_limit_error", headers=headers)
+            tokens = prompt_tokens(body)
+            if self.context_window is not None and tokens > self.context_window:
+                self.context_errors += 1
+                raise HTTPError(400, f"This model's maximum context length is "
+                                f"{self.context_window} tokens. However, your messages "
+                                f"resulted in {tokens} tokens. Please reduce the length "
+                                "of the messages.", "invalid_request_error")
             self.in_flight += 1
             self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
             failure = self._take_failure(body)
@@ -246,6 +260,11 @@ class FakeLLMServer(LocalChatServer):
                         self.rejected_at.append(time.monotonic())
                 raise HTTPError(*_FAILURES[failure.kind], headers=failure.headers)
             text = self._reply_for(body)
+            limit = body.get("max_tokens")
+            if self.enforce_max_tokens and isinstance(limit, int) and len(text) > 4 * limit:
+                text = text[:4 * limit]
+                with self._lock:
+                    self._cut.add(id(body))
             if not body.get("stream"):  # a stream is complete when its last chunk went
                 with self._lock:
                     self.completed += 1
@@ -288,6 +307,13 @@ class FakeLLMServer(LocalChatServer):
         if self.stall_at is not None and index == self.stall_at:
             return self.stall_for
         return self.token_delay
+
+    def finish_reason(self, body: dict) -> str:
+        with self._lock:
+            if id(body) in self._cut:
+                self._cut.discard(id(body))
+                return "length"
+            return "stop"
 
     def cached_tokens(self, body: dict) -> int:
         """OpenAI's automatic cache: the longest run of leading messages seen before."""

@@ -191,7 +191,7 @@ async def test_a_turn_cut_off_after_its_code_ran_stands_and_the_run_goes_on(serv
     result = await rlm.arun("q", context="c")
     assert result.success and result.final_answer == "done"
     first = result.trajectory[0]
-    assert "no new tokens for 0.5s" in first.cut_off
+    assert "no new tokens for 0.5s" in first.broken_off
     assert [c.output for c in first.code] == ["ran"]  # run once: not asked again
     assert len(server.requests_for("root-model")) == 2
     told = server.requests_for("root-model")[1]["messages"][-1]["content"]
@@ -364,3 +364,30 @@ async def test_rlm_usage_shows_cached_input_and_the_saving(shell, server):
     assert header.split()[-4:] == ["cached", "input", "cache", "saved"]
     assert row.startswith(CLAUDE) and row.split()[-1].startswith("$")
     assert "<th>cached input</th><th>cache saved</th>" in table._repr_html_()
+
+
+async def test_an_interrupt_that_lands_while_a_stream_closes_is_not_lost():
+    from rlm_magic.llm.streaming import StreamState, stream_completion
+
+    closing = asyncio.Event()
+
+    class Stream:  # a stream that has ended, and takes a moment to close
+        def __aiter__(self):
+            return self
+
+        async def __anext__(self):
+            raise StopAsyncIteration
+
+        async def aclose(self):
+            closing.set()
+            await asyncio.sleep(0.05)
+
+    async def acompletion(**request):
+        return Stream()
+
+    task = asyncio.ensure_future(stream_completion(acompletion, {}, StreamState(None),
+                                                   stall_timeout=5))
+    await closing.wait()
+    task.cancel()  # the user's interrupt, while the finished stream closes
+    with pytest.raises(asyncio.CancelledError):
+        await task

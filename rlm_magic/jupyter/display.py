@@ -48,7 +48,9 @@ def _status_line(result: "RLMResult") -> str:
     from ..llm.usage import format_cost
 
     status = "answered" if result.success else (result.stop_reason or "failed")
-    return (f"{status} · {result.iterations} iteration(s) · "
+    compacted = (f"{len(result.compactions)} compaction(s) · "
+                 if result.compactions else "")
+    return (f"{status} · {result.iterations} iteration(s) · {compacted}"
             f"{sum(i.sub_calls for i in result.trajectory)} sub-call(s) · "
             f"{usage.total.total_tokens:,} tokens · "
             f"{format_cost(usage.cost_usd, usage.total.unpriced_calls)} · "
@@ -65,9 +67,16 @@ def result_html(result: "RLMResult") -> str:
     parts.append(f"<p class='rlm-meta'>{html.escape(_status_line(result))}</p>")
     parts.append(f"<details><summary>Trajectory ({result.iterations} iterations)</summary>")
     for it in result.trajectory:
+        if it.compaction is not None:
+            parts.append(_compaction_html(it.compaction))
         parts.append(f"<details><summary>Iteration {it.index} · {len(it.code)} block(s) · "
                      f"{it.sub_calls} sub-call(s) · {it.elapsed_s:.2f}s</summary>")
         parts.append(f"<div><b>Model</b><pre>{html.escape(with_code_as_pointers(it.response))}</pre></div>")
+        for note in it.notes:
+            parts.append(f"<p class='rlm-meta'>{html.escape(note)}</p>")
+        if it.cut_answers:
+            parts.append(f"<p class='rlm-meta'>{it.cut_answers} sub-call answer(s) stopped "
+                         "at max_tokens (cut off)</p>")
         for number, block in enumerate(it.code, 1):
             parts.append(f"<div><b>Block {number}</b> ({block.elapsed_s:.2f}s)"
                          f"{_highlight(block.code)}<b>Output</b>"
@@ -77,6 +86,22 @@ def result_html(result: "RLMResult") -> str:
     parts.append("<details><summary>Usage</summary>" + result.usage._repr_html_()
                  + "</details></div>")
     return "".join(parts)
+
+
+def compaction_line(compaction) -> str:
+    """One line on a compaction: why, how much smaller, what the summary cost."""
+    from ..llm.usage import format_cost
+
+    cost = format_cost(compaction.cost_usd)
+    return (f"Conversation compacted ({compaction.reason}): ~{compaction.tokens_before:,} "
+            f"→ ~{compaction.tokens_after:,} tokens; the summary cost "
+            f"{compaction.input_tokens:,} + {compaction.output_tokens:,} tokens, {cost}; "
+            "full history in the REPL variable `history`")
+
+
+def _compaction_html(compaction) -> str:
+    return (f"<details class='rlm-compaction'><summary>{html.escape(compaction_line(compaction))}"
+            f"</summary><pre>{html.escape(compaction.summary)}</pre></details>")
 
 
 def result_markdown(result: "RLMResult") -> str:

@@ -17,7 +17,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from ..errors import interrupt
+from ..errors import ConfigError, interrupt
 from .interrupts import run_interruptibly
 
 
@@ -46,6 +46,10 @@ class RLMMagics(Magics):
               help="Run the model's code in a sandbox process (default: RLM.sandbox).")
     @argument("--no-sandbox", dest="sandbox", action="store_const", const="none",
               help="Run the model's code in threads of this kernel.")
+    @argument("--session", metavar="NAME",
+              help="Carry on in session NAME: the REPL variables, contexts (context_0, "
+                   "context_1, ...) and answers of its earlier questions are kept for "
+                   "this one. `%%rlm sessions` lists them, `%%rlm forget NAME` ends one.")
     @argument("-q", "--quiet", action="store_true", help="Do not display the result.")
     @argument("--no-interpolate", action="store_true",
               help="Send the query as written: no {variable} substitution.")
@@ -73,7 +77,7 @@ class RLMMagics(Magics):
 
     @line_magic("rlm")
     def rlm_line(self, line: str):
-        """%rlm config | usage | demo [stop] | help"""
+        """%rlm config | usage | sessions | forget NAME | demo [stop] | help"""
         from ..jupyter import subcommands
 
         return subcommands.dispatch(self, line)
@@ -116,8 +120,17 @@ async def run_rlm_cell(line: str, body: str, shell=None):
         raise UsageError("%%rlm needs a question in the cell body, below the %%rlm line")
 
     rlm = magics.rlm
-    run = rlm.start(query.strip(), context, namespace=shell.user_ns if args.live else None,
-                    **options)
+    session = None
+    if args.session:
+        session = rlm.session(args.session, options["sandbox"])
+    try:
+        if session is not None:
+            session.claim()
+        run = rlm.start(query.strip(), context,
+                        namespace=shell.user_ns if args.live else None,
+                        session=session, **options)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
     from .progress import RunStatus
 
     try:
@@ -152,6 +165,11 @@ def _checked_options(args) -> dict[str, Any]:
     for flag, value in (("--model", args.model), ("--sub-model", args.sub_model)):
         if value is not None and not value.strip().strip("'\""):
             raise UsageError(f"{flag} needs a model name")
+    if args.session is not None and not args.session.strip():
+        raise UsageError("--session needs a name")
+    if args.session and args.live:
+        raise UsageError("--session keeps a REPL of its own, so it cannot run in the "
+                         "notebook's namespace: drop --session or --live")
     if args.live and args.sandbox == "process":
         raise UsageError("--live runs the model's code in the notebook's namespace, so it "
                          "cannot run in a sandbox: drop --sandbox or --live")

@@ -10,6 +10,8 @@ HELP = """\
 %rlm config         show the effective settings (secrets masked)
 %rlm usage          tokens and cost per model for this session
 %rlm usage --reset  ... and start counting again
+%rlm sessions       sessions (%%rlm --session NAME) with their size and cost
+%rlm forget NAME    end a session (its sandbox process too)
 %rlm demo           start the offline demo model and point RLM at it
 %rlm demo stop      stop it and restore the previous settings
 %rlm help           this text
@@ -61,6 +63,24 @@ def _demo(magics, args):
     return None
 
 
+def _sessions(magics, args):
+    _no_args("sessions", args)
+    from ..rlm.session import SessionsView
+
+    return SessionsView(list(magics.rlm.sessions.values()))
+
+
+def _forget(magics, args):
+    if len(args) != 1:
+        raise UsageError("%rlm forget takes one session name")
+    session = magics.rlm.sessions.pop(args[0], None)
+    if session is None:
+        names = ", ".join(magics.rlm.sessions) or "none"
+        raise UsageError(f"no session named {args[0]!r} (sessions: {names})")
+    session.close_soon()
+    print(f"Session {args[0]!r} ended.")
+
+
 def _help(magics, args):
     print(HELP)
 
@@ -70,4 +90,5 @@ def _no_args(command: str, args) -> None:
         raise UsageError(f"%rlm {command} takes no arguments, got {' '.join(args)!r}")
 
 
-_COMMANDS = {"config": _config, "usage": _usage, "demo": _demo, "help": _help}
+_COMMANDS = {"config": _config, "usage": _usage, "demo": _demo, "help": _help,
+             "sessions": _sessions, "forget": _forget}

@@ -19,8 +19,8 @@ import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..errors import ConfigError, LLMQueryError, describe_exception
-from . import routing
+from ..errors import ConfigError, LLMQueryError, PromptTooLongError, describe_exception
+from . import routing, windows
 from .limiter import ConcurrencyLimiter
 from .prompt_cache import REFUSED as _NO_MARKERS
 from .prompt_cache import cache_figures, mark_prefix, needs_markers, refuses_markers
@@ -113,6 +113,11 @@ class Completion:
     cached_input_tokens: int = 0  # served from the provider's prompt cache
     cache_write_tokens: int = 0
     streamed: bool = False
+    finish_reason: str | None = None  # "length": the answer stopped at max_tokens
+
+    @property
+    def cut_off(self) -> bool:
+        return self.finish_reason == "length"
 
 
 def is_retryable(exc: BaseException) -> bool:
@@ -195,6 +200,14 @@ class LLMClient:
                             learns_from_headers=False)
         return gate_for(model, config.api_base, config.api_key, config.rpm, config.tpm)
 
+    def input_window(self, model: str | None = None) -> int | None:
+        """Input tokens ``model`` takes, if known (see ``windows.input_window``)."""
+        model = model or self.config.effective_sub_model
+        behind = routing.deployments(self.config.model_list, model) \
+            if self.config.model_list else ()
+        return windows.input_window(_litellm, model, self._endpoint(),
+                                    self.config.context_window, behind)
+
     def redactor(self) -> Redactor:
         """Removes current secrets; a batch builds one and shares it between its calls."""
         return Redactor(extra=self.config.configured_secrets())
@@ -243,6 +256,13 @@ class LLMClient:
         messages = await redact_messages(messages, redactor or self.redactor())
         characters = sum(len(m["content"]) for m in messages
                          if isinstance(m.get("content"), str))
+        window = self.input_window(model)
+        if window is not None:
+            # A prompt the model cannot take is not sent: it would be billed or refused.
+            room = window - windows.reserve_for_answer(window, params["max_tokens"])
+            over = await windows.prompt_tokens_over(litellm, model, messages, room)
+            if over is not None:
+                raise PromptTooLongError(model, over, room)
         plain_messages = messages
         if call.cache_prefix and config.prompt_caching and needs_markers(litellm, model):
             messages = mark_prefix(messages)
@@ -336,6 +356,7 @@ class LLMClient:
                                                started, limited_since,
                                                describe_exception(failure)) from failure
             gate.failed(ticket)
+            windows.learn_from(failure, self._endpoint(), model)
             if messages is not plain_messages and refuses_markers(failure):
                 # A provider that rejects cache_control markers: send it plain, from
                 # now on, without spending a retry.
@@ -370,7 +391,8 @@ class LLMClient:
             retries=retries, rate_limited=rate_limited, elapsed_s=completion.elapsed_s,
             cached_input_tokens=completion.cached_input_tokens,
             cache_write_tokens=completion.cache_write_tokens,
-            cache_saved_usd=cache_saving(litellm, model, completion)))
+            cache_saved_usd=cache_saving(litellm, model, completion),
+            cut_off=completion.cut_off))
         if key is not None:
             _cache_call(cache.set, key, {"text": completion.text,
                                          "input_tokens": completion.input_tokens,
@@ -452,7 +474,8 @@ def _completion_from(response, model: str, retries: int, elapsed: float,
     return Completion(text, model, input_tokens, output_tokens,
                       cost_usd=_cost_of(response, litellm), retries=retries,
                       elapsed_s=elapsed, cached_input_tokens=read,
-                      cache_write_tokens=written, streamed=streamed)
+                      cache_write_tokens=written, streamed=streamed,
+                      finish_reason=getattr(choice, "finish_reason", None))
 
 
 def _cost_of(response, litellm) -> float | None:

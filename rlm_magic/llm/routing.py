@@ -42,6 +42,12 @@ def groups(model_list: list[dict]) -> list[str]:
     return sorted({entry["model_name"] for entry in model_list})
 
 
+def deployments(model_list: list[dict], group: str) -> list[str]:
+    """The litellm model strings behind a group (what litellm's model info knows)."""
+    return [str(entry.get("litellm_params", {}).get("model")) for entry in model_list
+            if entry.get("model_name") == group and entry.get("litellm_params", {}).get("model")]
+
+
 def masked(model_list: list[dict]) -> list[dict]:
     """The list as ``%rlm config`` shows it: keys and other secrets masked."""
     return [{**entry, "litellm_params": {

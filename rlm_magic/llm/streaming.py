@@ -46,6 +46,16 @@ class StreamState:
         return "".join(self._pieces)
 
     @property
+    def finish_reason(self) -> str | None:
+        """Why the answer ended, as the last chunk that says so tells."""
+        for chunk in reversed(self.chunks[-4:]):
+            choices = getattr(chunk, "choices", None) or []
+            reason = getattr(choices[0], "finish_reason", None) if choices else None
+            if reason:
+                return reason
+        return None
+
+    @property
     def received(self) -> bool:
         return bool(self._pieces)
 
@@ -63,7 +73,7 @@ class StreamState:
                 return litellm.stream_chunk_builder(self.chunks, messages=messages)
             return litellm.ModelResponse(
                 model=getattr(self.chunks[-1], "model", None),
-                choices=[{"index": 0, "finish_reason": "stop",
+                choices=[{"index": 0, "finish_reason": self.finish_reason or "stop",
                           "message": {"role": "assistant", "content": self.text}}],
                 usage=usage)
         except Exception:  # noqa: BLE001 - a partial stream litellm cannot assemble

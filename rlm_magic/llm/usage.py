@@ -34,6 +34,7 @@ class CallRecord:
     cached_input_tokens: int = 0
     cache_write_tokens: int = 0
     cache_saved_usd: float | None = 0.0
+    cut_off: bool = False  # the answer stopped at max_tokens (finish_reason "length")
 
 
 @dataclass
@@ -55,9 +56,11 @@ class ModelUsage:
     cached_input_tokens: int = 0
     cache_write_tokens: int = 0
     cache_saved_usd: float = 0.0
+    cut_off: int = 0  # answers that stopped at max_tokens
 
     def add(self, record: CallRecord) -> None:
         self.calls += 1
+        self.cut_off += record.cut_off
         self.cached_input_tokens += record.cached_input_tokens
         self.cache_write_tokens += record.cache_write_tokens
         self.cache_saved_usd += record.cache_saved_usd or 0.0
@@ -130,6 +133,7 @@ class UsageSummary:
         # Rate limits are waited out, not failures; the column shows once they happen.
         # So do the prompt cache's: once a provider served cached input.
         return (self._COLUMNS + (("rate limited",) if self.total.rate_limited else ())
+                + (("cut off",) if self.total.cut_off else ())
                 + (("cached input", "cache saved") if self._cache_columns else ()))
 
     @property
@@ -147,6 +151,7 @@ class UsageSummary:
                  f"{row.output_tokens:,}", format_cost(row.cost_usd, row.unpriced_calls),
                  str(row.retries), str(row.errors), str(row.cancelled))
         cells += (str(row.rate_limited),) if self.total.rate_limited else ()
+        cells += (str(row.cut_off),) if self.total.cut_off else ()
         if self._cache_columns:
             cells += (f"{row.cached_input_tokens:,}", format_saving(row.cache_saved_usd))
         return cells

@@ -210,6 +210,17 @@ class AsyncREPL:
     async def ready_answer(self) -> str | None:
         return ready_answer(self.namespace)
 
+    async def set_variable(self, name: str, value: Any) -> None:
+        self.namespace[name] = value
+
+    async def set_context(self, value: Any, names: list[str]) -> None:
+        for name in names:
+            self.namespace[name] = value
+
+    def rebind(self, helpers: dict[str, Callable[..., Awaitable[Any]]]) -> None:
+        """Serve the helpers of the next run (a session's REPL outlives its runs)."""
+        self._helpers = helpers
+
     async def variable_names(self) -> list[str]:
         return user_variables(self.namespace)
 

@@ -228,6 +228,12 @@ class SandboxREPL:
             self._sandbox.dead = self._sandbox.dead or "closed"
             await self._sandbox.end()
 
+    def close(self) -> None:
+        """End the sandbox without a loop to wait on: its process is killed."""
+        self._closed = True
+        if self._sandbox is not None:
+            self._kill(self._sandbox, "closed")
+
     # -- the wire -----------------------------------------------------------------------------
     async def _read(self, sandbox: _Sandbox) -> dict:
         header = await sandbox.reader.readexactly(bridge.HEADER.size)
@@ -422,6 +428,47 @@ class SandboxREPL:
         value = (await self._request("final_var", "final_var", timeout=30,
                                      name=name)).get("value")
         return value if isinstance(value, str) else None
+
+    def rebind(self, helpers: dict[str, Callable[..., Awaitable[Any]]]) -> None:
+        """Serve the helpers of the next run (a session's REPL outlives its runs)."""
+        self.helpers, self._answer = helpers, None
+
+    async def set_context(self, value: Any, names: list[str]) -> None:
+        """Send a new context (pickled, kernel to sandbox only) under ``names``; a
+        restarted sandbox gets it as ``context``."""
+        try:
+            pickled = await asyncio.to_thread(pickle.dumps, value, pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # noqa: BLE001 - any pickling failure, one line
+            raise SandboxError(f"the context ({type(value).__name__}) cannot be sent to the "
+                               f"sandbox: {type(exc).__name__}: {exc}") from None
+        sandbox = await self._ready()
+        if sandbox.dead:
+            raise SandboxError(sandbox.dead)
+        reply = self._expect("context")
+        try:
+            sandbox.writer.write(bridge.frame({"op": "context", "names": names})
+                                 + bridge.pickle_frame_header(len(pickled)) + pickled)
+            answer = await asyncio.wait_for(asyncio.shield(reply), 60)
+        finally:
+            self._reply = None
+        if answer.get("error"):
+            raise SandboxError(str(answer["error"])[:500])
+        self._pickled = pickled
+
+    async def set_variable(self, name: str, value: Any) -> None:
+        """Put JSON data into the sandbox's namespace (only ever sent to it, as JSON).
+        Framed in a thread: a long conversation (``history``) is megabytes of JSON."""
+        framed = await asyncio.to_thread(bridge.frame, {"op": "set", "name": name,
+                                                        "value": value})
+        sandbox = await self._ready()
+        if sandbox.dead:
+            raise SandboxError(sandbox.dead)
+        reply = self._expect("set")
+        try:
+            sandbox.writer.write(framed)
+            await asyncio.wait_for(asyncio.shield(reply), 30)
+        finally:
+            self._reply = None
 
     async def variable_names(self) -> list[str]:
         names = (await self._request("names", "names", timeout=30)).get("names")

@@ -25,7 +25,8 @@ from .capture import OutputSink, captured_into
 ASYNC_TABLE = "__rlm_async__"
 _LAST_VALUE = "__rlm_last__"
 # What every REPL namespace starts with besides the helpers; not "the model's variables".
-PRELOADED = ("context", "answer", "SHOW_VARS", "asyncio", "re", "json")
+PRELOADED = ("context", "answer", "SHOW_VARS", "asyncio", "re", "json",
+             "history")  # history: the root conversation, put there when it is compacted
 HELPER_NAMES = ("llm_query", "llm_query_batch", "llm_query_batched", "rlm_query",
                 "rlm_query_batch", "rlm_query_batched")
 # asyncio functions whose arguments model code means to run concurrently. Matched as
@@ -280,7 +281,13 @@ def install_helpers(namespace: dict[str, Any], names, submit: Submit,
 def user_variables(namespace: dict[str, Any]) -> list[str]:
     """Names of the variables the model made."""
     hidden = {*PRELOADED, *HELPER_NAMES}
-    return [name for name in namespace if not name.startswith("_") and name not in hidden]
+    return [name for name in namespace if not name.startswith("_") and name not in hidden
+            and not _is_context_name(name)]
+
+
+def _is_context_name(name: str) -> bool:
+    """A session's earlier contexts (context_0, context_1, ...): given, not made."""
+    return name.startswith("context_") and name[8:].isdigit()
 
 
 def show_vars(namespace: dict[str, Any]) -> None:

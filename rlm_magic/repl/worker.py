@@ -153,6 +153,8 @@ class Worker:
         try:
             while True:
                 message = self.receive_json()
+                if message["op"] == "context":  # a pickle frame follows: a new context
+                    message = self.receive_context(message)
                 if message["op"] == "result":
                     with self.calls_lock:
                         future = self.calls.pop(message.get("id"), None)
@@ -171,6 +173,16 @@ class Worker:
             # Take the processes the model's code started along (our process group).
             os.killpg(0, signal.SIGKILL)
 
+    def receive_context(self, message: dict) -> dict:
+        kind, body = self.receive()
+        try:
+            if kind != bridge.PICKLE:
+                raise bridge.BridgeError("expected the context's pickle")
+            return {**message, "value": pickle.loads(body)}
+        except Exception as exc:  # noqa: BLE001 - reported to the kernel, which fails the run
+            return {**message, "error": f"the context could not be unpickled in the sandbox: "
+                                        f"{type(exc).__name__}: {exc}"}
+
     # -- requests on the main thread --------------------------------------------------------
     def serve(self) -> None:
         while True:
@@ -185,6 +197,14 @@ class Worker:
                 self.send({"op": "names", "names": user_variables(self.namespace)})
             elif op == "variables":
                 self.send({"op": "variables", "variables": self.variables()})
+            elif op == "context":
+                if "error" not in message:
+                    for name in message.get("names") or ():
+                        self.namespace[str(name)] = message["value"]
+                self.send({"op": "context", "error": message.get("error")})
+            elif op == "set":
+                self.namespace[str(message.get("name"))] = message.get("value")
+                self.send({"op": "set"})
 
     def run_step(self, message: dict) -> dict:
         step_id, limit = int(message["step"]), int(message["limit"])

@@ -16,26 +16,31 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..config import RLMConfig
-from ..errors import LLMQueryError, describe_exception
+from ..errors import ConfigError, LLMQueryError, PromptTooLongError, describe_exception
 from ..llm.batch import gather_limited
-from ..llm.client import LLMClient, close_loop_clients
+from ..llm.client import LLMClient, close_loop_clients, load_litellm
 from ..llm.limiter import ConcurrencyLimiter
 from ..llm.messages import build_messages
 from ..llm.redaction import off_loop_if_large
 from ..llm.usage import SESSION_LEDGER, UsageLedger
+from ..llm.windows import CHARS_PER_TOKEN, estimate_tokens, is_context_error, reserve_for_answer
 from ..repl.inprocess import AsyncREPL
 from ..repl.sandbox import SandboxREPL
 from ..repl.steps import repl_builtins, show_vars
 from .live_turn import LiveTurn
 from .prompts import (
+    AFTER_COMPACTION_PROMPT,
     CONTINUE_PROMPT,
     ITERATION_LIMIT_PROMPT,
+    SUMMARY_PROMPT,
     SYSTEM_PROMPT,
+    chunk_advice,
     code_blocks,
     describe_context,
     find_final,
 )
-from .result import CodeRun, Iteration, RLMResult
+from .result import CodeRun, Compaction, Iteration, RLMResult
+from .session import RLMSession
 
 if TYPE_CHECKING:
     from ..jupyter.helpers import NotebookHelpers
@@ -50,6 +55,7 @@ class RLM(RLMConfig):
         super().__init__(**kwargs)
         self._client: LLMClient | None = None
         self._helpers: "NotebookHelpers | None" = None
+        self.sessions: dict[str, RLMSession] = {}
 
     @property
     def client(self) -> LLMClient:
@@ -70,6 +76,21 @@ class RLM(RLMConfig):
         """Usage of every call made through this RLM."""
         return self.client.ledger.summary()
 
+    def session(self, name: str = "session", sandbox: str | None = None) -> RLMSession:
+        """The session called ``name``, started on first use."""
+        existing = self.sessions.get(name)
+        if existing is None or existing.closed:
+            existing = self.sessions[name] = RLMSession(self, name, sandbox)
+        return existing
+
+    async def forget(self, name: str) -> bool:
+        """End the session ``name`` (its sandbox process too); False if there is none."""
+        session = self.sessions.pop(name, None)
+        if session is None:
+            return False
+        await session.aclose()
+        return True
+
     def start(self, query: str, context: Any = None, **overrides) -> "Run":
         """A run, not yet started: ``await run.execute()``; ``run.result`` is kept up
         to date, so a caller still has the partial result after an interrupt."""
@@ -79,8 +100,12 @@ class RLM(RLMConfig):
                    sub_model: str | None = None, max_iterations: int | None = None,
                    max_depth: int | None = None,
                    namespace: dict[str, Any] | None = None,
-                   sandbox: str | None = None) -> RLMResult:
+                   sandbox: str | None = None,
+                   session: "RLMSession | str | None" = None) -> RLMResult:
         """Answer ``query`` about ``context``; returns an ``RLMResult`` (check ``.success``).
+
+        ``session``: an ``RLMSession`` (or the name of one of this RLM's) to carry on
+        in: its REPL variables, contexts and earlier answers are there for this question.
 
         ``namespace``: run the REPL in this dict instead of a fresh one (what ``--live``
         does with the notebook's namespace); such a run is never sandboxed.
@@ -88,7 +113,8 @@ class RLM(RLMConfig):
         """
         return await self.start(query, context, model=model, sub_model=sub_model,
                                 max_iterations=max_iterations, max_depth=max_depth,
-                                namespace=namespace, sandbox=sandbox).execute()
+                                namespace=namespace, sandbox=sandbox,
+                                session=session).execute()
 
     async def _run_and_close(self, query: str, context: Any, **overrides) -> RLMResult:
         try:
@@ -150,8 +176,15 @@ class Run:
                  max_iterations: int | None = None, max_depth: int | None = None,
                  namespace: dict[str, Any] | None = None, sandbox: str | None = None,
                  depth: int = 0, tree: RunTree | None = None,
-                 deadline: float | None = None):
+                 deadline: float | None = None,
+                 session: RLMSession | str | None = None):
         self.rlm = rlm
+        if isinstance(session, str):
+            session = rlm.session(session, sandbox)
+        if session is not None and namespace is not None:
+            raise ConfigError("a session keeps a REPL of its own: it cannot run in the "
+                              "notebook's namespace (--live)")
+        self.session = session
         self.id = next(_run_ids)
         self.query = query
         self.context = context
@@ -168,9 +201,17 @@ class Run:
                                     rlm.max_sub_calls, rlm.max_cost_usd)
         self.namespace = namespace
         self.sandbox = "none" if namespace is not None else (sandbox or rlm.sandbox)
+        if session is not None:
+            if sandbox is not None and sandbox != session.sandbox:
+                where = ("in a sandbox process" if session.sandbox == "process"
+                         else "in this kernel")
+                raise ConfigError(f"session {session.name!r} runs its code {where}; it "
+                                  f"cannot switch to sandbox={sandbox!r}")
+            self.sandbox = session.sandbox  # the REPL it keeps
         if self.sandbox not in ("process", "none"):
             raise ValueError(f"sandbox must be 'process' or 'none', got {self.sandbox!r}")
         self.own_sub_calls = 0
+        self.cut_answers = 0  # sub-call answers that stopped at max_tokens
         # time.monotonic() by which this run's calls must end: a child run inherits its
         # parent's step deadline; each step of its own sets a nearer one.
         self.outer_deadline = deadline
@@ -186,6 +227,17 @@ class Run:
 
     # -- the loop ---------------------------------------------------------------------
     async def execute(self) -> RLMResult:
+        session = self.session
+        if session is None:
+            return await self._execute()
+        session.claim()
+        async with session._busy:
+            try:
+                return await self._execute()
+            finally:
+                session.record(self.result)  # failed or interrupted runs too
+
+    async def _execute(self) -> RLMResult:
         started = time.perf_counter()
         result = self.result
         live = self.namespace is not None
@@ -195,10 +247,12 @@ class Run:
         preexisting = set(namespace) if live else set()  # the notebook's own variables
         try:
             injected = self._repl_globals(namespace)
-            touched = [*injected, *self._repl_helpers(), "__rlm_async__"]
+            touched = [*injected, *self._repl_helpers(), "__rlm_async__", "history"]
             if live:
                 saved = {name: namespace[name] for name in touched if name in namespace}
-            if self.sandbox == "process":
+            if self.session is not None:
+                await self._session_repl(self.session, namespace, injected)
+            elif self.sandbox == "process":
                 self.repl = SandboxREPL(self.context, self._repl_helpers(),
                                         memory_mb=self.rlm.sandbox_memory_mb,
                                         max_output_chars=self.max_output_chars,
@@ -220,40 +274,85 @@ class Run:
                 for name in touched:
                     namespace.pop(name, None)
                 namespace.update(saved)
+            if result.stop_reason == "final" and _is_error(result.final_answer):
+                # The answer is a failed call's error string: that is not an answer.
+                result.stop_reason = "error"
+                result.error = ("the final answer is an error message, not an answer: "
+                                + " ".join(result.final_answer.split())[:300])
             result.success = result.stop_reason == "final"
             result.iterations = len(result.trajectory)
             result.usage = self.tree.ledger.summary()
             result.elapsed_s = time.perf_counter() - started
         return result
 
+    async def _session_repl(self, session: RLMSession, namespace: dict[str, Any],
+                            injected: dict[str, Any]) -> None:
+        """The session's REPL, made by its first run and kept: a new context joins the
+        earlier ones as context_N and becomes `context`."""
+        names = []
+        if self.context is not None:
+            session.contexts.append(self.context)
+            names = [f"context_{len(session.contexts) - 1}", "context"]
+        self.context = session.context
+        helpers = self._repl_helpers()
+        if session.repl is None:
+            if self.sandbox == "process":
+                self.repl = SandboxREPL(self.context, helpers,
+                                        memory_mb=self.rlm.sandbox_memory_mb,
+                                        max_output_chars=self.max_output_chars,
+                                        secrets=(self.rlm.api_key,))
+                await self.repl.start()
+                if names:
+                    await self.repl.set_context(self.context, names[:1])
+            else:
+                namespace.update(injected)
+                namespace.update({name: self.context for name in names})
+                session.namespace = namespace
+                self.repl = AsyncREPL(namespace, helpers)
+            session.repl = self.repl
+            return
+        self.repl = session.repl
+        self.repl.rebind(helpers)
+        await self.repl.set_variable("answer", {"content": "", "ready": False})
+        if names:
+            await self.repl.set_context(self.context, names)
+
     async def _close_repl(self, result: RLMResult, preexisting: set[str]) -> None:
         """Close the REPL, keeping the model's variables whatever ended the run:
-        answers already paid for stay reachable as result.variables."""
+        answers already paid for stay reachable as result.variables. A session's REPL
+        stays open for its next question."""
         result.network_isolated = getattr(self.repl, "network_isolated", None)
         try:
             variables = await self.repl.variables()
             result.variables = {name: value for name, value in variables.items()
                                 if name not in preexisting}
         finally:
-            await self.repl.aclose()  # stopped steps may send nothing more
+            if self.session is None:
+                await self.repl.aclose()  # stopped steps may send nothing more
 
     async def _loop(self, result: RLMResult) -> None:
-        messages = [{"role": "system", "content": self._system_prompt()},
-                    {"role": "user", "content": self._first_message()}]
+        await load_litellm()  # its model info gives the windows the prompt advises by
+        self._messages = [{"role": "system", "content": self._system_prompt()},
+                          {"role": "user", "content": self._first_message()}]
+        self._history = list(self._messages)  # every message, compactions or not
+        self._compacted_length = len(self._messages)
         for index in range(1, self.max_iterations + 1):
             self._status("thinking", iteration=index)
             turn_started = time.perf_counter()
             calls_before = self.own_sub_calls
             iteration, outputs = Iteration(index=index, response=""), []
-            turn = LiveTurn((lambda n, code: self._run_block(n, code, iteration, outputs))
-                            if self.early_execution else None)
-            reply = await self._ask_root(messages, turn, iteration)
+
+            def new_turn(iteration=iteration, outputs=outputs):
+                return LiveTurn((lambda n, code: self._run_block(n, code, iteration, outputs))
+                                if self.early_execution else None)
+
+            reply, turn = await self._root_turn(index, iteration, new_turn)
             iteration.response = reply
             result.trajectory.append(iteration)
             feedback, final = await self._act_on(reply, iteration, turn, outputs)
-            if iteration.cut_off:
+            if iteration.broken_off:
                 feedback = (f"(Your reply was cut off after its code had run: "
-                            f"{iteration.cut_off}. Its output is below.)\n\n{feedback}")
+                            f"{iteration.broken_off}. Its output is below.)\n\n{feedback}")
             iteration.sub_calls = self.own_sub_calls - calls_before
             iteration.elapsed_s = time.perf_counter() - turn_started
             if final is not None:
@@ -261,13 +360,16 @@ class Run:
                 return
             if self._stopped_by_budget(result):
                 return
-            messages += [{"role": "assistant", "content": reply},
-                         {"role": "user", "content": feedback}]
+            exchange = [{"role": "assistant", "content": reply},
+                        {"role": "user", "content": feedback}]
+            self._messages += exchange
+            self._history += exchange
 
         # Out of iterations: one last chance to answer, without running code.
         self._status("thinking", iteration=self.max_iterations)
-        reply = await self._ask_root(messages + [{"role": "user",
-                                                  "content": ITERATION_LIMIT_PROMPT}])
+        reply, _ = await self._root_turn(
+            self.max_iterations + 1, None, LiveTurn,
+            extra=[{"role": "user", "content": ITERATION_LIMIT_PROMPT}])
         marker = find_final(reply)
         answer = (await self._resolve_final(marker))[0] if marker else None
         if answer is not None:
@@ -277,6 +379,75 @@ class Run:
             result.stop_reason = "max_iterations"
             result.error = (f"no FINAL answer within max_iterations={self.max_iterations}; "
                             "final_answer holds the model's last reply")
+
+    # -- a conversation that fits the root model's window ------------------------------
+    async def _root_turn(self, index: int, iteration: Iteration | None, new_turn,
+                         extra: list[dict] = ()) -> tuple[str, LiveTurn]:
+        """A root turn on the conversation, compacted first when it nears the model's
+        window; a context-length error compacts it once more and tries again."""
+        await self._compact_if_near_window(index, iteration)
+        turn = new_turn()
+        try:
+            return await self._ask_root(self._messages + list(extra), turn, iteration), turn
+        except LLMQueryError as exc:
+            if not is_context_error(exc) or turn.ran:
+                raise
+        await self._compact(index, iteration, "context error")
+        turn = new_turn()
+        return await self._ask_root(self._messages + list(extra), turn, iteration), turn
+
+    def _room(self) -> int | None:
+        """Tokens the root model takes as a prompt (its window less the answer's)."""
+        window = self.client.input_window(self.model)
+        if window is None:
+            return None
+        return window - reserve_for_answer(window, self.max_tokens)
+
+    async def _compact_if_near_window(self, index: int, iteration: Iteration | None) -> None:
+        room = self._room()
+        # Only a conversation that grew since it started (or was last compacted): a
+        # summary that is itself too big is not summarised again every turn.
+        if room is None or len(self._messages) <= self._compacted_length:
+            return
+        if estimate_tokens(self._messages) > self.rlm.compact_at * room:
+            await self._compact(index, iteration, "threshold")
+
+    async def _compact(self, index: int, iteration: Iteration | None, reason: str) -> None:
+        """The root model summarises its progress; the conversation restarts from the
+        system prompt, the question and that summary. The full history goes into the
+        REPL variable ``history`` first, so nothing the model saw is lost."""
+        self._status("compacting")
+        before = estimate_tokens(self._messages)
+        await self.repl.set_variable("history", [dict(m) for m in self._history])
+        room = self._room() or max(256, before // 2)
+        for share in (0.8, 0.4):  # the estimate may be short for code: then less
+            request = _with_user_message(_fitted(self._messages, int(room * share)),
+                                         SUMMARY_PROMPT)
+            try:
+                completion = await self.client.complete(
+                    request, model=self.model, max_tokens=self.max_tokens,
+                    ledger=self.tree.ledger, deadline=self.outer_deadline)
+                break
+            except LLMQueryError as exc:
+                if share == 0.4 or not is_context_error(exc):
+                    raise
+                room = self._room() or room  # the error may have taught the window
+        summary = completion.text.strip() or "(the model wrote no summary)"
+        number = len(self.result.compactions) + 1
+        self._history += [{"role": "user", "content": SUMMARY_PROMPT},
+                          {"role": "assistant", "content": summary}]
+        self._messages = [*self._messages[:2], {"role": "assistant", "content": summary},
+                          {"role": "user",
+                           "content": AFTER_COMPACTION_PROMPT.format(number=number)}]
+        await self.repl.set_variable("history", [dict(m) for m in self._history])
+        self._compacted_length = len(self._messages)
+        record = Compaction(index, reason, before, estimate_tokens(self._messages),
+                            completion.input_tokens, completion.output_tokens,
+                            completion.cost_usd, summary)
+        self.result.compactions.append(record)
+        if iteration is not None:
+            iteration.compaction = record
+        self._status("thinking")
 
     async def _ask_root(self, messages, turn: LiveTurn | None = None,
                         iteration: Iteration | None = None) -> str:
@@ -296,7 +467,7 @@ class Run:
             if turn.ran and iteration is not None and isinstance(exc, Exception):
                 # Cut off after its code ran: the partial turn stands, and _act_on lets
                 # its blocks finish.
-                iteration.cut_off = describe_exception(exc)
+                iteration.broken_off = describe_exception(exc)
                 iteration.early_blocks = turn.ran
                 return turn.text
             await turn.cancel()
@@ -326,7 +497,7 @@ class Run:
                     return "", self._ready
         marker = find_final(reply)
         if marker is not None:
-            answer, problem = await self._resolve_final(marker)
+            answer, problem = await self._resolve_final(marker, iteration)
             if answer is not None:
                 return "", answer
             outputs.append(problem)
@@ -346,6 +517,7 @@ class Run:
             # step ends (a stopped step's thread gets up to half a second to unwind).
             timeout = max(0.1, min(timeout, self.outer_deadline - time.monotonic() - 0.5))
         self._step_deadline = time.monotonic() + timeout - min(2.0, 0.1 * timeout)
+        cut_before = self.cut_answers
         try:
             step = await self.repl.run(code, timeout=timeout)
         except BaseException:
@@ -360,6 +532,12 @@ class Run:
             if self.tree.live_turn is not None and self.depth == 0:
                 self._status("thinking")  # an early block ended; the model still writes
         seen = await self._as_model_sees_it(step.as_text(), step.dropped_chars)
+        cut = self.cut_answers - cut_before
+        if cut:
+            iteration.cut_answers += cut
+            seen += (f"\n[{cut} sub-call answer{'s' if cut > 1 else ''} of this step "
+                     f"stopped at max_tokens and {'are' if cut > 1 else 'is'}"
+                     " cut off; ask for shorter answers or smaller pieces]")
         iteration.code.append(CodeRun(code, seen, step.elapsed_s,
                                       error=step.error is not None))
         outputs.append(f"Output of block {number}:\n{seen}")
@@ -367,10 +545,24 @@ class Run:
         self._ready = await self.repl.ready_answer()
         return self._ready is not None
 
-    async def _resolve_final(self, marker) -> tuple[str | None, str]:
-        if marker.kind == "FINAL":
-            return marker.value, ""
+    async def _resolve_final(self, marker, iteration: Iteration | None = None
+                             ) -> tuple[str | None, str]:
         repl = getattr(self, "repl", None)
+        if marker.kind == "FINAL":
+            # FINAL(name), where name is exactly a REPL variable's: a real model's slip
+            # for FINAL_VAR(name). Answer with the value, and say so.
+            if repl is not None and marker.value.isidentifier() \
+                    and marker.value in await repl.variable_names():
+                value = await repl.final_var(marker.value)
+                if value is not None:
+                    note = (f"FINAL({marker.value}) names a REPL variable: answered with "
+                            "its value, as FINAL_VAR would")
+                    if iteration is not None:
+                        iteration.notes.append(note)
+                    else:
+                        self.result.notes.append(note)
+                    return value, ""
+            return marker.value, ""
         value = await repl.final_var(marker.value) if repl else None
         if value is not None:
             return value, ""
@@ -415,7 +607,12 @@ class Run:
     # -- prompts ----------------------------------------------------------------------
     def _system_prompt(self) -> str:
         type_name, length, preview = describe_context(self.context)
+        window = self.client.input_window(self.sub_model)
+        reads, chunk = chunk_advice(
+            window - reserve_for_answer(window, self.max_tokens) if window else None,
+            CHARS_PER_TOKEN)
         fields = _Fields(context_type=type_name, context_length=length,
+                         sub_model_reads=reads, chunk_size=chunk,
                          context_preview=self.client.redactor()(preview),
                          max_depth=self.max_depth, depth_left=self.max_depth - self.depth,
                          max_output_chars=self.max_output_chars)
@@ -426,8 +623,16 @@ class Run:
             return template  # a custom prompt with literal braces: use it as written
 
     def _first_message(self) -> str:
-        return (f"Question: {self.query}\n\nThe data is in the REPL variable `context`. "
-                "Look at it before you answer.")
+        question = (f"Question: {self.query}\n\nThe data is in the REPL variable `context`. "
+                    "Look at it before you answer.")
+        session = self.session
+        if session is None or not session.exchanges:
+            return question
+        contexts = len(session.contexts)
+        earlier = (f" Earlier contexts of this session: "
+                   f"{', '.join(f'context_{i}' for i in range(contexts - 1))}."
+                   if contexts > 1 else "")
+        return f"{session.memory()}\n\n{question}{earlier}"
 
     # -- the REPL's view --------------------------------------------------------------
     def _repl_globals(self, namespace: dict[str, Any]) -> dict[str, Any]:
@@ -542,10 +747,20 @@ class Run:
         except Exception as exc:  # noqa: BLE001 - errors are values inside the REPL
             if not slot_held:
                 self.tree.call_ended(failed=True)
+            if isinstance(exc, PromptTooLongError):
+                return (f"Error: prompt is about {exc.tokens:,} tokens, the sub-model takes "
+                        f"{exc.room:,}; split it")
+            if is_context_error(exc):
+                window = self.client.input_window(self.sub_model)
+                takes = f" of {window:,} tokens" if window else ""
+                return (f"Error: the prompt is over the sub-model's window{takes} (the "
+                        "provider refused it); split it")
             return f"Error: {exc}" if isinstance(exc, LLMQueryError) else \
                 f"Error: {describe_exception(exc)}"
         if not slot_held:
             self.tree.call_ended()
+        if completion.cut_off:
+            self.cut_answers += 1
         return completion.text
 
     def _take_sub_calls(self, wanted: int) -> int:
@@ -556,6 +771,46 @@ class Run:
     def _limit_error(self) -> str:
         return (f"Error: max_sub_calls={self.tree.max_sub_calls} reached for this run; "
                 "no request was sent")
+
+
+def _fitted(messages: list[dict], room: int) -> list[dict]:
+    """The conversation cut to about ``room`` tokens for its summary: the system prompt
+    and question, then the latest exchanges that fit (the oldest are left out whole;
+    a single exchange too big alone keeps its head and tail)."""
+    head, tail = messages[:2], messages[2:]
+    budget = max(64, room - estimate_tokens(head))
+    left_out = 0
+    while len(tail) > 2 and estimate_tokens(tail) > budget:
+        tail, left_out = tail[2:], left_out + 2  # whole (assistant, user) exchanges
+    if estimate_tokens(tail) > budget:
+        share = max(200, budget * CHARS_PER_TOKEN // max(1, len(tail)))
+        tail = [{**m, "content": _head_and_tail(m["content"], share)}
+                if isinstance(m.get("content"), str) else m for m in tail]
+    if left_out:
+        note = {"role": "user", "content": f"[{left_out} earlier messages are left out "
+                                           "here to fit your window]"}
+        return [*head, {"role": "assistant", "content": "(working)"}, note, *tail]
+    return [*head, *tail]
+
+
+def _with_user_message(messages: list[dict], text: str) -> list[dict]:
+    """``text`` as the next user message; joined to the last one if that is the
+    user's too (some providers refuse two user messages in a row)."""
+    last = messages[-1]
+    if last.get("role") == "user" and isinstance(last.get("content"), str):
+        return [*messages[:-1], {**last, "content": f"{last['content']}\n\n{text}"}]
+    return [*messages, {"role": "user", "content": text}]
+
+
+def _head_and_tail(text: str, size: int) -> str:
+    if len(text) <= size:
+        return text
+    half = size // 2
+    return f"{text[:half]}\n... [{len(text) - size:,} characters cut] ...\n{text[-half:]}"
+
+
+def _is_error(answer: str | None) -> bool:
+    return isinstance(answer, str) and answer.lstrip().startswith("Error:")
 
 
 class _TreeObserver:

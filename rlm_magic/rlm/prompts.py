@@ -18,7 +18,7 @@ its last line.
 The REPL has:
 - `context`: the data ({context_type}, length {context_length:,}). Preview:
 {context_preview}
-- `llm_query(prompt)` -> str: ask a sub-model (it can read ~100k characters per prompt).
+- `llm_query(prompt)` -> str: ask a sub-model (it can read {sub_model_reads} per prompt).
 - `llm_query_batch(prompts)` -> list[str]: ask many prompts CONCURRENTLY; answers come back
   in order. It is as fast as one call: always prefer it to a loop of llm_query calls.
 - `rlm_query(prompt, context=None)` -> str: a child RLM with its own REPL for a hard
@@ -30,7 +30,7 @@ between blocks. Use print() to see values.
 
 How to work:
 1. Look at the context first: its structure, size, a few samples.
-2. Split it into chunks (about 20k-100k characters, or a few hundred rows), ask one
+2. Split it into chunks (about {chunk_size} characters, or a few hundred rows), ask one
    llm_query_batch over all chunks, then combine the answers in code or with a final
    llm_query.
 3. Keep large values in variables; print only what you need to see.
@@ -47,9 +47,49 @@ ITERATION_LIMIT_PROMPT = (
     "You have reached the iteration limit. Do not write more code. Give your best final "
     "answer now, on its own line, as FINAL(answer).")
 
+SUMMARY_PROMPT = (
+    "Your conversation is about to be compacted to fit your context window. Write a "
+    "summary of your progress so far, for yourself to continue from: what the question "
+    "needs, what you have learned (with the figures and facts found), which REPL "
+    "variables hold what (their names and contents), and what is left to do. Write no "
+    "code and no FINAL; only the summary.")
+
+AFTER_COMPACTION_PROMPT = (
+    "Your conversation was compacted to fit your context window (compaction {number}); "
+    "your summary of it is above. Every REPL variable is kept, and the full conversation "
+    "so far is in the REPL variable `history` (a list of {{'role', 'content'}} dicts). "
+    "Continue from the summary.")
+
 CONTINUE_PROMPT = (
     "Continue. Write ```repl code to make progress, or give the answer with FINAL(...) "
     "or FINAL_VAR(name) once you have it.")
+
+
+def chunk_advice(room_tokens: int | None, chars_per_token: int = 4) -> tuple[str, str]:
+    """(what one sub-model prompt can hold, a chunk size to suggest), from the tokens
+    the sub-model takes as a prompt; the classic advice when that is unknown."""
+    if room_tokens is None:
+        return "~100k characters", "20k-100k"
+    reads = _round(room_tokens * chars_per_token * 0.8)  # room for the question too
+    high = min(100_000, _round(reads * 0.75))
+    low = min(20_000, _round(high / 4))
+    return f"~{_short_number(reads)} characters", \
+        f"{_short_number(low)}-{_short_number(high)}"
+
+
+def _round(value: float) -> int:
+    """Two significant digits: advice, not a measurement."""
+    value = int(value)
+    if value < 100:
+        return max(1, value)
+    digits = len(str(value)) - 2
+    return round(value, -digits)
+
+
+def _short_number(value: int) -> str:
+    if value >= 1_000_000:
+        return f"{value / 1_000_000:g}M"
+    return f"{value / 1000:g}k" if value >= 1000 else str(value)
 
 
 def describe_context(context) -> tuple[str, int, str]:

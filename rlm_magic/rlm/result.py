@@ -23,6 +23,21 @@ class CodeRun:
 
 
 @dataclass
+class Compaction:
+    """The root model's conversation was summarised to fit its window, before an
+    iteration; the full history went into the REPL variable ``history``."""
+
+    before_iteration: int
+    reason: str  # "threshold" (compact_at) or "context error" (the provider refused)
+    tokens_before: int  # estimated tokens of the conversation
+    tokens_after: int
+    input_tokens: int = 0  # what the summary call cost
+    output_tokens: int = 0
+    cost_usd: float | None = None
+    summary: str = ""
+
+
+@dataclass
 class Iteration:
     """One root-model turn."""
 
@@ -32,7 +47,10 @@ class Iteration:
     sub_calls: int = 0
     elapsed_s: float = 0.0
     early_blocks: int = 0  # blocks started while the turn was still streaming
-    cut_off: str | None = None  # why the turn's text stopped after its code had run
+    broken_off: str | None = None  # why the turn's text broke off after its code ran
+    compaction: Compaction | None = None  # the conversation was compacted before it
+    cut_answers: int = 0  # sub-call answers that stopped at max_tokens
+    notes: list[str] = field(default_factory=list)  # how the engine read the reply
 
 
 @dataclass
@@ -58,6 +76,9 @@ class RLMResult:
     # answers already paid for are never lost. In-process: the values themselves; from
     # a sandbox: JSON data, or a SandboxRepr string for anything else.
     variables: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    # Where the root conversation was summarised to fit the model's window.
+    compactions: list[Compaction] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # the engine's notes on the last turn
 
     @property
     def answer(self) -> str | None:
@@ -73,7 +94,8 @@ class RLMResult:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-safe dict of the result; ``variables`` gives each variable's type."""
         data = {f.name: getattr(self, f.name) for f in fields(self)
-                if f.name not in ("usage", "trajectory", "variables")}
+                if f.name not in ("usage", "trajectory", "variables", "compactions")}
+        data["compactions"] = [asdict(c) for c in self.compactions]
         data["trajectory"] = [asdict(iteration) for iteration in self.trajectory]
         data["usage"] = self.usage.to_dict()
         data["variables"] = {name: getattr(value, "type_name", "") or type(value).__name__

@@ -1,0 +1,180 @@
+"""Sessions: a follow-up question carries on where the last one ended.
+
+An ``RLMSession`` keeps, between runs, the REPL (its namespace; with the sandbox, its
+process), every context it was given (``context_0``, ``context_1``, ... with
+``context`` the latest, as the official RLM library names them) and a short memory of
+the earlier questions and answers, which the next question's first message carries.
+A failed or interrupted run leaves the session as it was, its variables included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from .engine import RLM
+    from .result import RLMResult
+
+# The memory shown to the next question: the latest questions in full, their answers
+# cut to this many characters (the variables keep everything).
+MEMORY_QUESTIONS = 8
+MEMORY_ANSWER_CHARS = 1_500
+
+
+@dataclass
+class Exchange:
+    question: str
+    answer: str | None
+    outcome: str  # the run's stop_reason
+
+
+class RLMSession:
+    """A REPL and a memory shared by a series of questions.
+
+    ``await session.arun(question, context=...)`` (or ``rlm.arun(..., session=session)``);
+    ``await session.aclose()`` ends it (its sandbox process too)."""
+
+    def __init__(self, rlm: "RLM", name: str = "session", sandbox: str | None = None):
+        self.rlm = rlm
+        self.name = name
+        self.sandbox = sandbox or rlm.sandbox
+        if self.sandbox not in ("process", "none"):
+            raise ConfigError(f"sandbox must be 'process' or 'none', got {self.sandbox!r}")
+        self.repl = None  # made by the first run, kept open between runs
+        self.namespace: dict[str, Any] | None = None  # the in-process REPL's
+        self.contexts: list[Any] = []
+        self.exchanges: list[Exchange] = []
+        self.results: list["RLMResult"] = []
+        self.variable_names: list[str] = []
+        self.closed = False
+        self._busy = asyncio.Lock()
+
+    async def arun(self, query: str, context: Any = None, **overrides) -> "RLMResult":
+        """Ask the next question of this session."""
+        return await self.rlm.arun(query, context, session=self, **overrides)
+
+    # -- what the engine uses -------------------------------------------------------------
+    @property
+    def context(self) -> Any:
+        """The latest context given, or None."""
+        return self.contexts[-1] if self.contexts else None
+
+    def claim(self) -> None:
+        if self.closed:
+            raise ConfigError(f"session {self.name!r} was closed; start a new one")
+        if self._busy.locked():
+            raise ConfigError(f"session {self.name!r} is answering another question; "
+                              "wait for it to finish")
+
+    def memory(self) -> str:
+        """The earlier questions and answers, for the next question's first message."""
+        if not self.exchanges:
+            return ""
+        shown = self.exchanges[-MEMORY_QUESTIONS:]
+        lines = ["Earlier questions in this session (your REPL variables from them are "
+                 "still there; reuse them rather than asking sub-models again):"]
+        if len(self.exchanges) > len(shown):
+            lines.append(f"({len(self.exchanges) - len(shown)} earlier questions left out)")
+        for number, exchange in enumerate(shown, len(self.exchanges) - len(shown) + 1):
+            answer = exchange.answer if exchange.answer is not None else "(no answer)"
+            if len(answer) > MEMORY_ANSWER_CHARS:
+                answer = answer[:MEMORY_ANSWER_CHARS] + " ... [cut]"
+            ended = "" if exchange.outcome == "final" else f" (the run ended: {exchange.outcome})"
+            lines.append(f"Q{number}: {exchange.question}\nA{number}{ended}: {answer}")
+        if self.variable_names:
+            lines.append("Variables in the REPL: " + ", ".join(self.variable_names[:60]))
+        return "\n".join(lines)
+
+    def record(self, result: "RLMResult") -> None:
+        self.results.append(result)
+        self.exchanges.append(Exchange(result.query, result.final_answer,
+                                       result.stop_reason or "error"))
+        if result.variables or result.stop_reason in ("final", "max_iterations", "budget"):
+            self.variable_names = list(result.variables)
+
+    # -- what people see ------------------------------------------------------------------
+    @property
+    def cost_usd(self) -> float | None:
+        costs = [r.usage.cost_usd for r in self.results if r.usage.cost_usd is not None]
+        return sum(costs) if costs else None
+
+    @property
+    def tokens(self) -> int:
+        return sum(r.usage.total.total_tokens for r in self.results)
+
+    def summary(self) -> dict[str, Any]:
+        return {"session": self.name, "questions": len(self.exchanges),
+                "contexts": len(self.contexts), "variables": len(self.variable_names),
+                "sandbox": self.sandbox, "tokens": self.tokens, "cost_usd": self.cost_usd}
+
+    def __repr__(self) -> str:
+        from ..llm.usage import format_cost
+
+        return (f"RLMSession({self.name!r}: {len(self.exchanges)} question(s), "
+                f"{len(self.contexts)} context(s), {len(self.variable_names)} variable(s), "
+                f"{self.tokens:,} tokens, {format_cost(self.cost_usd)})")
+
+    def close_soon(self) -> None:
+        """End the session from synchronous code (``%rlm forget``): its REPL closes on
+        the running loop, or at once when no loop runs."""
+        self.closed = True
+        repl, self.repl, self.namespace = self.repl, None, None
+        if repl is None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            repl.close()  # no loop to await on: stop its steps, kill its process
+            return
+        task = loop.create_task(repl.aclose())
+        _CLOSING.add(task)  # held until done: the loop keeps only weak references
+        task.add_done_callback(_CLOSING.discard)
+
+    async def aclose(self) -> None:
+        """End the session: its REPL (and sandbox process) goes."""
+        self.closed = True
+        repl, self.repl = self.repl, None
+        if repl is not None:
+            await repl.aclose()
+        self.namespace = None
+
+
+_CLOSING: set[asyncio.Task] = set()
+
+
+class SessionsView:
+    """``%rlm sessions``: one row per session, with its size and cost."""
+
+    def __init__(self, sessions: list[RLMSession]):
+        self.sessions = sessions
+
+    def _rows(self) -> list[tuple[str, ...]]:
+        from ..llm.usage import format_cost
+
+        return [(s.name, str(len(s.exchanges)), str(len(s.contexts)),
+                 str(len(s.variable_names)), s.sandbox, f"{s.tokens:,}",
+                 format_cost(s.cost_usd)) for s in self.sessions]
+
+    _HEAD = ("session", "questions", "contexts", "variables", "sandbox", "tokens", "cost")
+
+    def __repr__(self) -> str:
+        if not self.sessions:
+            return "No sessions."
+        rows = [self._HEAD, *self._rows()]
+        widths = [max(len(r[i]) for r in rows) for i in range(len(self._HEAD))]
+        return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                                   for i, (c, w) in enumerate(zip(r, widths))) for r in rows)
+
+    def _repr_html_(self) -> str:
+        import html
+
+        if not self.sessions:
+            return "<p>No sessions.</p>"
+        head = "".join(f"<th>{h}</th>" for h in self._HEAD)
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
+                       for row in self._rows())
+        return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"

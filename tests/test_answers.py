@@ -1,0 +1,62 @@
+"""What counts as an answer: error strings are not, a variable named in FINAL is read,
+and answers cut off at max_tokens are visible. Over real HTTP to the local server."""
+
+from __future__ import annotations
+
+from .conftest import make_rlm
+
+
+def repl(code: str) -> str:
+    return f"```repl\n{code}\n```\n"
+
+
+async def test_an_error_string_as_final_answer_is_not_success(server):
+    server.fail("500", times=10, model="sub-model")
+    rlm = make_rlm(server, max_retries=0)
+    server.script("root-model", [repl("result = llm_query('hi')"), "FINAL_VAR(result)"])
+    result = await rlm.arun("q", context="c")
+    assert result.final_answer.startswith("Error: ")
+    assert not result.success and result.stop_reason == "error"
+    assert result.error.startswith("the final answer is an error message, not an answer: "
+                                   "Error: ")
+
+
+async def test_final_naming_a_repl_variable_answers_with_its_value(server):
+    server.script("root-model", [repl("random_number = 42"), "FINAL(random_number)"])
+    result = await make_rlm(server).arun("q", context="c")
+    assert result.success and result.final_answer == "42"
+    assert result.trajectory[-1].notes == [
+        "FINAL(random_number) names a REPL variable: answered with its value, as "
+        "FINAL_VAR would"]
+    assert "names a REPL variable" in result._repr_html_()
+
+
+async def test_final_with_a_word_that_is_no_variable_stays_literal(server):
+    server.script("root-model", [repl("x = 1"), "FINAL(Blue)"])
+    result = await make_rlm(server).arun("q", context="c")
+    assert result.final_answer == "Blue" and result.trajectory[-1].notes == []
+
+
+async def test_answers_cut_at_max_tokens_are_counted_for_the_model_and_the_ledger(server):
+    server.enforce_max_tokens = True
+    server.reply_with("sub-model", lambda body: "word " * 400)  # ~500 tokens
+    rlm = make_rlm(server, max_tokens=50)
+    server.script("root-model", [
+        repl("a = llm_query_batch(['one', 'two', 'three'])\nb = llm_query('four')\n"
+             "print([len(x) for x in a], len(b))"), "FINAL(done)"])
+    result = await rlm.arun("q", context="c")
+    seen = result.trajectory[0].code[0].output
+    assert seen.startswith("[200, 200, 200] 200")  # the answers themselves are unchanged
+    assert "[4 sub-call answers of this step stopped at max_tokens and are cut off" in seen
+    assert result.trajectory[0].cut_answers == 4
+    assert result.usage.by_model["openai/sub-model"].cut_off == 4
+    assert "cut off" in repr(result.usage)
+
+
+async def test_whole_answers_are_not_counted_as_cut(server):
+    server.enforce_max_tokens = True
+    rlm = make_rlm(server, max_tokens=50)
+    server.script("root-model", [repl("print(llm_query('short'))"), "FINAL(done)"])
+    result = await rlm.arun("q", context="c")
+    assert "cut off" not in result.trajectory[0].code[0].output
+    assert result.usage.total.cut_off == 0

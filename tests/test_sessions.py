@@ -1,0 +1,171 @@
+"""Sessions: a follow-up question carries on in the REPL of the earlier ones, with
+their contexts and a memory of their answers. In both REPLs, over real HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from rlm_magic.rlm.session import RLMSession
+
+from .conftest import make_rlm
+
+
+def repl(code: str) -> str:
+    return f"```repl\n{code}\n```\n"
+
+
+@pytest.fixture(params=["process", "none"])
+def repl_kind(request) -> str:
+    return request.param
+
+
+async def test_a_follow_up_reuses_a_variable_with_no_new_sub_calls(server, repl_kind):
+    rlm = make_rlm(server, sandbox=repl_kind)
+    session = rlm.session("book")
+    server.script("root-model", [
+        repl("summaries = llm_query_batch([c for c in context.split('|')])\n"
+             "print(len(summaries))"), "FINAL(3 parts)",
+        repl("print(summaries[1])"), "FINAL_VAR(summaries)"])
+    first = await session.arun("Summarise each part", context="a|b|c")
+    assert first.success and len(server.requests_for("sub-model")) == 3
+    second = await session.arun("What did part two say?")
+    assert second.success
+    assert second.trajectory[0].code[0].output == "echo: b"
+    assert len(server.requests_for("sub-model")) == 3  # no new sub-calls
+    follow_up = server.requests_for("root-model")[2]["messages"][1]["content"]
+    assert "Q1: Summarise each part\nA1: 3 parts" in follow_up
+    assert "Variables in the REPL: summaries" in follow_up
+    await rlm.forget("book")
+    assert session.closed and session.repl is None
+
+
+async def test_later_contexts_are_numbered_and_context_is_the_latest(server, repl_kind):
+    rlm = make_rlm(server, sandbox=repl_kind)
+    session = RLMSession(rlm, "s")
+    server.script("root-model", [
+        "FINAL(one)",
+        repl("print(context_0, context_1, context)") + "FINAL(two)",
+        repl("print(context_0, context_1, context)") + "FINAL(three)"])
+    await session.arun("q1", context="first")
+    second = await session.arun("q2", context="second")
+    third = await session.arun("q3")  # no new context: the latest stays
+    assert second.trajectory[0].code[0].output == "first second second"
+    assert third.trajectory[0].code[0].output == "first second second"
+    assert "Earlier contexts of this session: context_0." in \
+        server.requests_for("root-model")[2]["messages"][1]["content"]
+    await session.aclose()
+
+
+async def test_a_session_survives_a_failed_run_with_its_variables(server, repl_kind):
+    server.fail("500", times=3, model="root-model", after=1)
+    rlm = make_rlm(server, sandbox=repl_kind, max_retries=0)
+    session = rlm.session("s")
+    server.script("root-model", [repl("kept = 41"), repl("print(kept + 1)") + "FINAL(ok)"])
+    failed = await session.arun("q1", context="c")
+    assert not failed.success and failed.variables == {"kept": 41}
+    server.failures.clear()
+    later = await session.arun("q2")
+    assert later.success and later.trajectory[0].code[0].output == "42"
+    assert "(the run ended: error)" in \
+        server.requests_for("root-model")[-1]["messages"][1]["content"]
+    await session.aclose()
+
+
+async def test_a_session_survives_an_interrupted_run(server, repl_kind):
+    rlm = make_rlm(server, sandbox=repl_kind)
+    session = rlm.session("s")
+    server.script("root-model", [
+        repl("kept = 7\nllm_query('started')\nimport time\n"
+             "for _ in range(300): time.sleep(0.1)"),
+        repl("print(kept)") + "FINAL(ok)"])
+    task = asyncio.ensure_future(session.arun("q1", context="c"))
+    # The step has set `kept` once its sub-call arrives: interrupt it mid-step.
+    assert await asyncio.to_thread(server.wait_for,
+                                   lambda: server.completed >= 2, 10)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    later = await session.arun("q2")
+    assert later.success and later.trajectory[0].code[0].output == "7"
+    assert session.exchanges[0].outcome == "interrupted"
+    await session.aclose()
+
+
+async def test_sessions_report_size_and_cost(server):
+    rlm = make_rlm(server, sandbox="none")
+    server.script("root-model", [repl("x = 1"), "FINAL(ok)"])
+    session = rlm.session("s")
+    await session.arun("q", context="c")
+    from rlm_magic.rlm.session import SessionsView
+
+    text = repr(SessionsView(list(rlm.sessions.values())))
+    assert text.splitlines()[0].split() == ["session", "questions", "contexts", "variables",
+                                            "sandbox", "tokens", "cost"]
+    assert text.splitlines()[1].split()[:5] == ["s", "1", "1", "1", "none"]
+    await rlm.forget("s")
+
+
+# -- in the notebook ---------------------------------------------------------------------
+
+async def test_rlm_session_cells_carry_on_and_forget_ends_the_session(shell, server):
+    from .conftest import run_cell
+
+    server.script("root-model", [
+        repl("parts = llm_query_batch(context.split('|'))"), "FINAL(done)",
+        repl("print(parts[2])") + "FINAL_VAR(parts)"])
+    shell.user_ns["doc"] = "x|y|z"
+    await run_cell(shell, "%%rlm --session notes --context doc -q\nSummarise each part")
+    session = shell.magics_manager.registry["RLMMagics"].rlm.sessions["notes"]
+    process = session.repl._sandbox.process
+    await run_cell(shell, "%%rlm --session notes -q\nAnd the third one?")
+    assert session.repl._sandbox.process is process  # one sandbox process for both cells
+    assert shell.user_ns["_rlm"].trajectory[0].code[0].output == "echo: z"
+    assert len(server.requests_for("sub-model")) == 3
+    listing = repr(shell.run_line_magic("rlm", "sessions"))
+    assert listing.splitlines()[1].split()[:3] == ["notes", "2", "1"]
+    assert process.poll() is None
+    shell.run_line_magic("rlm", "forget notes")
+    assert session.closed and "notes" not in repr(shell.run_line_magic("rlm", "sessions"))
+    assert await asyncio.to_thread(process.wait, 10) is not None  # forget ended it
+    with pytest.raises(Exception, match="no session named 'notes'"):
+        shell.run_line_magic("rlm", "forget notes")
+
+
+async def test_a_session_answers_one_question_at_a_time(server):
+    from rlm_magic import ConfigError
+
+    server.model_latency = {"root-model": 0.3}
+    rlm = make_rlm(server, sandbox="none")
+    session = rlm.session("s")
+    first = asyncio.ensure_future(session.arun("q1", context="c"))
+    assert await asyncio.to_thread(server.wait_for, lambda: len(server.requests) == 1)
+    with pytest.raises(ConfigError, match="session 's' is answering another question"):
+        await session.arun("q2")
+    await first
+    await rlm.forget("s")
+
+
+async def test_session_and_live_cannot_be_combined(shell, server):
+    from IPython.core.error import UsageError
+
+    from .conftest import run_cell
+
+    with pytest.raises(UsageError, match="--session keeps a REPL of its own"):
+        await run_cell(shell, "%%rlm --session s --live\nq")
+    assert server.requests == []
+
+
+async def test_a_session_keeps_the_repl_kind_it_started_with(shell, server):
+    from IPython.core.error import UsageError
+
+    from .conftest import run_cell
+
+    server.script("root-model", ["FINAL(ok)"])
+    await run_cell(shell, "%%rlm --session kinds --no-sandbox -q\nq")
+    with pytest.raises(UsageError, match="session 'kinds' runs its code in this kernel; "
+                                         "it cannot switch to sandbox='process'"):
+        await run_cell(shell, "%%rlm --session kinds --sandbox -q\nq")
+    assert len(server.requests) == 1
+    shell.run_line_magic("rlm", "forget kinds")

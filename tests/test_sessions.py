@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 
+from rlm_magic import ConfigError
 from rlm_magic.rlm.session import RLMSession
 
 from .conftest import make_rlm
@@ -169,3 +170,32 @@ async def test_a_session_keeps_the_repl_kind_it_started_with(shell, server):
         await run_cell(shell, "%%rlm --session kinds --sandbox -q\nq")
     assert len(server.requests) == 1
     shell.run_line_magic("rlm", "forget kinds")
+
+
+async def test_a_session_s_sandbox_holds_no_configured_secret(server, monkeypatch):
+    monkeypatch.setenv("HEADER_VALUE", "Bearer tok-header-789")
+    rlm = make_rlm(server, sandbox="process",
+                   litellm_kwargs={"extra_headers": {"Authorization": "Bearer tok-header-789"}})
+    server.script("root-model", [repl("import os\nprint('HEADER_VALUE' in os.environ)")
+                                 + "FINAL(ok)"])
+    result = await rlm.session("s").arun("q", context="c")
+    assert result.trajectory[0].code[0].output == "False"
+    await rlm.forget("s")
+
+
+def test_a_blocking_run_refuses_a_session_in_one_line(server):
+    rlm = make_rlm(server)
+    with pytest.raises(ConfigError, match=r"RLM.run\(\) cannot carry a session"):
+        rlm.run("q", context="c", session="s")
+
+
+async def test_a_context_that_cannot_be_delivered_leaves_the_session_as_it_was(server):
+    rlm = make_rlm(server, sandbox="process")
+    session = rlm.session("s")
+    server.script("root-model", ["FINAL(one)", "FINAL(three)"])
+    await session.arun("q1", context="first")
+    failed = await session.arun("q2", context=(x for x in "a generator"))  # not picklable
+    assert not failed.success and "cannot be sent to the sandbox" in failed.error
+    assert session.contexts == ["first"]
+    assert (await session.arun("q3")).success
+    await session.aclose()

@@ -52,6 +52,9 @@ def unload(shell) -> None:
     state = getattr(shell, _STATE_ATTR, None)
     if state is None:
         return
+    for session in list(state.rlm.sessions.values()):
+        session.close_soon()  # their sandbox processes end with the extension
+    state.rlm.sessions.clear()
     for name, helper in state.helpers.items():
         if shell.user_ns.get(name) is helper:
             del shell.user_ns[name]

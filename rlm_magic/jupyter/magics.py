@@ -125,7 +125,7 @@ async def run_rlm_cell(line: str, body: str, shell=None):
         session = rlm.session(args.session, options["sandbox"])
     try:
         if session is not None:
-            session.claim()
+            session.claim(asyncio.get_running_loop())
         run = rlm.start(query.strip(), context,
                         namespace=shell.user_ns if args.live else None,
                         session=session, **options)

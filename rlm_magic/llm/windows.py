@@ -72,11 +72,12 @@ def input_window(litellm: Any, model: str, endpoint: str | None,
     if not known and behind:
         windows = [_model_info_window(litellm, name) for name in behind]
         known = min(windows) if windows and all(windows) else None
-    if known:
-        return known
-    if configured:
-        return configured
-    return _LEARNED.get((endpoint, model))
+    window = known or configured or None
+    learned = _LEARNED.get((endpoint, model))
+    # What the server said wins when it is smaller: a local server may run a model with
+    # a shorter context than litellm's entry (Ollama's num_ctx), and asking again with
+    # the same room would be refused again.
+    return min(window, learned) if window and learned else window or learned
 
 
 def _model_info_window(litellm: Any, model: str) -> int | None:

@@ -229,10 +229,21 @@ class SandboxREPL:
             await self._sandbox.end()
 
     def close(self) -> None:
-        """End the sandbox without a loop to wait on: its process is killed."""
+        """End the sandbox without a loop to wait on: its process is killed and reaped,
+        its socket closed and its folder removed, as ``aclose`` does."""
         self._closed = True
-        if self._sandbox is not None:
-            self._kill(self._sandbox, "closed")
+        sandbox = self._sandbox
+        if sandbox is not None:
+            self._kill(sandbox, "closed")
+            try:
+                (sandbox.writer.transport if sandbox.writer else sandbox.sock).close()
+            except RuntimeError:  # its loop is closed: the socket goes with the process
+                pass
+            try:
+                sandbox.process.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
+            shutil.rmtree(sandbox.workdir, ignore_errors=True)
 
     # -- the wire -----------------------------------------------------------------------------
     async def _read(self, sandbox: _Sandbox) -> dict:
@@ -296,10 +307,7 @@ class SandboxREPL:
         reply = self._expect(reply_op)
         try:
             self._send(sandbox, {"op": op, **fields})
-            return await asyncio.wait_for(asyncio.shield(reply), timeout)
-        except asyncio.TimeoutError:
-            self._overdue.append(reply_op)  # if it still comes, it is no protocol breach
-            raise
+            return await self._await_reply(reply, reply_op, timeout)
         finally:
             self._reply = None
 
@@ -448,7 +456,7 @@ class SandboxREPL:
         try:
             sandbox.writer.write(bridge.frame({"op": "context", "names": names})
                                  + bridge.pickle_frame_header(len(pickled)) + pickled)
-            answer = await asyncio.wait_for(asyncio.shield(reply), 60)
+            answer = await self._await_reply(reply, "context", 60)
         finally:
             self._reply = None
         if answer.get("error"):
@@ -466,9 +474,17 @@ class SandboxREPL:
         reply = self._expect("set")
         try:
             sandbox.writer.write(framed)
-            await asyncio.wait_for(asyncio.shield(reply), 30)
+            await self._await_reply(reply, "set", 30)
         finally:
             self._reply = None
+
+    async def _await_reply(self, reply: asyncio.Future, op: str, timeout: float) -> dict:
+        try:
+            return await asyncio.wait_for(asyncio.shield(reply), timeout)
+        except asyncio.TimeoutError:
+            self._overdue.append(op)  # if it still comes, it is no protocol breach
+            raise SandboxError(f"the sandbox did not answer {op!r} within {timeout:g}s") \
+                from None
 
     async def variable_names(self) -> list[str]:
         names = (await self._request("names", "names", timeout=30)).get("names")

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ..config import RLMConfig
 from ..errors import ConfigError, LLMQueryError, PromptTooLongError, describe_exception
 from ..llm.batch import gather_limited
-from ..llm.client import LLMClient, close_loop_clients, load_litellm
+from ..llm.client import LLMClient, close_loop_clients, load_litellm, redact_messages
 from ..llm.limiter import ConcurrencyLimiter
 from ..llm.messages import build_messages
 from ..llm.redaction import off_loop_if_large
@@ -127,6 +127,11 @@ class RLM(RLMConfig):
         try:
             asyncio.get_running_loop()
         except RuntimeError:
+            if overrides.get("session") is not None:
+                raise ConfigError(
+                    "RLM.run() cannot carry a session: each call runs on an event loop of "
+                    "its own, and a session's REPL lives on one; use `await rlm.arun(..., "
+                    "session=...)`, e.g. inside one asyncio.run for all the questions")
             return asyncio.run(self._run_and_close(query, context, **overrides))
         raise RuntimeError("RLM.run() cannot be used inside a running event loop (such as "
                            "a notebook cell): use `await rlm.arun(...)` instead")
@@ -230,7 +235,7 @@ class Run:
         session = self.session
         if session is None:
             return await self._execute()
-        session.claim()
+        session.claim(asyncio.get_running_loop())
         async with session._busy:
             try:
                 return await self._execute()
@@ -289,33 +294,38 @@ class Run:
                             injected: dict[str, Any]) -> None:
         """The session's REPL, made by its first run and kept: a new context joins the
         earlier ones as context_N and becomes `context`."""
-        names = []
-        if self.context is not None:
-            session.contexts.append(self.context)
-            names = [f"context_{len(session.contexts) - 1}", "context"]
-        self.context = session.context
+        fresh = self.context is not None
+        context = self.context if fresh else session.context
+        names = [f"context_{len(session.contexts)}", "context"] if fresh else []
         helpers = self._repl_helpers()
         if session.repl is None:
             if self.sandbox == "process":
-                self.repl = SandboxREPL(self.context, helpers,
-                                        memory_mb=self.rlm.sandbox_memory_mb,
-                                        max_output_chars=self.max_output_chars,
-                                        secrets=(self.rlm.api_key,))
-                await self.repl.start()
-                if names:
-                    await self.repl.set_context(self.context, names[:1])
+                # The session owns it from the start: whatever happens next, it is closed.
+                self.repl = session.repl = SandboxREPL(
+                    context, helpers, memory_mb=self.rlm.sandbox_memory_mb,
+                    max_output_chars=self.max_output_chars,
+                    secrets=tuple(self.rlm.configured_secrets()))
+                try:
+                    await self.repl.start()
+                    if names:
+                        await self.repl.set_context(context, names[:1])
+                except BaseException:
+                    session.repl = None  # the run's end closes it; the next run starts anew
+                    raise
             else:
                 namespace.update(injected)
-                namespace.update({name: self.context for name in names})
+                namespace.update({name: context for name in names})
                 session.namespace = namespace
-                self.repl = AsyncREPL(namespace, helpers)
-            session.repl = self.repl
-            return
-        self.repl = session.repl
-        self.repl.rebind(helpers)
-        await self.repl.set_variable("answer", {"content": "", "ready": False})
-        if names:
-            await self.repl.set_context(self.context, names)
+                self.repl = session.repl = AsyncREPL(namespace, helpers)
+        else:
+            self.repl = session.repl
+            self.repl.rebind(helpers)
+            await self.repl.set_variable("answer", {"content": "", "ready": False})
+            if names:
+                await self.repl.set_context(context, names)
+        if fresh:  # only once the REPL has it: a failed delivery leaves the session as it was
+            session.contexts.append(context)
+        self.context = context
 
     async def _close_repl(self, result: RLMResult, preexisting: set[str]) -> None:
         """Close the REPL, keeping the model's variables whatever ended the run:
@@ -327,7 +337,7 @@ class Run:
             result.variables = {name: value for name, value in variables.items()
                                 if name not in preexisting}
         finally:
-            if self.session is None:
+            if self.session is None or self.session.repl is not self.repl:
                 await self.repl.aclose()  # stopped steps may send nothing more
 
     async def _loop(self, result: RLMResult) -> None:
@@ -412,13 +422,20 @@ class Run:
         if estimate_tokens(self._messages) > self.rlm.compact_at * room:
             await self._compact(index, iteration, "threshold")
 
+    async def _share_history(self) -> None:
+        """The whole conversation as the REPL variable ``history``, redacted as all that
+        the model's code can see is (the sandbox's code must not read a secret either)."""
+        shared = await redact_messages([dict(m) for m in self._history],
+                                       self.client.redactor())
+        await self.repl.set_variable("history", shared)
+
     async def _compact(self, index: int, iteration: Iteration | None, reason: str) -> None:
         """The root model summarises its progress; the conversation restarts from the
         system prompt, the question and that summary. The full history goes into the
         REPL variable ``history`` first, so nothing the model saw is lost."""
         self._status("compacting")
         before = estimate_tokens(self._messages)
-        await self.repl.set_variable("history", [dict(m) for m in self._history])
+        await self._share_history()
         room = self._room() or max(256, before // 2)
         for share in (0.8, 0.4):  # the estimate may be short for code: then less
             request = _with_user_message(_fitted(self._messages, int(room * share)),
@@ -439,7 +456,7 @@ class Run:
         self._messages = [*self._messages[:2], {"role": "assistant", "content": summary},
                           {"role": "user",
                            "content": AFTER_COMPACTION_PROMPT.format(number=number)}]
-        await self.repl.set_variable("history", [dict(m) for m in self._history])
+        await self._share_history()
         self._compacted_length = len(self._messages)
         record = Compaction(index, reason, before, estimate_tokens(self._messages),
                             completion.input_tokens, completion.output_tokens,
@@ -551,9 +568,13 @@ class Run:
         if marker.kind == "FINAL":
             # FINAL(name), where name is exactly a REPL variable's: a real model's slip
             # for FINAL_VAR(name). Answer with the value, and say so.
-            if repl is not None and marker.value.isidentifier() \
-                    and marker.value in await repl.variable_names():
-                value = await repl.final_var(marker.value)
+            value = None
+            if repl is not None and marker.value.isidentifier():
+                try:
+                    if marker.value in await repl.variable_names():
+                        value = await repl.final_var(marker.value)
+                except Exception:  # noqa: BLE001 - a sandbox that cannot say: the text stands
+                    value = None
                 if value is not None:
                     note = (f"FINAL({marker.value}) names a REPL variable: answered with "
                             "its value, as FINAL_VAR would")

@@ -51,6 +51,7 @@ class RLMSession:
         self.results: list["RLMResult"] = []
         self.variable_names: list[str] = []
         self.closed = False
+        self.loop: asyncio.AbstractEventLoop | None = None  # where its REPL lives
         self._busy = asyncio.Lock()
 
     async def arun(self, query: str, context: Any = None, **overrides) -> "RLMResult":
@@ -63,9 +64,13 @@ class RLMSession:
         """The latest context given, or None."""
         return self.contexts[-1] if self.contexts else None
 
-    def claim(self) -> None:
+    def claim(self, loop: asyncio.AbstractEventLoop) -> None:
         if self.closed:
             raise ConfigError(f"session {self.name!r} was closed; start a new one")
+        if self.loop is not None and self.loop is not loop:
+            raise ConfigError(f"session {self.name!r} lives on another event loop (its REPL "
+                              "and lock belong to it); ask its questions on one loop")
+        self.loop = loop
         if self._busy.locked():
             raise ConfigError(f"session {self.name!r} is answering another question; "
                               "wait for it to finish")

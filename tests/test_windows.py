@@ -225,6 +225,27 @@ async def test_a_large_prompt_near_the_limit_is_counted_off_the_loop():
     assert threads and threads[0] is not threading.main_thread()
 
 
+async def test_litellm_is_asked_for_a_model_s_window_off_the_loop(server, monkeypatch):
+    # For Ollama and Hugging Face models litellm's model info is an HTTP request.
+    import threading
+
+    from rlm_magic.llm.client import load_litellm
+
+    litellm = await load_litellm()
+    asked = []
+
+    def model_info(model, *args, **kwargs):
+        asked.append((model, threading.current_thread()))
+        return {"max_input_tokens": 8192}
+
+    monkeypatch.setattr(litellm, "get_model_info", model_info)
+    rlm = make_rlm(server, sub_model="openai/window-probe-model")
+    assert await rlm.helpers.llm_query("x") == "echo: x"
+    # Ours is the first ask, before the request is built (litellm asks again inside).
+    assert asked[0] == ("openai/window-probe-model", asked[0][1])
+    assert asked[0][1] is not threading.main_thread()
+
+
 def test_the_summary_request_keeps_the_question_and_the_latest_exchanges():
     from rlm_magic.rlm.engine import _fitted
 

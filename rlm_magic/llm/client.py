@@ -200,6 +200,18 @@ class LLMClient:
                             learns_from_headers=False)
         return gate_for(model, config.api_base, config.api_key, config.rpm, config.tpm)
 
+    async def look_up_windows(self, *models: str) -> None:
+        """Learn these models' windows from litellm once each, off the loop: for some
+        providers that is an HTTP request, which would stall every cell's work."""
+        litellm = await load_litellm()
+        names = set(models)
+        if self.config.model_list:
+            for model in models:
+                names.update(routing.deployments(self.config.model_list, model))
+        missing = windows.missing_model_info(sorted(names))
+        if missing:
+            await asyncio.to_thread(windows.look_up, litellm, missing)
+
     def input_window(self, model: str | None = None) -> int | None:
         """Input tokens ``model`` takes, if known (see ``windows.input_window``)."""
         model = model or self.config.effective_sub_model
@@ -256,6 +268,7 @@ class LLMClient:
         messages = await redact_messages(messages, redactor or self.redactor())
         characters = sum(len(m["content"]) for m in messages
                          if isinstance(m.get("content"), str))
+        await self.look_up_windows(model)
         window = self.input_window(model)
         if window is not None:
             # A prompt the model cannot take is not sent: it would be billed or refused.

@@ -80,6 +80,18 @@ def input_window(litellm: Any, model: str, endpoint: str | None,
     return min(window, learned) if window and learned else window or learned
 
 
+def missing_model_info(models) -> list[str]:
+    """The models whose info litellm has not been asked for yet."""
+    return [model for model in models if model not in _MODEL_INFO]
+
+
+def look_up(litellm: Any, models) -> None:
+    """Ask litellm for each model's info (in a thread: for some providers, Ollama and
+    Hugging Face among them, litellm asks the server over HTTP)."""
+    for model in models:
+        _model_info_window(litellm, model)
+
+
 def _model_info_window(litellm: Any, model: str) -> int | None:
     if litellm is None:
         return None  # not loaded yet: nothing to ask

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ..config import RLMConfig
 from ..errors import ConfigError, LLMQueryError, PromptTooLongError, describe_exception
 from ..llm.batch import gather_limited
-from ..llm.client import LLMClient, close_loop_clients, load_litellm, redact_messages
+from ..llm.client import LLMClient, close_loop_clients, redact_messages
 from ..llm.limiter import ConcurrencyLimiter
 from ..llm.messages import build_messages
 from ..llm.redaction import off_loop_if_large
@@ -341,11 +341,13 @@ class Run:
                 await self.repl.aclose()  # stopped steps may send nothing more
 
     async def _loop(self, result: RLMResult) -> None:
-        await load_litellm()  # its model info gives the windows the prompt advises by
+        # litellm's model info gives the windows the prompt advises by.
+        await self.client.look_up_windows(self.model, self.sub_model)
         self._messages = [{"role": "system", "content": self._system_prompt()},
                           {"role": "user", "content": self._first_message()}]
         self._history = list(self._messages)  # every message, compactions or not
         self._compacted_length = len(self._messages)
+        self._compacted_size = estimate_tokens(self._messages)
         for index in range(1, self.max_iterations + 1):
             self._status("thinking", iteration=index)
             turn_started = time.perf_counter()
@@ -415,11 +417,13 @@ class Run:
 
     async def _compact_if_near_window(self, index: int, iteration: Iteration | None) -> None:
         room = self._room()
-        # Only a conversation that grew since it started (or was last compacted): a
-        # summary that is itself too big is not summarised again every turn.
+        # Only a conversation that grew since it started (or was last compacted), and
+        # by a quarter of the room: when the question and a summary alone sit near the
+        # threshold, each turn would otherwise pay for another summary.
         if room is None or len(self._messages) <= self._compacted_length:
             return
-        if estimate_tokens(self._messages) > self.rlm.compact_at * room:
+        size = estimate_tokens(self._messages)
+        if size > self.rlm.compact_at * room and size - self._compacted_size >= room / 4:
             await self._compact(index, iteration, "threshold")
 
     async def _share_history(self) -> None:
@@ -458,6 +462,7 @@ class Run:
                            "content": AFTER_COMPACTION_PROMPT.format(number=number)}]
         await self._share_history()
         self._compacted_length = len(self._messages)
+        self._compacted_size = estimate_tokens(self._messages)
         record = Compaction(index, reason, before, estimate_tokens(self._messages),
                             completion.input_tokens, completion.output_tokens,
                             completion.cost_usd, summary)

@@ -199,3 +199,11 @@ async def test_a_context_that_cannot_be_delivered_leaves_the_session_as_it_was(s
     assert session.contexts == ["first"]
     assert (await session.arun("q3")).success
     await session.aclose()
+
+
+async def test_a_session_s_first_context_crosses_to_the_sandbox_once(server):
+    rlm = make_rlm(server, sandbox="process")
+    server.script("root-model", [repl("print(context_0 is context, context)") + "FINAL(ok)"])
+    result = await rlm.session("s").arun("q", context="first")
+    assert result.trajectory[0].code[0].output == "True first"  # one copy, two names
+    await rlm.forget("s")

@@ -114,8 +114,10 @@ class SandboxREPL:
 
     def __init__(self, context: Any, helpers: dict[str, Callable[..., Awaitable[Any]]], *,
                  memory_mb: int | None = 4096, max_output_chars: int = 20_000,
-                 secrets: tuple[str | None, ...] = ()):
+                 secrets: tuple[str | None, ...] = (), context_names: tuple[str, ...] = ()):
         self.context = context
+        # Names the context also goes by (a session's context_0): one copy, many names.
+        self.context_names = ("context", *context_names)
         self.helpers = helpers
         self.memory_mb = memory_mb
         self.max_output_chars = max_output_chars
@@ -183,6 +185,7 @@ class SandboxREPL:
             child.close()
         sandbox = self._sandbox = _Sandbox(process, parent, workdir)
         first = bridge.frame({"op": "init", "helpers": sorted(self.helpers),
+                              "context_names": list(self.context_names),
                               "memory_mb": self.memory_mb,
                               "isolate_network": self.isolate_network})
         first += bridge.pickle_frame_header(len(self._pickled))
@@ -462,6 +465,7 @@ class SandboxREPL:
         if answer.get("error"):
             raise SandboxError(str(answer["error"])[:500])
         self._pickled = pickled
+        self.context_names = ("context",)  # a restarted sandbox gets the latest as context
 
     async def set_variable(self, name: str, value: Any) -> None:
         """Put JSON data into the sandbox's namespace (only ever sent to it, as JSON).

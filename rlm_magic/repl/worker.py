@@ -126,6 +126,8 @@ class Worker:
         namespace.update({"asyncio": asyncio, "re": re, "json": json, "context": context,
                           "answer": {"content": "", "ready": False},
                           "SHOW_VARS": functools.partial(show_vars, namespace)})
+        for name in init.get("context_names") or ():
+            namespace[str(name)] = context  # the same object: one copy in memory
         install_helpers(namespace, sorted(self.helper_names), self.submit)
         self.send({"op": "ready", "network_isolated": isolated, "network_note": why})
 

@@ -304,11 +304,9 @@ class Run:
                 self.repl = session.repl = SandboxREPL(
                     context, helpers, memory_mb=self.rlm.sandbox_memory_mb,
                     max_output_chars=self.max_output_chars,
-                    secrets=tuple(self.rlm.configured_secrets()))
+                    secrets=tuple(self.rlm.configured_secrets()), context_names=names[:1])
                 try:
                     await self.repl.start()
-                    if names:
-                        await self.repl.set_context(context, names[:1])
                 except BaseException:
                     session.repl = None  # the run's end closes it; the next run starts anew
                     raise

@@ -290,6 +290,19 @@ def _is_context_name(name: str) -> bool:
     return name.startswith("context_") and name[8:].isdigit()
 
 
+def preloaded(namespace: dict[str, Any], context: Any) -> dict[str, Any]:
+    """What a REPL namespace starts with besides the helpers (see ``PRELOADED``): the
+    context, the ``answer`` protocol, SHOW_VARS, and asyncio, re and json pre-imported,
+    since models use them without importing."""
+    import functools
+    import json
+    import re
+
+    return {"asyncio": asyncio, "re": re, "json": json, "context": context,
+            "answer": {"content": "", "ready": False},
+            "SHOW_VARS": functools.partial(show_vars, namespace)}
+
+
 def show_vars(namespace: dict[str, Any]) -> None:
     """Print the variables made in this REPL so far, with their types."""
     names = user_variables(namespace)

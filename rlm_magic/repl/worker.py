@@ -32,7 +32,6 @@ _import_shared_code()
 
 import concurrent.futures  # noqa: E402
 import contextvars  # noqa: E402
-import functools  # noqa: E402
 import io  # noqa: E402
 import itertools  # noqa: E402
 import json  # noqa: E402
@@ -50,10 +49,10 @@ from rlm_magic.repl.steps import (  # noqa: E402
     execute_step,
     final_var,
     install_helpers,
+    preloaded,
     prepare_step,
     ready_answer,
     repl_builtins,
-    show_vars,
     step_filename,
     user_variables,
 )
@@ -120,12 +119,7 @@ class Worker:
         del body
         self.helper_names = set(init["helpers"])
         namespace = self.namespace = {"__name__": "__rlm__", "__builtins__": repl_builtins()}
-        import asyncio
-        import re
-
-        namespace.update({"asyncio": asyncio, "re": re, "json": json, "context": context,
-                          "answer": {"content": "", "ready": False},
-                          "SHOW_VARS": functools.partial(show_vars, namespace)})
+        namespace.update(preloaded(namespace, context))
         for name in init.get("context_names") or ():
             namespace[str(name)] = context  # the same object: one copy in memory
         install_helpers(namespace, sorted(self.helper_names), self.submit)

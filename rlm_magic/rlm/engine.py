@@ -9,7 +9,6 @@ holding all of its state, so several runs of one ``RLM`` may go on at once.
 from __future__ import annotations
 
 import asyncio
-import functools
 import itertools
 import time
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from ..llm.usage import SESSION_LEDGER, UsageLedger
 from ..llm.windows import CHARS_PER_TOKEN, estimate_tokens, is_context_error, reserve_for_answer
 from ..repl.inprocess import AsyncREPL
 from ..repl.sandbox import SandboxREPL
-from ..repl.steps import repl_builtins, show_vars
+from ..repl.steps import preloaded, repl_builtins
 from .live_turn import LiveTurn
 from .prompts import (
     AFTER_COMPACTION_PROMPT,
@@ -660,14 +659,7 @@ class Run:
 
     # -- the REPL's view --------------------------------------------------------------
     def _repl_globals(self, namespace: dict[str, Any]) -> dict[str, Any]:
-        import json
-        import re
-
-        # asyncio, re and json come pre-imported: models use them without importing.
-        return {"asyncio": asyncio, "re": re, "json": json,
-                "context": self.context,
-                "answer": {"content": "", "ready": False},
-                "SHOW_VARS": functools.partial(show_vars, namespace)}
+        return preloaded(namespace, self.context)
 
     def _repl_helpers(self) -> dict[str, Any]:
         return {"llm_query": self.llm_query,

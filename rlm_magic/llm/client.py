@@ -63,6 +63,10 @@ def _import_litellm():
                                 category=UserWarning)
         warnings.filterwarnings("ignore", message=r".*are using the `ReadOnly` qualifier",
                                 category=UserWarning)
+        # A streamed call cancelled (an interrupt, a stopped step) at the moment litellm
+        # has made its streaming coroutine but not yet awaited it leaves this behind.
+        warnings.filterwarnings("ignore", message=r"coroutine '.*async_streaming' was never "
+                                r"awaited", category=RuntimeWarning)
         # litellm's import leaves ~400k objects for the cyclic GC to walk: a full
         # collection then takes ~180 ms, a stall of the kernel's loop in the middle of
         # a batch. They live as long as the process; freezing moves them out of the

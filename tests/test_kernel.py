@@ -416,6 +416,17 @@ def test_status_widget_shows_the_root_turn_before_the_server_finished_it(rlm_ker
 
 
 # -- interrupts ---------------------------------------------------------------------
+def interrupt_timed(kernel: Kernel, msg_id: str, label: str) -> tuple[dict, float]:
+    """Interrupt the kernel while ``msg_id`` runs; its execute_reply and how long it took,
+    recorded under ``label`` and checked against INTERRUPT_LIMIT_S."""
+    interrupted = time.perf_counter()
+    kernel.km.interrupt_kernel()
+    reply, replied = kernel.wait(msg_id, timeout=60)
+    elapsed = MEASURED[label] = replied - interrupted
+    assert elapsed <= INTERRUPT_LIMIT_S, f"[{label}] took {elapsed:.3f}s to stop"
+    return reply, elapsed
+
+
 def interrupt_and_check(kernel: Kernel, server, label: str, code: str, ready,
                         ready_timeout: float = 30) -> dict:
     """Run ``code``, interrupt it once ``ready(msg_id)``, and check the kernel stopped
@@ -428,17 +439,12 @@ def interrupt_and_check(kernel: Kernel, server, label: str, code: str, ready,
         f"[{label}] the cell never got going (server: {len(server.requests)} requests, " \
         f"{server.in_flight} in flight)"
     in_flight = server.in_flight
-    interrupted = time.perf_counter()
-    kernel.km.interrupt_kernel()
-    reply, replied = kernel.wait(msg_id, timeout=60)
-    elapsed = replied - interrupted
-    MEASURED[label] = elapsed
+    reply, elapsed = interrupt_timed(kernel, msg_id, label)
     print(f"\n[{label}] interrupt -> execute_reply: {elapsed:.3f}s "
           f"({in_flight} requests were in flight)")
     assert reply["status"] == "error", f"[{label}] cell finished {reply['status']!r}"
     assert reply["ename"] == "KeyboardInterrupt", f"[{label}] {reply['ename']}: " \
         f"{reply['evalue']}"
-    assert elapsed <= INTERRUPT_LIMIT_S, f"[{label}] took {elapsed:.3f}s to stop"
     # One clear line, like any interrupted cell: no frames of rlm-magic's internals, and
     # not the rewritten line a %%rlm cell runs as.
     assert len(reply["traceback"]) == 1, "\n".join(reply["traceback"])
@@ -561,12 +567,8 @@ def test_interrupt_stops_a_cell_whose_batch_runs_in_the_background(rlm_kernel, s
     msg_id = rlm_kernel.submit("_bg = asyncio.ensure_future(llm_query_batch(['a', 'b']))\n"
                                "await asyncio.sleep(60)")
     assert rlm_kernel.pump(lambda: server.in_flight == 2, timeout=30)
-    interrupted = time.perf_counter()
-    rlm_kernel.km.interrupt_kernel()
-    reply, replied = rlm_kernel.wait(msg_id, timeout=60)
-    MEASURED["e: background batch, cell sleeping"] = replied - interrupted
+    reply, _ = interrupt_timed(rlm_kernel, msg_id, "e: background batch, cell sleeping")
     assert reply["status"] == "error"
-    assert replied - interrupted <= INTERRUPT_LIMIT_S
     assert server.wait_for(lambda: server.in_flight == 0, timeout=5)
     assert rlm_kernel.value("_bg.done()") is True
     assert rlm_kernel.value("1 + 1") == 2
@@ -578,12 +580,9 @@ def test_interrupt_leaves_another_cells_background_batch_running(rlm_kernel, ser
                    "_bg = asyncio.ensure_future(llm_query_batch(['bg 1', 'bg 2']))")
     msg_id = rlm_kernel.submit("await llm_query_batch(['fg 1', 'fg 2'])")
     assert rlm_kernel.pump(lambda: server.in_flight == 4, timeout=30)
-    interrupted = time.perf_counter()
-    rlm_kernel.km.interrupt_kernel()
-    reply, replied = rlm_kernel.wait(msg_id, timeout=60)
-    MEASURED["f: batch, another cell's batch in the background"] = replied - interrupted
+    reply, _ = interrupt_timed(rlm_kernel, msg_id,
+                               "f: batch, another cell's batch in the background")
     assert reply["ename"] == "KeyboardInterrupt"
-    assert replied - interrupted <= INTERRUPT_LIMIT_S
     assert server.wait_for(lambda: server.in_flight == 2, timeout=5)
     assert rlm_kernel.value("_bg.done()") is False  # the earlier cell's work goes on
     assert server.in_flight == 2

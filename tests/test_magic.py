@@ -7,7 +7,9 @@ kernel; ``run_cell`` re-raises a cell's error so a failing cell fails its test.
 from __future__ import annotations
 
 import asyncio
+import io
 import os
+import sys
 import time
 
 import pytest
@@ -265,6 +267,17 @@ async def test_a_failed_run_fails_the_cell_and_keeps_the_partial_result(shell, s
     assert shell.user_ns["partial"].success is False
 
 
+async def test_no_raise_prints_the_failed_runs_error_and_lets_the_cell_succeed(shell, server,
+                                                                           capsys):
+    # For papermill and schedulers, which stop a notebook at its first failing cell.
+    server.script("root-model", [repl("x = 1"), "no answer"])
+    await run_cell(shell, "%%rlm --max-iterations 1 --no-raise -q -o partial\nq")
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "RLMRunError: RLM run max_iterations: no FINAL answer within max_iterations=1; "
+        "final_answer holds the model's last reply")
+    assert shell.user_ns["partial"].stop_reason == "max_iterations"
+
+
 @pytest.mark.parametrize("cell, message", [
     ("%%rlm --bogus\nq", "unrecognized arguments: --bogus"),
     ("%%rlm --max-iterations many\nq", "invalid int value: 'many'"),
@@ -348,6 +361,17 @@ async def test_progress_falls_back_to_a_text_line_on_stderr(shell, server, capsy
     # Progress never writes to stdout: the only output is the cell's own value.
     assert "llm_query_batch" not in captured.out
     assert captured.out.rstrip().endswith("['echo: a', 'echo: b', 'echo: c']")
+
+
+async def test_a_closed_stderr_does_not_break_a_batch(shell, server, monkeypatch):
+    # A script whose stderr is gone, or a test capture closed early: progress is
+    # decoration, the answers are the work.
+    closed = io.StringIO()
+    closed.close()
+    monkeypatch.setattr(sys, "stderr", closed)
+    session_rlm(shell).progress = True
+    answers = await run_cell(shell, "await llm_query_batch(['a', 'b'])")
+    assert answers == ["echo: a", "echo: b"]
 
 
 async def test_rlm_runs_show_a_text_status_line_on_stderr(shell, server, capsys):

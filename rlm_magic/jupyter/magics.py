@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import keyword
 import string
+import sys
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -51,6 +52,10 @@ class RLMMagics(Magics):
                    "context_1, ...) and answers of its earlier questions are kept for "
                    "this one. `%%rlm sessions` lists them, `%%rlm forget NAME` ends one.")
     @argument("-q", "--quiet", action="store_true", help="Do not display the result.")
+    @argument("--no-raise", action="store_true",
+              help="A run that fails does not fail the cell: its one-line error is "
+                   "printed instead (for notebooks run by papermill or a scheduler, "
+                   "which stop at the first failing cell).")
     @argument("--no-interpolate", action="store_true",
               help="Send the query as written: no {variable} substitution.")
     @cell_magic("rlm")
@@ -141,9 +146,8 @@ async def run_rlm_cell(line: str, body: str, shell=None):
         run.result.error = "interrupted by the user"
         shell.user_ns[args.out] = run.result
         if isinstance(stop, KeyboardInterrupt):
-            raise interrupt(
-                f"%%rlm interrupted after {len(run.result.trajectory)} iteration(s); the "
-                f"partial result is in {args.out}") from None
+            raise interrupt(f"%%rlm {_where_stopped(run)}; the partial result is in "
+                            f"{args.out}") from None
         raise
     shell.user_ns[args.out] = result
     if not args.quiet:
@@ -151,8 +155,19 @@ async def run_rlm_cell(line: str, body: str, shell=None):
 
         display(result)
     if not result.success:
-        raise result.as_exception()
+        failure = result.as_exception()
+        if not args.no_raise:
+            raise failure
+        print(f"{type(failure).__name__}: {failure}", file=sys.stderr)
     return None
+
+
+def _where_stopped(run) -> str:
+    """Where an interrupt caught the run, counted as the status line counts it."""
+    current = max(run.tree.iteration, len(run.result.trajectory))
+    if current == 0:
+        return "interrupted before its first iteration"
+    return f"interrupted in iteration {current}/{run.tree.max_iterations or run.max_iterations}"
 
 
 def _checked_options(args) -> dict[str, Any]:

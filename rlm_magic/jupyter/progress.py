@@ -20,10 +20,13 @@ import sys
 import time
 from typing import Any, Callable
 
+from ..llm.client import litellm_is_loading
 from ..llm.ratelimit import hold_message
 from ..llm.usage import format_cost, format_saving
 
 MAX_UPDATES_PER_S = 4
+# The first call of a session imports litellm, which takes seconds.
+LOADING_LITELLM = "loading litellm…"
 
 
 def widgets_available() -> bool:
@@ -147,7 +150,9 @@ class BatchProgress(_LiveDisplay):
         parts = [f"{self.label}: {self.done + self.failed}/{self.total} done"]
         if self.failed:
             parts.append(f"{self.failed} failed")
-        if self.in_flight:
+        if self.in_flight and not stopped and litellm_is_loading():
+            parts.append(LOADING_LITELLM)  # nothing is sent yet: do not look stalled
+        elif self.in_flight:
             # Once the batch has stopped, calls still counted in flight were cancelled.
             parts.append(f"{self.in_flight} {'cancelled' if stopped else 'in flight'}")
         held = None if stopped or not self.hold else self.hold()
@@ -191,6 +196,8 @@ class RunStatus(_LiveDisplay):
             tokens += (f" ({usage.total.cached_input_tokens:,} cached, saved "
                        f"{format_saving(usage.total.cache_saved_usd)})")
         doing = phase or tree.phase
+        if not phase and litellm_is_loading():
+            doing = f"{doing}: {LOADING_LITELLM}"
         writing = self.partial_text(lines=1, width=60) if with_text and not phase else None
         if writing:
             doing = f"{doing}: …{writing}"
@@ -322,6 +329,9 @@ class TextLine:
         self._write(line, end="\n")
 
     def _write(self, line: str, end: str = "") -> None:
-        self.stream.write("\r" + line.ljust(len(self._last)) + end)
-        self.stream.flush()
+        try:
+            self.stream.write("\r" + line.ljust(len(self._last)) + end)
+            self.stream.flush()
+        except (ValueError, OSError):
+            pass  # stderr closed or gone (a test's capture, a detached script): the work goes on
         self._last, self._written_at = line, time.perf_counter()

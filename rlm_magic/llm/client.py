@@ -91,6 +91,12 @@ async def load_litellm():
     return _litellm
 
 
+def litellm_is_loading() -> bool:
+    """True while litellm's first import is underway (seconds, in a thread): calls
+    already admitted are waiting for it, not in flight, and progress says so."""
+    return _litellm is None and _litellm_lock is not None and _litellm_lock.locked()
+
+
 async def close_loop_clients() -> None:
     """Close litellm's cached HTTP clients before the running loop ends.
 

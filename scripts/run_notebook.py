@@ -19,7 +19,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("notebook", type=Path)
     parser.add_argument("--out", type=Path, help="where to write the executed copy "
-                        "(default: NAME.executed.ipynb next to the notebook)")
+                        "(default: build/notebooks/NAME.ipynb, outside the test paths)")
     parser.add_argument("--kernel", help="kernel name (default: the notebook's own)")
     parser.add_argument("--timeout", type=int, default=300, help="seconds per cell")
     parser.add_argument("--summary", action="store_true",
@@ -31,7 +31,9 @@ def main() -> int:
     from nbclient.exceptions import CellExecutionError
 
     notebook = nbformat.read(args.notebook, as_version=4)
-    out = args.out or args.notebook.with_suffix(".executed.ipynb")
+    # Not beside the notebook: pytest collects every notebook under notebooks/ (nbval).
+    out = args.out or Path(__file__).parent.parent / "build" / "notebooks" / args.notebook.name
+    out.parent.mkdir(parents=True, exist_ok=True)
     client = NotebookClient(notebook, timeout=args.timeout,
                             kernel_name=args.kernel or notebook.metadata.kernelspec.name,
                             resources={"metadata": {"path": str(args.notebook.parent)}})

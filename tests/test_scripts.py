@@ -6,8 +6,10 @@ import importlib.util
 from pathlib import Path
 
 import nbformat
+import pytest
 
 ROOT = Path(__file__).parent.parent
+EXAMPLES = sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
 
 
 def _run_notebook_script():
@@ -29,3 +31,13 @@ def test_quickstart_summary_shows_the_batch_timing_an_rlm_answer_and_the_usage()
     usage = text.split("%rlm usage\n")[1].splitlines()
     assert usage[0].split()[:2] == ["model", "calls"]
     assert any(line.split()[0] == "openai/rlm-demo-root" for line in usage[2:])
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_example_notebooks_show_no_error_outputs(path):
+    # What nbval checks against the python3 kernel is the saved notebook: with no error
+    # output and no `raises-exception` tag there, papermill runs it in python3 too.
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        assert "raises-exception" not in cell.metadata.get("tags", []), cell.source
+        assert all(o.output_type != "error" for o in cell.get("outputs", [])), cell.source

@@ -26,6 +26,17 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(f"{name}: {shown}")
 
 
+def pytest_sessionfinish(session):
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # a pytest-xdist worker: hand the figures over
+        workeroutput["rlm_measured"] = dict(MEASURED)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    MEASURED.update(getattr(node, "workeroutput", {}).get("rlm_measured", {}))
+
+
 @pytest.fixture(scope="session")
 def llm_server():
     server = FakeLLMServer().start()

@@ -11,15 +11,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..config import RLMConfig
-from ..errors import ConfigError, LLMQueryError, PromptTooLongError, describe_exception
-from ..llm.batch import gather_limited
+from ..errors import ConfigError, LLMQueryError, describe_exception
 from ..llm.client import LLMClient, close_loop_clients, redact_messages
-from ..llm.limiter import ConcurrencyLimiter
-from ..llm.messages import build_messages
 from ..llm.redaction import off_loop_if_large
 from ..llm.usage import SESSION_LEDGER, UsageLedger
 from ..llm.windows import CHARS_PER_TOKEN, estimate_tokens, is_context_error, reserve_for_answer
@@ -40,6 +36,7 @@ from .prompts import (
 )
 from .result import CodeRun, Compaction, Iteration, RLMResult
 from .session import RLMSession
+from .subcalls import RunTree, SubCalls
 
 if TYPE_CHECKING:
     from ..jupyter.helpers import NotebookHelpers
@@ -136,42 +133,6 @@ class RLM(RLMConfig):
                            "a notebook cell): use `await rlm.arun(...)` instead")
 
 
-@dataclass
-class RunTree:
-    """What a run shares with its child runs: ledger, sub-call budget, and the counts
-    the status panel shows (read by it a few times a second)."""
-
-    ledger: UsageLedger
-    max_sub_calls: int
-    max_cost_usd: float | None
-    sub_calls: int = 0
-    in_flight: int = 0
-    done: int = 0
-    failed: int = 0
-    phase: str = "starting"
-    warned_unpriced: bool = False
-    iteration: int = 0
-    max_iterations: int = 0
-    live_turn: LiveTurn | None = None  # the root turn streaming in, for the panel
-
-    def take_sub_calls(self, wanted: int) -> int:
-        """Reserve up to ``wanted`` sub-calls; returns how many are allowed."""
-        allowed = max(0, min(wanted, self.max_sub_calls - self.sub_calls))
-        self.sub_calls += allowed
-        return allowed
-
-    def call_started(self) -> None:
-        self.in_flight += 1
-
-    def call_ended(self, failed: bool = False) -> None:
-        self.in_flight -= 1
-        self.failed += failed
-        self.done += not failed
-
-    def over_budget(self) -> bool:
-        return self.max_cost_usd is not None and self.ledger.cost_usd > self.max_cost_usd
-
-
 class Run:
     """One RLM run (root or child): its REPL, messages and result."""
 
@@ -214,12 +175,10 @@ class Run:
             self.sandbox = session.sandbox  # the REPL it keeps
         if self.sandbox not in ("process", "none"):
             raise ValueError(f"sandbox must be 'process' or 'none', got {self.sandbox!r}")
-        self.own_sub_calls = 0
-        self.cut_answers = 0  # sub-call answers that stopped at max_tokens
-        # time.monotonic() by which this run's calls must end: a child run inherits its
-        # parent's step deadline; each step of its own sets a nearer one.
-        self.outer_deadline = deadline
-        self._step_deadline: float | None = None
+        # What the REPL's helpers call: pinned sub-model, budgets, errors as values.
+        self.calls = SubCalls(rlm, self.tree, sub_model=self.sub_model, depth=depth,
+                              max_depth=self.max_depth, max_tokens=self.max_tokens,
+                              child_run=self._child_run, deadline=deadline)
         self._ready: str | None = None  # the model's `answer`, once its code set it ready
         self.early_execution = rlm.early_execution and rlm.stream
         self.result = RLMResult(query=query, model=self.model, sub_model=self.sub_model,
@@ -251,20 +210,20 @@ class Run:
         preexisting = set(namespace) if live else set()  # the notebook's own variables
         try:
             injected = self._repl_globals(namespace)
-            touched = [*injected, *self._repl_helpers(), "__rlm_async__", "history"]
+            touched = [*injected, *self.calls.helpers(), "__rlm_async__", "history"]
             if live:
                 saved = {name: namespace[name] for name in touched if name in namespace}
             if self.session is not None:
                 await self._session_repl(self.session, namespace, injected)
             elif self.sandbox == "process":
-                self.repl = SandboxREPL(self.context, self._repl_helpers(),
+                self.repl = SandboxREPL(self.context, self.calls.helpers(),
                                         memory_mb=self.rlm.sandbox_memory_mb,
                                         max_output_chars=self.max_output_chars,
                                         secrets=tuple(self.rlm.configured_secrets()))
                 await self.repl.start()  # the process starts while the root model thinks
             else:
                 namespace.update(injected)
-                self.repl = AsyncREPL(namespace, self._repl_helpers())
+                self.repl = AsyncREPL(namespace, self.calls.helpers())
             await self._loop(result)
         except asyncio.CancelledError:
             result.stop_reason, result.error = "interrupted", "interrupted by the user"
@@ -296,7 +255,7 @@ class Run:
         fresh = self.context is not None
         context = self.context if fresh else session.context
         names = [f"context_{len(session.contexts)}", "context"] if fresh else []
-        helpers = self._repl_helpers()
+        helpers = self.calls.helpers()
         if session.repl is None:
             if self.sandbox == "process":
                 # The session owns it from the start: whatever happens next, it is closed.
@@ -348,7 +307,7 @@ class Run:
         for index in range(1, self.max_iterations + 1):
             self._status("thinking", iteration=index)
             turn_started = time.perf_counter()
-            calls_before = self.own_sub_calls
+            calls_before = self.calls.own
             iteration, outputs = Iteration(index=index, response=""), []
 
             def new_turn(iteration=iteration, outputs=outputs):
@@ -362,7 +321,7 @@ class Run:
             if iteration.broken_off:
                 feedback = (f"(Your reply was cut off after its code had run: "
                             f"{iteration.broken_off}. Its output is below.)\n\n{feedback}")
-            iteration.sub_calls = self.own_sub_calls - calls_before
+            iteration.sub_calls = self.calls.own - calls_before
             iteration.elapsed_s = time.perf_counter() - turn_started
             if final is not None:
                 result.final_answer, result.stop_reason = final, "final"
@@ -444,7 +403,7 @@ class Run:
             try:
                 completion = await self.client.complete(
                     request, model=self.model, max_tokens=self.max_tokens,
-                    ledger=self.tree.ledger, deadline=self.outer_deadline)
+                    ledger=self.tree.ledger, deadline=self.calls.outer_deadline)
                 break
             except LLMQueryError as exc:
                 if share == 0.4 or not is_context_error(exc):
@@ -481,7 +440,7 @@ class Run:
             completion = await self.client.complete(
                 messages, model=self.model, max_tokens=self.max_tokens,
                 ledger=self.tree.ledger, stream=True, on_text=turn, cache_prefix=True,
-                deadline=self.outer_deadline, may_retry=lambda: not turn.ran)
+                deadline=self.calls.outer_deadline, may_retry=lambda: not turn.ran)
         except BaseException as exc:
             if turn.ran and iteration is not None and isinstance(exc, Exception):
                 # Cut off after its code ran: the partial turn stands, and _act_on lets
@@ -531,12 +490,13 @@ class Run:
         # Sub-calls of this step must end in time for the step to end with their
         # results and errors in hand: they get a deadline a little before the step's.
         timeout = self.step_timeout
-        if self.outer_deadline is not None:
+        outer = self.calls.outer_deadline
+        if outer is not None:
             # A child run: its step must be stopped, and unwound, before the parent's
             # step ends (a stopped step's thread gets up to half a second to unwind).
-            timeout = max(0.1, min(timeout, self.outer_deadline - time.monotonic() - 0.5))
-        self._step_deadline = time.monotonic() + timeout - min(2.0, 0.1 * timeout)
-        cut_before = self.cut_answers
+            timeout = max(0.1, min(timeout, outer - time.monotonic() - 0.5))
+        self.calls.step_deadline = time.monotonic() + timeout - min(2.0, 0.1 * timeout)
+        cut_before = self.calls.cut_answers
         try:
             step = await self.repl.run(code, timeout=timeout)
         except BaseException:
@@ -547,11 +507,11 @@ class Run:
             iteration.code.append(CodeRun(code, shown, partial.elapsed_s, error=True))
             raise
         finally:
-            self._step_deadline = None
+            self.calls.step_deadline = None
             if self.tree.live_turn is not None and self.depth == 0:
                 self._status("thinking")  # an early block ended; the model still writes
         seen = await self._as_model_sees_it(step.as_text(), step.dropped_chars)
-        cut = self.cut_answers - cut_before
+        cut = self.calls.cut_answers - cut_before
         if cut:
             iteration.cut_answers += cut
             seen += (f"\n[{cut} sub-call answer{'s' if cut > 1 else ''} of this step "
@@ -661,13 +621,14 @@ class Run:
     def _repl_globals(self, namespace: dict[str, Any]) -> dict[str, Any]:
         return preloaded(namespace, self.context)
 
-    def _repl_helpers(self) -> dict[str, Any]:
-        return {"llm_query": self.llm_query,
-                "llm_query_batch": self.llm_query_batch,
-                "llm_query_batched": self.llm_query_batch,
-                "rlm_query": self.rlm_query,
-                "rlm_query_batch": self.rlm_query_batch,
-                "rlm_query_batched": self.rlm_query_batch}
+    async def _child_run(self, prompt: str, context: Any, deadline: float | None
+                         ) -> RLMResult:
+        """A child RLM for ``rlm_query``: the sub-model as its root, this run's tree."""
+        child = Run(self.rlm, prompt, context, model=self.sub_model, sub_model=self.sub_model,
+                    max_iterations=self.max_iterations, max_depth=self.max_depth,
+                    sandbox=self.sandbox, depth=self.depth + 1, tree=self.tree,
+                    deadline=deadline)
+        return await child.execute()
 
     def _status(self, phase: str, iteration: int | None = None) -> None:
         if self.depth == 0:
@@ -675,119 +636,6 @@ class Run:
             if iteration is not None:
                 self.tree.iteration = iteration
                 self.tree.max_iterations = self.max_iterations
-
-    # -- helpers as model code sees them: pinned model, errors as values -------------
-    async def llm_query(self, prompt: Any, model: str | None = None, *,
-                        system: str | None = None, max_tokens: int | None = None,
-                        **_ignored) -> str:
-        """Ask the sub-model one question; a failure comes back as 'Error: ...'."""
-        del model  # pinned: generated code may not switch to another model
-        if not self._take_sub_calls(1):
-            return self._limit_error()
-        return await self._sub_call(prompt, system, max_tokens)
-
-    async def llm_query_batch(self, prompts: Any, model: str | None = None, *,
-                              system: str | None = None, max_tokens: int | None = None,
-                              **_ignored) -> list[str]:
-        """Ask many questions concurrently; failures come back as 'Error: ...' in place."""
-        del model
-        if isinstance(prompts, str):
-            prompts = [prompts]
-        prompts = list(prompts)
-        allowed = self._take_sub_calls(len(prompts))
-        redactor = self.client.redactor()
-        calls = [(lambda p=p: self._sub_call(p, system, max_tokens, slot_held=True,
-                                             redactor=redactor))
-                 for p in prompts[:allowed]]
-        answers, errors = await gather_limited(calls, self.client.limiter,
-                                               _TreeObserver(self.tree))
-        answers = [f"Error: {errors[i]}" if i in errors else a for i, a in enumerate(answers)]
-        return answers + [self._limit_error()] * (len(prompts) - allowed)
-
-    async def rlm_query(self, prompt: Any, context: Any = None, model: str | None = None,
-                        **_ignored) -> str:
-        """Solve a sub-problem with a child RLM (or llm_query at the depth limit)."""
-        del model
-        prompt = prompt if isinstance(prompt, str) else str(prompt)
-        if self.depth >= self.max_depth:
-            if context is not None:
-                prompt = f"{prompt}\n\nContext:\n{context}"
-            return await self.llm_query(prompt)
-        if not self._take_sub_calls(1):
-            return self._limit_error()
-        child = Run(self.rlm, prompt, context, model=self.sub_model, sub_model=self.sub_model,
-                    max_iterations=self.max_iterations, max_depth=self.max_depth,
-                    sandbox=self.sandbox, depth=self.depth + 1, tree=self.tree,
-                    deadline=self._step_deadline or self.outer_deadline)
-        self.tree.call_started()
-        outcome = await child.execute()
-        self.tree.call_ended(failed=not outcome.success)
-        if outcome.success:
-            return outcome.final_answer
-        return f"Error: child RLM failed: {outcome.error}"
-
-    async def rlm_query_batch(self, prompts: Any, contexts: Any = None,
-                              model: str | None = None, **_ignored) -> list[str]:
-        """Run child RLMs concurrently; answers in order, failures as 'Error: ...'."""
-        del model
-        prompts = [prompts] if isinstance(prompts, str) else list(prompts)
-        contexts = [None] * len(prompts) if contexts is None else list(contexts)
-        if len(contexts) != len(prompts):
-            return [f"Error: rlm_query_batch got {len(prompts)} prompts and "
-                    f"{len(contexts)} contexts"] * len(prompts)
-        # Children hold no client slot while they think: a limiter of their own.
-        limiter = ConcurrencyLimiter(lambda: self.rlm.max_concurrency)
-        calls = [(lambda p=p, c=c: self.rlm_query(p, c)) for p, c in zip(prompts, contexts)]
-        answers, errors = await gather_limited(calls, limiter)
-        return [f"Error: {errors[i]}" if i in errors else a for i, a in enumerate(answers)]
-
-    async def _sub_call(self, prompt: Any, system: str | None, max_tokens: int | None,
-                        slot_held: bool = False, redactor=None) -> str:
-        if self.tree.over_budget():
-            return (f"Error: cost budget max_cost_usd=${self.tree.max_cost_usd:g} is spent; "
-                    "no request was sent")
-        prompt = prompt if isinstance(prompt, str) else str(prompt)
-        tokens = min(max_tokens, self.max_tokens) if isinstance(max_tokens, int) \
-            and max_tokens > 0 else self.max_tokens
-        # A batch's items are counted by its observer; a single call counts itself.
-        if not slot_held:
-            self.tree.call_started()
-        try:
-            completion = await self.client.complete(
-                build_messages(prompt, system if isinstance(system, str) else None),
-                model=self.sub_model, max_tokens=tokens, ledger=self.tree.ledger,
-                slot_held=slot_held, redactor=redactor,
-                # One call at a time streams (its timeout is then a stall timeout);
-                # a batch's items do not: per-chunk work times 64 would load the loop.
-                stream=not slot_held, deadline=self._step_deadline or self.outer_deadline)
-        except Exception as exc:  # noqa: BLE001 - errors are values inside the REPL
-            if not slot_held:
-                self.tree.call_ended(failed=True)
-            if isinstance(exc, PromptTooLongError):
-                return (f"Error: prompt is about {exc.tokens:,} tokens, the sub-model takes "
-                        f"{exc.room:,}; split it")
-            if is_context_error(exc):
-                window = self.client.input_window(self.sub_model)
-                takes = f" of {window:,} tokens" if window else ""
-                return (f"Error: the prompt is over the sub-model's window{takes} (the "
-                        "provider refused it); split it")
-            return f"Error: {exc}" if isinstance(exc, LLMQueryError) else \
-                f"Error: {describe_exception(exc)}"
-        if not slot_held:
-            self.tree.call_ended()
-        if completion.cut_off:
-            self.cut_answers += 1
-        return completion.text
-
-    def _take_sub_calls(self, wanted: int) -> int:
-        allowed = self.tree.take_sub_calls(wanted)
-        self.own_sub_calls += allowed
-        return allowed
-
-    def _limit_error(self) -> str:
-        return (f"Error: max_sub_calls={self.tree.max_sub_calls} reached for this run; "
-                "no request was sent")
-
 
 def _fitted(messages: list[dict], room: int) -> list[dict]:
     """The conversation cut to about ``room`` tokens for its summary: the system prompt
@@ -827,22 +675,6 @@ def _head_and_tail(text: str, size: int) -> str:
 
 def _is_error(answer: str | None) -> bool:
     return isinstance(answer, str) and answer.lstrip().startswith("Error:")
-
-
-class _TreeObserver:
-    """Counts a REPL batch's items into the run's status (for the status panel)."""
-
-    def __init__(self, tree: RunTree):
-        self.tree = tree
-
-    def item_started(self, index: int) -> None:
-        self.tree.call_started()
-
-    def item_finished(self, index: int, result: Any) -> None:
-        self.tree.call_ended(failed=isinstance(result, str) and result.startswith("Error:"))
-
-    def item_failed(self, index: int, error: BaseException) -> None:
-        self.tree.call_ended(failed=True)
 
 
 class _Fields(dict):

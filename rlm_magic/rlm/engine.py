@@ -18,23 +18,22 @@ from ..errors import ConfigError, LLMQueryError, describe_exception
 from ..llm.client import LLMClient, close_loop_clients, redact_messages
 from ..llm.redaction import off_loop_if_large
 from ..llm.usage import SESSION_LEDGER, UsageLedger
-from ..llm.windows import CHARS_PER_TOKEN, estimate_tokens, is_context_error, reserve_for_answer
+from ..llm.windows import CHARS_PER_TOKEN, is_context_error, reserve_for_answer
 from ..repl.inprocess import AsyncREPL
 from ..repl.sandbox import SandboxREPL
 from ..repl.steps import preloaded, repl_builtins
+from .compaction import Conversation
 from .live_turn import LiveTurn
 from .prompts import (
-    AFTER_COMPACTION_PROMPT,
     CONTINUE_PROMPT,
     ITERATION_LIMIT_PROMPT,
-    SUMMARY_PROMPT,
     SYSTEM_PROMPT,
     chunk_advice,
     code_blocks,
     describe_context,
     find_final,
 )
-from .result import CodeRun, Compaction, Iteration, RLMResult
+from .result import CodeRun, Iteration, RLMResult
 from .session import RLMSession
 from .subcalls import RunTree, SubCalls
 
@@ -183,6 +182,12 @@ class Run:
         self.early_execution = rlm.early_execution and rlm.stream
         self.result = RLMResult(query=query, model=self.model, sub_model=self.sub_model,
                                 depth=depth, sandbox=self.sandbox)
+        # The root conversation, compacted to fit the model's window.
+        self.conversation = Conversation(
+            rlm.client, model=self.model, max_tokens=self.max_tokens,
+            compact_at=rlm.compact_at, ledger=self.tree.ledger, deadline=deadline,
+            share_history=self._share_history, status=self._status,
+            compactions=self.result.compactions)
 
     @property
     def client(self) -> LLMClient:
@@ -299,11 +304,7 @@ class Run:
     async def _loop(self, result: RLMResult) -> None:
         # litellm's model info gives the windows the prompt advises by.
         await self.client.look_up_windows(self.model, self.sub_model)
-        self._messages = [{"role": "system", "content": self._system_prompt()},
-                          {"role": "user", "content": self._first_message()}]
-        self._history = list(self._messages)  # every message, compactions or not
-        self._compacted_length = len(self._messages)
-        self._compacted_size = estimate_tokens(self._messages)
+        self.conversation.start(self._system_prompt(), self._first_message())
         for index in range(1, self.max_iterations + 1):
             self._status("thinking", iteration=index)
             turn_started = time.perf_counter()
@@ -328,10 +329,7 @@ class Run:
                 return
             if self._stopped_by_budget(result):
                 return
-            exchange = [{"role": "assistant", "content": reply},
-                        {"role": "user", "content": feedback}]
-            self._messages += exchange
-            self._history += exchange
+            self.conversation.add(reply, feedback)
 
         # Out of iterations: one last chance to answer, without running code.
         self._status("thinking", iteration=self.max_iterations)
@@ -353,79 +351,28 @@ class Run:
                          extra: list[dict] = ()) -> tuple[str, LiveTurn]:
         """A root turn on the conversation, compacted first when it nears the model's
         window; a context-length error compacts it once more and tries again."""
-        await self._compact_if_near_window(index, iteration)
+        conversation = self.conversation
+        record = await conversation.compact_if_near_window(index)
+        if record is not None and iteration is not None:
+            iteration.compaction = record
         turn = new_turn()
         try:
-            return await self._ask_root(self._messages + list(extra), turn, iteration), turn
+            return await self._ask_root(conversation.messages + list(extra), turn,
+                                        iteration), turn
         except LLMQueryError as exc:
             if not is_context_error(exc) or turn.ran:
                 raise
-        await self._compact(index, iteration, "context error")
-        turn = new_turn()
-        return await self._ask_root(self._messages + list(extra), turn, iteration), turn
-
-    def _room(self) -> int | None:
-        """Tokens the root model takes as a prompt (its window less the answer's)."""
-        window = self.client.input_window(self.model)
-        if window is None:
-            return None
-        return window - reserve_for_answer(window, self.max_tokens)
-
-    async def _compact_if_near_window(self, index: int, iteration: Iteration | None) -> None:
-        room = self._room()
-        # Only a conversation that grew since it started (or was last compacted), and
-        # by a quarter of the room: when the question and a summary alone sit near the
-        # threshold, each turn would otherwise pay for another summary.
-        if room is None or len(self._messages) <= self._compacted_length:
-            return
-        size = estimate_tokens(self._messages)
-        if size > self.rlm.compact_at * room and size - self._compacted_size >= room / 4:
-            await self._compact(index, iteration, "threshold")
-
-    async def _share_history(self) -> None:
-        """The whole conversation as the REPL variable ``history``, redacted as all that
-        the model's code can see is (the sandbox's code must not read a secret either)."""
-        shared = await redact_messages([dict(m) for m in self._history],
-                                       self.client.redactor())
-        await self.repl.set_variable("history", shared)
-
-    async def _compact(self, index: int, iteration: Iteration | None, reason: str) -> None:
-        """The root model summarises its progress; the conversation restarts from the
-        system prompt, the question and that summary. The full history goes into the
-        REPL variable ``history`` first, so nothing the model saw is lost."""
-        self._status("compacting")
-        before = estimate_tokens(self._messages)
-        await self._share_history()
-        room = self._room() or max(256, before // 2)
-        for share in (0.8, 0.4):  # the estimate may be short for code: then less
-            request = _with_user_message(_fitted(self._messages, int(room * share)),
-                                         SUMMARY_PROMPT)
-            try:
-                completion = await self.client.complete(
-                    request, model=self.model, max_tokens=self.max_tokens,
-                    ledger=self.tree.ledger, deadline=self.calls.outer_deadline)
-                break
-            except LLMQueryError as exc:
-                if share == 0.4 or not is_context_error(exc):
-                    raise
-                room = self._room() or room  # the error may have taught the window
-        summary = completion.text.strip() or "(the model wrote no summary)"
-        number = len(self.result.compactions) + 1
-        self._history += [{"role": "user", "content": SUMMARY_PROMPT},
-                          {"role": "assistant", "content": summary}]
-        self._messages = [*self._messages[:2], {"role": "assistant", "content": summary},
-                          {"role": "user",
-                           "content": AFTER_COMPACTION_PROMPT.format(number=number)}]
-        await self._share_history()
-        self._compacted_length = len(self._messages)
-        self._compacted_size = estimate_tokens(self._messages)
-        record = Compaction(index, reason, before, estimate_tokens(self._messages),
-                            completion.input_tokens, completion.output_tokens,
-                            completion.cost_usd, summary)
-        self.result.compactions.append(record)
+        record = await conversation.compact(index, "context error")
         if iteration is not None:
             iteration.compaction = record
-        self._status("thinking")
+        turn = new_turn()
+        return await self._ask_root(conversation.messages + list(extra), turn, iteration), turn
+
+    async def _share_history(self, history: list[dict]) -> None:
+        """The whole conversation as the REPL variable ``history``, redacted as all that
+        the model's code can see is (the sandbox's code must not read a secret either)."""
+        shared = await redact_messages([dict(m) for m in history], self.client.redactor())
+        await self.repl.set_variable("history", shared)
 
     async def _ask_root(self, messages, turn: LiveTurn | None = None,
                         iteration: Iteration | None = None) -> str:
@@ -636,42 +583,6 @@ class Run:
             if iteration is not None:
                 self.tree.iteration = iteration
                 self.tree.max_iterations = self.max_iterations
-
-def _fitted(messages: list[dict], room: int) -> list[dict]:
-    """The conversation cut to about ``room`` tokens for its summary: the system prompt
-    and question, then the latest exchanges that fit (the oldest are left out whole;
-    a single exchange too big alone keeps its head and tail)."""
-    head, tail = messages[:2], messages[2:]
-    budget = max(64, room - estimate_tokens(head))
-    left_out = 0
-    while len(tail) > 2 and estimate_tokens(tail) > budget:
-        tail, left_out = tail[2:], left_out + 2  # whole (assistant, user) exchanges
-    if estimate_tokens(tail) > budget:
-        share = max(200, budget * CHARS_PER_TOKEN // max(1, len(tail)))
-        tail = [{**m, "content": _head_and_tail(m["content"], share)}
-                if isinstance(m.get("content"), str) else m for m in tail]
-    if left_out:
-        note = {"role": "user", "content": f"[{left_out} earlier messages are left out "
-                                           "here to fit your window]"}
-        return [*head, {"role": "assistant", "content": "(working)"}, note, *tail]
-    return [*head, *tail]
-
-
-def _with_user_message(messages: list[dict], text: str) -> list[dict]:
-    """``text`` as the next user message; joined to the last one if that is the
-    user's too (some providers refuse two user messages in a row)."""
-    last = messages[-1]
-    if last.get("role") == "user" and isinstance(last.get("content"), str):
-        return [*messages[:-1], {**last, "content": f"{last['content']}\n\n{text}"}]
-    return [*messages, {"role": "user", "content": text}]
-
-
-def _head_and_tail(text: str, size: int) -> str:
-    if len(text) <= size:
-        return text
-    half = size // 2
-    return f"{text[:half]}\n... [{len(text) - size:,} characters cut] ...\n{text[-half:]}"
-
 
 def _is_error(answer: str | None) -> bool:
     return isinstance(answer, str) and answer.lstrip().startswith("Error:")

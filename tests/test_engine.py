@@ -504,7 +504,7 @@ async def test_a_secret_at_the_cut_is_removed_whole(server, monkeypatch):
 
 
 def test_final_ends_at_the_first_line_that_closes_it():
-    from rlm_magic.rlm.prompts import find_final
+    from rlm_magic.rlm.replies import find_final
 
     assert find_final("FINAL(42)\nHope this helps (really).").value == "42"
     assert find_final("FINAL(it is f(x))").value == "it is f(x)"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import html
 from typing import TYPE_CHECKING
 
-from ..rlm.prompts import with_code_as_pointers
+from ..rlm.replies import with_code_as_pointers
 
 if TYPE_CHECKING:
     from ..rlm.result import RLMResult

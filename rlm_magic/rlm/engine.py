@@ -29,10 +29,9 @@ from .prompts import (
     ITERATION_LIMIT_PROMPT,
     SYSTEM_PROMPT,
     chunk_advice,
-    code_blocks,
     describe_context,
-    find_final,
 )
+from .replies import code_blocks, find_final
 from .result import CodeRun, Iteration, RLMResult
 from .session import RLMSession
 from .subcalls import RunTree, SubCalls

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import Awaitable, Callable
 
-from .prompts import code_blocks
+from .replies import code_blocks
 
 # Runs block ``number`` (from 1) of the turn; returns True when the run should stop
 # running this turn's code (the answer is ready).

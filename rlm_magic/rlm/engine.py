@@ -21,7 +21,7 @@ from ..llm.usage import SESSION_LEDGER, UsageLedger
 from ..llm.windows import CHARS_PER_TOKEN, is_context_error, reserve_for_answer
 from ..repl.inprocess import AsyncREPL
 from ..repl.sandbox import SandboxREPL
-from ..repl.steps import preloaded, repl_builtins
+from ..repl.steps import FINISHERS, preloaded, repl_builtins
 from .compaction import Conversation
 from .live_turn import LiveTurn
 from .prompts import (
@@ -31,7 +31,7 @@ from .prompts import (
     chunk_advice,
     describe_context,
 )
-from .replies import code_blocks, find_final
+from .replies import ACCEPTED_FORMS, Final, read_printed_final, read_reply
 from .result import CodeRun, Iteration, RLMResult
 from .session import RLMSession
 from .subcalls import RunTree, SubCalls
@@ -177,7 +177,11 @@ class Run:
         self.calls = SubCalls(rlm, self.tree, sub_model=self.sub_model, depth=depth,
                               max_depth=self.max_depth, max_tokens=self.max_tokens,
                               child_run=self._child_run, deadline=deadline)
-        self._ready: str | None = None  # the model's `answer`, once its code set it ready
+        # (answer, how) once a block finished the run: FINAL called or printed in code,
+        # or the answer dict set ready.
+        self._finished: tuple[str, str] | None = None
+        self._told_restored: set[str] = set()  # scaffold names the model was told of
+        self._cut_off = False  # the last root turn stopped at max_tokens
         self.early_execution = rlm.early_execution and rlm.stream
         self.result = RLMResult(query=query, model=self.model, sub_model=self.sub_model,
                                 depth=depth, sandbox=self.sandbox)
@@ -214,7 +218,8 @@ class Run:
         preexisting = set(namespace) if live else set()  # the notebook's own variables
         try:
             injected = self._repl_globals(namespace)
-            touched = [*injected, *self.calls.helpers(), "__rlm_async__", "history"]
+            touched = [*injected, *self.calls.helpers(), *FINISHERS, "__rlm_async__",
+                       "__rlm_print_final__", "history"]
             if live:
                 saved = {name: namespace[name] for name in touched if name in namespace}
             if self.session is not None:
@@ -324,7 +329,7 @@ class Run:
             iteration.sub_calls = self.calls.own - calls_before
             iteration.elapsed_s = time.perf_counter() - turn_started
             if final is not None:
-                result.final_answer, result.stop_reason = final, "final"
+                (result.final_answer, result.finished_by), result.stop_reason = final, "final"
                 return
             if self._stopped_by_budget(result):
                 return
@@ -335,10 +340,11 @@ class Run:
         reply, _ = await self._root_turn(
             self.max_iterations + 1, None, LiveTurn,
             extra=[{"role": "user", "content": ITERATION_LIMIT_PROMPT}])
-        marker = find_final(reply)
+        marker = self._readable(read_reply(reply))[0]
         answer = (await self._resolve_final(marker))[0] if marker else None
         if answer is not None:
             result.final_answer, result.stop_reason = answer, "final"
+            result.finished_by = "text marker"
         else:
             result.final_answer = reply.strip() or None
             result.stop_reason = "max_iterations"
@@ -404,30 +410,47 @@ class Run:
                 self.tree.live_turn = None
         if iteration is not None:
             iteration.early_blocks = turn.ran
+        self._cut_off = bool(getattr(completion, "cut_off", False))
         return completion.text
 
     async def _act_on(self, reply: str, iteration: Iteration, turn: LiveTurn | None = None,
-                      outputs: list[str] | None = None) -> tuple[str, str | None]:
-        """Run the reply's code; return (feedback for the model, final answer or None)."""
-        blocks = code_blocks(reply)
+                      outputs: list[str] | None = None
+                      ) -> tuple[str, tuple[str, str] | None]:
+        """Run the reply's code; return (feedback for the model, (final answer, how it
+        was given) or None)."""
+        reading = read_reply(reply)
+        blocks = reading.blocks
         outputs = outputs if outputs is not None else []
         if turn is not None and self.early_execution:
             await turn.finish(blocks)  # the blocks not started while streaming, in order
             if turn.stopped:
-                return "", self._ready
+                return "", self._finished
         else:
             for number, code in enumerate(blocks, 1):
                 if await self._run_block(number, code, iteration, outputs):
-                    return "", self._ready
-        marker = find_final(reply)
+                    return "", self._finished
+        marker, problems = self._readable(reading)
         if marker is not None:
             answer, problem = await self._resolve_final(marker, iteration)
             if answer is not None:
-                return "", answer
-            outputs.append(problem)
-        if not blocks and marker is None:
-            outputs.append("You wrote no ```repl code and gave no FINAL answer.")
+                return "", (answer, "text marker")
+            problems = [problem]
+        outputs += problems
+        if not blocks and marker is None and not problems:
+            outputs.append("You wrote no ```repl code and gave no final answer. To finish: "
+                           f"{ACCEPTED_FORMS}.")
         return "\n\n".join(outputs + [CONTINUE_PROMPT]), None
+
+    def _readable(self, reading) -> tuple[Final | None, list[str]]:
+        """The reply's final answer and the problems to tell the model. An answer read
+        by the line rule (no ')' balances it) from a reply cut off at max_tokens may be
+        cut off itself: it is not taken."""
+        final = reading.final
+        if final is not None and self._cut_off and not final.balanced:
+            return None, [f"Your reply was cut off at max_tokens inside {final.kind}(...), "
+                          "so its answer may be cut off too; it was not taken. Give the "
+                          f"answer again, shorter. Accepted forms: {ACCEPTED_FORMS}."]
+        return final, reading.problems
 
     async def _run_block(self, number: int, code: str, iteration: Iteration,
                          outputs: list[str]) -> bool:
@@ -463,12 +486,45 @@ class Run:
             seen += (f"\n[{cut} sub-call answer{'s' if cut > 1 else ''} of this step "
                      f"stopped at max_tokens and {'are' if cut > 1 else 'is'}"
                      " cut off; ask for shorter answers or smaller pieces]")
+        seen += self._restored_note(step.restored)
         iteration.code.append(CodeRun(code, seen, step.elapsed_s,
                                       error=step.error is not None))
         outputs.append(f"Output of block {number}:\n{seen}")
-        # The REPL (in this process or the sandbox's) says whether `answer` is ready.
-        self._ready = await self.repl.ready_answer()
-        return self._ready is not None
+        return await self._finished_by_block(step.finish, outputs, iteration)
+
+    async def _finished_by_block(self, finish, outputs: list[str],
+                                 iteration: Iteration) -> bool:
+        """Whether the block finished the run (the REPL, in this process or the
+        sandbox's, says how); the answer goes to ``self._finished``."""
+        if not finish:
+            return False
+        how, answer = finish
+        if how == "print":  # the block printed a FINAL(...) line of its own
+            marker = read_printed_final(answer)
+            if marker is None:
+                outputs.append(f"Your code printed {answer.strip()[:200]!r}, which is not "
+                               "a whole FINAL(...) line, so the run goes on. Accepted "
+                               f"forms: {ACCEPTED_FORMS}.")
+                return False
+            answer, problem = await self._resolve_final(marker, iteration)
+            if answer is None:
+                outputs.append(problem)
+                return False
+            how = "printed marker"
+        self._finished = (answer, "call in code" if how == "code" else how)
+        return True
+
+    def _restored_note(self, names: list[str]) -> str:
+        """Tell the model, once per name, that the block rebound a name the REPL
+        provides, and that it is back."""
+        new = [name for name in names if name not in self._told_restored]
+        self._told_restored.update(new)
+        if not new:
+            return ""
+        listed = ", ".join(f"`{name}`" for name in new)
+        return (f"\n[Your code rebound {listed}, which the REPL provides; "
+                f"{'it is' if len(new) == 1 else 'they are'} restored for your next "
+                "blocks. Keep your own values under other names.]")
 
     async def _resolve_final(self, marker, iteration: Iteration | None = None
                              ) -> tuple[str | None, str]:

@@ -66,6 +66,10 @@ class RLMResult:
     error: str | None = None
     elapsed_s: float = 0.0
     stop_reason: str = ""  # "final", "max_iterations", "budget", "error", "interrupted"
+    # How the model gave its answer: "text marker" (FINAL/FINAL_VAR in its reply),
+    # "call in code" (FINAL()/FINAL_VAR() in a block), "printed marker" (a block printed
+    # FINAL(...)) or "answer dict" (answer["ready"] = True); "" without an answer.
+    finished_by: str = ""
     model: str = ""
     sub_model: str = ""
     depth: int = 0

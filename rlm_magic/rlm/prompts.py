@@ -20,7 +20,8 @@ The REPL has:
   in order. It is as fast as one call: always prefer it to a loop of llm_query calls.
 - `rlm_query(prompt, context=None)` -> str: a child RLM with its own REPL for a hard
   sub-problem (nesting depth left: {depth_left}); `rlm_query_batch(prompts, contexts)`.
-- `SHOW_VARS()`: the variables you have made so far.
+- `SHOW_VARS()` -> str: the variables you have made so far.
+- `FINAL(answer)`: finish with this answer (see below).
 Helpers work with or without `await`. A failed sub-call returns a string starting with
 "Error:" instead of raising, so check answers before you rely on them. Variables persist
 between blocks. Use print() to see values.
@@ -32,12 +33,13 @@ How to work:
    llm_query.
 3. Keep large values in variables; print only what you need to see.
 
-When you are done, give the answer on a line of its own, outside code:
-FINAL(your answer)
-or, to return a variable from the REPL as the answer:
-FINAL_VAR(variable_name)
-You may instead set `answer["content"] = ...` and `answer["ready"] = True` in the REPL.
-Do not give a final answer before you have looked at the data.
+When you have the answer, finish by calling FINAL in a ```repl block:
+```repl
+FINAL(summary)  # a variable, or a literal: FINAL("Paris")
+```
+The run ends when that block ends, and the answer is exactly the value you passed (a
+string as it is; anything else converted with str()). Do not call FINAL before you have
+looked at the data.
 """
 
 ITERATION_LIMIT_PROMPT = (
@@ -58,8 +60,8 @@ AFTER_COMPACTION_PROMPT = (
     "Continue from the summary.")
 
 CONTINUE_PROMPT = (
-    "Continue. Write ```repl code to make progress, or give the answer with FINAL(...) "
-    "or FINAL_VAR(name) once you have it.")
+    "Continue. Write ```repl code to make progress, or call FINAL(answer) in a ```repl "
+    "block once you have the answer.")
 
 
 def chunk_advice(room_tokens: int | None, chars_per_token: int = 4) -> tuple[str, str]:

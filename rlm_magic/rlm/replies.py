@@ -154,7 +154,7 @@ def _fences(text: str) -> list[Fence]:
                 closed = True
                 # Text after the closing backticks on the same line is prose again.
                 after = len(line) - len(stripped) + len(ticks)
-                end = offset + (after if rest else len(line))
+                end = offset + (after if rest else len(line.rstrip("\n")))
                 if rest:
                     lines[i] = line[after:]
                     offset += after
@@ -317,7 +317,11 @@ def _name(argument: str) -> str:
 
 
 def _unquote(value: str) -> str:
+    """The answer without quotes around the whole of it (and only the whole of it:
+    '"a" and "b"' keeps its own)."""
     for quote in ('"""', "'''", '"', "'", "`"):
-        if len(value) >= 2 * len(quote) and value.startswith(quote) and value.endswith(quote):
-            return value[len(quote):-len(quote)]
+        inner = value[len(quote):-len(quote)]
+        if len(value) >= 2 * len(quote) and value.startswith(quote) \
+                and value.endswith(quote) and quote not in inner:
+            return inner
     return value

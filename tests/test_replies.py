@@ -180,6 +180,17 @@ def test_code_blocks(reply, blocks):
     assert code_blocks(reply) == blocks
 
 
+@pytest.mark.parametrize("reply, runs, final", [
+    ("```repl\nFINAL(The answer is 42)\n```", [], "The answer is 42"),  # not Python
+    ("```repl\nFINAL(total)\n```", ["FINAL(total)"], None),  # Python: a call in code
+    ("```\nFINAL(total)\n```", [], "total"),  # bare: the answer, as in prose
+])
+def test_a_block_that_is_only_a_final_line(reply, runs, final):
+    reading = read_reply(reply)
+    assert reading.blocks == runs
+    assert (reading.final.value if reading.final else None) == final
+
+
 def test_text_after_a_closing_fence_is_read_for_the_answer():
     reply = read_reply("```repl\nx = 1\n```FINAL(42)")
     assert reply.blocks == ["x = 1"] and reply.final.value == "42"

@@ -6,9 +6,10 @@ execution), so both see the same blocks. Its rules:
 **Code.** A fence is a line starting with three or more backticks, optionally indented;
 it closes at the next line starting with as many backticks (text after them on that line
 is prose again), or at the end of the reply. ```repl, ```python, ```py, ```python3 and
-```py3 blocks run. A bare ``` block runs when it parses as Python, unless it is just a
-FINAL(...) line (then it is the answer, as if written outside the fence). Blocks in
-other languages (```json, ```text) are quotations: neither run nor read for an answer.
+```py3 blocks run, and bare ``` blocks that parse as Python. A block that is just a
+FINAL(...) line is read as the answer instead, as if written outside the fence, when it
+is bare or is not valid Python (``FINAL(The answer is 42)``). Blocks in other languages
+(```json, ```text) are quotations: neither run nor read for an answer.
 Line endings are normalised first (CRLF, CR).
 
 **Answer.** FINAL( or FINAL_VAR( begins a line of prose, after optional Markdown
@@ -180,15 +181,23 @@ def _dedent(line: str, indent: int) -> str:
 
 
 def _runs(language: str, body: str) -> bool:
-    if language in CODE_LANGUAGES:
-        return True
-    if language or not body.strip() or _LONE_MARKER.match(body):
+    if _is_quotation(language) or not body.strip():
         return False
+    if _LONE_MARKER.match(body):  # FINAL(...) alone: code only where it is code
+        return bool(language) and _parses(body)
+    return bool(language) or _parses(body)
+
+
+def _parses(code: str) -> bool:
     try:
-        ast.parse(body)
+        ast.parse(code)
     except (SyntaxError, ValueError):
         return False
     return True
+
+
+def _is_quotation(language: str) -> bool:
+    return bool(language) and language not in CODE_LANGUAGES
 
 
 # -- the final answer -------------------------------------------------------------------
@@ -214,7 +223,7 @@ def _prose(text: str, fences: list[Fence]) -> list[str]:
     prose (so FINAL(...) inside a plain ``` fence is read)."""
     segments, at = [], 0
     for fence in fences:
-        if fence.runnable or fence.language:
+        if fence.runnable or _is_quotation(fence.language):
             segments.append(text[at:fence.start])
             at = fence.end
     segments.append(text[at:])
@@ -296,7 +305,7 @@ def _mentions(text: str, fences: list[Fence]) -> list[str]:
     """A reply with no code and no readable answer that still names FINAL: say where
     (mid-sentence, inside a quotation, without parentheses), so the model can fix it."""
     for fence in fences:
-        if fence.language and not fence.runnable and _MARKER.search(fence.body):
+        if _is_quotation(fence.language) and _MARKER.search(fence.body):
             return [f"Your FINAL is inside a ```{fence.language} block, where it is "
                     f"not read. Accepted forms: {ACCEPTED_FORMS}."]
     for line in text.splitlines():

@@ -65,6 +65,13 @@ async def test_a_reply_cut_at_max_tokens_inside_final_is_not_taken(server):
     assert "cut off at max_tokens inside FINAL(...)" in feedback(server)
 
 
+async def test_at_the_iteration_limit_a_block_that_only_calls_final_is_the_answer(server):
+    rlm = make_rlm(server, max_iterations=1)
+    server.script("root-model", [repl("best = 'Paris (France)'"), repl("FINAL(best)")])
+    result = await rlm.arun("q", context="c")
+    assert result.success and result.final_answer == "Paris (France)"
+
+
 # -- finishing from code -------------------------------------------------------------------
 
 async def test_final_called_in_code_ends_the_run_after_its_block(rlm, server):
@@ -188,6 +195,7 @@ async def test_the_result_says_how_the_run_finished(server):
     server.script("root-model", [repl("FINAL('x')")])
     result = await rlm.arun("q", context="c")
     assert result.to_dict()["finished_by"] == "call in code"
+    assert result.to_dict()["trajectory"][-1]["finished_by"] == "call in code"
     assert "finished by call in code" in result._repr_html_()
 
 

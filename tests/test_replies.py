@@ -10,6 +10,7 @@ import pytest
 from rlm_magic.rlm.replies import (
     ACCEPTED_FORMS,
     code_blocks,
+    read_final_call,
     read_printed_final,
     read_reply,
     with_code_as_pointers,
@@ -222,3 +223,22 @@ def test_a_printed_final_is_the_whole_printed_text(printed, kind, value):
 
 def test_printed_text_that_is_not_a_whole_final_line_is_not_an_answer():
     assert read_printed_final("FINAL(42) is the answer") is None
+
+
+# -- a block that only calls FINAL, read without running it (the iteration limit's turn) ----
+
+@pytest.mark.parametrize("code, kind, value", [
+    ("FINAL('Paris')", "FINAL", "Paris"),
+    ("FINAL(42)", "FINAL", "42"),
+    ("FINAL(summary)", "FINAL", "summary"),  # resolved as FINAL(name) in the reply is
+    ("FINAL_VAR('summary')", "FINAL_VAR", "summary"),
+    ("FINAL(f'{a} and {b}')", "FINAL", "f'{a} and {b}'"),
+])
+def test_a_block_that_only_calls_final_is_read_as_its_answer(code, kind, value):
+    final = read_final_call(code)
+    assert (final.kind, final.value) == (kind, value)
+
+
+@pytest.mark.parametrize("code", ["x = 1\nFINAL(x)", "print(FINAL(1))", "FINAL(", "FINAL()"])
+def test_a_block_that_does_more_than_call_final_is_not_read(code):
+    assert read_final_call(code) is None

@@ -31,7 +31,7 @@ from .prompts import (
     chunk_advice,
     describe_context,
 )
-from .replies import ACCEPTED_FORMS, Final, read_printed_final, read_reply
+from .replies import ACCEPTED_FORMS, Final, read_final_call, read_printed_final, read_reply
 from .result import CodeRun, Iteration, RLMResult
 from .session import RLMSession
 from .subcalls import RunTree, SubCalls
@@ -329,7 +329,8 @@ class Run:
             iteration.sub_calls = self.calls.own - calls_before
             iteration.elapsed_s = time.perf_counter() - turn_started
             if final is not None:
-                (result.final_answer, result.finished_by), result.stop_reason = final, "final"
+                result.final_answer, result.finished_by = final
+                iteration.finished_by, result.stop_reason = result.finished_by, "final"
                 return
             if self._stopped_by_budget(result):
                 return
@@ -340,7 +341,11 @@ class Run:
         reply, _ = await self._root_turn(
             self.max_iterations + 1, None, LiveTurn,
             extra=[{"role": "user", "content": ITERATION_LIMIT_PROMPT}])
-        marker = self._readable(read_reply(reply))[0]
+        reading = read_reply(reply)
+        # Code is not run now; a block that only calls FINAL (as the prompt teaches)
+        # is read as the answer it gives.
+        marker = self._readable(reading)[0] or next(
+            filter(None, map(read_final_call, reading.blocks)), None)
         answer = (await self._resolve_final(marker))[0] if marker else None
         if answer is not None:
             result.final_answer, result.stop_reason = answer, "final"

@@ -124,6 +124,28 @@ def read_printed_final(printed: str) -> Final | None:
     return Final(kind, _unquote(inner.strip()) if kind == "FINAL" else _name(inner))
 
 
+def read_final_call(code: str) -> Final | None:
+    """A block that is only a FINAL(...) / FINAL_VAR(...) call, read without running
+    it: for a reply whose code is not run (the last chance at the iteration limit)."""
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):
+        return None
+    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Expr):
+        return None
+    call = tree.body[0].value
+    if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
+            and call.func.id in ("FINAL", "FINAL_VAR") and len(call.args) == 1
+            and not call.keywords):
+        return None
+    argument = call.args[0]
+    if isinstance(argument, ast.Constant):
+        value = str(argument.value)
+    else:  # a name is resolved as FINAL(name) is; an expression stays its source
+        value = ast.get_source_segment(code, argument) or ""
+    return Final(call.func.id, value.strip() if call.func.id == "FINAL" else _name(value))
+
+
 # -- fences ------------------------------------------------------------------------------
 def _fences(text: str) -> list[Fence]:
     fences: list[Fence] = []

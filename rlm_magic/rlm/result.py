@@ -51,6 +51,7 @@ class Iteration:
     compaction: Compaction | None = None  # the conversation was compacted before it
     cut_answers: int = 0  # sub-call answers that stopped at max_tokens
     notes: list[str] = field(default_factory=list)  # how the engine read the reply
+    finished_by: str = ""  # the turn that ended the run: how (see RLMResult.finished_by)
 
 
 @dataclass

@@ -185,6 +185,8 @@ def test_code_blocks(reply, blocks):
     ("```repl\nFINAL(The answer is 42)\n```", [], "The answer is 42"),  # not Python
     ("```repl\nFINAL(total)\n```", ["FINAL(total)"], None),  # Python: a call in code
     ("```\nFINAL(total)\n```", [], "total"),  # bare: the answer, as in prose
+    ("```\nx = 6 * 7\nFINAL(x)\n```", ["x = 6 * 7\nFINAL(x)"], None),  # bare code
+    ("```\nFINAL(x)\nprint(x)\n```", ["FINAL(x)\nprint(x)"], None),
 ])
 def test_a_block_that_is_only_a_final_line(reply, runs, final):
     reading = read_reply(reply)

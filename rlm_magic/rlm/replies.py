@@ -39,7 +39,7 @@ _OPENING = re.compile(r"^([ \t]*)(`{3,})[ \t]*([^\s`]*)[^`\n]*$")
 _MARKER = re.compile(r"^[ \t]*(?:[>*_#+`-]+[ \t]*)*(FINAL_VAR|FINAL)\(", re.MULTILINE)
 _MENTION = re.compile(r"\bFINAL(?:_VAR)?\b")
 _BLANK_LINE = re.compile(r"\n[ \t]*\n")
-_LONE_MARKER = re.compile(r"^\s*(FINAL_VAR|FINAL)\(.*\)\s*$", re.DOTALL)
+_WHOLE_MARKER = re.compile(r"^\s*(FINAL_VAR|FINAL)\(.*\)\s*$", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,7 @@ def with_code_as_pointers(text: str) -> str:
 def read_printed_final(printed: str) -> Final | None:
     """The answer in a FINAL(...) / FINAL_VAR(...) that model code printed: the whole
     printed text is the marker, so the answer is everything up to its last ')'."""
-    match = _LONE_MARKER.match(printed)
+    match = _WHOLE_MARKER.match(printed)
     if match is None:
         return None
     kind = match.group(1)
@@ -205,9 +205,19 @@ def _dedent(line: str, indent: int) -> str:
 def _runs(language: str, body: str) -> bool:
     if _is_quotation(language) or not body.strip():
         return False
-    if _LONE_MARKER.match(body):  # FINAL(...) alone: code only where it is code
+    if _is_lone_marker(body):  # FINAL(...) alone: code only where it is code
         return bool(language) and _parses(body)
     return bool(language) or _parses(body)
+
+
+def _is_lone_marker(body: str) -> bool:
+    """Whether a block holds one FINAL(...) / FINAL_VAR(...) and nothing else."""
+    body = body.strip()
+    match = _MARKER.match(body)
+    if match is None:
+        return False
+    end, _ = _argument_end(body[match.end():])
+    return end is not None and match.end() + end == len(body) - 1
 
 
 def _parses(code: str) -> bool:

@@ -257,9 +257,7 @@ def execute_step(compiled, namespace: dict[str, Any], output: StepOutput,
                 output.error = format_model_traceback()
     finally:
         output.restored = _restore(namespace, scaffold)
-        answer = ready_answer(namespace)
-        output.finish = finish.result or (["answer dict", _capped(answer)]
-                                          if answer is not None else None)
+        output.finish = finish.result or _answer_dict(namespace, output)
 
 
 # Builtins the model's code does not get: IPython puts these into `builtins` while a
@@ -448,6 +446,16 @@ def _restore(namespace: dict[str, Any], scaffold: dict[str, Any]) -> list[str]:
             if not name.startswith("_"):
                 rebound.append(name)
     return rebound
+
+
+def _answer_dict(namespace: dict[str, Any], output: StepOutput) -> list[str] | None:
+    try:
+        answer = ready_answer(namespace)
+    except Exception as exc:  # noqa: BLE001 - a content whose str() fails is the model's
+        output.error = (output.error or "") + (f"answer['content'] could not be read as "
+                                               f"text: {type(exc).__name__}: {exc}")
+        return None
+    return None if answer is None else ["answer dict", _capped(answer)]
 
 
 def _as_text(value: Any) -> str:

@@ -75,11 +75,11 @@ async def test_answer_dict_protocol_ends_the_run(rlm, server):
     assert result.final_answer == "via dict" and result.iterations == 1
 
 
-async def test_final_inside_code_or_mid_sentence_is_not_an_answer(rlm, server):
+async def test_final_in_printed_data_a_comment_or_mid_sentence_is_not_an_answer(rlm, server):
     server.script("root-model", [
-        repl('print("FINAL(not this)")\n# FINAL(nor this)') + "I will call FINAL(x) later.",
+        repl('print(context)\n# FINAL(nor this)') + "I will call FINAL(x) later.",
         "FINAL(the real one)"])
-    result = await rlm.arun("q", context="c")
+    result = await rlm.arun("q", context="FINAL(not this)\n")
     assert result.final_answer == "the real one" and result.iterations == 2
 
 
@@ -501,14 +501,6 @@ async def test_a_secret_at_the_cut_is_removed_whole(server, monkeypatch):
     seen = result.trajectory[0].code[0].output
     assert seen.startswith("a" * 25 + "[REDACTED]\n... [output cut")
     assert "SE" not in seen.replace("[REDACTED]", "")
-
-
-def test_final_ends_at_the_first_line_that_closes_it():
-    from rlm_magic.rlm.prompts import find_final
-
-    assert find_final("FINAL(42)\nHope this helps (really).").value == "42"
-    assert find_final("FINAL(it is f(x))").value == "it is f(x)"
-    assert find_final("FINAL(a) one\nb) two)").value == "a) one\nb) two"
 
 
 async def test_thread_pool_code_in_the_models_hands_works_concurrently(rlm, server, repl_kind):

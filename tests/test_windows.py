@@ -247,7 +247,7 @@ async def test_litellm_is_asked_for_a_model_s_window_off_the_loop(server, monkey
 
 
 def test_the_summary_request_keeps_the_question_and_the_latest_exchanges():
-    from rlm_magic.rlm.engine import _fitted
+    from rlm_magic.rlm.compaction import _fitted
 
     head = [{"role": "system", "content": "s" * 400}, {"role": "user", "content": "q" * 400}]
     exchanges = [{"role": role, "content": f"{n}" * 4000}

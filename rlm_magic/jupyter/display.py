@@ -9,7 +9,7 @@ from __future__ import annotations
 import html
 from typing import TYPE_CHECKING
 
-from ..rlm.prompts import with_code_as_pointers
+from ..rlm.replies import with_code_as_pointers
 
 if TYPE_CHECKING:
     from ..rlm.result import RLMResult
@@ -54,7 +54,8 @@ def _status_line(result: "RLMResult") -> str:
             f"{sum(i.sub_calls for i in result.trajectory)} sub-call(s) · "
             f"{usage.total.total_tokens:,} tokens · "
             f"{format_cost(usage.cost_usd, usage.total.unpriced_calls)} · "
-            f"{result.elapsed_s:.1f}s")
+            f"{result.elapsed_s:.1f}s"
+            + (f" · finished by {result.finished_by}" if result.finished_by else ""))
 
 
 def result_html(result: "RLMResult") -> str:

@@ -33,7 +33,6 @@ from .steps import (
     final_var,
     install_helpers,
     prepare_step,
-    ready_answer,
     step_filename,
     user_variables,
 )
@@ -206,9 +205,6 @@ class AsyncREPL:
     # -- what the engine reads (async, like the sandbox's, which has to ask) ---------
     async def final_var(self, name: str) -> str | None:
         return final_var(self.namespace, name)
-
-    async def ready_answer(self) -> str | None:
-        return ready_answer(self.namespace)
 
     async def set_variable(self, name: str, value: Any) -> None:
         self.namespace[name] = value

@@ -405,6 +405,13 @@ class SandboxREPL:
         output.dropped_chars = dropped if isinstance(dropped, int) and dropped > 0 else 0
         answer = reply.get("answer")
         self._answer = answer if isinstance(answer, str) else None
+        finish, restored = reply.get("finish"), reply.get("restored")
+        if finish is not None and not (isinstance(finish, list) and len(finish) == 2
+                                       and all(isinstance(x, str) for x in finish)):
+            raise bridge.BridgeError("a step result whose finish is not [how, answer]")
+        output.finish = finish
+        output.restored = [name for name in restored if isinstance(name, str)][:50] \
+            if isinstance(restored, list) else []
 
     async def _stop(self, sandbox: _Sandbox, reply: asyncio.Future,
                     output: StepOutput) -> None:

@@ -17,16 +17,19 @@ import io
 import linecache
 import sys
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .capture import OutputSink, captured_into
 
 ASYNC_TABLE = "__rlm_async__"
 _LAST_VALUE = "__rlm_last__"
+_PRINT_FINAL = "__rlm_print_final__"  # what `print("FINAL(...)")` in model code calls
+# Put into the namespace afresh before every block: the ways to finish and to look.
+FINISHERS = ("FINAL", "FINAL_VAR", "SHOW_VARS")
 # What every REPL namespace starts with besides the helpers; not "the model's variables".
-PRELOADED = ("context", "answer", "SHOW_VARS", "asyncio", "re", "json",
-             "history")  # history: the root conversation, put there when it is compacted
+PRELOADED = ("context", "answer", "asyncio", "re", "json", *FINISHERS,
+             "history")  # history: the root conversation, filled in when it is compacted
 HELPER_NAMES = ("llm_query", "llm_query_batch", "llm_query_batched", "rlm_query",
                 "rlm_query_batch", "rlm_query_batched")
 # asyncio functions whose arguments model code means to run concurrently. Matched as
@@ -56,6 +59,12 @@ class StepOutput:
     # Characters the sandbox cut off before sending (it sends only what the model
     # can be shown); counted in the output-cut note.
     dropped_chars: int = 0
+    # How the block finished the run, if it did: [how, answer], how being "code" (it
+    # called FINAL/FINAL_VAR), "print" (it printed a FINAL(...) line, the answer being
+    # the printed text, read by the engine) or "answer dict".
+    finish: list[str] | None = None
+    # Scaffold names the block rebound (llm_query, context, ...), put back after it.
+    restored: list[str] = field(default_factory=list)
 
     def as_text(self) -> str:
         parts = [self.stdout.rstrip("\n")] if self.stdout else []
@@ -169,12 +178,41 @@ def _walk_same_scope(tree):
                 pending.append(child)
 
 
+class _FinishRewriter(ast.NodeTransformer):
+    """Two ways real models finish from code, made explicit at compile time:
+    - ``print("FINAL(...)")`` / ``print(f"FINAL({x})")``: a print whose own text (a
+      literal or f-string written in the code) begins with FINAL( or FINAL_VAR( goes
+      to a print that also finishes. Printed *data* that holds the word never does.
+    - ``FINAL_VAR(total)``, a variable written bare instead of its name in quotes: the
+      call is told its argument is a value (``FINAL_VAR("total")`` stays a name)."""
+
+    def visit_Call(self, node: ast.Call):
+        self.generic_visit(node)
+        func = node.func
+        if not isinstance(func, ast.Name):
+            return node
+        if func.id == "print" and node.args and _starts_with_final(node.args[0]):
+            node.func = ast.copy_location(ast.Name(id=_PRINT_FINAL, ctx=ast.Load()), func)
+        elif func.id == "FINAL_VAR" and len(node.args) == 1 and not node.keywords \
+                and not isinstance(node.args[0], ast.Constant):
+            node.keywords = [ast.keyword(arg="_value_given", value=ast.Constant(True))]
+        return node
+
+
+def _starts_with_final(node: ast.AST) -> bool:
+    if isinstance(node, ast.JoinedStr) and node.values:
+        node = node.values[0]
+    return (isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and node.value.lstrip().startswith(("FINAL(", "FINAL_VAR(")))
+
+
 def compile_step(code: str, helper_names: set[str], filename: str):
     """Parse, rewrite and compile a block; the last expression's value is kept."""
     # Registered so tracebacks can quote the model's lines.
     linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
     tree = ast.parse(code, filename=filename, mode="exec")
     tree = _HelperCallRewriter(helper_names).visit(tree)
+    tree = _FinishRewriter().visit(tree)
     if tree.body and isinstance(tree.body[-1], ast.Expr):
         last = tree.body[-1]
         tree.body[-1] = ast.copy_location(ast.Assign(
@@ -195,21 +233,31 @@ def prepare_step(code: str, helper_names: set[str], filename: str, output: StepO
 def execute_step(compiled, namespace: dict[str, Any], output: StepOutput,
                  buffer: io.StringIO, sink: OutputSink) -> None:
     """Run a compiled block in ``namespace`` on this thread, its output captured into
-    ``buffer`` through the REPL's ``sink``: errors, the last value and a stop all land
-    in ``output``."""
+    ``buffer`` through the REPL's ``sink``: errors, the last value, a stop, how the
+    block finished the run and the scaffold it rebound all land in ``output``.
+
+    The scaffold (FINAL, FINAL_VAR, SHOW_VARS afresh; the helpers and the context
+    variables as they were when the block began) is put back after the block, however
+    it ended, so the next block never runs with a helper the model replaced."""
+    finish = _Finish(namespace)
+    scaffold = _scaffold(namespace, finish)
     sink.buffer = buffer
-    with captured_into(sink):
-        try:
-            result = eval(compiled, namespace)  # noqa: S307 - by design
-            if inspect.iscoroutine(result):
-                asyncio.run(result)
-            value = namespace.pop(_LAST_VALUE, None)
-            if value is not None:
-                output.value = repr(value)
-        except (StepInterrupted, KeyboardInterrupt):
-            output.error = "KeyboardInterrupt: the step was stopped"
-        except BaseException:  # noqa: BLE001 - shown to the model, as a REPL would
-            output.error = format_model_traceback()
+    try:
+        with captured_into(sink):
+            try:
+                result = eval(compiled, namespace)  # noqa: S307 - by design
+                if inspect.iscoroutine(result):
+                    asyncio.run(result)
+                value = namespace.pop(_LAST_VALUE, None)
+                if value is not None:
+                    output.value = repr(value)
+            except (StepInterrupted, KeyboardInterrupt):
+                output.error = "KeyboardInterrupt: the step was stopped"
+            except BaseException:  # noqa: BLE001 - shown to the model, as a REPL would
+                output.error = format_model_traceback()
+    finally:
+        output.restored = _restore(namespace, scaffold)
+        output.finish = finish.result or _answer_dict(namespace, output)
 
 
 # Builtins the model's code does not get: IPython puts these into `builtins` while a
@@ -292,24 +340,133 @@ def _is_context_name(name: str) -> bool:
 
 def preloaded(namespace: dict[str, Any], context: Any) -> dict[str, Any]:
     """What a REPL namespace starts with besides the helpers (see ``PRELOADED``): the
-    context, the ``answer`` protocol, SHOW_VARS, and asyncio, re and json pre-imported,
-    since models use them without importing."""
-    import functools
+    context, the ``answer`` protocol, FINAL/FINAL_VAR/SHOW_VARS, an empty ``history``,
+    and asyncio, re and json pre-imported, since models use them without importing."""
     import json
     import re
 
     return {"asyncio": asyncio, "re": re, "json": json, "context": context,
-            "answer": {"content": "", "ready": False},
-            "SHOW_VARS": functools.partial(show_vars, namespace)}
+            "answer": {"content": "", "ready": False}, "history": [],
+            **_finishers(namespace, _Finish(namespace))}
 
 
-def show_vars(namespace: dict[str, Any]) -> None:
-    """Print the variables made in this REPL so far, with their types."""
+class Listing(str):
+    """Text that shows as itself as a block's last value (not as a quoted repr)."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def show_vars(namespace: dict[str, Any]) -> Listing:
+    """The variables made in this REPL so far, with their types (one per line)."""
     names = user_variables(namespace)
     if not names:
-        print("No variables yet.")
-    for name in names:
-        print(f"{name}: {type(namespace[name]).__name__}")
+        return Listing("No variables yet.")
+    return Listing("\n".join(f"{name}: {type(namespace[name]).__name__}" for name in names))
+
+
+# -- finishing from code, and the scaffold the model may not break -------------------------
+# FINAL's text beyond this many characters is cut (with a note): the sandbox's bridge
+# takes 128 MB, and a character may take four bytes.
+_FINAL_LIMIT = 16 * 2**20
+_NOT_ANSWERS = {*HELPER_NAMES, *FINISHERS, "asyncio", "re", "json"}
+
+
+class _Finish:
+    """What FINAL / FINAL_VAR / a printed FINAL did during one block (the last wins)."""
+
+    def __init__(self, namespace: dict[str, Any]):
+        self.namespace = namespace
+        self.result: list[str] | None = None
+
+    def final(self, answer: Any) -> None:
+        """Finish the run with ``answer`` once this block ends (a string as it is,
+        anything else as str())."""
+        if answer is None:
+            raise ValueError("FINAL(None): the answer is None (did a function return "
+                             "nothing?); pass the answer itself")
+        self.result = ["code", _capped(_as_text(answer))]
+
+    def final_var(self, name: Any, _value_given: bool = False) -> None:
+        """Finish the run with the variable called ``name`` once this block ends."""
+        variables = self.namespace
+        if isinstance(name, str):
+            key = name.strip().strip("'\"` ")
+            if key in variables and key not in _NOT_ANSWERS and not key.startswith("_"):
+                return self.final(variables[key])
+            if not _value_given:
+                made = ", ".join(user_variables(variables)) or "none yet"
+                raise NameError(f"FINAL_VAR({name!r}): there is no variable named {key!r} "
+                                f"(variables: {made}); pass a variable's name, or the "
+                                "answer itself with FINAL(answer)")
+        return self.final(name)  # FINAL_VAR(total): the variable's value
+
+    def print_final(self, *args, **kwargs) -> None:
+        """``print`` for a print whose own text begins with FINAL(: prints it, and
+        finishes with the printed text (the engine reads the answer from it)."""
+        print(*args, **kwargs)
+        sep = kwargs.get("sep")
+        text = (" " if sep is None else str(sep)).join(str(a) for a in args)
+        self.result = ["print", _capped(text)]
+
+
+def _finishers(namespace: dict[str, Any], finish: _Finish) -> dict[str, Any]:
+    import functools
+
+    def FINAL(answer):  # noqa: N802 - the name models are taught
+        return finish.final(answer)
+
+    def FINAL_VAR(name, _value_given=False):  # noqa: N802
+        return finish.final_var(name, _value_given)
+
+    FINAL.__doc__, FINAL_VAR.__doc__ = _Finish.final.__doc__, _Finish.final_var.__doc__
+    return {"FINAL": FINAL, "FINAL_VAR": FINAL_VAR,
+            "SHOW_VARS": functools.partial(show_vars, namespace),
+            _PRINT_FINAL: finish.print_final}
+
+
+_MISSING = object()
+
+
+def _scaffold(namespace: dict[str, Any], finish: _Finish) -> dict[str, Any]:
+    """Put fresh finishers in, and note the helpers and context variables as they are
+    now (the host may have changed them between blocks: a session's new context)."""
+    namespace.update(_finishers(namespace, finish))
+    guarded = (*FINISHERS, _PRINT_FINAL, *HELPER_NAMES, ASYNC_TABLE, "context")
+    return {name: namespace[name] for name in namespace
+            if name in guarded or _is_context_name(name)}
+
+
+def _restore(namespace: dict[str, Any], scaffold: dict[str, Any]) -> list[str]:
+    """Put back what the block rebound or deleted; the names it touched, for the model."""
+    rebound = []
+    for name, value in scaffold.items():
+        if namespace.get(name, _MISSING) is not value:
+            namespace[name] = value
+            if not name.startswith("_"):
+                rebound.append(name)
+    return rebound
+
+
+def _answer_dict(namespace: dict[str, Any], output: StepOutput) -> list[str] | None:
+    try:
+        answer = ready_answer(namespace)
+    except Exception as exc:  # noqa: BLE001 - a content whose str() fails is the model's
+        output.error = (output.error or "") + (f"answer['content'] could not be read as "
+                                               f"text: {type(exc).__name__}: {exc}")
+        return None
+    return None if answer is None else ["answer dict", _capped(answer)]
+
+
+def _as_text(value: Any) -> str:
+    return value if isinstance(value, str) else str(value)
+
+
+def _capped(text: str) -> str:
+    if len(text) <= _FINAL_LIMIT:
+        return text
+    return text[:_FINAL_LIMIT] + (f"\n... [the answer holds {len(text):,} characters, more "
+                                  f"than a REPL returns ({_FINAL_LIMIT:,}); the rest is cut]")
 
 
 def ready_answer(namespace: dict[str, Any]) -> str | None:

@@ -227,6 +227,7 @@ class Worker:
         dropped = sum(len(text) - keep for text in parts.values() if text and len(text) > keep)
         return {"op": "done", "step": step_id, "dropped": dropped,
                 "answer": ready_answer(self.namespace),
+                "finish": output.finish, "restored": output.restored,
                 **{key: text[:keep] if text else text for key, text in parts.items()}}
 
     def variables(self) -> dict:

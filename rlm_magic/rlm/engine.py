@@ -11,35 +11,30 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..config import RLMConfig
-from ..errors import ConfigError, LLMQueryError, PromptTooLongError, describe_exception
-from ..llm.batch import gather_limited
+from ..errors import ConfigError, LLMQueryError, describe_exception
 from ..llm.client import LLMClient, close_loop_clients, redact_messages
-from ..llm.limiter import ConcurrencyLimiter
-from ..llm.messages import build_messages
 from ..llm.redaction import off_loop_if_large
 from ..llm.usage import SESSION_LEDGER, UsageLedger
-from ..llm.windows import CHARS_PER_TOKEN, estimate_tokens, is_context_error, reserve_for_answer
+from ..llm.windows import CHARS_PER_TOKEN, is_context_error, reserve_for_answer
 from ..repl.inprocess import AsyncREPL
 from ..repl.sandbox import SandboxREPL
-from ..repl.steps import preloaded, repl_builtins
+from ..repl.steps import FINISHERS, preloaded, repl_builtins
+from .compaction import Conversation
 from .live_turn import LiveTurn
 from .prompts import (
-    AFTER_COMPACTION_PROMPT,
     CONTINUE_PROMPT,
     ITERATION_LIMIT_PROMPT,
-    SUMMARY_PROMPT,
     SYSTEM_PROMPT,
     chunk_advice,
-    code_blocks,
     describe_context,
-    find_final,
 )
-from .result import CodeRun, Compaction, Iteration, RLMResult
+from .replies import ACCEPTED_FORMS, Final, read_final_call, read_printed_final, read_reply
+from .result import CodeRun, Iteration, RLMResult
 from .session import RLMSession
+from .subcalls import RunTree, SubCalls
 
 if TYPE_CHECKING:
     from ..jupyter.helpers import NotebookHelpers
@@ -136,42 +131,6 @@ class RLM(RLMConfig):
                            "a notebook cell): use `await rlm.arun(...)` instead")
 
 
-@dataclass
-class RunTree:
-    """What a run shares with its child runs: ledger, sub-call budget, and the counts
-    the status panel shows (read by it a few times a second)."""
-
-    ledger: UsageLedger
-    max_sub_calls: int
-    max_cost_usd: float | None
-    sub_calls: int = 0
-    in_flight: int = 0
-    done: int = 0
-    failed: int = 0
-    phase: str = "starting"
-    warned_unpriced: bool = False
-    iteration: int = 0
-    max_iterations: int = 0
-    live_turn: LiveTurn | None = None  # the root turn streaming in, for the panel
-
-    def take_sub_calls(self, wanted: int) -> int:
-        """Reserve up to ``wanted`` sub-calls; returns how many are allowed."""
-        allowed = max(0, min(wanted, self.max_sub_calls - self.sub_calls))
-        self.sub_calls += allowed
-        return allowed
-
-    def call_started(self) -> None:
-        self.in_flight += 1
-
-    def call_ended(self, failed: bool = False) -> None:
-        self.in_flight -= 1
-        self.failed += failed
-        self.done += not failed
-
-    def over_budget(self) -> bool:
-        return self.max_cost_usd is not None and self.ledger.cost_usd > self.max_cost_usd
-
-
 class Run:
     """One RLM run (root or child): its REPL, messages and result."""
 
@@ -214,16 +173,24 @@ class Run:
             self.sandbox = session.sandbox  # the REPL it keeps
         if self.sandbox not in ("process", "none"):
             raise ValueError(f"sandbox must be 'process' or 'none', got {self.sandbox!r}")
-        self.own_sub_calls = 0
-        self.cut_answers = 0  # sub-call answers that stopped at max_tokens
-        # time.monotonic() by which this run's calls must end: a child run inherits its
-        # parent's step deadline; each step of its own sets a nearer one.
-        self.outer_deadline = deadline
-        self._step_deadline: float | None = None
-        self._ready: str | None = None  # the model's `answer`, once its code set it ready
+        # What the REPL's helpers call: pinned sub-model, budgets, errors as values.
+        self.calls = SubCalls(rlm, self.tree, sub_model=self.sub_model, depth=depth,
+                              max_depth=self.max_depth, max_tokens=self.max_tokens,
+                              child_run=self._child_run, deadline=deadline)
+        # (answer, how) once a block finished the run: FINAL called or printed in code,
+        # or the answer dict set ready.
+        self._finished: tuple[str, str] | None = None
+        self._told_restored: set[str] = set()  # scaffold names the model was told of
+        self._cut_off = False  # the last root turn stopped at max_tokens
         self.early_execution = rlm.early_execution and rlm.stream
         self.result = RLMResult(query=query, model=self.model, sub_model=self.sub_model,
                                 depth=depth, sandbox=self.sandbox)
+        # The root conversation, compacted to fit the model's window.
+        self.conversation = Conversation(
+            rlm.client, model=self.model, max_tokens=self.max_tokens,
+            compact_at=rlm.compact_at, ledger=self.tree.ledger, deadline=deadline,
+            share_history=self._share_history, status=self._status,
+            compactions=self.result.compactions)
 
     @property
     def client(self) -> LLMClient:
@@ -251,20 +218,21 @@ class Run:
         preexisting = set(namespace) if live else set()  # the notebook's own variables
         try:
             injected = self._repl_globals(namespace)
-            touched = [*injected, *self._repl_helpers(), "__rlm_async__", "history"]
+            touched = [*injected, *self.calls.helpers(), *FINISHERS, "__rlm_async__",
+                       "__rlm_print_final__", "history"]
             if live:
                 saved = {name: namespace[name] for name in touched if name in namespace}
             if self.session is not None:
                 await self._session_repl(self.session, namespace, injected)
             elif self.sandbox == "process":
-                self.repl = SandboxREPL(self.context, self._repl_helpers(),
+                self.repl = SandboxREPL(self.context, self.calls.helpers(),
                                         memory_mb=self.rlm.sandbox_memory_mb,
                                         max_output_chars=self.max_output_chars,
                                         secrets=tuple(self.rlm.configured_secrets()))
                 await self.repl.start()  # the process starts while the root model thinks
             else:
                 namespace.update(injected)
-                self.repl = AsyncREPL(namespace, self._repl_helpers())
+                self.repl = AsyncREPL(namespace, self.calls.helpers())
             await self._loop(result)
         except asyncio.CancelledError:
             result.stop_reason, result.error = "interrupted", "interrupted by the user"
@@ -296,7 +264,7 @@ class Run:
         fresh = self.context is not None
         context = self.context if fresh else session.context
         names = [f"context_{len(session.contexts)}", "context"] if fresh else []
-        helpers = self._repl_helpers()
+        helpers = self.calls.helpers()
         if session.repl is None:
             if self.sandbox == "process":
                 # The session owns it from the start: whatever happens next, it is closed.
@@ -340,15 +308,11 @@ class Run:
     async def _loop(self, result: RLMResult) -> None:
         # litellm's model info gives the windows the prompt advises by.
         await self.client.look_up_windows(self.model, self.sub_model)
-        self._messages = [{"role": "system", "content": self._system_prompt()},
-                          {"role": "user", "content": self._first_message()}]
-        self._history = list(self._messages)  # every message, compactions or not
-        self._compacted_length = len(self._messages)
-        self._compacted_size = estimate_tokens(self._messages)
+        self.conversation.start(self._system_prompt(), self._first_message())
         for index in range(1, self.max_iterations + 1):
             self._status("thinking", iteration=index)
             turn_started = time.perf_counter()
-            calls_before = self.own_sub_calls
+            calls_before = self.calls.own
             iteration, outputs = Iteration(index=index, response=""), []
 
             def new_turn(iteration=iteration, outputs=outputs):
@@ -362,27 +326,30 @@ class Run:
             if iteration.broken_off:
                 feedback = (f"(Your reply was cut off after its code had run: "
                             f"{iteration.broken_off}. Its output is below.)\n\n{feedback}")
-            iteration.sub_calls = self.own_sub_calls - calls_before
+            iteration.sub_calls = self.calls.own - calls_before
             iteration.elapsed_s = time.perf_counter() - turn_started
             if final is not None:
-                result.final_answer, result.stop_reason = final, "final"
+                result.final_answer, result.finished_by = final
+                iteration.finished_by, result.stop_reason = result.finished_by, "final"
                 return
             if self._stopped_by_budget(result):
                 return
-            exchange = [{"role": "assistant", "content": reply},
-                        {"role": "user", "content": feedback}]
-            self._messages += exchange
-            self._history += exchange
+            self.conversation.add(reply, feedback)
 
         # Out of iterations: one last chance to answer, without running code.
         self._status("thinking", iteration=self.max_iterations)
         reply, _ = await self._root_turn(
             self.max_iterations + 1, None, LiveTurn,
             extra=[{"role": "user", "content": ITERATION_LIMIT_PROMPT}])
-        marker = find_final(reply)
+        reading = read_reply(reply)
+        # Code is not run now; a block that only calls FINAL (as the prompt teaches)
+        # is read as the answer it gives.
+        marker = self._readable(reading)[0] or next(
+            filter(None, map(read_final_call, reading.blocks)), None)
         answer = (await self._resolve_final(marker))[0] if marker else None
         if answer is not None:
             result.final_answer, result.stop_reason = answer, "final"
+            result.finished_by = "text marker"
         else:
             result.final_answer = reply.strip() or None
             result.stop_reason = "max_iterations"
@@ -394,79 +361,28 @@ class Run:
                          extra: list[dict] = ()) -> tuple[str, LiveTurn]:
         """A root turn on the conversation, compacted first when it nears the model's
         window; a context-length error compacts it once more and tries again."""
-        await self._compact_if_near_window(index, iteration)
+        conversation = self.conversation
+        record = await conversation.compact_if_near_window(index)
+        if record is not None and iteration is not None:
+            iteration.compaction = record
         turn = new_turn()
         try:
-            return await self._ask_root(self._messages + list(extra), turn, iteration), turn
+            return await self._ask_root(conversation.messages + list(extra), turn,
+                                        iteration), turn
         except LLMQueryError as exc:
             if not is_context_error(exc) or turn.ran:
                 raise
-        await self._compact(index, iteration, "context error")
-        turn = new_turn()
-        return await self._ask_root(self._messages + list(extra), turn, iteration), turn
-
-    def _room(self) -> int | None:
-        """Tokens the root model takes as a prompt (its window less the answer's)."""
-        window = self.client.input_window(self.model)
-        if window is None:
-            return None
-        return window - reserve_for_answer(window, self.max_tokens)
-
-    async def _compact_if_near_window(self, index: int, iteration: Iteration | None) -> None:
-        room = self._room()
-        # Only a conversation that grew since it started (or was last compacted), and
-        # by a quarter of the room: when the question and a summary alone sit near the
-        # threshold, each turn would otherwise pay for another summary.
-        if room is None or len(self._messages) <= self._compacted_length:
-            return
-        size = estimate_tokens(self._messages)
-        if size > self.rlm.compact_at * room and size - self._compacted_size >= room / 4:
-            await self._compact(index, iteration, "threshold")
-
-    async def _share_history(self) -> None:
-        """The whole conversation as the REPL variable ``history``, redacted as all that
-        the model's code can see is (the sandbox's code must not read a secret either)."""
-        shared = await redact_messages([dict(m) for m in self._history],
-                                       self.client.redactor())
-        await self.repl.set_variable("history", shared)
-
-    async def _compact(self, index: int, iteration: Iteration | None, reason: str) -> None:
-        """The root model summarises its progress; the conversation restarts from the
-        system prompt, the question and that summary. The full history goes into the
-        REPL variable ``history`` first, so nothing the model saw is lost."""
-        self._status("compacting")
-        before = estimate_tokens(self._messages)
-        await self._share_history()
-        room = self._room() or max(256, before // 2)
-        for share in (0.8, 0.4):  # the estimate may be short for code: then less
-            request = _with_user_message(_fitted(self._messages, int(room * share)),
-                                         SUMMARY_PROMPT)
-            try:
-                completion = await self.client.complete(
-                    request, model=self.model, max_tokens=self.max_tokens,
-                    ledger=self.tree.ledger, deadline=self.outer_deadline)
-                break
-            except LLMQueryError as exc:
-                if share == 0.4 or not is_context_error(exc):
-                    raise
-                room = self._room() or room  # the error may have taught the window
-        summary = completion.text.strip() or "(the model wrote no summary)"
-        number = len(self.result.compactions) + 1
-        self._history += [{"role": "user", "content": SUMMARY_PROMPT},
-                          {"role": "assistant", "content": summary}]
-        self._messages = [*self._messages[:2], {"role": "assistant", "content": summary},
-                          {"role": "user",
-                           "content": AFTER_COMPACTION_PROMPT.format(number=number)}]
-        await self._share_history()
-        self._compacted_length = len(self._messages)
-        self._compacted_size = estimate_tokens(self._messages)
-        record = Compaction(index, reason, before, estimate_tokens(self._messages),
-                            completion.input_tokens, completion.output_tokens,
-                            completion.cost_usd, summary)
-        self.result.compactions.append(record)
+        record = await conversation.compact(index, "context error")
         if iteration is not None:
             iteration.compaction = record
-        self._status("thinking")
+        turn = new_turn()
+        return await self._ask_root(conversation.messages + list(extra), turn, iteration), turn
+
+    async def _share_history(self, history: list[dict]) -> None:
+        """The whole conversation as the REPL variable ``history``, redacted as all that
+        the model's code can see is (the sandbox's code must not read a secret either)."""
+        shared = await redact_messages([dict(m) for m in history], self.client.redactor())
+        await self.repl.set_variable("history", shared)
 
     async def _ask_root(self, messages, turn: LiveTurn | None = None,
                         iteration: Iteration | None = None) -> str:
@@ -481,7 +397,7 @@ class Run:
             completion = await self.client.complete(
                 messages, model=self.model, max_tokens=self.max_tokens,
                 ledger=self.tree.ledger, stream=True, on_text=turn, cache_prefix=True,
-                deadline=self.outer_deadline, may_retry=lambda: not turn.ran)
+                deadline=self.calls.outer_deadline, may_retry=lambda: not turn.ran)
         except BaseException as exc:
             if turn.ran and iteration is not None and isinstance(exc, Exception):
                 # Cut off after its code ran: the partial turn stands, and _act_on lets
@@ -499,30 +415,47 @@ class Run:
                 self.tree.live_turn = None
         if iteration is not None:
             iteration.early_blocks = turn.ran
+        self._cut_off = bool(getattr(completion, "cut_off", False))
         return completion.text
 
     async def _act_on(self, reply: str, iteration: Iteration, turn: LiveTurn | None = None,
-                      outputs: list[str] | None = None) -> tuple[str, str | None]:
-        """Run the reply's code; return (feedback for the model, final answer or None)."""
-        blocks = code_blocks(reply)
+                      outputs: list[str] | None = None
+                      ) -> tuple[str, tuple[str, str] | None]:
+        """Run the reply's code; return (feedback for the model, (final answer, how it
+        was given) or None)."""
+        reading = read_reply(reply)
+        blocks = reading.blocks
         outputs = outputs if outputs is not None else []
         if turn is not None and self.early_execution:
             await turn.finish(blocks)  # the blocks not started while streaming, in order
             if turn.stopped:
-                return "", self._ready
+                return "", self._finished
         else:
             for number, code in enumerate(blocks, 1):
                 if await self._run_block(number, code, iteration, outputs):
-                    return "", self._ready
-        marker = find_final(reply)
+                    return "", self._finished
+        marker, problems = self._readable(reading)
         if marker is not None:
             answer, problem = await self._resolve_final(marker, iteration)
             if answer is not None:
-                return "", answer
-            outputs.append(problem)
-        if not blocks and marker is None:
-            outputs.append("You wrote no ```repl code and gave no FINAL answer.")
+                return "", (answer, "text marker")
+            problems = [problem]
+        outputs += problems
+        if not blocks and marker is None and not problems:
+            outputs.append("You wrote no ```repl code and gave no final answer. To finish: "
+                           f"{ACCEPTED_FORMS}.")
         return "\n\n".join(outputs + [CONTINUE_PROMPT]), None
+
+    def _readable(self, reading) -> tuple[Final | None, list[str]]:
+        """The reply's final answer and the problems to tell the model. An answer read
+        by the line rule (no ')' balances it) from a reply cut off at max_tokens may be
+        cut off itself: it is not taken."""
+        final = reading.final
+        if final is not None and self._cut_off and not final.balanced:
+            return None, [f"Your reply was cut off at max_tokens inside {final.kind}(...), "
+                          "so its answer may be cut off too; it was not taken. Give the "
+                          f"answer again, shorter. Accepted forms: {ACCEPTED_FORMS}."]
+        return final, reading.problems
 
     async def _run_block(self, number: int, code: str, iteration: Iteration,
                          outputs: list[str]) -> bool:
@@ -531,12 +464,13 @@ class Run:
         # Sub-calls of this step must end in time for the step to end with their
         # results and errors in hand: they get a deadline a little before the step's.
         timeout = self.step_timeout
-        if self.outer_deadline is not None:
+        outer = self.calls.outer_deadline
+        if outer is not None:
             # A child run: its step must be stopped, and unwound, before the parent's
             # step ends (a stopped step's thread gets up to half a second to unwind).
-            timeout = max(0.1, min(timeout, self.outer_deadline - time.monotonic() - 0.5))
-        self._step_deadline = time.monotonic() + timeout - min(2.0, 0.1 * timeout)
-        cut_before = self.cut_answers
+            timeout = max(0.1, min(timeout, outer - time.monotonic() - 0.5))
+        self.calls.step_deadline = time.monotonic() + timeout - min(2.0, 0.1 * timeout)
+        cut_before = self.calls.cut_answers
         try:
             step = await self.repl.run(code, timeout=timeout)
         except BaseException:
@@ -547,22 +481,55 @@ class Run:
             iteration.code.append(CodeRun(code, shown, partial.elapsed_s, error=True))
             raise
         finally:
-            self._step_deadline = None
+            self.calls.step_deadline = None
             if self.tree.live_turn is not None and self.depth == 0:
                 self._status("thinking")  # an early block ended; the model still writes
         seen = await self._as_model_sees_it(step.as_text(), step.dropped_chars)
-        cut = self.cut_answers - cut_before
+        cut = self.calls.cut_answers - cut_before
         if cut:
             iteration.cut_answers += cut
             seen += (f"\n[{cut} sub-call answer{'s' if cut > 1 else ''} of this step "
                      f"stopped at max_tokens and {'are' if cut > 1 else 'is'}"
                      " cut off; ask for shorter answers or smaller pieces]")
+        seen += self._restored_note(step.restored)
         iteration.code.append(CodeRun(code, seen, step.elapsed_s,
                                       error=step.error is not None))
         outputs.append(f"Output of block {number}:\n{seen}")
-        # The REPL (in this process or the sandbox's) says whether `answer` is ready.
-        self._ready = await self.repl.ready_answer()
-        return self._ready is not None
+        return await self._finished_by_block(step.finish, outputs, iteration)
+
+    async def _finished_by_block(self, finish, outputs: list[str],
+                                 iteration: Iteration) -> bool:
+        """Whether the block finished the run (the REPL, in this process or the
+        sandbox's, says how); the answer goes to ``self._finished``."""
+        if not finish:
+            return False
+        how, answer = finish
+        if how == "print":  # the block printed a FINAL(...) line of its own
+            marker = read_printed_final(answer)
+            if marker is None:
+                outputs.append(f"Your code printed {answer.strip()[:200]!r}, which is not "
+                               "a whole FINAL(...) line, so the run goes on. Accepted "
+                               f"forms: {ACCEPTED_FORMS}.")
+                return False
+            answer, problem = await self._resolve_final(marker, iteration)
+            if answer is None:
+                outputs.append(problem)
+                return False
+            how = "printed marker"
+        self._finished = (answer, "call in code" if how == "code" else how)
+        return True
+
+    def _restored_note(self, names: list[str]) -> str:
+        """Tell the model, once per name, that the block rebound a name the REPL
+        provides, and that it is back."""
+        new = [name for name in names if name not in self._told_restored]
+        self._told_restored.update(new)
+        if not new:
+            return ""
+        listed = ", ".join(f"`{name}`" for name in new)
+        return (f"\n[Your code rebound {listed}, which the REPL provides; "
+                f"{'it is' if len(new) == 1 else 'they are'} restored for your next "
+                "blocks. Keep your own values under other names.]")
 
     async def _resolve_final(self, marker, iteration: Iteration | None = None
                              ) -> tuple[str | None, str]:
@@ -661,13 +628,14 @@ class Run:
     def _repl_globals(self, namespace: dict[str, Any]) -> dict[str, Any]:
         return preloaded(namespace, self.context)
 
-    def _repl_helpers(self) -> dict[str, Any]:
-        return {"llm_query": self.llm_query,
-                "llm_query_batch": self.llm_query_batch,
-                "llm_query_batched": self.llm_query_batch,
-                "rlm_query": self.rlm_query,
-                "rlm_query_batch": self.rlm_query_batch,
-                "rlm_query_batched": self.rlm_query_batch}
+    async def _child_run(self, prompt: str, context: Any, deadline: float | None
+                         ) -> RLMResult:
+        """A child RLM for ``rlm_query``: the sub-model as its root, this run's tree."""
+        child = Run(self.rlm, prompt, context, model=self.sub_model, sub_model=self.sub_model,
+                    max_iterations=self.max_iterations, max_depth=self.max_depth,
+                    sandbox=self.sandbox, depth=self.depth + 1, tree=self.tree,
+                    deadline=deadline)
+        return await child.execute()
 
     def _status(self, phase: str, iteration: int | None = None) -> None:
         if self.depth == 0:
@@ -676,173 +644,8 @@ class Run:
                 self.tree.iteration = iteration
                 self.tree.max_iterations = self.max_iterations
 
-    # -- helpers as model code sees them: pinned model, errors as values -------------
-    async def llm_query(self, prompt: Any, model: str | None = None, *,
-                        system: str | None = None, max_tokens: int | None = None,
-                        **_ignored) -> str:
-        """Ask the sub-model one question; a failure comes back as 'Error: ...'."""
-        del model  # pinned: generated code may not switch to another model
-        if not self._take_sub_calls(1):
-            return self._limit_error()
-        return await self._sub_call(prompt, system, max_tokens)
-
-    async def llm_query_batch(self, prompts: Any, model: str | None = None, *,
-                              system: str | None = None, max_tokens: int | None = None,
-                              **_ignored) -> list[str]:
-        """Ask many questions concurrently; failures come back as 'Error: ...' in place."""
-        del model
-        if isinstance(prompts, str):
-            prompts = [prompts]
-        prompts = list(prompts)
-        allowed = self._take_sub_calls(len(prompts))
-        redactor = self.client.redactor()
-        calls = [(lambda p=p: self._sub_call(p, system, max_tokens, slot_held=True,
-                                             redactor=redactor))
-                 for p in prompts[:allowed]]
-        answers, errors = await gather_limited(calls, self.client.limiter,
-                                               _TreeObserver(self.tree))
-        answers = [f"Error: {errors[i]}" if i in errors else a for i, a in enumerate(answers)]
-        return answers + [self._limit_error()] * (len(prompts) - allowed)
-
-    async def rlm_query(self, prompt: Any, context: Any = None, model: str | None = None,
-                        **_ignored) -> str:
-        """Solve a sub-problem with a child RLM (or llm_query at the depth limit)."""
-        del model
-        prompt = prompt if isinstance(prompt, str) else str(prompt)
-        if self.depth >= self.max_depth:
-            if context is not None:
-                prompt = f"{prompt}\n\nContext:\n{context}"
-            return await self.llm_query(prompt)
-        if not self._take_sub_calls(1):
-            return self._limit_error()
-        child = Run(self.rlm, prompt, context, model=self.sub_model, sub_model=self.sub_model,
-                    max_iterations=self.max_iterations, max_depth=self.max_depth,
-                    sandbox=self.sandbox, depth=self.depth + 1, tree=self.tree,
-                    deadline=self._step_deadline or self.outer_deadline)
-        self.tree.call_started()
-        outcome = await child.execute()
-        self.tree.call_ended(failed=not outcome.success)
-        if outcome.success:
-            return outcome.final_answer
-        return f"Error: child RLM failed: {outcome.error}"
-
-    async def rlm_query_batch(self, prompts: Any, contexts: Any = None,
-                              model: str | None = None, **_ignored) -> list[str]:
-        """Run child RLMs concurrently; answers in order, failures as 'Error: ...'."""
-        del model
-        prompts = [prompts] if isinstance(prompts, str) else list(prompts)
-        contexts = [None] * len(prompts) if contexts is None else list(contexts)
-        if len(contexts) != len(prompts):
-            return [f"Error: rlm_query_batch got {len(prompts)} prompts and "
-                    f"{len(contexts)} contexts"] * len(prompts)
-        # Children hold no client slot while they think: a limiter of their own.
-        limiter = ConcurrencyLimiter(lambda: self.rlm.max_concurrency)
-        calls = [(lambda p=p, c=c: self.rlm_query(p, c)) for p, c in zip(prompts, contexts)]
-        answers, errors = await gather_limited(calls, limiter)
-        return [f"Error: {errors[i]}" if i in errors else a for i, a in enumerate(answers)]
-
-    async def _sub_call(self, prompt: Any, system: str | None, max_tokens: int | None,
-                        slot_held: bool = False, redactor=None) -> str:
-        if self.tree.over_budget():
-            return (f"Error: cost budget max_cost_usd=${self.tree.max_cost_usd:g} is spent; "
-                    "no request was sent")
-        prompt = prompt if isinstance(prompt, str) else str(prompt)
-        tokens = min(max_tokens, self.max_tokens) if isinstance(max_tokens, int) \
-            and max_tokens > 0 else self.max_tokens
-        # A batch's items are counted by its observer; a single call counts itself.
-        if not slot_held:
-            self.tree.call_started()
-        try:
-            completion = await self.client.complete(
-                build_messages(prompt, system if isinstance(system, str) else None),
-                model=self.sub_model, max_tokens=tokens, ledger=self.tree.ledger,
-                slot_held=slot_held, redactor=redactor,
-                # One call at a time streams (its timeout is then a stall timeout);
-                # a batch's items do not: per-chunk work times 64 would load the loop.
-                stream=not slot_held, deadline=self._step_deadline or self.outer_deadline)
-        except Exception as exc:  # noqa: BLE001 - errors are values inside the REPL
-            if not slot_held:
-                self.tree.call_ended(failed=True)
-            if isinstance(exc, PromptTooLongError):
-                return (f"Error: prompt is about {exc.tokens:,} tokens, the sub-model takes "
-                        f"{exc.room:,}; split it")
-            if is_context_error(exc):
-                window = self.client.input_window(self.sub_model)
-                takes = f" of {window:,} tokens" if window else ""
-                return (f"Error: the prompt is over the sub-model's window{takes} (the "
-                        "provider refused it); split it")
-            return f"Error: {exc}" if isinstance(exc, LLMQueryError) else \
-                f"Error: {describe_exception(exc)}"
-        if not slot_held:
-            self.tree.call_ended()
-        if completion.cut_off:
-            self.cut_answers += 1
-        return completion.text
-
-    def _take_sub_calls(self, wanted: int) -> int:
-        allowed = self.tree.take_sub_calls(wanted)
-        self.own_sub_calls += allowed
-        return allowed
-
-    def _limit_error(self) -> str:
-        return (f"Error: max_sub_calls={self.tree.max_sub_calls} reached for this run; "
-                "no request was sent")
-
-
-def _fitted(messages: list[dict], room: int) -> list[dict]:
-    """The conversation cut to about ``room`` tokens for its summary: the system prompt
-    and question, then the latest exchanges that fit (the oldest are left out whole;
-    a single exchange too big alone keeps its head and tail)."""
-    head, tail = messages[:2], messages[2:]
-    budget = max(64, room - estimate_tokens(head))
-    left_out = 0
-    while len(tail) > 2 and estimate_tokens(tail) > budget:
-        tail, left_out = tail[2:], left_out + 2  # whole (assistant, user) exchanges
-    if estimate_tokens(tail) > budget:
-        share = max(200, budget * CHARS_PER_TOKEN // max(1, len(tail)))
-        tail = [{**m, "content": _head_and_tail(m["content"], share)}
-                if isinstance(m.get("content"), str) else m for m in tail]
-    if left_out:
-        note = {"role": "user", "content": f"[{left_out} earlier messages are left out "
-                                           "here to fit your window]"}
-        return [*head, {"role": "assistant", "content": "(working)"}, note, *tail]
-    return [*head, *tail]
-
-
-def _with_user_message(messages: list[dict], text: str) -> list[dict]:
-    """``text`` as the next user message; joined to the last one if that is the
-    user's too (some providers refuse two user messages in a row)."""
-    last = messages[-1]
-    if last.get("role") == "user" and isinstance(last.get("content"), str):
-        return [*messages[:-1], {**last, "content": f"{last['content']}\n\n{text}"}]
-    return [*messages, {"role": "user", "content": text}]
-
-
-def _head_and_tail(text: str, size: int) -> str:
-    if len(text) <= size:
-        return text
-    half = size // 2
-    return f"{text[:half]}\n... [{len(text) - size:,} characters cut] ...\n{text[-half:]}"
-
-
 def _is_error(answer: str | None) -> bool:
     return isinstance(answer, str) and answer.lstrip().startswith("Error:")
-
-
-class _TreeObserver:
-    """Counts a REPL batch's items into the run's status (for the status panel)."""
-
-    def __init__(self, tree: RunTree):
-        self.tree = tree
-
-    def item_started(self, index: int) -> None:
-        self.tree.call_started()
-
-    def item_finished(self, index: int, result: Any) -> None:
-        self.tree.call_ended(failed=isinstance(result, str) and result.startswith("Error:"))
-
-    def item_failed(self, index: int, error: BaseException) -> None:
-        self.tree.call_ended(failed=True)
 
 
 class _Fields(dict):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import Awaitable, Callable
 
-from .prompts import code_blocks
+from .replies import code_blocks
 
 # Runs block ``number`` (from 1) of the turn; returns True when the run should stop
 # running this turn's code (the answer is ready).
@@ -66,7 +66,7 @@ class LiveTurn:
         if len(whole) <= self._scanned:
             return
         self._scanned = len(whole)
-        found = code_blocks(whole)
+        found = code_blocks(whole, streaming=True)  # the reader the engine uses
         if len(found) > len(self._codes) and found[:self.ran] == self._codes[:self.ran]:
             self._codes = found
             self._start()

@@ -1,13 +1,10 @@
-"""What the root model is told, and how its replies are read.
+"""What the root model is told (its replies are read by ``replies``).
 
 The system prompt follows the official RLM library's, with the advice that matters
 here: batches run concurrently, so fan out with ``llm_query_batch``.
 """
 
 from __future__ import annotations
-
-import re
-from dataclasses import dataclass
 
 SYSTEM_PROMPT = """\
 You are answering a question about a context that may be far too large to read at once.
@@ -23,7 +20,8 @@ The REPL has:
   in order. It is as fast as one call: always prefer it to a loop of llm_query calls.
 - `rlm_query(prompt, context=None)` -> str: a child RLM with its own REPL for a hard
   sub-problem (nesting depth left: {depth_left}); `rlm_query_batch(prompts, contexts)`.
-- `SHOW_VARS()`: the variables you have made so far.
+- `SHOW_VARS()` -> str: the variables you have made so far.
+- `FINAL(answer)`: finish with this answer (see below).
 Helpers work with or without `await`. A failed sub-call returns a string starting with
 "Error:" instead of raising, so check answers before you rely on them. Variables persist
 between blocks. Use print() to see values.
@@ -35,12 +33,13 @@ How to work:
    llm_query.
 3. Keep large values in variables; print only what you need to see.
 
-When you are done, give the answer on a line of its own, outside code:
-FINAL(your answer)
-or, to return a variable from the REPL as the answer:
-FINAL_VAR(variable_name)
-You may instead set `answer["content"] = ...` and `answer["ready"] = True` in the REPL.
-Do not give a final answer before you have looked at the data.
+When you have the answer, finish by calling FINAL in a ```repl block:
+```repl
+FINAL(summary)  # a variable, or a literal: FINAL("Paris")
+```
+The run ends when that block ends, and the answer is exactly the value you passed (a
+string as it is; anything else converted with str()). Do not call FINAL before you have
+looked at the data.
 """
 
 ITERATION_LIMIT_PROMPT = (
@@ -61,8 +60,8 @@ AFTER_COMPACTION_PROMPT = (
     "Continue from the summary.")
 
 CONTINUE_PROMPT = (
-    "Continue. Write ```repl code to make progress, or give the answer with FINAL(...) "
-    "or FINAL_VAR(name) once you have it.")
+    "Continue. Write ```repl code to make progress, or call FINAL(answer) in a ```repl "
+    "block once you have the answer.")
 
 
 def chunk_advice(room_tokens: int | None, chars_per_token: int = 4) -> tuple[str, str]:
@@ -121,66 +120,3 @@ def describe_context(context) -> tuple[str, int, str]:
 def _short(value, limit: int = 200) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + "..."
-
-
-_FENCE = re.compile(r"^```[ \t]*([\w+-]*)[^\n]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
-_CODE_LANGS = {"repl", "python", "py", "python3"}
-
-
-def code_blocks(text: str) -> list[str]:
-    """The ```repl / ```python blocks of a reply, in order."""
-    return [m.group(2) for m in _FENCE.finditer(text) if m.group(1).lower() in _CODE_LANGS]
-
-
-def with_code_as_pointers(text: str) -> str:
-    """The reply with each runnable block replaced by "[code block N below]": for views
-    that show the code itself, highlighted, right after the text."""
-    numbers = iter(range(1, 10_000))
-
-    def pointer(match):
-        if match.group(1).lower() not in _CODE_LANGS:
-            return match.group(0)
-        return f"[code block {next(numbers)} below]"
-
-    return _FENCE.sub(pointer, text).strip()
-
-
-def strip_code(text: str) -> str:
-    """The reply with every fenced block blanked out, so FINAL inside code is ignored."""
-    return _FENCE.sub("", text)
-
-
-@dataclass(frozen=True)
-class FinalMarker:
-    kind: str  # "FINAL" or "FINAL_VAR"
-    value: str
-
-
-def find_final(text: str) -> FinalMarker | None:
-    """FINAL(...) / FINAL_VAR(...) at the start of a line, outside code blocks.
-
-    FINAL's answer may span lines: it ends at the first line that ends with ")", so
-    prose after the answer ("Hope this helps (really).") is not swallowed, while
-    parentheses inside the answer ("f(x)", "a) first") are kept."""
-    prose = strip_code(text)
-    for match in re.finditer(r"^[ \t]*(FINAL_VAR|FINAL)\(", prose, re.MULTILINE):
-        kind, rest = match.group(1), prose[match.end():]
-        if kind == "FINAL_VAR":
-            end = rest.find(")")
-            if end >= 0:
-                return FinalMarker(kind, rest[:end].strip().strip("'\"` "))
-            continue
-        offset = 0
-        for line in rest.splitlines(keepends=True):
-            stripped = line.rstrip()
-            if stripped.endswith(")"):
-                return FinalMarker(kind, _unquote(rest[:offset + len(stripped) - 1].strip()))
-            offset += len(line)
-    return None
-
-
-def _unquote(value: str) -> str:
-    for quote in ('"""', "'''", '"', "'"):
-        if len(value) >= 2 * len(quote) and value.startswith(quote) and value.endswith(quote):
-            return value[len(quote):-len(quote)]
-    return value

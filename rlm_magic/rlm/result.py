@@ -51,6 +51,7 @@ class Iteration:
     compaction: Compaction | None = None  # the conversation was compacted before it
     cut_answers: int = 0  # sub-call answers that stopped at max_tokens
     notes: list[str] = field(default_factory=list)  # how the engine read the reply
+    finished_by: str = ""  # the turn that ended the run: how (see RLMResult.finished_by)
 
 
 @dataclass
@@ -66,6 +67,10 @@ class RLMResult:
     error: str | None = None
     elapsed_s: float = 0.0
     stop_reason: str = ""  # "final", "max_iterations", "budget", "error", "interrupted"
+    # How the model gave its answer: "text marker" (FINAL/FINAL_VAR in its reply),
+    # "call in code" (FINAL()/FINAL_VAR() in a block), "printed marker" (a block printed
+    # FINAL(...)) or "answer dict" (answer["ready"] = True); "" without an answer.
+    finished_by: str = ""
     model: str = ""
     sub_model: str = ""
     depth: int = 0

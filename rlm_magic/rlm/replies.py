@@ -1,0 +1,368 @@
+"""How the root model's replies are read: the code to run, and the final answer.
+
+One reader, used for complete replies and for replies still streaming in (early
+execution), so both see the same blocks. Its rules:
+
+**Code.** A fence is a line starting with three or more backticks, optionally indented;
+it closes at the next line starting with as many backticks (text after them on that line
+is prose again), or at the end of the reply. ```repl, ```python, ```py, ```python3 and
+```py3 blocks run, and bare ``` blocks that parse as Python. A block that is just a
+FINAL(...) line is read as the answer instead, as if written outside the fence, when it
+is bare or is not valid Python (``FINAL(The answer is 42)``). Blocks in other languages
+(```json, ```text) are quotations: neither run nor read for an answer.
+Line endings are normalised first (CRLF, CR).
+
+**Answer.** FINAL( or FINAL_VAR( begins a line of prose, after optional Markdown
+(``**``, ``>``, ``-``, ``#``, a backtick). Its argument ends at the ')' that balances
+its '('; what follows on the line (``.``, ``**``, words) is prose. Two cases keep the
+older line rule (the argument ends at the first ')' that ends a line): when the text
+between the balancing ')' and that line end holds a ')' of its own with no '(' (the
+answer has list markers, "a) ... b) ..."); and when no ')' balances at all (a ":(" in
+the answer), then only if that line ends its paragraph. Anything else, such as an
+answer cut off mid-way, is not an answer: the reply's ``problems`` say what was seen.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass, field
+
+CODE_LANGUAGES = frozenset({"repl", "python", "py", "python3", "py3"})
+
+# The ways to finish, as the model is told when a finish could not be read.
+ACCEPTED_FORMS = (
+    "on a line of its own outside code, FINAL(your answer) or FINAL_VAR(variable_name); "
+    "or, inside a ```repl block, FINAL(value) or FINAL_VAR(\"variable_name\")")
+
+_OPENING = re.compile(r"^([ \t]*)(`{3,})[ \t]*([^\s`]*)[^`\n]*$")
+_MARKER = re.compile(r"^[ \t]*(?:[>*_#+`-]+[ \t]*)*(FINAL_VAR|FINAL)\(", re.MULTILINE)
+_MENTION = re.compile(r"\bFINAL(?:_VAR)?\b")
+_BLANK_LINE = re.compile(r"\n[ \t]*\n")
+_WHOLE_MARKER = re.compile(r"^\s*(FINAL_VAR|FINAL)\(.*\)\s*$", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class Final:
+    """A final answer written in the reply: FINAL(value) or FINAL_VAR(name)."""
+
+    kind: str  # "FINAL" or "FINAL_VAR"
+    value: str
+    balanced: bool = True  # False: read by the line rule, with no ')' balancing it
+
+
+@dataclass(frozen=True)
+class Fence:
+    """A fenced block of the reply: its language, its text, where it lies."""
+
+    language: str
+    body: str
+    start: int  # offset of the opening fence line in the normalised text
+    end: int  # offset just past the closing fence (or the end of the text)
+    closed: bool
+    runnable: bool
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A reply as the engine acts on it."""
+
+    text: str  # normalised line endings
+    fences: list[Fence] = field(default_factory=list)
+    final: Final | None = None
+    # Attempts to finish that could not be read, each said exactly, for the model.
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def blocks(self) -> list[str]:
+        """The code to run, in order."""
+        return [fence.body for fence in self.fences if fence.runnable]
+
+
+def normalise(text: str) -> str:
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def read_reply(text: str, *, streaming: bool = False) -> Reply:
+    """Read a reply. ``streaming``: the reply is still coming in, so a block whose
+    closing fence has not arrived is left out (it may not be finished)."""
+    text = normalise(text)
+    fences = _fences(text)
+    if streaming:
+        return Reply(text, [f for f in fences if f.closed])
+    final, problems = _read_final(text, fences)
+    return Reply(text, fences, final, problems)
+
+
+def code_blocks(text: str, *, streaming: bool = False) -> list[str]:
+    """The blocks of a reply that run, in order."""
+    return read_reply(text, streaming=streaming).blocks
+
+
+def with_code_as_pointers(text: str) -> str:
+    """The reply with each runnable block replaced by "[code block N below]": for views
+    that show the code itself, highlighted, right after the text."""
+    text = normalise(text)
+    parts, at, number = [], 0, 0
+    for fence in _fences(text):
+        if fence.runnable:
+            number += 1
+            parts += [text[at:fence.start], f"[code block {number} below]"]
+            at = fence.end
+    parts.append(text[at:])
+    return "".join(parts).strip()
+
+
+def read_printed_final(printed: str) -> Final | None:
+    """The answer in a FINAL(...) / FINAL_VAR(...) that model code printed: the whole
+    printed text is the marker, so the answer is everything up to its last ')'."""
+    match = _WHOLE_MARKER.match(printed)
+    if match is None:
+        return None
+    kind = match.group(1)
+    inner = printed.strip()[len(kind) + 1:-1]
+    return Final(kind, _unquote(inner.strip()) if kind == "FINAL" else _name(inner))
+
+
+def read_final_call(code: str) -> Final | None:
+    """A block that is only a FINAL(...) / FINAL_VAR(...) call, read without running
+    it: for a reply whose code is not run (the last chance at the iteration limit)."""
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):
+        return None
+    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Expr):
+        return None
+    call = tree.body[0].value
+    if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
+            and call.func.id in ("FINAL", "FINAL_VAR") and len(call.args) == 1
+            and not call.keywords):
+        return None
+    argument = call.args[0]
+    if isinstance(argument, ast.Constant):
+        value = str(argument.value)
+    else:  # a name is resolved as FINAL(name) is; an expression stays its source
+        value = ast.get_source_segment(code, argument) or ""
+    return Final(call.func.id, value.strip() if call.func.id == "FINAL" else _name(value))
+
+
+# -- fences ------------------------------------------------------------------------------
+def _fences(text: str) -> list[Fence]:
+    fences: list[Fence] = []
+    lines = text.splitlines(keepends=True)
+    offset, i = 0, 0
+    while i < len(lines):
+        line = lines[i]
+        opening = _OPENING.match(line.rstrip("\n"))
+        if opening is None:
+            offset += len(line)
+            i += 1
+            continue
+        indent, ticks, language = len(opening.group(1)), opening.group(2), opening.group(3)
+        start, body_lines = offset, []
+        offset += len(line)
+        i += 1
+        closed = False
+        while i < len(lines):
+            line = lines[i]
+            stripped = line.lstrip(" \t")
+            if stripped.startswith(ticks):
+                rest = stripped[len(ticks):].strip()
+                if not body_lines and not language and re.fullmatch(r"[\w+-]+", rest):
+                    # "```" then "```python": a decorative outer fence; this opens.
+                    language, ticks = rest, stripped[:len(stripped) - len(stripped.lstrip("`"))]
+                    offset += len(line)
+                    i += 1
+                    continue
+                closed = True
+                # Text after the closing backticks on the same line is prose again.
+                after = len(line) - len(stripped) + len(ticks)
+                end = offset + (after if rest else len(line.rstrip("\n")))
+                if rest:
+                    lines[i] = line[after:]
+                    offset += after
+                else:
+                    offset += len(line)
+                    i += 1
+                break
+            body_lines.append(_dedent(line, indent))
+            offset += len(line)
+            i += 1
+        else:
+            end = offset
+        body = "".join(body_lines).rstrip("\n")
+        fences.append(Fence(language.lower(), body, start, end, closed,
+                            _runs(language.lower(), body)))
+    return fences
+
+
+def _dedent(line: str, indent: int) -> str:
+    """A body line without the fence's own indentation (a fence inside a list)."""
+    removable = len(line) - len(line.lstrip(" "))
+    return line[min(indent, removable):]
+
+
+def _runs(language: str, body: str) -> bool:
+    if _is_quotation(language) or not body.strip():
+        return False
+    if _is_lone_marker(body):  # FINAL(...) alone: code only where it is code
+        return bool(language) and _parses(body)
+    return bool(language) or _parses(body)
+
+
+def _is_lone_marker(body: str) -> bool:
+    """Whether a block holds one FINAL(...) / FINAL_VAR(...) and nothing else."""
+    body = body.strip()
+    match = _MARKER.match(body)
+    if match is None:
+        return False
+    end, _ = _argument_end(body[match.end():])
+    return end is not None and match.end() + end == len(body) - 1
+
+
+def _parses(code: str) -> bool:
+    try:
+        ast.parse(code)
+    except (SyntaxError, ValueError):
+        return False
+    return True
+
+
+def _is_quotation(language: str) -> bool:
+    return bool(language) and language not in CODE_LANGUAGES
+
+
+# -- the final answer -------------------------------------------------------------------
+def _read_final(text: str, fences: list[Fence]) -> tuple[Final | None, list[str]]:
+    """The first answer in the reply's prose, and what was seen of failed attempts."""
+    problems: list[str] = []
+    has_code = any(f.runnable for f in fences)
+    for segment in _prose(text, fences):
+        markers = list(_MARKER.finditer(segment))
+        for number, match in enumerate(markers):
+            limit = markers[number + 1].start() if number + 1 < len(markers) else len(segment)
+            final, problem = _marker(segment, match, limit)
+            if final is not None:
+                return final, problems
+            problems.append(problem)
+    if not problems and not has_code:
+        problems += _mentions(text, fences)
+    return None, problems
+
+
+def _prose(text: str, fences: list[Fence]) -> list[str]:
+    """The reply's text outside code and quotations; a bare block that is not code is
+    prose (so FINAL(...) inside a plain ``` fence is read)."""
+    segments, at = [], 0
+    for fence in fences:
+        if fence.runnable or _is_quotation(fence.language):
+            segments.append(text[at:fence.start])
+            at = fence.end
+    segments.append(text[at:])
+    return segments
+
+
+def _marker(segment: str, match: re.Match, limit: int) -> tuple[Final | None, str]:
+    kind, start = match.group(1), match.end()
+    area = segment[start:limit]
+    end, balanced = _argument_end(area)
+    if end is None:
+        seen = _quote(segment[match.start():limit])
+        return None, (f"Your {kind}( is never closed, so no answer was read from it: "
+                      f"{seen}. Accepted forms: {ACCEPTED_FORMS}.")
+    argument = area[:end]
+    if kind == "FINAL":
+        return Final(kind, _unquote(argument.strip()), balanced), ""
+    name = _name(argument)
+    if not name.isidentifier():
+        return None, (f"FINAL_VAR takes the name of a REPL variable, and "
+                      f"{_quote(argument.strip())} is not a name. Put the value in a "
+                      f"variable first, or write FINAL(your answer). Accepted forms: "
+                      f"{ACCEPTED_FORMS}.")
+    return Final(kind, name, balanced), ""
+
+
+def _argument_end(area: str) -> tuple[int | None, bool]:
+    """Where the argument after "FINAL(" ends in ``area``, and whether a balancing ')'
+    ends it; None when it cannot be read."""
+    depth, balancing = 1, None
+    for index, char in enumerate(area):
+        if char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+            if depth == 0:
+                balancing = index
+                break
+    line_end = _first_line_ending_in_paren(area)
+    if balancing is not None:
+        if line_end is not None and line_end > balancing:
+            between = area[balancing + 1:line_end]
+            if _has_unopened_close(between) and not _BLANK_LINE.search(between):
+                return line_end, False  # list markers such as "a)" in the answer
+        return balancing, True
+    if line_end is not None and _ends_paragraph(area, line_end):
+        return line_end, False  # an unmatched "(" in the answer, such as ":("
+    return None, False
+
+
+def _first_line_ending_in_paren(area: str) -> int | None:
+    offset = 0
+    for line in area.splitlines(keepends=True):
+        stripped = line.rstrip()
+        if stripped.endswith(")"):
+            return offset + len(stripped) - 1
+        offset += len(line)
+    return None
+
+
+def _has_unopened_close(text: str) -> bool:
+    depth = 0
+    for char in text:
+        if char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+            if depth < 0:
+                return True
+    return False
+
+
+def _ends_paragraph(area: str, index: int) -> bool:
+    """Whether the line ending at ``index`` is the last of its paragraph."""
+    return re.match(r"[ \t]*(?:\n[ \t]*(?:\n|$)|$)", area[index + 1:]) is not None
+
+
+def _mentions(text: str, fences: list[Fence]) -> list[str]:
+    """A reply with no code and no readable answer that still names FINAL: say where
+    (mid-sentence, inside a quotation, without parentheses), so the model can fix it."""
+    for fence in fences:
+        if _is_quotation(fence.language) and _MARKER.search(fence.body):
+            return [f"Your FINAL is inside a ```{fence.language} block, where it is "
+                    f"not read. Accepted forms: {ACCEPTED_FORMS}."]
+    for line in text.splitlines():
+        if _MENTION.search(line):
+            return [f"FINAL was not read as your answer in {_quote(line.strip())}: it "
+                    f"must begin a line and hold the answer in parentheses. Accepted "
+                    f"forms: {ACCEPTED_FORMS}."]
+    return []
+
+
+def _quote(text: str, limit: int = 160) -> str:
+    text = " ".join(text.split())
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
+def _name(argument: str) -> str:
+    return argument.strip().strip("'\"` ").strip()
+
+
+def _unquote(value: str) -> str:
+    """The answer without quotes around the whole of it (and only the whole of it:
+    '"a" and "b"' keeps its own)."""
+    for quote in ('"""', "'''", '"', "'", "`"):
+        inner = value[len(quote):-len(quote)]
+        if len(value) >= 2 * len(quote) and value.startswith(quote) \
+                and value.endswith(quote) and quote not in inner:
+            return inner
+    return value

@@ -1,0 +1,223 @@
+"""The sub-call service: what the REPL's helpers (``llm_query``, ``llm_query_batch``,
+``rlm_query``, ``rlm_query_batch``) do when model code calls them.
+
+Model code may not choose its model (the sub-model is pinned), may not spend past the
+run's sub-call and cost budgets, and sees failures as ``"Error: ..."`` strings, never as
+exceptions. ``RunTree`` is what a run shares with its child runs: the ledger, the
+budget, and the counts the status panel shows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
+
+from ..errors import LLMQueryError, PromptTooLongError, describe_exception
+from ..llm.batch import gather_limited
+from ..llm.limiter import ConcurrencyLimiter
+from ..llm.messages import build_messages
+from ..llm.usage import UsageLedger
+from ..llm.windows import is_context_error
+
+if TYPE_CHECKING:
+    from .live_turn import LiveTurn
+    from .result import RLMResult
+
+# Runs a child RLM: (prompt, context, deadline) -> its result.
+ChildRun = Callable[[str, Any, "float | None"], Awaitable["RLMResult"]]
+
+
+@dataclass
+class RunTree:
+    """What a run shares with its child runs: ledger, sub-call budget, and the counts
+    the status panel shows (read by it a few times a second)."""
+
+    ledger: UsageLedger
+    max_sub_calls: int
+    max_cost_usd: float | None
+    sub_calls: int = 0
+    in_flight: int = 0
+    done: int = 0
+    failed: int = 0
+    phase: str = "starting"
+    warned_unpriced: bool = False
+    iteration: int = 0
+    max_iterations: int = 0
+    live_turn: "LiveTurn | None" = None  # the root turn streaming in, for the panel
+
+    def take_sub_calls(self, wanted: int) -> int:
+        """Reserve up to ``wanted`` sub-calls; returns how many are allowed."""
+        allowed = max(0, min(wanted, self.max_sub_calls - self.sub_calls))
+        self.sub_calls += allowed
+        return allowed
+
+    def call_started(self) -> None:
+        self.in_flight += 1
+
+    def call_ended(self, failed: bool = False) -> None:
+        self.in_flight -= 1
+        self.failed += failed
+        self.done += not failed
+
+    def over_budget(self) -> bool:
+        return self.max_cost_usd is not None and self.ledger.cost_usd > self.max_cost_usd
+
+
+class SubCalls:
+    """The helpers of one run, as model code sees them: pinned model, errors as values."""
+
+    def __init__(self, rlm, tree: RunTree, *, sub_model: str, depth: int, max_depth: int,
+                 max_tokens: int, child_run: ChildRun, deadline: float | None = None):
+        self.rlm = rlm
+        self.tree = tree
+        self.sub_model = sub_model
+        self.depth = depth
+        self.max_depth = max_depth
+        self.max_tokens = max_tokens
+        self.child_run = child_run
+        self.own = 0  # sub-calls this run made (its children's are theirs)
+        self.cut_answers = 0  # sub-call answers that stopped at max_tokens
+        # time.monotonic() by which calls must end: a child run inherits its parent's
+        # step deadline; each step of its own sets a nearer one.
+        self.outer_deadline = deadline
+        self.step_deadline: float | None = None
+
+    @property
+    def client(self):
+        return self.rlm.client
+
+    @property
+    def deadline(self) -> float | None:
+        return self.step_deadline or self.outer_deadline
+
+    def helpers(self) -> dict[str, Any]:
+        """The REPL's helpers by name (with the official library's spellings too)."""
+        return {"llm_query": self.llm_query,
+                "llm_query_batch": self.llm_query_batch,
+                "llm_query_batched": self.llm_query_batch,
+                "rlm_query": self.rlm_query,
+                "rlm_query_batch": self.rlm_query_batch,
+                "rlm_query_batched": self.rlm_query_batch}
+
+    async def llm_query(self, prompt: Any, model: str | None = None, *,
+                        system: str | None = None, max_tokens: int | None = None,
+                        **_ignored) -> str:
+        """Ask the sub-model one question; a failure comes back as 'Error: ...'."""
+        del model  # pinned: generated code may not switch to another model
+        if not self._take_sub_calls(1):
+            return self._limit_error()
+        return await self._sub_call(prompt, system, max_tokens)
+
+    async def llm_query_batch(self, prompts: Any, model: str | None = None, *,
+                              system: str | None = None, max_tokens: int | None = None,
+                              **_ignored) -> list[str]:
+        """Ask many questions concurrently; failures come back as 'Error: ...' in place."""
+        del model
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        prompts = list(prompts)
+        allowed = self._take_sub_calls(len(prompts))
+        redactor = self.client.redactor()
+        calls = [(lambda p=p: self._sub_call(p, system, max_tokens, slot_held=True,
+                                             redactor=redactor))
+                 for p in prompts[:allowed]]
+        answers, errors = await gather_limited(calls, self.client.limiter,
+                                               _TreeObserver(self.tree))
+        answers = [f"Error: {errors[i]}" if i in errors else a for i, a in enumerate(answers)]
+        return answers + [self._limit_error()] * (len(prompts) - allowed)
+
+    async def rlm_query(self, prompt: Any, context: Any = None, model: str | None = None,
+                        **_ignored) -> str:
+        """Solve a sub-problem with a child RLM (or llm_query at the depth limit)."""
+        del model
+        prompt = prompt if isinstance(prompt, str) else str(prompt)
+        if self.depth >= self.max_depth:
+            if context is not None:
+                prompt = f"{prompt}\n\nContext:\n{context}"
+            return await self.llm_query(prompt)
+        if not self._take_sub_calls(1):
+            return self._limit_error()
+        self.tree.call_started()
+        outcome = await self.child_run(prompt, context, self.deadline)
+        self.tree.call_ended(failed=not outcome.success)
+        if outcome.success:
+            return outcome.final_answer
+        return f"Error: child RLM failed: {outcome.error}"
+
+    async def rlm_query_batch(self, prompts: Any, contexts: Any = None,
+                              model: str | None = None, **_ignored) -> list[str]:
+        """Run child RLMs concurrently; answers in order, failures as 'Error: ...'."""
+        del model
+        prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+        contexts = [None] * len(prompts) if contexts is None else list(contexts)
+        if len(contexts) != len(prompts):
+            return [f"Error: rlm_query_batch got {len(prompts)} prompts and "
+                    f"{len(contexts)} contexts"] * len(prompts)
+        # Children hold no client slot while they think: a limiter of their own.
+        limiter = ConcurrencyLimiter(lambda: self.rlm.max_concurrency)
+        calls = [(lambda p=p, c=c: self.rlm_query(p, c)) for p, c in zip(prompts, contexts)]
+        answers, errors = await gather_limited(calls, limiter)
+        return [f"Error: {errors[i]}" if i in errors else a for i, a in enumerate(answers)]
+
+    async def _sub_call(self, prompt: Any, system: str | None, max_tokens: int | None,
+                        slot_held: bool = False, redactor=None) -> str:
+        if self.tree.over_budget():
+            return (f"Error: cost budget max_cost_usd=${self.tree.max_cost_usd:g} is spent; "
+                    "no request was sent")
+        prompt = prompt if isinstance(prompt, str) else str(prompt)
+        tokens = min(max_tokens, self.max_tokens) if isinstance(max_tokens, int) \
+            and max_tokens > 0 else self.max_tokens
+        # A batch's items are counted by its observer; a single call counts itself.
+        if not slot_held:
+            self.tree.call_started()
+        try:
+            completion = await self.client.complete(
+                build_messages(prompt, system if isinstance(system, str) else None),
+                model=self.sub_model, max_tokens=tokens, ledger=self.tree.ledger,
+                slot_held=slot_held, redactor=redactor,
+                # One call at a time streams (its timeout is then a stall timeout);
+                # a batch's items do not: per-chunk work times 64 would load the loop.
+                stream=not slot_held, deadline=self.deadline)
+        except Exception as exc:  # noqa: BLE001 - errors are values inside the REPL
+            if not slot_held:
+                self.tree.call_ended(failed=True)
+            if isinstance(exc, PromptTooLongError):
+                return (f"Error: prompt is about {exc.tokens:,} tokens, the sub-model takes "
+                        f"{exc.room:,}; split it")
+            if is_context_error(exc):
+                window = self.client.input_window(self.sub_model)
+                takes = f" of {window:,} tokens" if window else ""
+                return (f"Error: the prompt is over the sub-model's window{takes} (the "
+                        "provider refused it); split it")
+            return f"Error: {exc}" if isinstance(exc, LLMQueryError) else \
+                f"Error: {describe_exception(exc)}"
+        if not slot_held:
+            self.tree.call_ended()
+        if completion.cut_off:
+            self.cut_answers += 1
+        return completion.text
+
+    def _take_sub_calls(self, wanted: int) -> int:
+        allowed = self.tree.take_sub_calls(wanted)
+        self.own += allowed
+        return allowed
+
+    def _limit_error(self) -> str:
+        return (f"Error: max_sub_calls={self.tree.max_sub_calls} reached for this run; "
+                "no request was sent")
+
+
+class _TreeObserver:
+    """Counts a REPL batch's items into the run's status (for the status panel)."""
+
+    def __init__(self, tree: RunTree):
+        self.tree = tree
+
+    def item_started(self, index: int) -> None:
+        self.tree.call_started()
+
+    def item_finished(self, index: int, result: Any) -> None:
+        self.tree.call_ended(failed=isinstance(result, str) and result.startswith("Error:"))
+
+    def item_failed(self, index: int, error: BaseException) -> None:
+        self.tree.call_ended(failed=True)

@@ -49,16 +49,23 @@ class NotebookHelpers:
 
     async def llm_query_batch(self, prompts: Iterable[str], *, system: str | None = None,
                               model: str | None = None, max_tokens: int | None = None,
-                              return_exceptions: bool = False) -> list:
+                              return_exceptions: bool = False,
+                              batch_job: bool = False) -> list:
         """Ask many questions concurrently; answers come back in the prompts' order.
 
         At most ``RLM.max_concurrency`` requests are in flight. If any item fails,
         raises ``BatchError`` carrying ``.results`` (None where an item failed) and
         ``.errors``; with ``return_exceptions=True`` the exceptions sit in place instead.
+
+        ``batch_job=True`` runs the prompts as one provider batch job instead (OpenAI,
+        Azure, Vertex, Bedrock, Mistral, a LiteLLM Proxy): within 24 hours, at the
+        provider's batch price. Re-running the same call reattaches to the job.
         """
         prompts = as_prompt_list(prompts, "llm_query_batch")
         check_max_tokens(max_tokens, "llm_query_batch")
         conversations = [build_messages(p, system, caller="llm_query_batch") for p in prompts]
+        if batch_job:
+            return await self._batch_job(conversations, model, max_tokens, return_exceptions)
         client = self.client
         redactor = client.redactor()
 
@@ -74,6 +81,26 @@ class NotebookHelpers:
             completions, errors = await run_interruptibly(gather_limited(
                 [call(m) for m in conversations], client.limiter, progress, outcome))
         return _collect([_text(c) for c in completions], errors, return_exceptions)
+
+    async def _batch_job(self, conversations, model, max_tokens, return_exceptions) -> list:
+        from ..llm.jobs import BatchJob
+        from .job_progress import JobProgress, still_running
+
+        if not conversations:
+            return []
+        progress = JobProgress(len(conversations), "llm_query_batch",
+                               enabled=self.rlm.progress)
+        job = BatchJob(self.client, conversations, model=model,
+                       params={"max_tokens": max_tokens} if max_tokens else None,
+                       observer=progress)
+        try:
+            with progress:
+                results = await run_interruptibly(job.run(), "llm_query_batch")
+        except KeyboardInterrupt:
+            if job.record is None or job.record.ended:
+                raise
+            raise interrupt(still_running(job.record)) from None
+        return _collect(results.texts, results.errors, return_exceptions)
 
     async def rlm_query(self, prompt: str, context: Any = None) -> str:
         """Run a child RLM on ``context`` and return its final answer (a str)."""

@@ -323,7 +323,11 @@ class BatchJob:
         while not record.ended:
             await asyncio.sleep(interval)
             interval = min(MAX_POLL_S, interval * POLL_GROWTH)
-            job = await litellm.aretrieve_batch(record.id, **self._credentials())
+            # Without the flag, litellm's logging prices a finished job itself: it downloads
+            # the output file again and walks every line on the loop (seconds for 10,000).
+            job = await litellm.aretrieve_batch(
+                record.id, litellm_metadata={"batch_ignore_default_logging": True},
+                **self._credentials())
             counts = job.request_counts
             seen = (job.status, getattr(counts, "completed", 0) or 0,
                     getattr(counts, "failed", 0) or 0)

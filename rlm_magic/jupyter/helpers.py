@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import BatchError, ConfigError, interrupt
 from ..llm.batch import BatchOutcome, gather_limited
+from ..llm.resume import RESUME_AT, KeepingObserver, MapStore
+from ..llm.usage import CallRecord
 from ..llm.messages import as_prompt_list, build_messages, check_max_tokens
 from .interrupts import run_interruptibly
 from .progress import BatchProgress
@@ -50,7 +52,7 @@ class NotebookHelpers:
     async def llm_query_batch(self, prompts: Iterable[str], *, system: str | None = None,
                               model: str | None = None, max_tokens: int | None = None,
                               return_exceptions: bool = False,
-                              batch_job: bool = False) -> list:
+                              batch_job: bool = False, resume: bool | None = None) -> list:
         """Ask many questions concurrently; answers come back in the prompts' order.
 
         At most ``RLM.max_concurrency`` requests are in flight. If any item fails,
@@ -60,6 +62,11 @@ class NotebookHelpers:
         ``batch_job=True`` runs the prompts as one provider batch job instead (OpenAI,
         Azure, Vertex, Bedrock, Mistral, a LiteLLM Proxy): within 24 hours, at the
         provider's batch price. Re-running the same call reattaches to the job.
+
+        ``resume``: keep answers on disk (under ``RLM.cache_dir``) as they arrive, so
+        running the same map again after an interrupt or a restart sends only the
+        prompts still unanswered. On by default for maps of 100 prompts or more
+        (``resume=None``); the file goes once every prompt has its answer.
         """
         prompts = as_prompt_list(prompts, "llm_query_batch")
         check_max_tokens(max_tokens, "llm_query_batch")
@@ -73,14 +80,43 @@ class NotebookHelpers:
             return lambda: client.complete(messages, model=model, max_tokens=max_tokens,
                                            slot_held=True, redactor=redactor)
 
-        progress = BatchProgress(len(prompts), "llm_query_batch",
-                                 enabled=self.rlm.progress and len(prompts) > 1,
+        total = len(prompts)
+        store, kept = None, {}
+        if resume or (resume is None and total >= RESUME_AT):
+            store = await MapStore.open(self.rlm.cache_dir, conversations, {
+                "model": model or self.rlm.effective_sub_model, "api_base": self.rlm.api_base,
+                "max_tokens": max_tokens, "options": self.rlm.litellm_kwargs})
+            kept = store.load()
+            _count_kept(client.ledger, kept)
+        missing = [i for i in range(total) if i not in kept]
+        progress = BatchProgress(total, "llm_query_batch",
+                                 enabled=self.rlm.progress and total > 1,
                                  hold=client.gate(model).hold_message)
-        outcome = BatchOutcome(len(prompts))
-        with progress, _kept_on_interrupt(outcome, "llm_query_batch", _text):
-            completions, errors = await run_interruptibly(gather_limited(
-                [call(m) for m in conversations], client.limiter, progress, outcome))
-        return _collect([_text(c) for c in completions], errors, return_exceptions)
+        progress.done = len(kept)
+        observer = KeepingObserver(store, missing, progress) if store else progress
+        outcome = BatchOutcome(len(missing))
+
+        def merged(values: list) -> list:
+            answers = [None] * total
+            for index, entry in kept.items():
+                answers[index] = entry["text"]
+            for position, index in enumerate(missing):
+                answers[index] = values[position]
+            return answers
+
+        try:
+            with progress, _kept_on_interrupt(outcome, "llm_query_batch", _text, merged,
+                                              on_disk=store is not None):
+                completions, errors = await run_interruptibly(gather_limited(
+                    [call(conversations[i]) for i in missing], client.limiter, observer,
+                    outcome))
+        finally:
+            if store is not None:
+                store.close()
+        errors = {missing[position]: error for position, error in errors.items()}
+        if store is not None and not errors:
+            store.remove()  # finished: a re-run is the response cache's business
+        return _collect(merged([_text(c) for c in completions]), errors, return_exceptions)
 
     async def _batch_job(self, conversations, model, max_tokens, return_exceptions) -> list:
         from ..llm.jobs import BatchJob
@@ -156,18 +192,35 @@ def interrupted_batch() -> BatchError | None:
 
 
 @contextlib.contextmanager
-def _kept_on_interrupt(outcome: BatchOutcome, name: str, value):
-    """If the batch is interrupted, keep its finished answers and say where they are."""
+def _kept_on_interrupt(outcome: BatchOutcome, name: str, value, merged=None,
+                       on_disk: bool = False):
+    """If the batch is interrupted, keep its finished answers and say where they are.
+    ``merged`` puts the answers of the prompts sent in their places in the whole map."""
     global _interrupted_batch
     try:
         yield
     except KeyboardInterrupt:
         results = [value(r) for r in outcome.results]
-        _interrupted_batch = BatchError(results, outcome.errors or {})
+        errors = outcome.errors or {}
+        if merged is not None:
+            sent = merged(list(range(len(results))))  # positions, to re-index errors
+            errors = {index: errors[p] for index, p in enumerate(sent)
+                      if isinstance(p, int) and p in errors}
+            results = merged(results)
+        _interrupted_batch = BatchError(results, errors)
         kept = sum(r is not None for r in results)
+        where = ("; they are kept on disk too: run the same cell again to send only the "
+                 "missing prompts" if on_disk else "")
         raise interrupt(
             f"{name} interrupted: the {kept} of {len(results)} answers that had arrived "
-            "are in rlm_magic.interrupted_batch().results") from None
+            f"are in rlm_magic.interrupted_batch().results{where}") from None
+
+
+def _count_kept(ledger, kept: dict[int, dict]) -> None:
+    """Answers an earlier run kept count as cache hits: they cost nothing this time."""
+    for entry in kept.values():
+        ledger.record(CallRecord(entry.get("model", "?"), int(entry.get("input_tokens", 0)),
+                                 int(entry.get("output_tokens", 0)), 0.0, cached=True))
 
 
 def _collect(results: list, errors: dict[int, Exception], return_exceptions: bool) -> list:

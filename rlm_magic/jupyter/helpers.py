@@ -12,9 +12,10 @@ import contextlib
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from ..errors import BatchError, ConfigError, interrupt
+from ..errors import BatchError, ConfigError, LLMQueryError, interrupt
 from ..llm.batch import BatchOutcome, gather_limited
 from ..llm.resume import RESUME_AT, KeepingObserver, MapStore
+from ..llm.structured import AnswerFormat, InvalidAnswer, ask, prepare
 from ..llm.usage import CallRecord
 from ..llm.messages import as_prompt_list, build_messages, check_max_tokens
 from .interrupts import run_interruptibly
@@ -35,14 +36,24 @@ class NotebookHelpers:
         return self.rlm.client
 
     async def llm_query(self, prompt: str, *, system: str | None = None,
-                        model: str | None = None, max_tokens: int | None = None) -> str:
+                        model: str | None = None, max_tokens: int | None = None,
+                        response_format: Any = None) -> Any:
         """Ask a model one question and return its answer.
 
         Uses ``RLM.sub_model`` unless ``model`` is given. Raises ``LLMQueryError``
         (naming the model and the cause) when the call fails after its retries.
+        ``response_format`` (a pydantic model class or a JSON schema) makes the answer a
+        validated object: an instance of the model, or a dict.
         """
         check_max_tokens(max_tokens, "llm_query")
         messages = build_messages(prompt, system)
+        if response_format is not None:
+            answer_format = AnswerFormat(response_format)
+            typed = await run_interruptibly(ask(
+                self.client.complete, messages, answer_format,
+                model or self.rlm.effective_sub_model, model=model, max_tokens=max_tokens,
+                stream=True), "llm_query")
+            return typed.value
         completion = await run_interruptibly(
             # Streamed (RLM.stream): a slow answer is timed out on a stall, not its length.
             self.client.complete(messages, model=model, max_tokens=max_tokens, stream=True),
@@ -52,7 +63,8 @@ class NotebookHelpers:
     async def llm_query_batch(self, prompts: Iterable[str], *, system: str | None = None,
                               model: str | None = None, max_tokens: int | None = None,
                               return_exceptions: bool = False,
-                              batch_job: bool = False, resume: bool | None = None) -> list:
+                              batch_job: bool = False, resume: bool | None = None,
+                              response_format: Any = None) -> list:
         """Ask many questions concurrently; answers come back in the prompts' order.
 
         At most ``RLM.max_concurrency`` requests are in flight. If any item fails,
@@ -67,25 +79,42 @@ class NotebookHelpers:
         running the same map again after an interrupt or a restart sends only the
         prompts still unanswered. On by default for maps of 100 prompts or more
         (``resume=None``); the file goes once every prompt has its answer.
+
+        ``response_format`` (a pydantic model class or a JSON schema): every answer is a
+        validated object; one that fails validation twice is that item's error.
         """
         prompts = as_prompt_list(prompts, "llm_query_batch")
         check_max_tokens(max_tokens, "llm_query_batch")
         conversations = [build_messages(p, system, caller="llm_query_batch") for p in prompts]
+        answer_format = AnswerFormat(response_format) if response_format is not None \
+            else None
         if batch_job:
-            return await self._batch_job(conversations, model, max_tokens, return_exceptions)
+            return await self._batch_job(conversations, model, max_tokens, return_exceptions,
+                                         answer_format)
         client = self.client
         redactor = client.redactor()
+        model_name = model or self.rlm.effective_sub_model
 
         def call(messages):
+            if answer_format is not None:
+                return lambda: ask(client.complete, messages, answer_format, model_name,
+                                   model=model, max_tokens=max_tokens, slot_held=True,
+                                   redactor=redactor)
             return lambda: client.complete(messages, model=model, max_tokens=max_tokens,
                                            slot_held=True, redactor=redactor)
+
+        def answer(completion):
+            if completion is None:
+                return None
+            return completion.value if answer_format is not None else completion.text
 
         total = len(prompts)
         store, kept = None, {}
         if resume or (resume is None and total >= RESUME_AT):
             store = await MapStore.open(self.rlm.cache_dir, conversations, {
                 "model": model or self.rlm.effective_sub_model, "api_base": self.rlm.api_base,
-                "max_tokens": max_tokens, "options": self.rlm.litellm_kwargs})
+                "max_tokens": max_tokens, "options": self.rlm.litellm_kwargs,
+                "format": answer_format.identity() if answer_format else None})
             kept = store.load()
             _count_kept(client.ledger, kept)
         missing = [i for i in range(total) if i not in kept]
@@ -99,13 +128,14 @@ class NotebookHelpers:
         def merged(values: list) -> list:
             answers = [None] * total
             for index, entry in kept.items():
-                answers[index] = entry["text"]
+                answers[index] = entry["text"] if answer_format is None \
+                    else answer_format.parse(entry["text"])
             for position, index in enumerate(missing):
                 answers[index] = values[position]
             return answers
 
         try:
-            with progress, _kept_on_interrupt(outcome, "llm_query_batch", _text, merged,
+            with progress, _kept_on_interrupt(outcome, "llm_query_batch", answer, merged,
                                               on_disk=store is not None):
                 completions, errors = await run_interruptibly(gather_limited(
                     [call(conversations[i]) for i in missing], client.limiter, observer,
@@ -116,18 +146,26 @@ class NotebookHelpers:
         errors = {missing[position]: error for position, error in errors.items()}
         if store is not None and not errors:
             store.remove()  # finished: a re-run is the response cache's business
-        return _collect(merged([_text(c) for c in completions]), errors, return_exceptions)
+        return _collect(merged([answer(c) for c in completions]), errors, return_exceptions)
 
-    async def _batch_job(self, conversations, model, max_tokens, return_exceptions) -> list:
+    async def _batch_job(self, conversations, model, max_tokens, return_exceptions,
+                         answer_format=None) -> list:
+        from ..llm.client import load_litellm
         from ..llm.jobs import BatchJob
         from .job_progress import JobProgress, still_running
 
         if not conversations:
             return []
+        params = {"max_tokens": max_tokens} if max_tokens else {}
+        if answer_format is not None:
+            litellm = await load_litellm()
+            name = model or self.rlm.effective_sub_model
+            prepared = [prepare(m, answer_format, litellm, name) for m in conversations]
+            conversations = [messages for messages, _ in prepared]
+            params["response_format"] = prepared[0][1]
         progress = JobProgress(len(conversations), "llm_query_batch",
                                enabled=self.rlm.progress)
-        job = BatchJob(self.client, conversations, model=model,
-                       params={"max_tokens": max_tokens} if max_tokens else None,
+        job = BatchJob(self.client, conversations, model=model, params=params,
                        observer=progress)
         try:
             with progress:
@@ -136,7 +174,19 @@ class NotebookHelpers:
             if job.record is None or job.record.ended:
                 raise
             raise interrupt(still_running(job.record)) from None
-        return _collect(results.texts, results.errors, return_exceptions)
+        answers, errors = results.texts, results.errors
+        if answer_format is not None:
+            # A job cannot ask again: an answer that does not validate is its item's error.
+            answers = list(answers)
+            for index, text in enumerate(answers):
+                if text is not None:
+                    try:
+                        answers[index] = answer_format.parse(text)
+                    except InvalidAnswer as problem:
+                        answers[index] = None
+                        errors[index] = LLMQueryError(job.model, f"the answer did not "
+                                                                 f"match the schema ({problem})")
+        return _collect(answers, errors, return_exceptions)
 
     async def rlm_query(self, prompt: str, context: Any = None) -> str:
         """Run a child RLM on ``context`` and return its final answer (a str)."""

@@ -229,7 +229,6 @@ class BatchJobsAPI:
         self.concurrency = concurrency
         self.hold = threading.Event()
         self._tasks: set = set()
-        self._ids = iter(range(1, 1 << 62))
         self.reset(step_s)
 
     def reset(self, step_s: float = 0.05) -> None:
@@ -238,6 +237,7 @@ class BatchJobsAPI:
         self.files: dict[str, dict] = {}  # id -> {"meta": {...}, "data": bytes}
         self.batches: dict[str, dict] = {}
         self.hold.set()
+        self._ids: dict[str, int] = {}
 
     def states(self, job_id: str) -> str | None:
         batch = self.batches.get(job_id)
@@ -253,7 +253,9 @@ class BatchJobsAPI:
         router.add_post("/v1/batches/{id}/cancel", self._cancel)
 
     def _new_id(self, prefix: str) -> str:
-        return f"{prefix}-{next(self._ids)}-{hashlib.sha1(str(time.time()).encode()).hexdigest()[:8]}"
+        # Numbered per kind, so a notebook run afresh shows the same ids.
+        self._ids[prefix] = self._ids.get(prefix, 0) + 1
+        return f"{prefix}-{self._ids[prefix]}"
 
     def _add_file(self, data: bytes, filename: str, purpose: str) -> dict:
         meta = {"id": self._new_id("file"), "object": "file", "bytes": len(data),
@@ -413,7 +415,13 @@ class DemoServer(LocalChatServer):
         messages = body.get("messages") or []
         is_rlm_turn = bool(messages) and messages[0].get("role") == "system" and \
             "Python REPL" in (messages[0].get("content") or "")
-        text = root_reply(messages) if is_rlm_turn else sub_reply(messages[-1]["content"])
+        schema = typed_schema(body)
+        if is_rlm_turn:
+            text = root_reply(messages)
+        elif schema:
+            text = typed_reply(messages[-1]["content"], schema)
+        else:
+            text = sub_reply(messages[-1]["content"])
         # Deterministic latency: a fixed base plus up to 40% more, by prompt hash.
         base = self.root_latency if is_rlm_turn else self.sub_latency
         digest = hashlib.sha1(json.dumps(messages).encode()).digest()[0]
@@ -427,6 +435,16 @@ class DemoServer(LocalChatServer):
 
     def chunk_delay(self, body: dict, index: int) -> float:
         return body.get("_pace", 0.0)
+
+    def usage_for(self, body: dict, text: str) -> tuple[int, int]:
+        # A typed request costs the same in JSON mode (the schema in the prompt) as in
+        # structured-output mode, so a notebook's figures do not depend on which was used.
+        prompt = sum(len(_JSON_MODE.sub("", m.get("content") or ""))
+                     for m in body.get("messages", []))
+        return max(1, prompt // 4), max(1, len(text) // 4)
+
+
+_JSON_MODE = re.compile(r"\n\nAnswer with JSON only, matching this JSON schema: .*\Z", re.DOTALL)
 
 
 # Sub-model rules -------------------------------------------------------------------
@@ -461,6 +479,55 @@ def sub_reply(prompt: str) -> str:
     words = len(prompt.split())
     return (f"[demo model] I only answer counting and sentiment prompts; yours had "
             f"{words} word{'' if words == 1 else 's'}.")
+
+
+def typed_schema(body: dict) -> dict | None:
+    """The schema a typed request asks for: in ``response_format`` (structured outputs),
+    or in the prompt (JSON mode, as rlm-magic words it)."""
+    response_format = body.get("response_format") or {}
+    schema = (response_format.get("json_schema") or {}).get("schema")
+    if schema is None and response_format.get("type") == "json_object":
+        found = re.search(r"matching this JSON schema: (\{.*\})\s*$",
+                          (body.get("messages") or [{}])[-1].get("content") or "", re.DOTALL)
+        schema = json.loads(found.group(1)) if found else None
+    return schema
+
+
+def typed_reply(prompt: str, schema: dict) -> str:
+    """A typed answer (structured outputs): the schema's object, filled in by the
+    sentiment rule. An enum takes the label it contains (positive, negative, neutral),
+    a number the score, a boolean whether it is positive, a string the words that
+    decided."""
+    words = re.findall(r"[a-z']+", prompt.lower().split(":", 1)[-1])
+    good = [w for w in words if w in _POSITIVE]
+    bad = [w for w in words if w in _NEGATIVE]
+    score = len(good) - len(bad)
+    label = "positive" if score > 0 else "negative" if score < 0 else "neutral"
+
+    def resolve(node: dict) -> dict:
+        ref = node.get("$ref", "")
+        if ref.startswith("#/$defs/"):
+            return schema.get("$defs", {}).get(ref.rsplit("/", 1)[1], {})
+        return node
+
+    def fill(node: dict):
+        node = resolve(node)
+        if "enum" in node:
+            return label if label in node["enum"] else node["enum"][0]
+        kind = node.get("type")
+        if kind == "object":
+            return {name: fill(sub) for name, sub in node.get("properties", {}).items()}
+        if kind == "integer":
+            return score
+        if kind == "number":
+            return float(score)
+        if kind == "boolean":
+            return score > 0
+        if kind == "array":
+            return good + bad
+        return ", ".join(good + bad) or "no telling words"
+
+    return json.dumps(fill(schema))
 
 
 # Root-model strategy ---------------------------------------------------------------
@@ -558,6 +625,12 @@ def register_pretend_prices() -> None:
     litellm = _import_litellm()
     litellm.register_model({name: {**PRETEND_PRICES, "cache_read_input_token_cost": 0.0,
                                    "cache_creation_input_token_cost": 0.0,
+                                   # Batch jobs at half price, as the big providers do.
+                                   "input_cost_per_token_batches":
+                                       PRETEND_PRICES["input_cost_per_token"] / 2,
+                                   "output_cost_per_token_batches":
+                                       PRETEND_PRICES["output_cost_per_token"] / 2,
+                                   "supports_response_schema": True,
                                    "litellm_provider": "openai",
                                    "mode": "chat", "max_tokens": 4096,
                                    "max_input_tokens": 128000}

@@ -186,3 +186,10 @@ async def test_a_provider_without_batch_jobs_gets_a_one_line_error(batch_server,
                                           r"through litellm .*providers that can: openai"):
         await rlm.helpers.llm_query_batch(["a"], batch_job=True)
     assert batch_server.batch_jobs.batches == {}
+
+
+async def test_a_job_the_provider_has_forgotten_is_submitted_anew(rlm, batch_server):
+    await rlm.helpers.llm_query_batch(["f1"], batch_job=True)
+    batch_server.batch_jobs.reset(step_s=0.01)  # as a restarted local server would
+    assert await rlm.helpers.llm_query_batch(["f1"], batch_job=True) == ["echo: f1"]
+    assert len(batch_server.batch_jobs.batches) == 1

@@ -20,11 +20,12 @@ class JobProgress(BatchProgress):
 
     def line(self, stopped: bool = False) -> str:
         record = self.record
+        # Begins as every batch's line does ("<label>: N/M done"), then the job.
         if record is None:
-            return f"{self.label}: batch job of {self.total:,} requests: submitting | " \
+            return f"{self.label}: 0/{self.total} done | batch job: submitting | " \
                    f"{self.elapsed_s:.1f}s"
-        parts = [f"{self.label}: batch job {record.id} {record.state}",
-                 f"{record.completed + record.failed:,}/{record.total:,} done"]
+        parts = [f"{self.label}: {record.completed + record.failed}/{record.total} done",
+                 f"batch job {record.id} {record.state}"]
         if record.failed:
             parts.append(f"{record.failed:,} failed")
         if record.cost_usd is not None:
@@ -42,17 +43,15 @@ def still_running(record, label: str = "llm_query_batch") -> str:
 class JobsView:
     """``%rlm jobs``: the recorded batch jobs, as last seen, as a table."""
 
-    COLUMNS = ("job", "state", "done", "failed", "cost", "model", "created")
+    COLUMNS = ("job", "state", "done", "failed", "cost", "model")
 
     def __init__(self, records):
         self.records = records
 
     def _rows(self) -> list[tuple[str, ...]]:
-        import datetime
-
+        # Oldest first; the state is as last seen (a run that reattaches refreshes it).
         return [(r.id, r.state, f"{r.completed + r.failed:,}/{r.total:,}", f"{r.failed:,}",
-                 format_cost(r.cost_usd) if r.cost_usd is not None else "-", r.model,
-                 datetime.datetime.fromtimestamp(r.created_at).strftime("%Y-%m-%d %H:%M"))
+                 format_cost(r.cost_usd) if r.cost_usd is not None else "-", r.model)
                 for r in self.records]
 
     def __repr__(self) -> str:

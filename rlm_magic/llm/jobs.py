@@ -286,7 +286,8 @@ class BatchJob:
             key = await asyncio.to_thread(write_requests, staging, self.conversations, body,
                                           identity, redact)
             record = self.store.get(key)
-            if record is not None and record.state not in GAVE_UP:
+            if record is not None and record.state not in GAVE_UP \
+                    and await self._still_known(litellm, record):
                 self.record, self.reattached = record, True
             else:
                 self.record = await self._submit(litellm, key, staging)
@@ -295,6 +296,19 @@ class BatchJob:
         self._changed()
         await self._wait(litellm)
         return await self._collect(litellm)
+
+    async def _still_known(self, litellm, record: JobRecord) -> bool:
+        """Whether the provider still has the recorded job (a local server restarted, or
+        an account changed, forgets it): if not, the map is submitted anew."""
+        try:
+            await litellm.aretrieve_batch(
+                record.id, litellm_metadata={"batch_ignore_default_logging": True},
+                **self._credentials())
+        except Exception as exc:  # noqa: BLE001 - only "not found" means forgotten
+            if getattr(exc, "status_code", None) == 404:
+                return False
+            raise
+        return True
 
     async def _submit(self, litellm, key: str, staging: Path) -> JobRecord:
         data = await asyncio.to_thread(staging.read_bytes)

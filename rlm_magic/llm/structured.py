@@ -100,17 +100,20 @@ def _name(title: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "_", str(title))[:64] or "answer"
 
 
-_SUPPORTS: dict[str, bool] = {}
+_SUPPORTS: dict[tuple[str, int], bool] = {}
 
 
 def supports_schema(litellm, model: str) -> bool:
-    """Whether litellm says ``model`` takes a JSON schema (asked once per model)."""
-    if model not in _SUPPORTS:
+    """Whether litellm says ``model`` takes a JSON schema. Asked once per model and size
+    of litellm's price map: a model registered later (``litellm.register_model``) is
+    asked again."""
+    key = (model, len(litellm.model_cost))
+    if key not in _SUPPORTS:
         try:
-            _SUPPORTS[model] = bool(litellm.supports_response_schema(model=model))
+            _SUPPORTS[key] = bool(litellm.supports_response_schema(model=model))
         except Exception:  # noqa: BLE001 - a model litellm does not know
-            _SUPPORTS[model] = False
-    return _SUPPORTS[model]
+            _SUPPORTS[key] = False
+    return _SUPPORTS[key]
 
 
 @dataclass(frozen=True)

@@ -137,6 +137,36 @@ def provider_of(litellm, model: str) -> tuple[str, str]:
     return name, provider
 
 
+_WARM_MODULES = ("anyio._backends._asyncio", "litellm.files.main", "litellm.batches.main",
+                 "litellm.llms.openai.openai", "litellm.llms.github_copilot.per_user_auth",
+                 "litellm.litellm_core_utils.batch_utils")
+_warm = False
+
+
+def warm_up() -> None:
+    """Import what litellm imports (and build the pydantic types it builds) on its first
+    file and batch calls: done on the loop, that took 50-100 ms stalls. In a thread."""
+    global _warm
+    if _warm:
+        return
+    import importlib
+
+    for name in _WARM_MODULES:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - a module this litellm does not have
+            pass
+    try:
+        from litellm.types.llms.openai import OpenAIFileObject
+        from litellm.types.utils import LiteLLMBatch
+
+        for model in (LiteLLMBatch, OpenAIFileObject):
+            model.model_rebuild()
+    except Exception:  # noqa: BLE001 - only a warm-up
+        pass
+    _warm = True
+
+
 def write_requests(path: Path, conversations: Sequence[list[dict]], body: dict,
                    identity: str, redact: Callable[[list[dict]], list[dict]]) -> str:
     """Write one JSONL line per conversation to ``path`` and return the job's key: a hash
@@ -283,6 +313,7 @@ class BatchJob:
                 if redactor else messages
 
         try:
+            await asyncio.to_thread(warm_up)
             key = await asyncio.to_thread(write_requests, staging, self.conversations, body,
                                           identity, redact)
             record = self.store.get(key)

@@ -193,3 +193,16 @@ async def test_a_job_the_provider_has_forgotten_is_submitted_anew(rlm, batch_ser
     batch_server.batch_jobs.reset(step_s=0.01)  # as a restarted local server would
     assert await rlm.helpers.llm_query_batch(["f1"], batch_job=True) == ["echo: f1"]
     assert len(batch_server.batch_jobs.batches) == 1
+
+
+@pytest.mark.proxy
+async def test_a_batch_job_runs_through_a_real_litellm_proxy(litellm_proxy, batch_server,
+                                                             tmp_path):
+    from .litellm_proxy import MASTER_KEY
+
+    rlm = make_rlm(batch_server, model="litellm_proxy/root", sub_model="litellm_proxy/sub",
+                   api_base=litellm_proxy.base_url, api_key=MASTER_KEY,
+                   cache_dir=str(tmp_path), timeout=30)
+    assert await rlm.helpers.llm_query_batch(["x1", "x2"], batch_job=True) == \
+        ["echo: x1", "echo: x2"]
+    assert len(batch_server.batch_jobs.batches) == 1  # the proxy passed the job upstream

@@ -78,3 +78,12 @@ async def test_maps_of_100_prompts_or_more_resume_by_default_and_smaller_ones_do
     with pytest.raises(BatchError):
         await rlm.helpers.llm_query_batch(["bad"] + [f"p{i}" for i in range(99)])
     assert len(maps_in(tmp_path)) == 1
+
+
+async def test_a_cache_folder_that_cannot_be_written_costs_no_answer(server, tmp_path):
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("a file where the cache folder should be")
+    rlm = make_rlm(server, cache_dir=str(blocked))
+    with pytest.warns(RuntimeWarning, match="cannot keep this map's answers on disk"):
+        assert await rlm.helpers.llm_query_batch(["a", "b"], resume=True) == \
+            ["echo: a", "echo: b"]

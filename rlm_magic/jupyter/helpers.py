@@ -115,7 +115,7 @@ class NotebookHelpers:
                 "model": model or self.rlm.effective_sub_model, "api_base": self.rlm.api_base,
                 "max_tokens": max_tokens, "options": self.rlm.litellm_kwargs,
                 "format": answer_format.identity() if answer_format else None})
-            kept = store.load()
+            kept = await store.load_kept()
             _count_kept(client.ledger, kept)
         missing = [i for i in range(total) if i not in kept]
         progress = BatchProgress(total, "llm_query_batch",
@@ -134,8 +134,11 @@ class NotebookHelpers:
                 answers[index] = values[position]
             return answers
 
+        def place(values: list, errors: dict) -> tuple[list, dict]:
+            return merged(values), {missing[p]: error for p, error in errors.items()}
+
         try:
-            with progress, _kept_on_interrupt(outcome, "llm_query_batch", answer, merged,
+            with progress, _kept_on_interrupt(outcome, "llm_query_batch", answer, place,
                                               on_disk=store is not None):
                 completions, errors = await run_interruptibly(gather_limited(
                     [call(conversations[i]) for i in missing], client.limiter, observer,
@@ -143,10 +146,10 @@ class NotebookHelpers:
         finally:
             if store is not None:
                 store.close()
-        errors = {missing[position]: error for position, error in errors.items()}
+        answers, errors = place([answer(c) for c in completions], errors)
         if store is not None and not errors:
             store.remove()  # finished: a re-run is the response cache's business
-        return _collect(merged([answer(c) for c in completions]), errors, return_exceptions)
+        return _collect(answers, errors, return_exceptions)
 
     async def _batch_job(self, conversations, model, max_tokens, return_exceptions,
                          answer_format=None) -> list:
@@ -242,21 +245,19 @@ def interrupted_batch() -> BatchError | None:
 
 
 @contextlib.contextmanager
-def _kept_on_interrupt(outcome: BatchOutcome, name: str, value, merged=None,
+def _kept_on_interrupt(outcome: BatchOutcome, name: str, value, place=None,
                        on_disk: bool = False):
     """If the batch is interrupted, keep its finished answers and say where they are.
-    ``merged`` puts the answers of the prompts sent in their places in the whole map."""
+    ``place`` puts the answers and errors of the prompts sent in their places in the
+    whole map (a resumed map sends only some)."""
     global _interrupted_batch
     try:
         yield
     except KeyboardInterrupt:
         results = [value(r) for r in outcome.results]
         errors = outcome.errors or {}
-        if merged is not None:
-            sent = merged(list(range(len(results))))  # positions, to re-index errors
-            errors = {index: errors[p] for index, p in enumerate(sent)
-                      if isinstance(p, int) and p in errors}
-            results = merged(results)
+        if place is not None:
+            results, errors = place(results, errors)
         _interrupted_batch = BatchError(results, errors)
         kept = sum(r is not None for r in results)
         where = ("; they are kept on disk too: run the same cell again to send only the "

@@ -15,6 +15,7 @@ import asyncio
 import hashlib
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -39,6 +40,7 @@ class MapStore:
     def __init__(self, cache_dir: str, key: str):
         self.path = Path(cache_dir) / "maps" / f"{key}.jsonl"
         self._file = None
+        self._broken = False
 
     @classmethod
     async def open(cls, cache_dir: str, conversations: Sequence[list[dict]],
@@ -48,6 +50,14 @@ class MapStore:
         else:
             key = map_key(conversations, identity)
         return cls(cache_dir, key)
+
+    async def load_kept(self) -> dict[int, dict]:
+        """``load``, in a thread when the file is large (10,000 answers: ~30 ms)."""
+        try:
+            large = self.path.stat().st_size > 1_000_000
+        except OSError:
+            return {}
+        return await asyncio.to_thread(self.load) if large else self.load()
 
     def load(self) -> dict[int, dict]:
         """Answers kept by earlier runs, by prompt index. A line cut short by a crash is
@@ -61,20 +71,28 @@ class MapStore:
                         kept[int(entry["i"])] = entry
                     except (ValueError, KeyError, TypeError):
                         continue
-        except FileNotFoundError:
+        except OSError:  # no file yet, or no usable folder: nothing kept
             pass
         return kept
 
     def add(self, index: int, completion) -> None:
-        """Keep one answer, at once: the process may die right after."""
-        if self._file is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            self._file = open(self.path, "a", encoding="utf-8")
-        self._file.write(json.dumps({
-            "i": index, "text": completion.text, "model": completion.model,
-            "input_tokens": completion.input_tokens,
-            "output_tokens": completion.output_tokens}, ensure_ascii=False) + "\n")
-        self._file.flush()
+        """Keep one answer, at once: the process may die right after. A disk that
+        fails (full, read-only) must not cost the paid answer: warn once, keep none."""
+        if self._broken:
+            return
+        try:
+            if self._file is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                self._file = open(self.path, "a", encoding="utf-8")
+            self._file.write(json.dumps({
+                "i": index, "text": completion.text, "model": completion.model,
+                "input_tokens": completion.input_tokens,
+                "output_tokens": completion.output_tokens}, ensure_ascii=False) + "\n")
+            self._file.flush()
+        except OSError as exc:
+            self._broken = True
+            warnings.warn(f"rlm-magic cannot keep this map's answers on disk, going on "
+                          f"without resuming: {exc}", RuntimeWarning, stacklevel=2)
 
     def close(self) -> None:
         if self._file is not None:
@@ -85,7 +103,7 @@ class MapStore:
         self.close()
         try:
             os.unlink(self.path)
-        except FileNotFoundError:
+        except OSError:  # never written (or the folder is gone): nothing to remove
             pass
 
 

@@ -206,3 +206,24 @@ async def test_a_batch_job_runs_through_a_real_litellm_proxy(litellm_proxy, batc
     assert await rlm.helpers.llm_query_batch(["x1", "x2"], batch_job=True) == \
         ["echo: x1", "echo: x2"]
     assert len(batch_server.batch_jobs.batches) == 1  # the proxy passed the job upstream
+
+
+async def test_the_progress_line_shows_the_jobs_state_and_counts(shell, batch_server,
+                                                                 tmp_path, capsys):
+    rlm = session_rlm(shell)
+    rlm.cache_dir, rlm.progress = str(tmp_path), True
+    batch_server.batch_jobs.hold.clear()
+    cell = asyncio.ensure_future(run_cell(
+        shell, "await llm_query_batch(['l1', 'l2', 'l3'], batch_job=True)"))
+    job_id = await job_in_progress(batch_server)
+    written = ""
+    for _ in range(200):  # the line is rewritten 4 times a second: wait for the state
+        written += capsys.readouterr().err
+        if f"batch job {job_id} in_progress" in written:
+            break
+        await asyncio.sleep(0.05)
+    assert f"llm_query_batch: 0/3 done | batch job {job_id} in_progress" in written
+    batch_server.batch_jobs.hold.set()
+    await cell
+    last = (written + capsys.readouterr().err).replace("\r", "\n").splitlines()[-1]
+    assert last.startswith(f"llm_query_batch: 3/3 done | batch job {job_id} completed")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 from typing import Literal
 
@@ -11,7 +12,7 @@ from pydantic import BaseModel
 from rlm_magic import BatchError
 from rlm_magic.errors import ConfigError
 from rlm_magic.llm import jobs
-from rlm_magic.llm.structured import AnswerFormat, ask_for_dict
+from rlm_magic.llm.structured import AnswerFormat
 
 from .conftest import make_rlm
 
@@ -88,11 +89,26 @@ async def test_a_json_schema_gives_dicts(rlm):
                        {"sentiment": "negative", "score": 3}]
 
 
-async def test_the_repl_side_gets_a_validated_dict_from_a_schema(rlm):
-    schema = {"type": "object", "required": ["score"],
-              "properties": {"score": {"type": "integer"}}}
-    answer = await ask_for_dict(rlm.client, [{"role": "user", "content": "good"}], schema)
-    assert answer == {"sentiment": "positive", "score": 4}
+SCORE = {"type": "object", "required": ["score"], "properties": {"score": {"type": "integer"}}}
+
+
+@pytest.mark.parametrize("sandbox", ["process", "none"])
+async def test_model_code_gets_validated_dicts_from_a_json_schema(server, tmp_path, sandbox):
+    server.reply_with("sub-model", labelled)
+    server.script("root-model", [
+        "```repl\n"
+        f"schema = {SCORE!r}\n"
+        "one = llm_query('good', response_format=schema)\n"
+        "many = llm_query_batch(['good', 'bad'], response_format=schema)\n"
+        "bad = llm_query('x', response_format={'type': 'no-such-type'})\n"
+        "FINAL(repr((one['score'], [m['score'] for m in many], bad)))\n```"])
+    result = await make_rlm(server, sandbox=sandbox, cache_dir=str(tmp_path)).arun(
+        "q", context="c")
+    assert result.success, result.error
+    score, scores, bad = ast.literal_eval(result.final_answer)
+    assert (score, scores) == (4, [4, 3])
+    assert bad.startswith("Error: response_format is not a valid JSON schema: ")
+    assert len(server.requests_for("sub-model")) == 3  # the bad schema sent nothing
 
 
 async def test_a_bad_response_format_is_a_one_line_error(rlm, server):

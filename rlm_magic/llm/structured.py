@@ -189,13 +189,3 @@ async def ask(complete: Complete, messages: list[dict], answer_format: AnswerFor
     except InvalidAnswer as problem:
         raise LLMQueryError(model_name, f"the answer did not match the schema twice "
                                    f"({problem})") from None
-
-
-async def ask_for_dict(client, messages: list[dict], schema: dict, *,
-                       model: str | None = None, **options) -> dict:
-    """The REPL side's typed call: a JSON schema in, a validated dict out (what the
-    sandbox can receive). For the sub-call service of ``rlm.engine``."""
-    model = model or client.config.effective_sub_model
-    typed = await ask(client.complete, messages, AnswerFormat(schema), model,
-                      model=model, **options)
-    return typed.value

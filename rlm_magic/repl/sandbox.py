@@ -25,12 +25,19 @@ import warnings
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
-from . import bridge
+from . import bridge, isolation
 from .steps import StepOutput
 
 _step_ids = itertools.count(1)
 _WORKER = str(Path(__file__).with_name("worker.py"))
-_warned_network = False
+_warned_isolation = False
+_BATCHES = ("llm_query_batch", "llm_query_batched", "rlm_query_batch", "rlm_query_batched")
+# Remedies for a layer the OS refuses, by cause.
+_REMEDY = ("on Linux, allow unprivileged user namespaces (sysctl "
+           "kernel.unprivileged_userns_clone=1; on Ubuntu 24.04 "
+           "kernel.apparmor_restrict_unprivileged_userns=0, or an AppArmor profile for "
+           "python); in Docker, run with --security-opt seccomp=unconfined or give the "
+           "kernel its own VM")
 
 
 class SandboxError(RuntimeError):
@@ -49,21 +56,23 @@ class SandboxRepr(str):
         return str(self)
 
 
-def sandbox_environment(secrets: tuple[str | None, ...] = ()) -> dict[str, str]:
-    """The kernel's environment without anything secret: no variable whose name looks
-    secret, and none whose value holds a configured secret."""
-    from ..config import looks_secret
+# The only variables of the kernel's environment the sandbox gets (an allow-list: a
+# deny-list of secret-looking names lets DATABASE_URL or SENTRY_DSN through), plus
+# those named in RLM.sandbox_env. None whose value holds a configured secret.
+ENVIRONMENT_ALLOWED = ("LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_COLLATE", "LC_MESSAGES",
+                       "LC_NUMERIC", "LC_TIME", "LC_MONETARY", "TZ", "TERM")
+_SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 
+
+def sandbox_environment(secrets: tuple[str | None, ...] = (), workdir: str = "",
+                        names: tuple[str, ...] = ()) -> dict[str, str]:
+    """The sandbox's whole environment: the allowed variables of the kernel's, and a
+    PATH, HOME and TMPDIR of its own."""
     secrets = tuple(s for s in secrets if s)
-    return {name: value for name, value in os.environ.items()
-            if not looks_secret(name) and name not in _HOST_AGENTS
-            and not any(s in value for s in secrets)}
-
-
-# Where the user's agents listen (ssh-agent, the session bus, Docker, gpg-agent): Unix
-# sockets on the filesystem, which a network namespace does not close.
-_HOST_AGENTS = frozenset({"SSH_AUTH_SOCK", "DBUS_SESSION_BUS_ADDRESS", "XDG_RUNTIME_DIR",
-                          "DOCKER_HOST", "GPG_AGENT_INFO"})
+    env = {name: os.environ[name] for name in (*ENVIRONMENT_ALLOWED, *names)
+           if name in os.environ and not any(s in os.environ[name] for s in secrets)}
+    env.update(PATH=_SAFE_PATH, HOME=workdir, TMPDIR=workdir)
+    return env
 
 
 class _Sandbox:
@@ -76,12 +85,19 @@ class _Sandbox:
         self.writer: asyncio.StreamWriter | None = None
         self.workdir = workdir
         self.dead: str | None = None  # why it is gone
+        # In a PID namespace of its own, the process we started only relays signals to
+        # the worker (pid 1 there); killing it kills the whole namespace.
+        self.relays = False
 
     def signal(self, signum: int) -> None:
-        """Signal the worker and every process it started (its own process group, which
-        outlives the worker if they do)."""
+        """Signal the worker and every process it started: through the relay in a PID
+        namespace (model code may have left the process group), else its process
+        group, which outlives the worker if they do."""
         try:
-            os.killpg(self.process.pid, signum)
+            if self.relays and signum != signal.SIGKILL:
+                os.kill(self.process.pid, signum)
+            else:
+                os.killpg(self.process.pid, signum)
         except (ProcessLookupError, PermissionError):
             pass
 
@@ -114,7 +130,8 @@ class SandboxREPL:
 
     def __init__(self, context: Any, helpers: dict[str, Callable[..., Awaitable[Any]]], *,
                  memory_mb: int | None = 4096, max_output_chars: int = 20_000,
-                 secrets: tuple[str | None, ...] = (), context_names: tuple[str, ...] = ()):
+                 secrets: tuple[str | None, ...] = (), context_names: tuple[str, ...] = (),
+                 settings: Any = None, sub_calls_left: Callable[[], int] | None = None):
         self.context = context
         # Names the context also goes by (a session's context_0): one copy, many names.
         self.context_names = ("context", *context_names)
@@ -122,9 +139,17 @@ class SandboxREPL:
         self.memory_mb = memory_mb
         self.max_output_chars = max_output_chars
         self.secrets = secrets
+        # The sandbox_* settings (RLM's): disk, processes, environment, strictness.
+        self.disk_mb = getattr(settings, "sandbox_disk_mb", 512)
+        self.max_processes = getattr(settings, "sandbox_max_processes", 64)
+        self.env_names = tuple(getattr(settings, "sandbox_env", ()) or ())
+        self.require_isolation = bool(getattr(settings, "sandbox_require_isolation", False))
+        # A batch larger than the run's sub-calls left is refused before it is expanded.
+        self.sub_calls_left = sub_calls_left
         self.loop = asyncio.get_running_loop()
         self.last_output: StepOutput | None = None
         self.network_isolated: bool | None = None
+        self.isolation: dict | None = None  # the layers in force (result.isolation)
         self._sandbox: _Sandbox | None = None
         self._starting: asyncio.Task | None = None
         self._listener: asyncio.Task | None = None
@@ -169,12 +194,14 @@ class SandboxREPL:
                 self._listener.cancel()
             await old.end()
         workdir = tempfile.mkdtemp(prefix="rlm-sandbox-")
+        if not os.access(_WORKER, os.R_OK):
+            raise SandboxError(f"the sandbox cannot read its own code ({_WORKER}): make "
+                               "the rlm_magic package readable, or run with --no-sandbox")
         parent, child = socket.socketpair()
         try:
             process = subprocess.Popen(
                 [sys.executable, "-I", _WORKER, str(child.fileno())], pass_fds=[child.fileno()],
-                cwd=workdir, env={**sandbox_environment(self.secrets), "HOME": workdir,
-                                  "TMPDIR": workdir},
+                cwd=workdir, env=sandbox_environment(self.secrets, workdir, self.env_names),
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL, start_new_session=True)
         except OSError as exc:
@@ -184,22 +211,25 @@ class SandboxREPL:
         finally:
             child.close()
         sandbox = self._sandbox = _Sandbox(process, parent, workdir)
-        first = bridge.frame({"op": "init", "helpers": sorted(self.helpers),
-                              "context_names": list(self.context_names),
-                              "memory_mb": self.memory_mb,
-                              "isolate_network": self.isolate_network})
-        first += bridge.pickle_frame_header(len(self._pickled))
+        policy = isolation.policy_for(workdir, memory_mb=self.memory_mb,
+                                      max_processes=self.max_processes, disk_mb=self.disk_mb,
+                                      host_maps_ids=os.geteuid() == 0)
+        init = bridge.frame({"op": "init", "helpers": sorted(self.helpers),
+                             "context_names": list(self.context_names),
+                             "policy": vars(policy), "isolate": self.isolate_network})
         try:
-            # A blocking send in a thread moves a large context several times faster
-            # than the event loop's transport, which sends a socket buffer per turn.
+            # A blocking exchange in a thread: it maps the sandbox's ids between two
+            # messages, and moves a large context several times faster than the event
+            # loop's transport, which sends a socket buffer per turn.
             parent.settimeout(60)
-            await asyncio.to_thread(_send_all, parent, first, self._pickled)
+            await asyncio.to_thread(_handshake, parent, process.pid, init, self._pickled)
             sandbox.reader, sandbox.writer = await asyncio.open_unix_connection(sock=parent)
             ready = await self._read(sandbox)
             if ready.get("op") == "fatal":
                 raise SandboxError(str(ready.get("error"))[:500])
             if ready.get("op") != "ready":
                 raise bridge.BridgeError(f"expected 'ready', got {ready.get('op')!r}")
+            self._take_isolation(sandbox, ready.get("isolation"))
         except BaseException as exc:  # cancelled too: no process or folder is left behind
             sandbox.dead = "failed to start"
             await sandbox.end()
@@ -207,11 +237,33 @@ class SandboxREPL:
                                 asyncio.IncompleteReadError)):
                 raise SandboxError(f"the sandbox process did not start: {exc}") from None
             raise
-        self.network_isolated = bool(ready.get("network_isolated"))
-        if not self.network_isolated:
-            _warn_network_once(str(ready.get("network_note") or "unknown reason"))
         self._listener = self.loop.create_task(self._listen(sandbox))
         return sandbox
+
+    def _take_isolation(self, sandbox: _Sandbox, report: Any) -> None:
+        """Read the worker's isolation report: ``result.isolation``, a warning once for
+        a layer the OS refused, and a refusal to go on if full isolation is required.
+        (The worker reports before any model code runs, so the report is its own.)"""
+        layers = report.get("layers") if isinstance(report, dict) else None
+        notes = report.get("notes") if isinstance(report, dict) else None
+        if not isinstance(layers, dict) or not isinstance(notes, dict):
+            raise bridge.BridgeError("a 'ready' message without an isolation report")
+        layers = {name: layers.get(name) is True for name in isolation.LAYERS}
+        notes = {str(k): str(v)[:300] for k, v in notes.items() if k in isolation.LAYERS}
+        self.isolation = {**layers, "notes": notes}
+        self.network_isolated = layers["network"]
+        sandbox.relays = layers["pid"]
+        missing = [name for name in isolation.REQUIRED_LAYERS if not layers[name]]
+        if not missing:
+            return
+        why = "; ".join(f"{name}: {notes.get(name, 'refused')}" for name in missing)
+        if self.require_isolation:
+            raise SandboxError(f"the sandbox is not fully isolated here ({why}); "
+                               f"RLM.sandbox_require_isolation is set, so the run does not "
+                               f"start. Remedy: {_REMEDY}")
+        _warn_isolation_once(f"the RLM sandbox runs without {', '.join(missing)} "
+                             f"isolation here ({why}); result.isolation says so. To fix: "
+                             f"{_REMEDY}")
 
     async def aclose(self) -> None:
         """End the sandbox, however the run ended; no helper call is served again."""
@@ -250,9 +302,12 @@ class SandboxREPL:
 
     # -- the wire -----------------------------------------------------------------------------
     async def _read(self, sandbox: _Sandbox) -> dict:
+        """One message, checked for size and values before it is decoded (bridge.py)."""
         header = await sandbox.reader.readexactly(bridge.HEADER.size)
         _, length = bridge.parse_header(header)
-        return bridge.parse_json(await sandbox.reader.readexactly(length))
+        body = await sandbox.reader.readexactly(length)
+        bridge.check_body(body)
+        return bridge.parse_json(body)
 
     def _send(self, sandbox: _Sandbox, message: dict) -> None:
         if not sandbox.dead:
@@ -325,6 +380,10 @@ class SandboxREPL:
             # A stopped step (or a thread outliving it) sends nothing more to a model.
             self._send(sandbox, {"op": "result", "id": call_id, "stopped": True})
             return
+        refusal = self._over_budget(name, args, kwargs)
+        if refusal:
+            self._send(sandbox, {"op": "result", "id": call_id, "error": refusal})
+            return
         try:
             coroutine = self.helpers[name](*args, **kwargs)
         except TypeError as exc:  # wrong arguments: raised in the model's code, as in-process
@@ -347,6 +406,20 @@ class SandboxREPL:
             else:
                 self._send(sandbox, {"op": "result", "id": call_id, "value": task.result()})
         task.add_done_callback(answer)
+
+    def _over_budget(self, name: str, args: list, kwargs: dict) -> str | None:
+        """Why a batch is refused whole: more prompts than the run has sub-calls left
+        (its answers would be that many error strings, made and sent back for nothing)."""
+        if name not in _BATCHES or self.sub_calls_left is None:
+            return None
+        prompts = args[0] if args else kwargs.get("prompts")
+        if not isinstance(prompts, list):
+            return None
+        left = self.sub_calls_left()
+        if len(prompts) <= max(left, 0):
+            return None
+        return (f"{name}() got {len(prompts):,} prompts, more than the {max(left, 0):,} "
+                "sub-calls left in this run (RLM.max_sub_calls); nothing was sent")
 
     # -- running steps ------------------------------------------------------------------------
     async def run(self, code: str, timeout: float | None = None) -> StepOutput:
@@ -515,14 +588,40 @@ class SandboxREPL:
         return out
 
 
-def _send_all(sock: socket.socket, *parts: bytes) -> None:
-    for part in parts:
-        sock.sendall(part)
+def _handshake(sock: socket.socket, pid: int, init: bytes, pickled: bytes) -> None:
+    """The start of a sandbox's life, blocking (run in a thread): send ``init``; the
+    worker enters its namespaces and says whether it needs its ids mapped (it runs as
+    root: we make its root the unprivileged ``SANDBOX_UID``); then send the context."""
+    sock.sendall(init)
+    kind, length = bridge.parse_header(bridge.read_exactly(sock, bridge.HEADER.size))
+    body = bytes(bridge.read_exactly(sock, length))
+    bridge.check_body(body)
+    message = bridge.parse_json(body)
+    if message.get("op") == "fatal":
+        raise SandboxError(str(message.get("error"))[:500])
+    if message.get("op") != "unshared":
+        raise bridge.BridgeError(f"expected 'unshared', got {message.get('op')!r}")
+    mapped = message.get("map_ids") is True and _map_ids(pid)
+    sock.sendall(bridge.frame({"op": "ids", "mapped": mapped})
+                 + bridge.pickle_frame_header(len(pickled)))
+    sock.sendall(pickled)
 
 
-def _warn_network_once(why: str) -> None:
-    global _warned_network
-    if not _warned_network:
-        _warned_network = True
-        warnings.warn(f"the RLM sandbox cannot cut model code off the network here: {why}; "
-                      "results record network_isolated=False", RuntimeWarning, stacklevel=3)
+def _map_ids(pid: int) -> bool:
+    """Map the sandbox's root (uid and gid 0 in its user namespace) to an unprivileged
+    id outside. Only a privileged kernel may; the worker maps itself otherwise."""
+    try:
+        for name, outside in (("uid_map", isolation.SANDBOX_UID),
+                              ("gid_map", isolation.SANDBOX_GID)):
+            with open(f"/proc/{pid}/{name}", "w") as file:
+                file.write(f"0 {outside} 1")
+        return True
+    except OSError:
+        return False
+
+
+def _warn_isolation_once(message: str) -> None:
+    global _warned_isolation
+    if not _warned_isolation:
+        _warned_isolation = True
+        warnings.warn(message, RuntimeWarning, stacklevel=3)

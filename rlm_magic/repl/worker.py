@@ -1,10 +1,11 @@
 """The sandbox process's main: one REPL namespace, served over the bridge.
 
 Started by ``sandbox.SandboxREPL`` as ``python -I worker.py FD`` (FD: its end of the
-bridge) in a fresh temporary folder with a scrubbed environment. Before it reads the
-context it cuts itself off the network (a network namespace, where the OS allows it) and
-caps its address space. It imports the standard library and the REPL's shared step code
-only, so it starts in a few tens of milliseconds and never loads litellm.
+bridge) in a fresh temporary folder with an allow-listed environment. Before it reads
+the context it confines itself (``isolation.py``: namespaces, a filesystem view of its
+own, limits, no capabilities, a syscall filter) and reports which layers hold. It
+imports the standard library and the REPL's shared step code only, so it starts in a
+few tens of milliseconds and never loads litellm.
 
 Model code runs on the main thread, so SIGINT from the kernel raises KeyboardInterrupt
 in it and keeps the namespace; a reader thread takes the kernel's messages meanwhile and
@@ -41,7 +42,7 @@ import signal  # noqa: E402
 import socket  # noqa: E402
 import threading  # noqa: E402
 
-from rlm_magic.repl import bridge  # noqa: E402
+from rlm_magic.repl import bridge, isolation  # noqa: E402
 from rlm_magic.repl.capture import OutputSink, routing_installed  # noqa: E402
 from rlm_magic.repl.steps import (  # noqa: E402
     StepInterrupted,
@@ -57,13 +58,14 @@ from rlm_magic.repl.steps import (  # noqa: E402
     user_variables,
 )
 
-CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
 # Output past the model's limit is not sent, but a margin is: the kernel redacts, and a
 # secret straddling the cut must be seen whole to be removed whole.
 _CUT_MARGIN = 8192
-# result.variables: values up to this size cross as JSON, larger ones as a short repr.
-_VARIABLE_JSON_LIMIT = 16 * 2**20
-_VARIABLES_TOTAL_LIMIT = 96 * 2**20
+# result.variables: values up to this size cross as JSON, larger ones as a short repr;
+# all of them together fit one frame the kernel takes (see bridge.py).
+_VARIABLE_JSON_LIMIT = 2**20
+_VARIABLES_TOTAL_LIMIT = 8 * 2**20
+_VARIABLES_VALUE_LIMIT = bridge.MAX_VALUES // 2
 
 _step: contextvars.ContextVar[int | None] = contextvars.ContextVar("rlm_step", default=None)
 
@@ -104,9 +106,7 @@ class Worker:
     # -- start-up --------------------------------------------------------------------------
     def start(self) -> None:
         init = self.receive_json()
-        isolated, why = isolate_network() if init.get("isolate_network", True) else (
-            False, "not asked for")
-        limit_memory(init.get("memory_mb"))
+        report = self.confine(init)
         kind, body = self.receive()
         try:
             context = pickle.loads(body) if kind == bridge.PICKLE else None
@@ -123,21 +123,50 @@ class Worker:
         for name in init.get("context_names") or ():
             namespace[str(name)] = context  # the same object: one copy in memory
         install_helpers(namespace, sorted(self.helper_names), self.submit)
-        self.send({"op": "ready", "network_isolated": isolated, "network_note": why})
+        self.send({"op": "ready", "isolation": report})
+
+    def confine(self, init: dict) -> dict:
+        """Apply the isolation layers in their order (see isolation.py); the kernel
+        maps our ids in between when it runs as root."""
+        confinement = isolation.Confinement(isolation.Policy(**init["policy"]),
+                                            enabled=init.get("isolate", True))
+        needs_ids = confinement.enter_namespaces()
+        self.send({"op": "unshared", "map_ids": needs_ids})
+        mapped = self.receive_json().get("mapped") is True
+        confinement.take_ids(mapped)
+        confinement.fork_into_pid_namespace(self.sock.fileno())
+        confinement.build_filesystem()
+        confinement.network_check()
+        confinement.set_limits()
+        confinement.drop_privileges()
+        confinement.filter_syscalls()
+        return confinement.report.as_dict()
 
     # -- helper calls ------------------------------------------------------------------------
     def submit(self, name: str, args: tuple, kwargs: dict) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
+        args = _listed_batch(name, args)
         with self.calls_lock:
             call_id = next(self.call_ids)
-            self.calls[call_id] = future
         # A thread of a finished step (a thread pool made earlier) works for the running
         # step, as in-process; one of a stopped step stays with it, and is refused.
         step = _step.get()
         if step not in self.stopped_steps:
             step = self.current_step
-        self.send({"op": "call", "id": call_id, "step": step, "name": name,
-                   "args": list(args), "kwargs": kwargs})
+        data = bridge.frame({"op": "call", "id": call_id, "step": step, "name": name,
+                             "args": list(args), "kwargs": kwargs})
+        too_big = bridge.oversize(data[bridge.HEADER.size:])
+        if too_big:  # a batch goes in parts that fit; anything else is refused here
+            parts = _batch_parts(name, args, kwargs)
+            if parts is None:
+                future.set_exception(ValueError(f"{name}(): {too_big}; send less per call"))
+                return future
+            return _joined([self.submit(name, part_args, part_kwargs)
+                            for part_args, part_kwargs in parts])
+        with self.calls_lock:
+            self.calls[call_id] = future
+        with self.send_lock:
+            self.sock.sendall(data)
         # Model code that stops waiting (a cancelled task, wait_for's timeout) stops the
         # call in the kernel too, as in-process: else it would run on, and be billed.
         future.add_done_callback(
@@ -222,7 +251,7 @@ class Worker:
             self.current_step = None
             if self.stop_requested:
                 self.stopped_steps.add(step_id)
-        keep = limit + _CUT_MARGIN
+        keep = min(limit + _CUT_MARGIN, _STEP_TEXT_LIMIT)
         parts = {"stdout": buffer.getvalue(), "value": output.value, "error": output.error}
         dropped = sum(len(text) - keep for text in parts.values() if text and len(text) > keep)
         return {"op": "done", "step": step_id, "dropped": dropped,
@@ -232,18 +261,21 @@ class Worker:
     def variables(self) -> dict:
         """The model's variables as JSON data where they are JSON-safe and not too
         large, else as a (shortened) repr."""
-        out, total = {}, 0
+        out, total, values = {}, 0, 0
         for name in user_variables(self.namespace):
             value = self.namespace[name]
             try:
-                encoded = json.dumps(value, ensure_ascii=False, allow_nan=False)
+                json.dumps(value, allow_nan=False)  # JSON data, or not
+                encoded = bridge.frame({"v": value})[bridge.HEADER.size:]
             except (TypeError, ValueError, RecursionError):
                 encoded = None
-            # Limits count bytes, as the bridge does: a character may take four.
-            size = _utf8_size(encoded) if encoded is not None else 0
+            # Limits count bytes and values as the kernel does (see bridge.py).
+            size = len(encoded) if encoded is not None else 0
+            count = bridge.count_values(encoded) if encoded is not None else 0
             if encoded is not None and size <= min(
-                    _VARIABLE_JSON_LIMIT, _VARIABLES_TOTAL_LIMIT - total):
-                out[name], total = {"json": value}, total + size
+                    _VARIABLE_JSON_LIMIT, _VARIABLES_TOTAL_LIMIT - total) and \
+                    values + count <= _VARIABLES_VALUE_LIMIT:
+                out[name], total, values = {"json": value}, total + size, values + count
                 continue
             try:
                 text = repr(value)
@@ -252,56 +284,91 @@ class Worker:
             if len(text) > 10_000:
                 text = text[:10_000] + f"... [{len(text):,} characters; too large to return]"
             out[name], total = ({"repr": text, "type": type(value).__name__},
-                                total + _utf8_size(text))
+                                total + _wire_size(text))
+            values += 3
         return out
 
 
-def _utf8_size(text: str) -> int:
-    return len(text.encode("utf-8", "surrogatepass"))
+def _wire_size(value) -> int:
+    """Bytes ``value`` takes in a frame (strings escaped as ``bridge.frame`` does)."""
+    return len(bridge.frame({"v": value})) - 16
 
 
-# FINAL_VAR's text beyond this many bytes is cut (with a note): the bridge takes 128 MB.
-_FINAL_LIMIT = 64 * 2**20
+# FINAL_VAR's text beyond this many bytes on the wire is cut (with a note), so its
+# frame stays under the bridge's limit.
+_FINAL_LIMIT = bridge.MAX_FROM_SANDBOX - 2**20
+# Each text of a step's result (output, value, error) is cut to this many characters
+# at most, whatever max_output_chars says: the three fit one frame.
+_STEP_TEXT_LIMIT = 2**19
+
+_BATCHES = ("llm_query_batch", "llm_query_batched", "rlm_query_batch", "rlm_query_batched")
 
 
 def final_text(namespace: dict, name: str) -> str | None:
     value = final_var(namespace, name)
-    if value is None or len(value) * 4 <= _FINAL_LIMIT:
+    if value is None or len(value) <= _FINAL_LIMIT // 6:  # \uXXXX: 6 bytes at most
         return value
-    size = _utf8_size(value)
+    size = _wire_size(value)
     if size <= _FINAL_LIMIT:
         return value
-    return (value[:_FINAL_LIMIT // 4] + f"\n... [FINAL_VAR({name}) holds {size:,} bytes, "
-            f"more than the sandbox returns ({_FINAL_LIMIT:,}); the rest is cut]")
+    keep = int(len(value) * _FINAL_LIMIT / size * 0.9)
+    return (value[:keep] + f"\n... [FINAL_VAR({name}) holds {len(value):,} characters, "
+            f"more than the sandbox returns ({_FINAL_LIMIT:,} bytes); the rest is cut]")
 
 
-def isolate_network() -> tuple[bool, str]:
-    """Move this process into a network namespace of its own: no interface but a
-    loopback that is down. Root may do that directly; others need an unprivileged user
-    namespace. Must run while the process has one thread."""
-    if not sys.platform.startswith("linux"):
-        return False, f"network namespaces are Linux-only (this is {sys.platform})"
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    errors = []
-    for flags in (CLONE_NEWNET, CLONE_NEWUSER | CLONE_NEWNET):
-        if libc.unshare(flags) == 0:
-            return True, ""
-        errors.append(os.strerror(ctypes.get_errno()))
-    return False, f"unshare() refused a network namespace ({'; '.join(errors)})"
+def _listed_batch(name: str, args: tuple) -> tuple:
+    """A batch's prompts (and contexts) as lists, so they can be split."""
+    if name not in _BATCHES:
+        return args
+    return tuple(list(a) if i < 2 and not isinstance(a, (str, bytes, dict)) and
+                 hasattr(a, "__iter__") else a for i, a in enumerate(args))
 
 
-def limit_memory(megabytes) -> None:
-    if not megabytes:
-        return
-    import resource
+def _batch_parts(name: str, args: tuple, kwargs: dict):
+    """A batch too large for one frame as two halves (each split again if need be), or
+    None if it cannot be split."""
+    prompts = args[0] if args else None
+    if name not in _BATCHES or not isinstance(prompts, list) or len(prompts) < 2:
+        return None
+    middle = len(prompts) // 2
+    halves = []
+    for part in (slice(None, middle), slice(middle, None)):
+        part_args = [prompts[part], *args[1:]]
+        part_kwargs = dict(kwargs)
+        if len(args) > 1 and isinstance(args[1], list) and len(args[1]) == len(prompts):
+            part_args[1] = args[1][part]
+        elif isinstance(kwargs.get("contexts"), list) and \
+                len(kwargs["contexts"]) == len(prompts):
+            part_kwargs["contexts"] = kwargs["contexts"][part]
+        halves.append((tuple(part_args), part_kwargs))
+    return halves
 
-    limit = int(megabytes) * 2**20
-    try:
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    except (ValueError, OSError):
-        pass  # macOS does not take an address-space limit: the README says so
+
+def _joined(parts: list[concurrent.futures.Future]) -> concurrent.futures.Future:
+    """One future for a batch sent in parts: their answers in order, or the first
+    error; cancelling it cancels them all."""
+    whole: concurrent.futures.Future = concurrent.futures.Future()
+    lock = threading.Lock()
+
+    def settle(_):
+        with lock:
+            if whole.done():
+                return
+            for part in parts:
+                if part.done() and not part.cancelled() and part.exception() is not None:
+                    whole.set_exception(part.exception())
+                    return
+            if not all(part.done() for part in parts):
+                return
+            if any(part.cancelled() for part in parts):
+                whole.cancel()
+                return
+            whole.set_result([answer for part in parts for answer in part.result()])
+
+    whole.add_done_callback(lambda done: done.cancelled() and [p.cancel() for p in parts])
+    for part in parts:
+        part.add_done_callback(settle)
+    return whole
 
 
 def _on_sigint(worker: Worker):

@@ -154,6 +154,9 @@ class RunTree:
     max_iterations: int = 0
     live_turn: LiveTurn | None = None  # the root turn streaming in, for the panel
 
+    def sub_calls_left(self) -> int:
+        return self.max_sub_calls - self.sub_calls
+
     def take_sub_calls(self, wanted: int) -> int:
         """Reserve up to ``wanted`` sub-calls; returns how many are allowed."""
         allowed = max(0, min(wanted, self.max_sub_calls - self.sub_calls))
@@ -260,7 +263,9 @@ class Run:
                 self.repl = SandboxREPL(self.context, self._repl_helpers(),
                                         memory_mb=self.rlm.sandbox_memory_mb,
                                         max_output_chars=self.max_output_chars,
-                                        secrets=tuple(self.rlm.configured_secrets()))
+                                        secrets=tuple(self.rlm.configured_secrets()),
+                                        settings=self.rlm,
+                                        sub_calls_left=self.tree.sub_calls_left)
                 await self.repl.start()  # the process starts while the root model thinks
             else:
                 namespace.update(injected)
@@ -303,7 +308,8 @@ class Run:
                 self.repl = session.repl = SandboxREPL(
                     context, helpers, memory_mb=self.rlm.sandbox_memory_mb,
                     max_output_chars=self.max_output_chars,
-                    secrets=tuple(self.rlm.configured_secrets()), context_names=names[:1])
+                    secrets=tuple(self.rlm.configured_secrets()), context_names=names[:1],
+                    settings=self.rlm, sub_calls_left=self.tree.sub_calls_left)
                 try:
                     await self.repl.start()
                 except BaseException:
@@ -329,6 +335,7 @@ class Run:
         answers already paid for stay reachable as result.variables. A session's REPL
         stays open for its next question."""
         result.network_isolated = getattr(self.repl, "network_isolated", None)
+        result.isolation = getattr(self.repl, "isolation", None)
         try:
             variables = await self.repl.variables()
             result.variables = {name: value for name, value in variables.items()

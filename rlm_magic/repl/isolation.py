@@ -87,9 +87,14 @@ def policy_for(workdir: str, *, memory_mb: int | None, max_processes: int,
     """The default policy: the interpreter, its standard library and installed
     packages, and the worker's code, all read-only."""
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    python = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
-              os.path.dirname(os.path.realpath(sys.executable)),
-              *(p for p in sys.path if p and os.path.isabs(p)), package]
+    prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+    # Installed packages, wherever they live, but not the notebook's own folder (an
+    # absolute sys.path entry in some kernels): that is where `.env` files are.
+    installed = [p for p in sys.path if os.path.isabs(p) and (
+        os.path.basename(p.rstrip("/")) in ("site-packages", "dist-packages")
+        or any(p.startswith(prefix.rstrip("/") + "/") for prefix in prefixes))]
+    python = [*prefixes, os.path.dirname(os.path.realpath(sys.executable)), *installed,
+              package]
     read_only: list[str] = []
     for path in (*SYSTEM_PATHS, *python):
         path = os.path.normpath(path)

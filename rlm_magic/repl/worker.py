@@ -146,6 +146,12 @@ class Worker:
     def submit(self, name: str, args: tuple, kwargs: dict) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
         args = _listed_batch(name, args)
+        if name in _BATCHES and args and isinstance(args[0], list) and \
+                len(args[0]) > bridge.MAX_VALUES // 2:
+            future.set_exception(ValueError(
+                f"{name}(): {len(args[0]):,} prompts, more than one call takes "
+                f"({bridge.MAX_VALUES // 2:,}); RLM.max_sub_calls allows far fewer anyway"))
+            return future
         with self.calls_lock:
             call_id = next(self.call_ids)
         # A thread of a finished step (a thread pool made earlier) works for the running
@@ -325,14 +331,26 @@ def _listed_batch(name: str, args: tuple) -> tuple:
 
 
 def _batch_parts(name: str, args: tuple, kwargs: dict):
-    """A batch too large for one frame as two halves (each split again if need be), or
-    None if it cannot be split."""
+    """A batch too large for one frame as parts that fit, or None if it cannot be split
+    (a single item too large, or more prompts than any run's budget: refused whole)."""
     prompts = args[0] if args else None
-    if name not in _BATCHES or not isinstance(prompts, list) or len(prompts) < 2:
+    if name not in _BATCHES or not isinstance(prompts, list) or \
+            not 2 <= len(prompts) <= bridge.MAX_VALUES // 2:
         return None
-    middle = len(prompts) // 2
+    contexts = args[1] if len(args) > 1 else kwargs.get("contexts")
+    room, bounds, size, start = bridge.MAX_FROM_SANDBOX * 3 // 4, [], 0, 0
+    for index, prompt in enumerate(prompts):
+        item = _wire_size(prompt) + (_wire_size(contexts[index])
+                                     if isinstance(contexts, list) else 0)
+        if item > room:
+            return None
+        if size + item > room:
+            bounds.append(slice(start, index))
+            start, size = index, 0
+        size += item
+    bounds.append(slice(start, None))
     halves = []
-    for part in (slice(None, middle), slice(middle, None)):
+    for part in bounds:
         part_args = [prompts[part], *args[1:]]
         part_kwargs = dict(kwargs)
         if len(args) > 1 and isinstance(args[1], list) and len(args[1]) == len(prompts):

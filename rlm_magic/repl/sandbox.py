@@ -31,6 +31,7 @@ from .steps import StepOutput
 _step_ids = itertools.count(1)
 _WORKER = str(Path(__file__).with_name("worker.py"))
 _warned_isolation = False
+_PIECE = 2**20  # a large frame is read and checked this many bytes at a time
 _BATCHES = ("llm_query_batch", "llm_query_batched", "rlm_query_batch", "rlm_query_batched")
 # Remedies for a layer the OS refuses, by cause.
 _REMEDY = ("on Linux, allow unprivileged user namespaces (sysctl "
@@ -305,9 +306,18 @@ class SandboxREPL:
         """One message, checked for size and values before it is decoded (bridge.py)."""
         header = await sandbox.reader.readexactly(bridge.HEADER.size)
         _, length = bridge.parse_header(header)
-        body = await sandbox.reader.readexactly(length)
-        bridge.check_body(body)
-        return bridge.parse_json(body)
+        if length <= _PIECE:
+            body = await sandbox.reader.readexactly(length)
+            bridge.check_body(body)
+            return bridge.parse_json(body)
+        check, pieces = bridge.BodyCheck(), []
+        while length:
+            piece = await sandbox.reader.readexactly(min(_PIECE, length))
+            check.add(piece)
+            pieces.append(piece.decode("ascii"))
+            length -= len(piece)
+            await asyncio.sleep(0)  # the loop's other work between pieces
+        return bridge.parse_json("".join(pieces))
 
     def _send(self, sandbox: _Sandbox, message: dict) -> None:
         if not sandbox.dead:

@@ -64,7 +64,8 @@ _CUT_MARGIN = 8192
 # result.variables: values up to this size cross as JSON, larger ones as a short repr;
 # all of them together fit one frame the kernel takes (see bridge.py).
 _VARIABLE_JSON_LIMIT = 2**20
-_VARIABLES_TOTAL_LIMIT = 8 * 2**20
+_VARIABLES_TOTAL_LIMIT = 6 * 2**20
+_VARIABLES_MOST = 10_000  # variables listed at most (names, result.variables)
 _VARIABLES_VALUE_LIMIT = bridge.MAX_VALUES // 2
 
 _step: contextvars.ContextVar[int | None] = contextvars.ContextVar("rlm_step", default=None)
@@ -225,7 +226,8 @@ class Worker:
                 self.send({"op": "final_var", "value": final_text(self.namespace,
                                                                   str(message.get("name")))})
             elif op == "names":
-                self.send({"op": "names", "names": user_variables(self.namespace)})
+                names = user_variables(self.namespace)[:_VARIABLES_MOST]
+                self.send({"op": "names", "names": names})
             elif op == "variables":
                 self.send({"op": "variables", "variables": self.variables()})
             elif op == "context":
@@ -261,15 +263,20 @@ class Worker:
         parts = {"stdout": buffer.getvalue(), "value": output.value, "error": output.error}
         dropped = sum(len(text) - keep for text in parts.values() if text and len(text) > keep)
         return {"op": "done", "step": step_id, "dropped": dropped,
-                "answer": ready_answer(self.namespace),
+                "answer": _fitted(ready_answer(self.namespace), "answer['content']",
+                                  _FINAL_LIMIT // 2),  # beside the step's texts
                 **{key: text[:keep] if text else text for key, text in parts.items()}}
 
     def variables(self) -> dict:
         """The model's variables as JSON data where they are JSON-safe and not too
         large, else as a (shortened) repr."""
         out, total, values = {}, 0, 0
-        for name in user_variables(self.namespace):
+        for name in user_variables(self.namespace)[:_VARIABLES_MOST]:
             value = self.namespace[name]
+            if total >= _VARIABLES_TOTAL_LIMIT:  # the rest by type only: one frame holds all
+                out[name] = {"repr": "<not returned: the variables are too large>",
+                             "type": type(value).__name__[:200]}
+                continue
             try:
                 json.dumps(value, allow_nan=False)  # JSON data, or not
                 encoded = bridge.frame({"v": value})[bridge.HEADER.size:]
@@ -289,7 +296,7 @@ class Worker:
                 text = f"<{type(value).__name__}: repr failed: {exc}>"
             if len(text) > 10_000:
                 text = text[:10_000] + f"... [{len(text):,} characters; too large to return]"
-            out[name], total = ({"repr": text, "type": type(value).__name__},
+            out[name], total = ({"repr": text, "type": type(value).__name__[:200]},
                                 total + _wire_size(text))
             values += 3
         return out
@@ -305,21 +312,25 @@ def _wire_size(value) -> int:
 _FINAL_LIMIT = bridge.MAX_FROM_SANDBOX - 2**20
 # Each text of a step's result (output, value, error) is cut to this many characters
 # at most, whatever max_output_chars says: the three fit one frame.
-_STEP_TEXT_LIMIT = 2**19
+_STEP_TEXT_LIMIT = 2**17  # x 12 bytes (an escaped astral character) x 3 < 8 MB
 
 _BATCHES = ("llm_query_batch", "llm_query_batched", "rlm_query_batch", "rlm_query_batched")
 
 
 def final_text(namespace: dict, name: str) -> str | None:
-    value = final_var(namespace, name)
-    if value is None or len(value) <= _FINAL_LIMIT // 6:  # \uXXXX: 6 bytes at most
+    return _fitted(final_var(namespace, name), f"FINAL_VAR({name})")
+
+
+def _fitted(value: str | None, what: str, limit: int = _FINAL_LIMIT) -> str | None:
+    """An answer's text, cut (with a note) to ``limit`` bytes on the wire."""
+    if value is None or len(value) <= limit // 12:  # 12 bytes a character at most
         return value
     size = _wire_size(value)
-    if size <= _FINAL_LIMIT:
+    if size <= limit:
         return value
-    keep = int(len(value) * _FINAL_LIMIT / size * 0.9)
-    return (value[:keep] + f"\n... [FINAL_VAR({name}) holds {len(value):,} characters, "
-            f"more than the sandbox returns ({_FINAL_LIMIT:,} bytes); the rest is cut]")
+    keep = int(len(value) * limit / size * 0.9)
+    return (value[:keep] + f"\n... [{what} holds {len(value):,} characters, more than "
+            f"the sandbox returns ({limit:,} bytes); the rest is cut]")
 
 
 def _listed_batch(name: str, args: tuple) -> tuple:

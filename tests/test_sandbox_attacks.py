@@ -240,7 +240,7 @@ async def _attack(victim: Path) -> dict:
         out["failure"] = result.error
         steps = [run.output for it in result.trajectory for run in it.code]
         out.update({name: _parsed(text) for name, text in zip(ATTACKS, steps)})
-        out["isolation"] = result.isolation
+        out["isolation"] = getattr(result, "isolation", None)  # (absent before issue 17)
 
         stalls: list[float] = []
         beating = asyncio.ensure_future(_heartbeat(stalls))
@@ -313,7 +313,7 @@ if pytest is not None:
         victim = Path(tempfile.mkdtemp(prefix="rlm-attack-"))
         victim.chmod(0o755)
         shutil.copytree(_REPO / "rlm_magic", victim / "rlm_magic",
-                        ignore=shutil.ignore_patterns("__pycache__"))
+                        ignore=shutil.ignore_patterns("__pycache__", "kernel_spec"))
         shutil.copy(_REPO / "tests" / "llm_server.py", victim / "llm_server.py")
         shutil.copy(__file__, victim / "attack.py")
         home = victim / "home"

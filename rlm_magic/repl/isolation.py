@@ -273,16 +273,23 @@ class Confinement:
         us to (as root), else ourselves, mapped one to one."""
         if not self.namespaced:
             return
-        if mapped_by_host:
-            os.setresgid(0, 0, 0)
-            os.setgroups([])
-            os.setresuid(0, 0, 0)  # now SANDBOX_UID outside; caps in this namespace only
-        else:
-            uid, gid = os.geteuid(), os.getegid()
-            _write("/proc/self/setgroups", "deny")
-            _write("/proc/self/uid_map", f"{uid} {uid} 1")
-            _write("/proc/self/gid_map", f"{gid} {gid} 1")
+        try:
+            if mapped_by_host:
+                os.setresgid(0, 0, 0)
+                os.setgroups([])
+                os.setresuid(0, 0, 0)  # now SANDBOX_UID outside; caps in here only
+            else:
+                uid, gid = os.geteuid(), os.getegid()
+                _write("/proc/self/setgroups", "deny")
+                _write("/proc/self/uid_map", f"{uid} {uid} 1")
+                _write("/proc/self/gid_map", f"{gid} {gid} 1")
+        except OSError as exc:  # e.g. an AppArmor rule that allows the namespace, not ids
+            self.report.refused("user", f"the OS refused the user namespace's ids ({exc})")
+            return
         self.report.layers["user"] = True
+        if not mapped_by_host and _is_host_root():
+            self.report.notes["user"] = ("its root is the real root, without any "
+                                         "capability (the kernel could not map it)")
         self.libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
 
     def fork_into_pid_namespace(self, bridge_fd: int) -> None:

@@ -107,7 +107,12 @@ class Worker:
     # -- start-up --------------------------------------------------------------------------
     def start(self) -> None:
         init = self.receive_json()
-        report = self.confine(init)
+        try:
+            report = self.confine(init)
+        except Exception as exc:  # noqa: BLE001 - reported to the kernel, which fails the run
+            self.send({"op": "fatal", "error": f"the sandbox could not confine itself: "
+                                               f"{type(exc).__name__}: {exc}"})
+            raise SystemExit(1)
         kind, body = self.receive()
         try:
             context = pickle.loads(body) if kind == bridge.PICKLE else None

@@ -46,7 +46,7 @@ HELPERS = {"llm_query": _echo}
 
 async def start_up(context, isolate: bool = True) -> float:
     repl = SandboxREPL(context, HELPERS)
-    repl.isolate_network = isolate
+    repl.isolate = isolate
     started = time.perf_counter()
     await repl.start()
     await repl._ready()

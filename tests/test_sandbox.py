@@ -367,7 +367,7 @@ async def test_the_sandbox_has_no_network(rlm, server):
 
 async def test_without_isolation_the_result_says_so_and_a_warning_says_it_once(
         rlm, server, monkeypatch):
-    monkeypatch.setattr(sandbox_module.SandboxREPL, "isolate_network", False)
+    monkeypatch.setattr(sandbox_module.SandboxREPL, "isolate", False)
     monkeypatch.setattr(sandbox_module, "_warned_isolation", False)
     server.script("root-model", [repl("x = 1"), "FINAL(a)", repl("x = 2"), "FINAL(b)"])
     with warnings.catch_warnings(record=True) as caught:
@@ -384,7 +384,7 @@ async def test_without_isolation_the_result_says_so_and_a_warning_says_it_once(
 
 async def test_a_run_that_requires_full_isolation_refuses_to_start_without_it(
         server, monkeypatch):
-    monkeypatch.setattr(sandbox_module.SandboxREPL, "isolate_network", False)
+    monkeypatch.setattr(sandbox_module.SandboxREPL, "isolate", False)
     rlm = make_rlm(server, sandbox="process", sandbox_require_isolation=True)
     server.script("root-model", [repl("print('ran')"), "FINAL(a)"])
     result = await rlm.arun("q", context="c")
@@ -419,6 +419,25 @@ async def test_a_hostile_message_fails_the_step_and_the_run_goes_on(rlm, server,
     broken, after = outputs(result)
     assert "broke the bridge protocol" in broken and complaint in broken and LOST in broken
     assert after == "again" and result.success
+
+
+async def test_a_batch_past_the_sub_call_budget_is_cut_before_the_kernel_expands_it(server):
+    rlm = make_rlm(server, sandbox="process", max_sub_calls=5)
+    server.script("root-model", [repl(
+        "out = llm_query_batch([str(i) for i in range(40_000)])\n"
+        "print(len(out), out[4], out[5][:30], out[-1] == out[5])"), "FINAL(ok)"])
+    result = await rlm.arun("q", context="c")
+    assert outputs(result)[0] == "40000 echo: 4 Error: max_sub_calls=5 reached True"
+    assert len(server.requests_for("sub-model")) == 5
+
+
+async def test_a_batch_too_large_for_one_message_goes_in_parts(server):
+    rlm = make_rlm(server, sandbox="process")
+    server.script("root-model", [repl(
+        "out = llm_query_batch(['x' * 3_000_000 + str(i) for i in range(4)])\n"
+        "print(len(out), [a[-1] for a in out])"), "FINAL(ok)"])
+    result = await rlm.arun("q", context="c")
+    assert outputs(result)[0] == "4 ['0', '1', '2', '3']"  # 12 MB: over one 8 MB frame
 
 
 async def test_the_kernel_never_unpickles_what_the_sandbox_sends(rlm, server, tmp_path):

@@ -126,8 +126,8 @@ class SandboxREPL:
     # SIGINT stops a step and keeps the namespace; a step that does not stop this soon
     # after is killed with its process.
     STOP_GRACE_S = 0.5
-    # Off only in tests, to see how a machine without network namespaces is handled.
-    isolate_network = True
+    # Off only in tests and benchmarks: a machine where the OS refuses every layer.
+    isolate = True
 
     def __init__(self, context: Any, helpers: dict[str, Callable[..., Awaitable[Any]]], *,
                  memory_mb: int | None = 4096, max_output_chars: int = 20_000,
@@ -145,6 +145,7 @@ class SandboxREPL:
         self.max_processes = getattr(settings, "sandbox_max_processes", 64)
         self.env_names = tuple(getattr(settings, "sandbox_env", ()) or ())
         self.require_isolation = bool(getattr(settings, "sandbox_require_isolation", False))
+        self.settings = settings
         # A batch larger than the run's sub-calls left is refused before it is expanded.
         self.sub_calls_left = sub_calls_left
         self.loop = asyncio.get_running_loop()
@@ -217,7 +218,7 @@ class SandboxREPL:
                                       host_maps_ids=os.geteuid() == 0)
         init = bridge.frame({"op": "init", "helpers": sorted(self.helpers),
                              "context_names": list(self.context_names),
-                             "policy": vars(policy), "isolate": self.isolate_network})
+                             "policy": vars(policy), "isolate": self.isolate})
         try:
             # A blocking exchange in a thread: it maps the sandbox's ids between two
             # messages, and moves a large context several times faster than the event
@@ -390,10 +391,7 @@ class SandboxREPL:
             # A stopped step (or a thread outliving it) sends nothing more to a model.
             self._send(sandbox, {"op": "result", "id": call_id, "stopped": True})
             return
-        refusal = self._over_budget(name, args, kwargs)
-        if refusal:
-            self._send(sandbox, {"op": "result", "id": call_id, "error": refusal})
-            return
+        args, kwargs, refused = self._within_budget(name, args, kwargs)
         try:
             coroutine = self.helpers[name](*args, **kwargs)
         except TypeError as exc:  # wrong arguments: raised in the model's code, as in-process
@@ -414,22 +412,37 @@ class SandboxREPL:
                 self._send(sandbox, {"op": "result", "id": call_id,
                                      "error": f"{type(error).__name__}: {error}"})
             else:
-                self._send(sandbox, {"op": "result", "id": call_id, "value": task.result()})
+                self._send(sandbox, {"op": "result", "id": call_id, "value": task.result(),
+                                     **({"refused": refused} if refused else {})})
         task.add_done_callback(answer)
 
-    def _over_budget(self, name: str, args: list, kwargs: dict) -> str | None:
-        """Why a batch is refused whole: more prompts than the run has sub-calls left
-        (its answers would be that many error strings, made and sent back for nothing)."""
+    def _within_budget(self, name: str, args: list, kwargs: dict):
+        """A batch with more prompts than the run has sub-calls left goes to the helper
+        cut to what is left; the rest are refused here, before the kernel expands them
+        (into tasks, or error strings sent back one by one). The worker appends one
+        error string per refused prompt, so the model sees what in-process code sees."""
         if name not in _BATCHES or self.sub_calls_left is None:
-            return None
-        prompts = args[0] if args else kwargs.get("prompts")
+            return args, kwargs, None
+        key = "prompts" if not args else None
+        prompts = kwargs.get("prompts") if key else args[0]
         if not isinstance(prompts, list):
-            return None
-        left = self.sub_calls_left()
-        if len(prompts) <= max(left, 0):
-            return None
-        return (f"{name}() got {len(prompts):,} prompts, more than the {max(left, 0):,} "
-                "sub-calls left in this run (RLM.max_sub_calls); nothing was sent")
+            return args, kwargs, None
+        left = max(self.sub_calls_left(), 0)
+        if len(prompts) <= left:
+            return args, kwargs, None
+        args, kwargs = list(args), dict(kwargs)
+        if key:
+            kwargs["prompts"] = prompts[:left]
+        else:
+            args[0] = prompts[:left]
+        for where, index in ((args, 1), (kwargs, "contexts")):  # rlm_query_batch's
+            if isinstance(where, list) and len(where) > 1 and isinstance(where[1], list):
+                where[1] = where[1][:left]
+            elif isinstance(where, dict) and isinstance(where.get(index), list):
+                where[index] = where[index][:left]
+        limit = getattr(self.settings, "max_sub_calls", None)
+        return args, kwargs, {"count": len(prompts) - left, "error": (
+            f"Error: max_sub_calls={limit} reached for this run; no request was sent")}
 
     # -- running steps ------------------------------------------------------------------------
     async def run(self, code: str, timeout: float | None = None) -> StepOutput:

@@ -203,7 +203,7 @@ class Worker:
                         kind = TypeError if message.get("type") == "TypeError" else RuntimeError
                         future.set_exception(kind(message["error"]))
                     else:
-                        future.set_result(message.get("value"))
+                        future.set_result(_with_refused(message))
                 else:
                     self.inbox.put(message)
         except BaseException:  # noqa: BLE001 - the kernel left or broke the protocol
@@ -336,6 +336,17 @@ def _fitted(value: str | None, what: str, limit: int = _FINAL_LIMIT) -> str | No
     keep = int(len(value) * limit / size * 0.9)
     return (value[:keep] + f"\n... [{what} holds {len(value):,} characters, more than "
             f"the sandbox returns ({limit:,} bytes); the rest is cut]")
+
+
+def _with_refused(message: dict):
+    """A batch's answers, and an error string for each prompt the kernel refused (over
+    the run's sub-call budget) without expanding it."""
+    value, refused = message.get("value"), message.get("refused")
+    if isinstance(value, list) and isinstance(refused, dict):
+        count = refused.get("count")
+        if isinstance(count, int) and 0 < count <= bridge.MAX_VALUES:
+            value = value + [str(refused.get("error"))] * count
+    return value
 
 
 def _listed_batch(name: str, args: tuple) -> tuple:

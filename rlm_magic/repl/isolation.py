@@ -232,41 +232,30 @@ class Confinement:
         self.namespaced = True
         return self.host_maps_ids
 
-    def _prepare_sources(self) -> None:
+    def _prepare_sources(self, clone: bool | None = None) -> None:
         """Look at every path while this process still has its own ids. As root (the
         sandbox will be SANDBOX_UID, who may not walk to a venv under /root), each path
         is cloned as a detached mount (open_tree) to be attached inside; if the OS
         cannot, the sandbox stays this user and binds by path."""
-        self.host_maps_ids = self.policy.host_maps_ids
+        if clone is None:
+            clone = self.policy.host_maps_ids and _arch() is not None
+        self.host_maps_ids = clone
         for path in self.policy.read_only + self.policy.devices:
             try:
                 if os.path.islink(path) and path in SYSTEM_PATHS:
                     self.sources[path] = ("link", os.readlink(path), 0)
                     continue
-                kind = "dir" if os.path.isdir(path) else "file"
-                flags = _locked_flags(path)
+                kind, flags = ("dir" if os.path.isdir(path) else "file"), _locked_flags(path)
             except OSError:
-                continue
+                continue  # not on this machine
             tree = None
-            if self.host_maps_ids:
+            if clone:
                 tree = self.libc.syscall(_syscall("open_tree"), -100, path.encode(),
                                          OPEN_TREE_CLONE | os.O_CLOEXEC)
-                if tree < 0:
+                if tree < 0:  # a kernel before 5.2: the sandbox keeps this user's ids
                     self._close_sources()
-                    self.host_maps_ids = False
-                    return self._prepare_sources_by_path()
+                    return self._prepare_sources(clone=False)
             self.sources[path] = (kind, tree, flags)
-
-    def _prepare_sources_by_path(self) -> None:
-        for path in list(self.policy.read_only + self.policy.devices):
-            try:
-                if os.path.islink(path) and path in SYSTEM_PATHS:
-                    self.sources[path] = ("link", os.readlink(path), 0)
-                else:
-                    self.sources[path] = ("dir" if os.path.isdir(path) else "file", None,
-                                          _locked_flags(path))
-            except OSError:
-                continue
 
     def take_ids(self, mapped_by_host: bool) -> None:
         """Become the user the sandbox runs as: the unprivileged id the kernel mapped

@@ -114,3 +114,16 @@ def test_a_frame_counts_its_values_not_the_commas_in_its_text_and_a_hand_made_on
         bridge.check_body(b'{"op": "x", "v": [' + b"[]," * bridge.MAX_VALUES + b"[]]}")
     with pytest.raises(bridge.BridgeError, match="not ASCII"):
         bridge.check_body('{"op": "caf\u00e9"}'.encode())
+
+
+async def test_a_worker_whose_code_cannot_be_read_fails_the_start_in_one_line(
+        monkeypatch, tmp_path):
+    from rlm_magic.repl import sandbox
+
+    monkeypatch.setattr(sandbox, "_WORKER", str(tmp_path / "private" / "worker.py"))
+    repl = sandbox.SandboxREPL("c", {})
+    await repl.start()
+    with pytest.raises(sandbox.SandboxError, match="cannot read its own code") as caught:
+        await repl.run("x = 1")
+    assert "\n" not in str(caught.value)
+    await repl.aclose()

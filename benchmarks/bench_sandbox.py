@@ -167,9 +167,11 @@ HOSTILE = {
         "try:\n    llm_query_batch([''] * 10_000_000)\nexcept ValueError:\n    pass",
     "an 8 MB frame of empty objects": _RAW.format(
         body="b'{\"op\": \"call\", \"args\": [' + b'{},' * 2_700_000 + b'{}]}'"),
-    "an 8 MB frame of 100,000 two-character strings and text": _RAW.format(
-        body="b'{\"op\": \"x\", \"a\": [' + b'\"ab\",' * 99_000 + b'\"ab\"], "
-             "\"t\": \"' + b'a' * 7_500_000 + b'\\\\ud83d\\\\ude00\"}'"),
+    # Accepted, and as costly to decode as a frame may be: 98,000 values, and a text
+    # that one escaped emoji makes 4 bytes a character once decoded.
+    "an 8 MB frame at the limits (98,000 values, 7.5 MB of 4-byte text)": _RAW.format(
+        body="b'{\"op\": \"x\", \"a\": [' + b'{},' * 48_999 + b'{}], \"t\": \"' "
+             "+ b'a' * 7_500_000 + bytes([92]) + b'ud83d' + bytes([92]) + b'ude00\"}'"),
     "an 8 MB FINAL_VAR text (the largest answer)":
         "x = 'a' * 8_000_000\nFINAL_TEXT = x",
     "six 16 MB variables (result.variables)":

@@ -62,16 +62,28 @@ assert libc.prctl(22, 2, ctypes.addressof(fprog), 0, 0) == 0
 
 
 @pytest.mark.skipif(isolation._arch() is None, reason="no syscall table here")
-def test_where_the_os_refuses_user_namespaces_the_run_goes_on_and_says_so_once():
-    out = _sandboxed("import socket\ntry:\n    socket.socket()\nexcept OSError as e:\n"
-                     "    print(e.strerror)", before=_NO_USER_NAMESPACES)
-    layers = out["isolation"]
-    assert out["output"] == "Operation not permitted"  # the syscall filter still holds
-    assert layers["syscalls"] and not any(layers[name] for name in (
-        "user", "pid", "filesystem", "network", "processes"))
-    assert "unshare() refused a user namespace" in layers["notes"]["user"]
+def test_where_the_os_refuses_user_namespaces_seccomp_and_landlock_still_hold(tmp_path):
+    secret = tmp_path / "secret.txt"  # a file of the kernel's user, outside the policy
+    secret.write_text("fake-0010")
+    attempts = (
+        "import os, socket\nfor attempt in (lambda: socket.socket(), "
+        "lambda: os.kill(os.getppid(), 0), lambda: open(%r).read()):\n"
+        "    try:\n        attempt()\n        print('ALLOWED')\n"
+        "    except OSError as e:\n        print(e.strerror)" % str(secret))
+    out = _sandboxed(attempts, before=_NO_USER_NAMESPACES)
+    layers, notes = out["isolation"], out["isolation"]["notes"]
+    assert not any(layers[name] for name in ("user", "pid", "processes"))
+    assert "unshare() refused a user namespace" in notes["user"]
+    assert layers["syscalls"] and layers["network"] and "seccomp" in notes["network"]
+    lines = out["output"].splitlines()
+    assert lines[0] == "Operation not permitted"  # no socket
+    if layers["filesystem"]:  # Landlock: the kernel's files and processes out of reach
+        assert "Landlock" in notes["filesystem"]
+        assert lines[2] == "Permission denied"
+        if "cannot be signalled" in notes["pid"]:
+            assert lines[1] == "Operation not permitted"
     [warning] = out["warnings"]
-    assert "\n" not in warning and "runs without user, pid, filesystem, network" in warning
+    assert "\n" not in warning and "runs without user, pid" in warning
     assert "To fix:" in warning
 
 

@@ -19,7 +19,11 @@ the report, never skipped silently):
    the sandbox's own user namespace), no core files; disk is the working tmpfs's size.
 4. **privileges** - every capability dropped (bounding set too, root made powerless
    for exec), ``no_new_privs``.
-5. **syscalls** - a seccomp filter (``DENIED_SYSCALLS``): no new sockets of any family,
+5. **Landlock** - read only the policy's paths, write only the working folder, no TCP,
+   no abstract Unix socket, no signal out of the sandbox (as far as the kernel's ABI
+   goes): a second layer inside the mount namespace, and the filesystem layer (and what
+   keeps the kernel from being signalled) where the OS refuses namespaces.
+6. **syscalls** - a seccomp filter (``DENIED_SYSCALLS``): no new sockets of any family,
    no ptrace, namespaces, mounts, keyrings, bpf, io_uring, fd theft...
 
 The policy is data (``Policy``, ``DENIED_SYSCALLS``), built by ``policy_for``; the host
@@ -143,6 +147,8 @@ MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MS_NOATIME, MS_NODIRATIME, MS_RELATIME, MS_STRICTATIME = 1024, 2048, 1 << 21, 1 << 24
 MNT_DETACH = 2
 OPEN_TREE_CLONE, MOVE_MOUNT_F_EMPTY_PATH = 1, 4
+# Landlock's syscalls have one number on every architecture.
+_LANDLOCK_CREATE_RULESET, _LANDLOCK_ADD_RULE, _LANDLOCK_RESTRICT_SELF = 444, 445, 446
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_SECCOMP = 1, 4, 22
 PR_CAPBSET_DROP, PR_SET_SECUREBITS, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = 24, 28, 38, 47
 # NOROOT, NO_SETUID_FIXUP and KEEP_CAPS, each locked: root gains nothing on exec.
@@ -426,7 +432,72 @@ class Confinement:
         libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # cleared by id changes
 
-    # -- 5. syscalls -----------------------------------------------------------------------
+    # -- 5. Landlock: a second filesystem layer, and the first where namespaces are refused
+    def restrict_with_landlock(self) -> None:
+        """Reading only the policy's paths, writing only the working folder, no TCP, no
+        abstract Unix sockets and no signals out of the sandbox, each as far as the
+        kernel's Landlock ABI goes. Inside a mount namespace it backs up the view; where
+        the OS refused namespaces it is the filesystem layer, and keeps the kernel
+        from being signalled."""
+        libc = self.libc
+        if libc is None:
+            return
+        abi = libc.syscall(_LANDLOCK_CREATE_RULESET, None, 0, 1)  # ..._VERSION
+        if abi < 1:
+            self._landlock_refused(f"not available ({os.strerror(ctypes.get_errno())})")
+            return
+        handled = (1 << 13) - 1 | (1 << 13 if abi >= 2 else 0) | (1 << 14 if abi >= 3 else 0)
+        handled |= 1 << 15 if abi >= 5 else 0
+        attr = struct.pack("=QQQ", handled, 0b11 if abi >= 4 else 0, 0b11 if abi >= 6 else 0)
+        size = 24 if abi >= 6 else 16 if abi >= 4 else 8
+        ruleset = libc.syscall(_LANDLOCK_CREATE_RULESET, ctypes.c_char_p(attr), size, 0)
+        if ruleset < 0:
+            self._landlock_refused(f"no ruleset ({os.strerror(ctypes.get_errno())})")
+            return
+        try:
+            read_file, read_dir, truncate = 1 | 4, 1 | 4 | 8, 1 << 14 if abi >= 3 else 0
+            rules = [(path, read_dir, read_file) for path in self.policy.read_only]
+            rules += [(path, 0, 2 | 4 | truncate) for path in self.policy.devices]
+            rules.append((self.policy.workdir, handled, handled & (1 | 2 | 4 | 1 << 14)))
+            if self.namespaced:  # its own root (names only, below) and its own /proc
+                rules += [("/", 8, 0), ("/proc", read_dir, read_file)]
+            for path, on_dir, on_file in rules:
+                self._landlock_rule(ruleset, path, on_dir, on_file)
+            if libc.syscall(_LANDLOCK_RESTRICT_SELF, ruleset, 0) != 0:
+                self._landlock_refused(os.strerror(ctypes.get_errno()))
+                return
+        finally:
+            os.close(ruleset)
+        if self.namespaced:
+            self.report.notes.setdefault("filesystem", f"and Landlock ABI {abi}")
+            return
+        if abi >= 6:
+            self.report.notes["pid"] += "; other processes cannot be signalled (Landlock)"
+        self.report.layers["filesystem"] = True
+        self.report.notes["filesystem"] = (f"Landlock ABI {abi} only: the host's paths, "
+                                           "read-only where the policy allows")
+
+    def _landlock_rule(self, ruleset: int, path: str, on_dir: int, on_file: int) -> None:
+        try:
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        except OSError:
+            return  # not on this machine
+        try:
+            allowed = on_dir if os.path.isdir(f"/proc/self/fd/{fd}") or (
+                on_dir and os.path.isdir(path)) else on_file
+            attr = struct.pack("=Qi", allowed, fd)
+            self.libc.syscall(_LANDLOCK_ADD_RULE, ruleset, 1, ctypes.c_char_p(attr), 0)
+        finally:
+            os.close(fd)
+
+    def _landlock_refused(self, why: str) -> None:
+        """Only news where there is no mount namespace: then nothing limits files."""
+        if not self.namespaced:
+            self.report.refused("filesystem", f"no mount namespace, and Landlock is {why}"
+                                if why.startswith("not") else
+                                f"no mount namespace, and Landlock refused: {why}")
+
+    # -- 6. syscalls -----------------------------------------------------------------------
     def filter_syscalls(self) -> None:
         if self.libc is None:
             self.report.refused("syscalls",
@@ -451,10 +522,15 @@ class Confinement:
         self.report.layers["syscalls"] = True
 
     def network_check(self) -> None:
-        """The network layer holds if we are in a namespace of our own (a loopback that
-        is down, nothing else) and cannot make a socket to leave it anyway."""
+        """The network layer holds in a namespace of our own (a loopback that is down,
+        nothing else); without one, if the syscall filter refuses every new socket.
+        Run after ``filter_syscalls``."""
         if self.namespaced:
             self.report.layers["network"] = True
+        elif self.report.layers["syscalls"]:
+            self.report.layers["network"] = True
+            self.report.notes["network"] = ("no network namespace, but no new socket "
+                                            "either (seccomp)")
 
 
 def seccomp_program(audit_arch: int, table: dict[str, int], foreign: int | None) -> bytes:

@@ -142,10 +142,11 @@ class Worker:
         confinement.take_ids(mapped)
         confinement.fork_into_pid_namespace(self.sock.fileno())
         confinement.build_filesystem()
-        confinement.network_check()
         confinement.set_limits()
         confinement.drop_privileges()
+        confinement.restrict_with_landlock()
         confinement.filter_syscalls()
+        confinement.network_check()
         return confinement.report.as_dict()
 
     # -- helper calls ------------------------------------------------------------------------

@@ -7,9 +7,6 @@ from __future__ import annotations
 import asyncio
 import os
 import pickle
-import shutil
-import subprocess
-import sys
 import time
 import warnings
 

@@ -437,6 +437,21 @@ async def test_a_batch_too_large_for_one_message_goes_in_parts(server):
     assert outputs(result)[0] == "4 ['0', '1', '2', '3']"  # 12 MB: over one 8 MB frame
 
 
+async def test_calls_that_would_hold_too_much_in_the_kernel_are_refused_not_queued(server):
+    rlm = make_rlm(server, sandbox="process", max_concurrency=1)
+    server.model_latency = {"sub-model": 5.0}  # the first call holds the only slot
+    server.script("root-model", [repl(
+        "big = 'x' * 7_000_000\n"
+        "calls = [asyncio.ensure_future(llm_query(big + str(i))) for i in range(12)]\n"
+        "done, waiting = await asyncio.wait(calls, timeout=1.5)\n"
+        "for call in waiting:\n    call.cancel()\n"
+        "print(len(waiting), {str(c.exception())[:38] for c in done})"), "FINAL(ok)"])
+    result = await rlm.arun("q", context="c")
+    # About 64 MB of them wait; the rest are refused at once.
+    waiting, refusals = outputs(result)[0].split(" ", 1)
+    assert 8 <= int(waiting) <= 10 and refusals == "{'RuntimeError: the kernel already holds'}"
+
+
 async def test_the_kernel_never_unpickles_what_the_sandbox_sends(rlm, server, tmp_path):
     marker = tmp_path / "unpickled"
 

@@ -32,6 +32,7 @@ _step_ids = itertools.count(1)
 _WORKER = str(Path(__file__).with_name("worker.py"))
 _warned_isolation = False
 _PIECE = 2**20  # a large frame is read and checked this many bytes at a time
+_HELD_LIMIT = 64 * 2**20  # helper calls' messages the kernel holds at once, at most
 _BATCHES = ("llm_query_batch", "llm_query_batched", "rlm_query_batch", "rlm_query_batched")
 # Remedies for a layer the OS refuses, by cause.
 _REMEDY = ("on Linux, allow unprivileged user namespaces (sysctl "
@@ -164,6 +165,8 @@ class SandboxREPL:
         self._overdue: list[str] = []  # replies to requests that timed out
         self._answer: str | None = None
         self._closed = False
+        self._frame_size = 0  # of the message being handled
+        self._held = 0  # bytes of the helper calls being served
 
     # -- life cycle ----------------------------------------------------------------------
     async def start(self) -> None:
@@ -307,6 +310,7 @@ class SandboxREPL:
         """One message, checked for size and values before it is decoded (bridge.py)."""
         header = await sandbox.reader.readexactly(bridge.HEADER.size)
         _, length = bridge.parse_header(header)
+        self._frame_size = length
         if length <= _PIECE:
             body = await sandbox.reader.readexactly(length)
             bridge.check_body(body)
@@ -392,6 +396,15 @@ class SandboxREPL:
             self._send(sandbox, {"op": "result", "id": call_id, "stopped": True})
             return
         args, kwargs, refused = self._within_budget(name, args, kwargs)
+        size = self._frame_size
+        if self._held + size > _HELD_LIMIT:
+            # Calls wait for a free slot with their prompts in the kernel's memory: so
+            # many that they would hold more than this are refused, not queued.
+            self._send(sandbox, {"op": "result", "id": call_id, "error": (
+                f"RuntimeError: the kernel already holds {self._held / 2**20:.0f} MB of "
+                f"prompts waiting to be sent (at most {_HELD_LIMIT // 2**20} MB): wait "
+                "for answers before sending more")})
+            return
         try:
             coroutine = self.helpers[name](*args, **kwargs)
         except TypeError as exc:  # wrong arguments: raised in the model's code, as in-process
@@ -401,10 +414,12 @@ class SandboxREPL:
         task = self.loop.create_task(coroutine)
         self._calls.add(task)
         self._call_tasks[call_id] = task
+        self._held += size
 
         def answer(task: asyncio.Task) -> None:
             self._calls.discard(task)
             self._call_tasks.pop(call_id, None)
+            self._held -= size
             if task.cancelled():
                 self._send(sandbox, {"op": "result", "id": call_id, "stopped": True})
             elif task.exception() is not None:

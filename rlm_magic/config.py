@@ -143,7 +143,7 @@ class RLMConfig(Configurable):
                                        "MB.").tag(config=True)
     sandbox_disk_mb = Int(512, help="Size of the sandbox's working folder (a tmpfs: it "
                                     "holds RAM while files are in it), in MB.").tag(config=True)
-    sandbox_max_processes = Int(64, help="Most processes and threads in the sandbox at "
+    sandbox_max_processes = Int(128, help="Most processes and threads in the sandbox at "
                                          "once.").tag(config=True)
     sandbox_env = List(Unicode(), help="Names of environment variables the sandbox may "
                                        "see besides locale and time zone (values holding "

@@ -81,7 +81,7 @@ class Policy:
     read_only: list[str] = field(default_factory=list)
     devices: list[str] = field(default_factory=lambda: list(DEVICES))
     memory_mb: int | None = 4096  # address space, per process
-    max_processes: int = 64  # processes and threads
+    max_processes: int = 128  # processes and threads (a thread pool counts)
     disk_mb: int = 512
     host_maps_ids: bool = False  # the kernel (root) maps the sandbox to SANDBOX_UID
 

@@ -143,7 +143,7 @@ class SandboxREPL:
         self.secrets = secrets
         # The sandbox_* settings (RLM's): disk, processes, environment, strictness.
         self.disk_mb = getattr(settings, "sandbox_disk_mb", 512)
-        self.max_processes = getattr(settings, "sandbox_max_processes", 64)
+        self.max_processes = getattr(settings, "sandbox_max_processes", 128)
         self.env_names = tuple(getattr(settings, "sandbox_env", ()) or ())
         self.require_isolation = bool(getattr(settings, "sandbox_require_isolation", False))
         self.settings = settings

@@ -96,16 +96,22 @@ class _Sandbox:
         namespace (model code may have left the process group), else its process
         group, which outlives the worker if they do."""
         try:
-            if self.relays and signum != signal.SIGKILL:
+            if self.relays and signum in (signal.SIGINT, signal.SIGTERM):
                 os.kill(self.process.pid, signum)
             else:
                 os.killpg(self.process.pid, signum)
         except (ProcessLookupError, PermissionError):
             pass
 
+    def kill(self) -> None:
+        """Kill the worker and everything it started. Through the relay, which kills the
+        PID namespace's pid 1 (the kernel then kills the rest) and reaps it, so no
+        orphan is left to a parent that may not reap (a kernel running as pid 1)."""
+        self.signal(signal.SIGTERM if self.relays else signal.SIGKILL)
+
     async def end(self) -> None:
         """Kill the process (if alive), reap it and remove its folder."""
-        self.signal(signal.SIGKILL)
+        self.kill()
         if self.writer is not None:
             self.writer.close()
         else:
@@ -115,6 +121,7 @@ class _Sandbox:
         except asyncio.TimeoutError:
             pass
         finally:
+            self.signal(signal.SIGKILL)  # whatever is left of its process group
             shutil.rmtree(self.workdir, ignore_errors=True)
 
 
@@ -355,7 +362,7 @@ class SandboxREPL:
         except Exception as exc:  # noqa: BLE001 - anything odd from the sandbox ends it
             sandbox.dead = sandbox.dead or (f"it broke the bridge protocol: "
                                             f"{type(exc).__name__}: {exc}")
-        sandbox.signal(signal.SIGKILL)
+        sandbox.kill()
         self._answer = None
         if self._reply is not None and not self._reply.done():
             self._reply.set_exception(SandboxError(sandbox.dead))
@@ -503,7 +510,7 @@ class SandboxREPL:
 
     def _kill(self, sandbox: _Sandbox, why: str) -> None:
         sandbox.dead = sandbox.dead or why
-        sandbox.signal(signal.SIGKILL)
+        sandbox.kill()
 
     def _take(self, output: StepOutput, reply: dict) -> None:
         for key in ("stdout", "value", "error"):

@@ -13,7 +13,7 @@ the report, never skipped silently):
    The first process stays outside, only relaying signals and the exit status.
 2. **filesystem** - a fresh, read-only tmpfs becomes the root (``pivot_root``), holding
    read-only binds of what Python needs (``Policy.read_only``), a few devices, a
-   /proc of its own and a size-limited tmpfs as the working folder. No home, venv
+   /proc and a small /dev/shm of its own and a size-limited tmpfs as the working folder. No home, venv
    writes, cache, /tmp or /dev/shm of the host; no pathname socket is reachable.
 3. **limits** - address space per process, a process count (RLIMIT_NPROC, counted in
    the sandbox's own user namespace), no core files; disk is the working tmpfs's size.
@@ -328,6 +328,11 @@ class Confinement:
         _makedirs(root, "/dev")
         for path in policy.devices:
             self._bind(path, root, device=True)
+        _makedirs(root, "/dev/shm")  # its own (multiprocessing's semaphores live there)
+        _check(libc.mount(b"tmpfs", root + b"/dev/shm", b"tmpfs",
+                          MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                          f"mode=1777,size={min(policy.disk_mb, 64)}m".encode()),
+               "mounting /dev/shm")
         work = root + policy.workdir.encode()
         _makedirs(root, policy.workdir)
         _check(libc.mount(b"tmpfs", work, b"tmpfs", MS_NOSUID | MS_NODEV,
@@ -460,7 +465,8 @@ class Confinement:
             rules += [(path, 0, 2 | 4 | truncate) for path in self.policy.devices]
             rules.append((self.policy.workdir, handled, handled & (1 | 2 | 4 | 1 << 14)))
             if self.namespaced:  # its own root (names only, below) and its own /proc
-                rules += [("/", 8, 0), ("/proc", read_dir, read_file)]
+                rules += [("/", 8, 0), ("/proc", read_dir, read_file),
+                          ("/dev/shm", handled, handled & (1 | 2 | 4 | 1 << 14))]
             for path, on_dir, on_file in rules:
                 self._landlock_rule(ruleset, path, on_dir, on_file)
             if libc.syscall(_LANDLOCK_RESTRICT_SELF, ruleset, 0) != 0:

@@ -12,9 +12,9 @@ the report, never skipped silently):
    namespace, so it sees and signals no other process, and all it starts dies with it.
    The first process stays outside, only relaying signals and the exit status.
 2. **filesystem** - a fresh, read-only tmpfs becomes the root (``pivot_root``), holding
-   read-only binds of what Python needs (``Policy.read_only``), a few devices, a
-   /proc and a small /dev/shm of its own and a size-limited tmpfs as the working folder. No home, venv
-   writes, cache, /tmp or /dev/shm of the host; no pathname socket is reachable.
+   read-only binds of what Python needs (``Policy.read_only``), a few devices, a /proc
+   and a small /dev/shm of its own and a size-limited tmpfs as the working folder. No
+   home, venv writes, cache, /tmp or /dev/shm of the host; no pathname socket.
 3. **limits** - address space per process, a process count (RLIMIT_NPROC, counted in
    the sandbox's own user namespace), no core files; disk is the working tmpfs's size.
 4. **privileges** - every capability dropped (bounding set too, root made powerless
@@ -441,12 +441,13 @@ class Confinement:
     def restrict_with_landlock(self) -> None:
         """Reading only the policy's paths, writing only the working folder, no TCP, no
         abstract Unix sockets and no signals out of the sandbox, each as far as the
-        kernel's Landlock ABI goes. Inside a mount namespace it backs up the view; where
-        the OS refused namespaces it is the filesystem layer, and keeps the kernel
-        from being signalled."""
+        kernel's Landlock ABI goes. With the mount view in force it is a second layer;
+        where the OS refused the view (or namespaces) it is the filesystem layer, and
+        keeps the kernel from being signalled."""
         libc = self.libc
         if libc is None:
             return
+        viewed = self.report.layers["filesystem"]  # the root is our own tmpfs
         abi = libc.syscall(_LANDLOCK_CREATE_RULESET, None, 0, 1)  # ..._VERSION
         if abi < 1:
             self._landlock_refused(f"not available ({os.strerror(ctypes.get_errno())})")
@@ -464,7 +465,7 @@ class Confinement:
             rules = [(path, read_dir, read_file) for path in self.policy.read_only]
             rules += [(path, 0, 2 | 4 | truncate) for path in self.policy.devices]
             rules.append((self.policy.workdir, handled, handled & (1 | 2 | 4 | 1 << 14)))
-            if self.namespaced:  # its own root (names only, below) and its own /proc
+            if viewed:  # its own root (names only, below), /proc and /dev/shm
                 rules += [("/", 8, 0), ("/proc", read_dir, read_file),
                           ("/dev/shm", handled, handled & (1 | 2 | 4 | 1 << 14))]
             for path, on_dir, on_file in rules:
@@ -474,14 +475,15 @@ class Confinement:
                 return
         finally:
             os.close(ruleset)
-        if self.namespaced:
+        if viewed:
             self.report.notes.setdefault("filesystem", f"and Landlock ABI {abi}")
             return
-        if abi >= 6:
+        if abi >= 6 and not self.report.layers["pid"]:
             self.report.notes["pid"] += "; other processes cannot be signalled (Landlock)"
+        why = self.report.notes.get("filesystem") or "no mount namespace"
         self.report.layers["filesystem"] = True
         self.report.notes["filesystem"] = (f"Landlock ABI {abi} only: the host's paths, "
-                                           "read-only where the policy allows")
+                                           f"read-only where the policy allows ({why})")
 
     def _landlock_rule(self, ruleset: int, path: str, on_dir: int, on_file: int) -> None:
         try:
@@ -497,11 +499,12 @@ class Confinement:
             os.close(fd)
 
     def _landlock_refused(self, why: str) -> None:
-        """Only news where there is no mount namespace: then nothing limits files."""
-        if not self.namespaced:
-            self.report.refused("filesystem", f"no mount namespace, and Landlock is {why}"
-                                if why.startswith("not") else
-                                f"no mount namespace, and Landlock refused: {why}")
+        """Only news where the mount view did not hold: then nothing limits files."""
+        if not self.report.layers["filesystem"]:
+            before = self.report.notes.get("filesystem") or "no mount namespace"
+            self.report.notes["filesystem"] = (f"{before}; and Landlock is {why}"
+                                               if why.startswith("not") else
+                                               f"{before}; and Landlock refused: {why}")
 
     # -- 6. syscalls -----------------------------------------------------------------------
     def filter_syscalls(self) -> None:

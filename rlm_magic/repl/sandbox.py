@@ -34,12 +34,15 @@ _warned_isolation = False
 _PIECE = 2**20  # a large frame is read and checked this many bytes at a time
 _HELD_LIMIT = 64 * 2**20  # helper calls' messages the kernel holds at once, at most
 _BATCHES = ("llm_query_batch", "llm_query_batched", "rlm_query_batch", "rlm_query_batched")
-# Remedies for a layer the OS refuses, by cause.
-_REMEDY = ("on Linux, allow unprivileged user namespaces (sysctl "
-           "kernel.unprivileged_userns_clone=1; on Ubuntu 24.04 "
-           "kernel.apparmor_restrict_unprivileged_userns=0, or an AppArmor profile for "
-           "python); in Docker, run with --security-opt seccomp=unconfined or give the "
-           "kernel its own VM")
+# What to do where the OS refuses layers.
+if sys.platform.startswith("linux"):
+    _REMEDY = ("allow unprivileged user namespaces (sysctl "
+               "kernel.unprivileged_userns_clone=1; on Ubuntu 24.04 "
+               "kernel.apparmor_restrict_unprivileged_userns=0, or an AppArmor profile for "
+               "python); in Docker, run with --security-opt seccomp=unconfined or give the "
+               "kernel its own VM")
+else:
+    _REMEDY = "run the kernel on Linux (a VM or a container) for them"
 
 
 class SandboxError(RuntimeError):

@@ -208,10 +208,10 @@ class SandboxREPL:
             if self._listener is not None:
                 self._listener.cancel()
             await old.end()
-        workdir = tempfile.mkdtemp(prefix="rlm-sandbox-")
         if not os.access(_WORKER, os.R_OK):
             raise SandboxError(f"the sandbox cannot read its own code ({_WORKER}): make "
                                "the rlm_magic package readable, or run with --no-sandbox")
+        workdir = tempfile.mkdtemp(prefix="rlm-sandbox-")
         parent, child = socket.socketpair()
         try:
             process = subprocess.Popen(

@@ -1,0 +1,466 @@
+"""The wire transport: OpenAI-compatible chat completions sent straight over aiohttp.
+
+litellm spends ~4 ms of the loop's CPU on every call (logging, cost machinery, response
+objects), twenty times what the HTTP exchange itself costs; with a few hundred answers a
+second that saturates the kernel's loop. For endpoints that speak OpenAI's chat API
+as-is, this module sends the request litellm would send and reads the answer with a
+few dictionary lookups. Everything else (the gate, retries, the ledger, the cache,
+redaction) stays in ``client``; errors are raised as classes with litellm's names,
+status codes and headers, so ``client`` classifies and words them the same way.
+
+Which endpoints (``route_for`` decides once per model and endpoint, with litellm's own
+provider resolution, and says None for everything else, which then goes through litellm):
+
+- ``openai/...`` and OpenAI's bare model names (``gpt-4o-mini``), at ``RLM.api_base`` (any
+  OpenAI-compatible server: llama.cpp, vLLM, Ollama's ``/v1``, LM Studio...) or OpenAI's;
+- ``hosted_vllm/...`` and ``litellm_proxy/...``.
+
+Not here, through litellm: models whose request litellm rewrites (OpenAI's o-series and
+gpt-5 take ``max_completion_tokens`` and refuse some parameters), Azure (deployment
+URLs, api-version, AD tokens), OpenRouter (its own headers and usage options), every
+other provider, and ``RLM.litellm_kwargs`` holding anything but OpenAI's own chat
+parameters. litellm stays loaded for prices, token counts and model info; its price
+map is read once per model, not per call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+from .transport import Answer
+
+# litellm's chat configuration classes that send OpenAI's request unchanged.
+_PLAIN_CONFIGS = {"OpenAIGPTConfig", "OpenAIUnknownModelConfig", "HostedVLLMChatConfig",
+                  "LiteLLMProxyChatConfig"}
+# Where each provider's endpoint and key come from when the settings leave them out
+# (litellm's order: the argument, then these environment variables, then a default).
+_BASES = {"openai": (("OPENAI_BASE_URL", "OPENAI_API_BASE"), "https://api.openai.com/v1"),
+          "hosted_vllm": (("HOSTED_VLLM_API_BASE",), None),
+          "litellm_proxy": (("LITELLM_PROXY_API_BASE",), None)}
+_KEYS = {"openai": ("OPENAI_API_KEY",), "hosted_vllm": ("HOSTED_VLLM_API_KEY",),
+         "litellm_proxy": ("LITELLM_PROXY_API_KEY",)}
+# Request parameters OpenAI's chat API takes as they are (what may be in litellm_kwargs).
+CHAT_PARAMETERS = frozenset({
+    "temperature", "top_p", "n", "stop", "presence_penalty", "frequency_penalty",
+    "logit_bias", "seed", "user", "response_format", "tools", "tool_choice",
+    "parallel_tool_calls", "logprobs", "top_logprobs", "store", "metadata",
+    "prediction", "service_tier", "reasoning_effort", "verbosity", "max_tokens",
+    "extra_headers", "extra_body"})
+# What rlm-magic itself puts in a request besides the messages and parameters.
+_OWN = frozenset({"model", "messages", "timeout", "max_retries", "api_base", "api_key",
+                  "stream", "stream_options"})
+PROXY_COST_HEADER = "x-litellm-response-cost"
+
+
+def fits(params: dict) -> bool:
+    """Whether a request with these extra parameters can go over the wire unchanged."""
+    return all(name in CHAT_PARAMETERS or name in _OWN for name in params)
+
+
+# -- routes ----------------------------------------------------------------------------
+
+@dataclass
+class Route:
+    """Where one model's requests go and how they are priced."""
+
+    model: str  # as configured, e.g. "openai/gpt-4o-mini"
+    provider: str
+    sent_model: str  # as the endpoint knows it, e.g. "gpt-4o-mini"
+    url: str
+    api_base: str
+    headers: dict[str, str]
+    prices: tuple[float, float, float, float] | None  # input, output, cache read, write
+    tiered: bool = False  # priced by the prompt's size: litellm prices it
+    key: str | None = field(default=None, repr=False)
+
+
+_ROUTES: dict[tuple, Route | None] = {}
+
+
+def route_for(litellm, model: str, api_base: str | None, api_key: str | None) -> Route | None:
+    """The wire route for ``model`` at this endpoint, or None: litellm sends it."""
+    where = (model, api_base, api_key)
+    if where not in _ROUTES:
+        _ROUTES[where] = _resolve(litellm, model, api_base, api_key)
+    route = _ROUTES[where]
+    if route is not None and api_key is None and route.key != _env_key(route.provider):
+        # The key comes from the environment, which may have changed since.
+        _ROUTES[where] = route = _resolve(litellm, model, api_base, api_key)
+    return route
+
+
+def _env_key(provider: str) -> str | None:
+    return next((os.environ[n] for n in _KEYS.get(provider, ()) if os.environ.get(n)), None)
+
+
+def _resolve(litellm, model, api_base, api_key) -> Route | None:
+    try:
+        name, provider, _, _ = litellm.get_llm_provider(model, api_base=api_base)
+        from litellm.types.utils import LlmProviders
+        from litellm.utils import ProviderConfigManager
+
+        config = ProviderConfigManager.get_provider_chat_config(name, LlmProviders(provider))
+    except Exception:  # noqa: BLE001 - litellm will say what is wrong, in its words
+        return None
+    if provider not in _BASES or type(config).__name__ not in _PLAIN_CONFIGS:
+        return None
+    if getattr(litellm, "api_base", None) or getattr(litellm, "headers", None):
+        return None  # litellm's module-wide settings: leave those calls to litellm
+    env_names, default = _BASES[provider]
+    base = api_base or next((os.environ[n] for n in env_names if os.environ.get(n)), default)
+    key = api_key or getattr(litellm, "api_key", None) or _env_key(provider)
+    if provider == "hosted_vllm":
+        key = key or "fake-api-key"  # as litellm sends it
+    if base is None or (provider == "openai" and not key):
+        return None  # litellm raises its own one-line error for a missing key or base
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    if provider == "openai":
+        organization = os.environ.get("OPENAI_ORGANIZATION") or os.environ.get("OPENAI_ORG_ID")
+        if organization:
+            headers["OpenAI-Organization"] = organization
+        if os.environ.get("OPENAI_PROJECT_ID"):
+            headers["OpenAI-Project"] = os.environ["OPENAI_PROJECT_ID"]
+    base = base.rstrip("/")
+    prices, tiered = _prices(litellm, model, provider, name)
+    return Route(model, provider, name, base + "/chat/completions", base, headers, prices,
+                 tiered, key=None if api_key else key)
+
+
+def _prices(litellm, model: str, provider: str, name: str):
+    """(input, output, cache read, cache write) dollars per token from litellm's price
+    map, read once: pricing each call through litellm costs ~0.15 ms of CPU."""
+    names = [model, f"{provider}/{name}"] + ([name] if provider == "openai" else [])
+    entry = next((litellm.model_cost[n] for n in names if n in litellm.model_cost), None)
+    if not entry or not isinstance(entry.get("input_cost_per_token"), (int, float)):
+        return None, False
+    base = float(entry["input_cost_per_token"])
+    output = float(entry.get("output_cost_per_token") or 0.0)
+    read = entry.get("cache_read_input_token_cost")
+    write = entry.get("cache_creation_input_token_cost")
+    tiered = any("above_" in k and "token" in k for k in entry)
+    return (base, output, base if read is None else float(read),
+            base if write is None else float(write)), tiered
+
+
+def forget_routes() -> None:
+    """Resolve every route again (prices or environment changed)."""
+    _ROUTES.clear()
+
+
+# -- sessions, one per loop ------------------------------------------------------------
+
+_SESSIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _session():
+    """This loop's aiohttp session: its connections belong to the loop that made them."""
+    loop = asyncio.get_running_loop()
+    session = _SESSIONS.get(loop)
+    if session is None or session.closed:
+        import aiohttp
+
+        connector = aiohttp.TCPConnector(limit=0, ssl=_ssl(), ttl_dns_cache=300)
+        # trust_env: HTTP(S)_PROXY and NO_PROXY apply, as they do to litellm's clients.
+        session = _SESSIONS[loop] = aiohttp.ClientSession(
+            connector=connector, trust_env=True,
+            timeout=aiohttp.ClientTimeout(total=None),  # ours: wait_for, the stall watch
+            json_serialize=json.dumps)
+    return session
+
+
+def _ssl():
+    """litellm's SSL settings (``SSL_CERT_FILE``, ``litellm.ssl_verify``, certifi)."""
+    try:
+        from litellm.llms.custom_httpx.http_handler import get_ssl_configuration
+
+        return get_ssl_configuration()
+    except Exception:  # noqa: BLE001 - aiohttp's default context
+        return True
+
+
+async def close_sessions() -> None:
+    """Close the running loop's session (before the loop ends)."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    session = _SESSIONS.pop(loop, None)
+    if session is not None and not session.closed:
+        await session.close()
+
+
+# -- errors, as litellm names them ------------------------------------------------------
+
+class _Response:
+    def __init__(self, headers):
+        self.headers = headers
+
+
+class WireError(Exception):
+    """An HTTP failure, with the status and headers the client's checks read."""
+
+    def __init__(self, message: str, status_code: int | None = None, headers=None,
+                 api_base: str | None = None):
+        super().__init__(message)
+        self.message, self.status_code, self.api_base = message, status_code, api_base
+        self.litellm_response_headers = headers
+        self.response = _Response(headers or {})
+
+
+class BadRequestError(WireError): ...
+class ContextWindowExceededError(BadRequestError): ...
+class AuthenticationError(WireError): ...
+class PermissionDeniedError(WireError): ...
+class NotFoundError(WireError): ...
+class Timeout(WireError): ...
+class UnprocessableEntityError(BadRequestError): ...
+class RateLimitError(WireError): ...
+class InternalServerError(WireError): ...
+class ServiceUnavailableError(WireError): ...
+class APIError(WireError): ...
+class APIConnectionError(WireError): ...
+
+
+_BY_STATUS = {400: BadRequestError, 401: AuthenticationError, 403: PermissionDeniedError,
+              404: NotFoundError, 408: Timeout, 422: UnprocessableEntityError,
+              429: RateLimitError, 500: InternalServerError, 503: ServiceUnavailableError}
+# litellm's list of what providers say when a prompt is over the window.
+_CONTEXT_PHRASES = (
+    "exceed context limit", "this model's maximum context length is",
+    "requested token count exceeds the model's maximum context length",
+    "model's maximum context limit", "is longer than the model's context length",
+    "input tokens exceed the configured limit", "exceeds the available context size",
+    "exceeds the maximum number of tokens allowed", '"code": "context_length_exceeded"',
+    "context_length_exceeded", "prompt is too long")
+
+
+def error_for(status: int, body: bytes, headers, api_base: str) -> WireError:
+    """The exception litellm would raise for this HTTP answer, with the provider's
+    own sentence as its message."""
+    message = _message_of(body) or f"HTTP {status}"
+    lowered = message.lower()
+    if status in (400, 413) and any(p in lowered for p in _CONTEXT_PHRASES):
+        kind = ContextWindowExceededError
+    else:
+        kind = _BY_STATUS.get(status, APIError)
+    return kind(message, status, headers, api_base)
+
+
+def _message_of(body: bytes) -> str:
+    text = body.decode("utf-8", "replace").strip()
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text[:1000]
+    if isinstance(data, dict):
+        error = data.get("error", data)
+        if isinstance(error, dict):
+            found = error.get("message") or error.get("detail")
+            if found:
+                return str(found)
+        elif isinstance(error, str):
+            return error
+        if data.get("detail"):
+            return str(data["detail"])
+    return text[:1000]
+
+
+def connection_error(exc: BaseException, api_base: str) -> APIConnectionError:
+    return APIConnectionError(str(exc) or type(exc).__name__, None, None, api_base)
+
+
+# -- the transport ---------------------------------------------------------------------
+
+class WireTransport:
+    """Sends one route's requests; ``complete`` and ``stream`` as ``transport`` says."""
+
+    name = "wire"
+
+    def __init__(self, route: Route, litellm):
+        self.route = route
+        self._litellm = litellm  # for token counts when a provider sends no usage
+
+    def body(self, request: dict) -> tuple[dict, dict]:
+        """The JSON body and the headers of ``request`` (our request dict)."""
+        route = self.route
+        body = {"model": route.sent_model}
+        headers = route.headers
+        for name, value in request.items():
+            if name in ("model", "timeout", "max_retries", "api_base", "api_key"):
+                continue
+            if name == "extra_headers":
+                headers = {**headers, **(value or {})}
+            elif name == "extra_body":
+                body.update(value or {})
+            else:
+                body[name] = value
+        return body, headers
+
+    async def complete(self, request: dict, messages=None) -> Answer:
+        import aiohttp
+
+        body, headers = self.body(request)
+        route = self.route
+        try:
+            async with _session().post(route.url, json=body, headers=headers) as reply:
+                raw = await reply.read()
+                status, received = reply.status, reply.headers
+        except aiohttp.ClientError as exc:
+            raise connection_error(exc, route.api_base) from exc
+        if status >= 400:
+            raise error_for(status, raw, received, route.api_base)
+        try:
+            data = json.loads(raw)
+            choice = data["choices"][0]
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise APIError(f"the endpoint's answer is not a chat completion: "
+                           f"{raw[:200].decode('utf-8', 'replace')}", 502, received,
+                           route.api_base) from None
+        text = (choice.get("message") or {}).get("content") or ""
+        return self._answer(text, choice.get("finish_reason"), data.get("usage"), received,
+                            messages or request.get("messages"))
+
+    async def stream(self, request: dict, state, *, stall_timeout: float,
+                     deadline: float | None, messages=None) -> Answer:
+        from .streaming import stream_completion
+
+        wire = await stream_completion(self._open, request, state,
+                                       stall_timeout=stall_timeout, deadline=deadline)
+        return self._answer(state.text, state.finish_reason, state.usage, wire.headers,
+                            messages or request.get("messages"))
+
+    def partial(self, state, messages) -> Answer | None:
+        """What a cut-off stream received, priced (it is billed all the same)."""
+        if state is None or not state.received:
+            return None
+        return self._answer(state.text, state.finish_reason, state.usage, None, messages)
+
+    async def _open(self, **request) -> "_WireStream":
+        import aiohttp
+
+        request.pop("timeout", None)  # the stall watch times a stream
+        body, headers = self.body(request)
+        route = self.route
+        try:
+            reply = await _session().post(route.url, json=body, headers=headers)
+        except aiohttp.ClientError as exc:
+            raise connection_error(exc, route.api_base) from exc
+        if reply.status >= 400:
+            try:
+                raw = await reply.read()
+            finally:
+                reply.release()
+            raise error_for(reply.status, raw, reply.headers, route.api_base)
+        return _WireStream(reply, route.api_base)
+
+    def _answer(self, text: str, finish_reason, usage, headers, messages) -> Answer:
+        if usage:
+            get = usage.get
+            details = get("prompt_tokens_details") or {}
+            input_tokens = int(get("prompt_tokens") or 0)
+            output_tokens = int(get("completion_tokens") or 0)
+            read = int(details.get("cached_tokens") or get("cache_read_input_tokens") or 0)
+            written = int(get("cache_creation_input_tokens")
+                          or details.get("cache_creation_tokens") or 0)
+        else:  # counted as litellm does when a provider leaves usage out
+            input_tokens, output_tokens = self._count(messages, text)
+            read = written = 0
+        cost = self._cost(input_tokens, output_tokens, read, written, headers)
+        if cost is None and usage:
+            # A LiteLLM Proxy puts its price of a streamed answer in the usage.
+            from .ratelimit import non_negative
+
+            cost = non_negative(usage.get("cost"))
+        return Answer(text, finish_reason, input_tokens, output_tokens, read, written,
+                      cost, headers)
+
+    def _count(self, messages, text: str) -> tuple[int, int]:
+        litellm, model = self._litellm, self.route.model
+        try:
+            prompt = litellm.token_counter(model=model, messages=messages or [])
+            output = litellm.token_counter(model=model, text=text) if text else 0
+            return int(prompt), int(output)
+        except Exception:  # noqa: BLE001 - no tokenizer: about 4 characters a token
+            characters = sum(len(m.get("content") or "") for m in messages or []
+                             if isinstance(m.get("content"), str))
+            return max(1, characters // 4), len(text) // 4
+
+    def _cost(self, input_tokens, output_tokens, read, written, headers) -> float | None:
+        route = self.route
+        if route.prices is not None and not route.tiered:
+            base, output, read_price, write_price = route.prices
+            return ((input_tokens - read - written) * base + read * read_price
+                    + written * write_price + output_tokens * output)
+        if route.prices is not None:
+            try:
+                prompt, completion = self._litellm.cost_per_token(
+                    model=route.model, prompt_tokens=input_tokens,
+                    completion_tokens=output_tokens, cache_read_input_tokens=read)
+                return prompt + completion
+            except Exception:  # noqa: BLE001 - then the proxy's word, or unknown
+                pass
+        # A LiteLLM Proxy prices the call with its upstream's price and says so.
+        from .ratelimit import non_negative
+
+        cost = non_negative((headers or {}).get(PROXY_COST_HEADER)) if headers else None
+        return float(cost) if cost is not None else None
+
+
+class _WireStream:
+    """An open server-sent-events answer, read in network-sized pieces: each piece is
+    split into events and each event's text handed on, with no object per chunk."""
+
+    def __init__(self, reply, api_base: str):
+        self.reply, self.headers, self.api_base = reply, reply.headers, api_base
+        self.done = False
+
+    async def pump(self, state, touch) -> None:
+        import aiohttp
+
+        loads, add = json.loads, state.add_text
+        rest = b""
+        try:
+            async for data in self.reply.content.iter_any():
+                touch()
+                if rest:
+                    data = rest + data
+                lines = data.split(b"\n")
+                rest = lines.pop()
+                for line in lines:
+                    if not line.startswith(b"data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == b"[DONE]":
+                        self.done = True
+                        return
+                    event = loads(payload)
+                    choices = event.get("choices")
+                    if choices:
+                        choice = choices[0]
+                        delta = choice.get("delta")
+                        if delta:
+                            piece = delta.get("content")
+                            if piece:
+                                add(piece)
+                        if choice.get("finish_reason"):
+                            state.finish = choice["finish_reason"]
+                    if event.get("usage"):
+                        state.usage = event["usage"]
+                    if "error" in event:
+                        raise error_for(500, json.dumps(event).encode(), self.headers,
+                                        self.api_base)
+        except aiohttp.ClientError as exc:
+            raise connection_error(exc, self.api_base) from exc
+
+    async def aclose(self) -> None:
+        if self.done:
+            self.reply.release()  # the connection goes back to the pool
+        else:
+            self.reply.close()  # mid-answer: drop it, so the server stops generating

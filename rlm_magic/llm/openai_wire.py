@@ -244,7 +244,7 @@ _CONTEXT_PHRASES = (
 def error_for(status: int, body: bytes, headers, api_base: str) -> WireError:
     """The exception litellm would raise for this HTTP answer, with the provider's
     own sentence as its message."""
-    message = _message_of(body) or f"HTTP {status}"
+    message = _message_of(body) or f"Error code: {status}"
     lowered = message.lower()
     if status in (400, 413) and any(p in lowered for p in _CONTEXT_PHRASES):
         kind = ContextWindowExceededError
@@ -258,7 +258,7 @@ def _message_of(body: bytes) -> str:
     try:
         data = json.loads(text)
     except ValueError:
-        return text[:1000]
+        return ""  # a page, not an error object: litellm says "Error code: N" too
     if isinstance(data, dict):
         error = data.get("error", data)
         if isinstance(error, dict):

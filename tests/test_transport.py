@@ -1,0 +1,188 @@
+"""The wire transport: OpenAI-compatible endpoints skip litellm's per-call machinery, and
+nothing else changes. Each failure is played against both transports, which must
+answer with the same one-line error, the same retries and the same ledger."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+
+from rlm_magic import LLMQueryError
+from rlm_magic.llm.client import load_litellm
+
+from .conftest import make_rlm
+
+CLAUDE = "anthropic/claude-sonnet-4-5"
+
+
+def transports(server, **settings):
+    """The same settings with the wire transport on and off."""
+    return {"wire": make_rlm(server, **settings),
+            "litellm": make_rlm(server, wire_transport=False, **settings)}
+
+
+async def forbid_litellm_calls(monkeypatch):
+    litellm = await load_litellm()
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("litellm was asked to send an OpenAI-compatible request")
+
+    for name in ("completion", "acompletion", "batch_completion"):
+        monkeypatch.setattr(litellm, name, forbidden)
+
+
+async def test_an_openai_compatible_endpoint_is_sent_over_the_wire(rlm, server, monkeypatch):
+    await forbid_litellm_calls(monkeypatch)
+    assert await rlm.helpers.llm_query("a") == "echo: a"  # streamed
+    assert await rlm.helpers.llm_query_batch(["b", "c"]) == ["echo: b", "echo: c"]
+    assert rlm.client.transport("openai/sub-model").name == "wire"
+    assert [r["model"] for r in server.requests] == ["sub-model"] * 3
+    assert rlm.usage().total.input_tokens == 30
+
+
+async def test_an_anthropic_model_goes_through_litellm(server, monkeypatch):
+    litellm = await load_litellm()
+    sent = []
+    acompletion = litellm.acompletion
+
+    async def spy(**request):
+        sent.append(request["model"])
+        return await acompletion(**request)
+
+    monkeypatch.setattr(litellm, "acompletion", spy)
+    rlm = make_rlm(server, sub_model=CLAUDE, api_base=server.anthropic_base)
+    assert await rlm.helpers.llm_query_batch(["a"]) == ["echo: a"]
+    assert sent == [CLAUDE] and rlm.client.transport(CLAUDE).name == "litellm"
+
+
+async def test_the_setting_sends_everything_through_litellm(server):
+    await load_litellm()
+    rlm = make_rlm(server, wire_transport=False)
+    assert rlm.client.transport("openai/sub-model").name == "litellm"
+
+
+@pytest.mark.parametrize("model, expected", [
+    ("openai/sub-model", "wire"), ("hosted_vllm/qwen", "wire"),
+    ("litellm_proxy/group", "wire"), ("gpt-4o-mini", "wire"),
+    ("openai/o3-mini", "litellm"),  # litellm rewrites its parameters
+    ("openai/gpt-5", "litellm"), ("ollama_chat/llama3", "litellm"),
+    ("azure/deployment", "litellm"), ("openrouter/openai/gpt-4o", "litellm")])
+async def test_which_models_go_over_the_wire(server, model, expected):
+    await load_litellm()
+    assert make_rlm(server).client.transport(model).name == expected
+
+
+async def test_parameters_litellm_would_rewrite_send_the_call_through_litellm(server):
+    await load_litellm()
+    plain = make_rlm(server, litellm_kwargs={"temperature": 0.1, "seed": 7,
+                                             "extra_body": {"top_k": 5}})
+    odd = make_rlm(server, litellm_kwargs={"drop_params": True})
+    assert plain.client.transport("openai/x").name == "wire"
+    assert odd.client.transport("openai/x").name == "litellm"
+    await plain.helpers.llm_query_batch(["a"])
+    body = server.requests[-1]
+    assert (body["temperature"], body["seed"], body["top_k"]) == (0.1, 7, 5)
+    assert "extra_body" not in body and "max_retries" not in body
+
+
+# -- the same behaviour on both transports -----------------------------------------------
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("kind", ["500", "401", "context", "404"])
+async def test_a_failure_reads_the_same_on_both_transports(server, kind, stream):
+    messages, attempts = {}, {}
+    for name, rlm in transports(server, max_retries=1).items():
+        server.reset()
+        if kind == "404":
+            rlm.api_base = server.base_url + "/missing"  # no such path
+        else:
+            server.fail(kind, times=5)
+        with pytest.raises(LLMQueryError) as caught:
+            await rlm.client.complete([{"role": "user", "content": "x"}], stream=stream)
+        messages[name], attempts[name] = str(caught.value), len(server.requests)
+        [record] = rlm.client.ledger.records
+        assert record.error == messages[name]
+    assert messages["wire"] == messages["litellm"]
+    assert attempts["wire"] == attempts["litellm"]
+
+
+async def test_an_unreachable_endpoint_reads_the_same_on_both_transports(server):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        endpoint = f"http://127.0.0.1:{probe.getsockname()[1]}/v1"
+    heads = {}
+    for name, rlm in transports(server, api_base=endpoint, max_retries=1).items():
+        with pytest.raises(LLMQueryError) as caught:
+            await rlm.helpers.llm_query("x")
+        message = str(caught.value)
+        assert len(message.splitlines()) == 1
+        heads[name] = message.split(" (")[0]
+    assert heads["wire"] == heads["litellm"] == (
+        f"LLM call to 'openai/sub-model' failed after 2 attempts: could not reach {endpoint}")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_usage_and_cost_are_the_same_on_both_transports(server, stream):
+    records = {}
+    for name, rlm in transports(server, sub_model="openai/gpt-4o-mini").items():
+        server.reset()
+        server.auto_cache, server.usage = True, None  # cached input is priced apart
+        await rlm.client.complete([{"role": "system", "content": "s" * 400},
+                                   {"role": "user", "content": "a"}], stream=stream)
+        await rlm.client.complete([{"role": "system", "content": "s" * 400},
+                                   {"role": "user", "content": "a"}], stream=stream)
+        records[name] = rlm.client.ledger.records
+    for wire, plain in zip(records["wire"], records["litellm"]):
+        assert (wire.input_tokens, wire.output_tokens, wire.cached_input_tokens) == \
+            (plain.input_tokens, plain.output_tokens, plain.cached_input_tokens)
+        assert wire.cost_usd == pytest.approx(plain.cost_usd, rel=1e-9)
+    assert records["wire"][1].cached_input_tokens > 0
+
+
+async def test_a_429_is_waited_out_and_teaches_the_gate_on_both_transports(server):
+    for name, rlm in transports(server, max_retries=0).items():
+        server.reset()
+        server.fail("429", times=2, headers={"retry-after-ms": "50",
+                                             "x-ratelimit-limit-requests": "100",
+                                             "x-ratelimit-remaining-requests": "0",
+                                             "x-ratelimit-reset-requests": "2s"})
+        assert await rlm.helpers.llm_query_batch(["x"]) == ["echo: x"], name
+        [record] = rlm.client.ledger.records
+        assert (record.rate_limited, record.retries, record.error) == (2, 0, None), name
+        gate = rlm.client.gate()
+        assert gate.requests.capacity == 100, name  # learned from the 429's headers
+        gate.requests.rate = None  # the next transport's run starts afresh
+
+
+async def test_a_streamed_answer_over_the_wire_arrives_piece_by_piece(rlm, server):
+    server.token_delay = 0.01
+    server.default_reply = lambda body: "one two three four"
+    pieces = []
+    done = await rlm.client.complete([{"role": "user", "content": "q"}],
+                                     model="openai/root-model", stream=True,
+                                     on_text=pieces.append)
+    assert pieces == ["one ", "two ", "three ", "four"]
+    assert done.text == "one two three four" and done.streamed
+    assert (done.input_tokens, done.output_tokens, done.finish_reason) == (10, 5, "stop")
+
+
+async def test_a_cancelled_wire_request_closes_its_connection(rlm, server):
+    server.latency = 30
+    task = asyncio.ensure_future(rlm.helpers.llm_query_batch(["a", "b"]))
+    assert await asyncio.to_thread(server.wait_for, lambda: server.in_flight == 2)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await asyncio.to_thread(server.wait_for, lambda: server.cancelled == 2)
+
+
+async def test_each_loop_closes_its_own_connections(rlm, server):
+    from rlm_magic.llm import openai_wire
+    from rlm_magic.llm.client import close_loop_clients
+
+    await rlm.helpers.llm_query_batch(["a"])
+    session = openai_wire._SESSIONS[asyncio.get_running_loop()]
+    await close_loop_clients()
+    assert session.closed and asyncio.get_running_loop() not in openai_wire._SESSIONS

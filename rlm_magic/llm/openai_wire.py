@@ -77,6 +77,7 @@ class Route:
     prices: tuple[float, float, float, float] | None  # input, output, cache read, write
     tiered: bool = False  # priced by the prompt's size: litellm prices it
     key: str | None = field(default=None, repr=False)
+    proxy: str | None = None  # from HTTP(S)_PROXY / NO_PROXY, as litellm's clients
 
 
 _ROUTES: dict[tuple, Route | None] = {}
@@ -130,7 +131,20 @@ def _resolve(litellm, model, api_base, api_key) -> Route | None:
     base = base.rstrip("/")
     prices, tiered = _prices(litellm, model, provider, name)
     return Route(model, provider, name, base + "/chat/completions", base, headers, prices,
-                 tiered, key=None if api_key else key)
+                 tiered, key=None if api_key else key, proxy=_proxy_for(base))
+
+
+def _proxy_for(url: str) -> str | None:
+    """The proxy the environment names for ``url``. Read once per route: aiohttp's own
+    ``trust_env`` would look it (and ~/.netrc) up in a thread on every request."""
+    from urllib.parse import urlsplit
+    from urllib.request import getproxies, proxy_bypass
+
+    parts = urlsplit(url)
+    proxy = getproxies().get(parts.scheme)
+    if not proxy or (parts.hostname and proxy_bypass(parts.hostname)):
+        return None
+    return proxy
 
 
 def _prices(litellm, model: str, provider: str, name: str):
@@ -167,9 +181,8 @@ def _session():
         import aiohttp
 
         connector = aiohttp.TCPConnector(limit=0, ssl=_ssl(), ttl_dns_cache=300)
-        # trust_env: HTTP(S)_PROXY and NO_PROXY apply, as they do to litellm's clients.
         session = _SESSIONS[loop] = aiohttp.ClientSession(
-            connector=connector, trust_env=True,
+            connector=connector,  # proxies: per route (``Route.proxy``)
             timeout=aiohttp.ClientTimeout(total=None),  # ours: wait_for, the stall watch
             json_serialize=json.dumps)
     return session
@@ -309,7 +322,8 @@ class WireTransport:
         body, headers = self.body(request)
         route = self.route
         try:
-            async with _session().post(route.url, json=body, headers=headers) as reply:
+            async with _session().post(route.url, json=body, headers=headers,
+                                       proxy=route.proxy) as reply:
                 raw = await reply.read()
                 status, received = reply.status, reply.headers
         except aiohttp.ClientError as exc:
@@ -349,7 +363,8 @@ class WireTransport:
         body, headers = self.body(request)
         route = self.route
         try:
-            reply = await _session().post(route.url, json=body, headers=headers)
+            reply = await _session().post(route.url, json=body, headers=headers,
+                                          proxy=route.proxy)
         except aiohttp.ClientError as exc:
             raise connection_error(exc, route.api_base) from exc
         if reply.status >= 400:

@@ -127,8 +127,8 @@ def read_headers(headers: Mapping[str, Any] | None) -> Headers:
     found: dict[str, Any] = {}
     for key, value in (headers or {}).items():
         key = str(key).lower()
-        key = key.removeprefix("llm_provider-")
-        found[key] = value
+        if "rate" in key or "retry" in key:  # (every answer passes here: skip the rest)
+            found[key.removeprefix("llm_provider-")] = value
 
     def reading(kind: str, anthropic: str) -> Reading:
         get = found.get

@@ -167,6 +167,7 @@ class FakeLLMServer(LocalChatServer):
             self.stall_for = 0.0
             self.stream_usage = True
             self.chunks_sent = 0
+            self._stream_starts: dict[int, tuple[dict, float]] = {}
             # Prompt caches: "auto" serves repeated message prefixes as OpenAI does.
             self.auto_cache = False
             self._cached_prefixes: set[str] = set()
@@ -298,7 +299,11 @@ class FakeLLMServer(LocalChatServer):
 
     # -- streaming and prompt caches ----------------------------------------------------
     async def _stream_chat(self, request, body, text, usage):
-        return await self._counted_stream(super()._stream_chat(request, body, text, usage))
+        try:
+            return await self._counted_stream(super()._stream_chat(request, body, text,
+                                                                   usage))
+        finally:
+            self._stream_starts.pop(id(body), None)
 
     async def _counted_stream(self, streaming):
         """Counts a stream as completed when its last chunk went, as cancelled when the
@@ -318,7 +323,17 @@ class FakeLLMServer(LocalChatServer):
             self.chunks_sent += 1
         if self.stall_at is not None and index == self.stall_at:
             return self.stall_for
-        return self.token_delay
+        if not self.token_delay:
+            return 0.0
+        # On a schedule from the first chunk, not a sleep per chunk: sleeps overshoot, and
+        # 300 of them would make a streamed answer slower than its generation time.
+        now = time.monotonic()
+        if index == 0:
+            self._stream_starts[id(body)] = (body, now)
+        started = self._stream_starts.get(id(body))
+        if started is None or started[0] is not body:
+            return self.token_delay
+        return max(0.0, started[1] + (index + 1) * self.token_delay - now)
 
     def finish_reason(self, body: dict) -> str:
         with self._lock:

@@ -142,7 +142,10 @@ async def test_usage_and_cost_are_the_same_on_both_transports(server, stream):
 
 
 async def test_a_429_is_waited_out_and_teaches_the_gate_on_both_transports(server):
-    for name, rlm in transports(server, max_retries=0).items():
+    for wire in (True, False):
+        name = "wire" if wire else "litellm"  # a model (and so a gate) each
+        rlm = make_rlm(server, max_retries=0, wire_transport=wire,
+                       sub_model=f"openai/limited-{name}")
         server.reset()
         server.fail("429", times=2, headers={"retry-after-ms": "50",
                                              "x-ratelimit-limit-requests": "100",
@@ -153,7 +156,6 @@ async def test_a_429_is_waited_out_and_teaches_the_gate_on_both_transports(serve
         assert (record.rate_limited, record.retries, record.error) == (2, 0, None), name
         gate = rlm.client.gate()
         assert gate.requests.capacity == 100, name  # learned from the 429's headers
-        gate.requests.rate = None  # the next transport's run starts afresh
 
 
 async def test_a_streamed_answer_over_the_wire_arrives_piece_by_piece(rlm, server):

@@ -188,3 +188,21 @@ async def test_each_loop_closes_its_own_connections(rlm, server):
     session = openai_wire._SESSIONS[asyncio.get_running_loop()]
     await close_loop_clients()
     assert session.closed and asyncio.get_running_loop() not in openai_wire._SESSIONS
+
+
+async def test_a_key_from_the_environment_is_read_again_when_it_changes(monkeypatch):
+    from rlm_magic.llm.openai_wire import route_for
+
+    litellm = await load_litellm()
+    base = "http://127.0.0.1:9/v1"
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-first-key")
+    assert route_for(litellm, "openai/x", base, None).headers["Authorization"] == \
+        "Bearer sk-first-key"
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-second-key")
+    assert route_for(litellm, "openai/x", base, None).headers["Authorization"] == \
+        "Bearer sk-second-key"
+    # A vLLM server without a key gets litellm's placeholder, resolved once.
+    monkeypatch.delenv("HOSTED_VLLM_API_KEY", raising=False)
+    vllm = route_for(litellm, "hosted_vllm/q", base, None)
+    assert vllm is route_for(litellm, "hosted_vllm/q", base, None)
+    assert vllm.headers["Authorization"] == "Bearer fake-api-key"

@@ -30,7 +30,6 @@ import json
 import os
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
 
 from .transport import Answer
 
@@ -76,7 +75,7 @@ class Route:
     headers: dict[str, str]
     prices: tuple[float, float, float, float] | None  # input, output, cache read, write
     tiered: bool = False  # priced by the prompt's size: litellm prices it
-    key: str | None = field(default=None, repr=False)
+    env_key: str | None = field(default=None, repr=False)  # the environment's, if used
     proxy: str | None = None  # from HTTP(S)_PROXY / NO_PROXY, as litellm's clients
 
 
@@ -89,7 +88,7 @@ def route_for(litellm, model: str, api_base: str | None, api_key: str | None) ->
     if where not in _ROUTES:
         _ROUTES[where] = _resolve(litellm, model, api_base, api_key)
     route = _ROUTES[where]
-    if route is not None and api_key is None and route.key != _env_key(route.provider):
+    if route is not None and api_key is None and route.env_key != _env_key(route.provider):
         # The key comes from the environment, which may have changed since.
         _ROUTES[where] = route = _resolve(litellm, model, api_base, api_key)
     return route
@@ -131,7 +130,8 @@ def _resolve(litellm, model, api_base, api_key) -> Route | None:
     base = base.rstrip("/")
     prices, tiered = _prices(litellm, model, provider, name)
     return Route(model, provider, name, base + "/chat/completions", base, headers, prices,
-                 tiered, key=None if api_key else key, proxy=_proxy_for(base))
+                 tiered, env_key=None if api_key else _env_key(provider),
+                 proxy=_proxy_for(base))
 
 
 def _proxy_for(url: str) -> str | None:

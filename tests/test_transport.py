@@ -206,3 +206,17 @@ async def test_a_key_from_the_environment_is_read_again_when_it_changes(monkeypa
     vllm = route_for(litellm, "hosted_vllm/q", base, None)
     assert vllm is route_for(litellm, "hosted_vllm/q", base, None)
     assert vllm.headers["Authorization"] == "Bearer fake-api-key"
+
+
+async def test_a_price_registered_after_the_first_call_prices_the_next(rlm, server,
+                                                                       monkeypatch):
+    litellm = await load_litellm()
+    monkeypatch.delitem(litellm.model_cost, "openai/late-priced", raising=False)
+    await rlm.helpers.llm_query_batch(["a"], model="openai/late-priced")
+    monkeypatch.setitem(litellm.model_cost, "openai/late-priced", {
+        "input_cost_per_token": 1e-6, "output_cost_per_token": 2e-6,
+        "litellm_provider": "openai", "mode": "chat"})
+    await rlm.helpers.llm_query_batch(["b"], model="openai/late-priced")
+    first, second = rlm.client.ledger.records
+    assert first.cost_usd is None
+    assert second.cost_usd == pytest.approx(10 * 1e-6 + 5 * 2e-6)

@@ -73,8 +73,7 @@ class Route:
     url: str
     api_base: str
     headers: dict[str, str]
-    prices: tuple[float, float, float, float] | None  # input, output, cache read, write
-    tiered: bool = False  # priced by the prompt's size: litellm prices it
+    price_names: tuple[str, ...]  # where litellm's price map may list this model
     env_key: str | None = field(default=None, repr=False)  # the environment's, if used
     proxy: str | None = None  # from HTTP(S)_PROXY / NO_PROXY, as litellm's clients
 
@@ -128,9 +127,9 @@ def _resolve(litellm, model, api_base, api_key) -> Route | None:
         if os.environ.get("OPENAI_PROJECT_ID"):
             headers["OpenAI-Project"] = os.environ["OPENAI_PROJECT_ID"]
     base = base.rstrip("/")
-    prices, tiered = _prices(litellm, model, provider, name)
-    return Route(model, provider, name, base + "/chat/completions", base, headers, prices,
-                 tiered, env_key=None if api_key else _env_key(provider),
+    price_names = (model, f"{provider}/{name}") + ((name,) if provider == "openai" else ())
+    return Route(model, provider, name, base + "/chat/completions", base, headers,
+                 price_names, env_key=None if api_key else _env_key(provider),
                  proxy=_proxy_for(base))
 
 
@@ -147,20 +146,17 @@ def _proxy_for(url: str) -> str | None:
     return proxy
 
 
-def _prices(litellm, model: str, provider: str, name: str):
-    """(input, output, cache read, cache write) dollars per token from litellm's price
-    map, read once: pricing each call through litellm costs ~0.15 ms of CPU."""
-    names = [model, f"{provider}/{name}"] + ([name] if provider == "openai" else [])
-    entry = next((litellm.model_cost[n] for n in names if n in litellm.model_cost), None)
-    if not entry or not isinstance(entry.get("input_cost_per_token"), (int, float)):
-        return None, False
-    base = float(entry["input_cost_per_token"])
-    output = float(entry.get("output_cost_per_token") or 0.0)
-    read = entry.get("cache_read_input_token_cost")
-    write = entry.get("cache_creation_input_token_cost")
-    tiered = any("above_" in k and "token" in k for k in entry)
-    return (base, output, base if read is None else float(read),
-            base if write is None else float(write)), tiered
+def price_entry(litellm, route: Route) -> dict | None:
+    """The model's entry in litellm's price map, looked up at each answer (a few
+    dictionary lookups; prices registered meanwhile count): pricing each call through
+    litellm's cost machinery would cost ~0.15 ms of CPU."""
+    cost = litellm.model_cost
+    for name in route.price_names:
+        entry = cost.get(name)
+        if entry is not None:
+            return entry if isinstance(entry.get("input_cost_per_token"), (int, float)) \
+                else None
+    return None
 
 
 def forget_routes() -> None:
@@ -409,11 +405,17 @@ class WireTransport:
 
     def _cost(self, input_tokens, output_tokens, read, written, headers) -> float | None:
         route = self.route
-        if route.prices is not None and not route.tiered:
-            base, output, read_price, write_price = route.prices
-            return ((input_tokens - read - written) * base + read * read_price
-                    + written * write_price + output_tokens * output)
-        if route.prices is not None:
+        entry = price_entry(self._litellm, route)
+        if entry is not None and not _tiered(entry):
+            base = entry["input_cost_per_token"]
+            output = entry.get("output_cost_per_token") or 0.0
+            read_price = entry.get("cache_read_input_token_cost")
+            write_price = entry.get("cache_creation_input_token_cost")
+            return ((input_tokens - read - written) * base
+                    + read * (base if read_price is None else read_price)
+                    + written * (base if write_price is None else write_price)
+                    + output_tokens * output)
+        if entry is not None:  # priced by the prompt's size: litellm knows the tiers
             try:
                 prompt, completion = self._litellm.cost_per_token(
                     model=route.model, prompt_tokens=input_tokens,
@@ -426,6 +428,17 @@ class WireTransport:
 
         cost = non_negative((headers or {}).get(PROXY_COST_HEADER)) if headers else None
         return float(cost) if cost is not None else None
+
+
+_TIERED: dict[int, tuple[dict, bool]] = {}
+
+
+def _tiered(entry: dict) -> bool:
+    """Whether a price depends on the prompt's size (``..._above_128k_tokens``)."""
+    known = _TIERED.get(id(entry))
+    if known is None or known[0] is not entry:
+        known = _TIERED[id(entry)] = (entry, any("above_" in key for key in entry))
+    return known[1]
 
 
 class _WireStream:

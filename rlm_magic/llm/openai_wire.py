@@ -203,6 +203,10 @@ async def close_sessions() -> None:
     session = _SESSIONS.pop(loop, None)
     if session is not None and not session.closed:
         await session.close()
+        # The sockets close in the loop's next turns: a loop that ends now (asyncio.run)
+        # would never run them, and each run would leave its connections open.
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
 
 
 # -- errors, as litellm names them ------------------------------------------------------

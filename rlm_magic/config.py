@@ -88,8 +88,8 @@ class RLMConfig(Configurable):
     progress = Bool(True, help="Show progress bars and status panels.").tag(config=True)
     wire_transport = Bool(True, help="Send requests to OpenAI-compatible endpoints "
                                      "(openai/, hosted_vllm/, litellm_proxy/, a local "
-                                     "server's /v1) straight over HTTP, at a tenth of "
-                                     "litellm's CPU per call; False: every call goes "
+                                     "server's /v1) straight over HTTP, at a fifteenth "
+                                     "of litellm's CPU per call; False: every call goes "
                                      "through litellm.").tag(config=True)
     cache = Bool(False, help="Answer identical requests from an on-disk cache that "
                              "survives kernel restarts.").tag(config=True)

@@ -220,3 +220,10 @@ async def test_a_price_registered_after_the_first_call_prices_the_next(rlm, serv
     first, second = rlm.client.ledger.records
     assert first.cost_usd is None
     assert second.cost_usd == pytest.approx(10 * 1e-6 + 5 * 2e-6)
+
+
+async def test_a_vllm_server_is_sent_the_model_name_it_knows(server, monkeypatch):
+    await forbid_litellm_calls(monkeypatch)
+    rlm = make_rlm(server, sub_model="hosted_vllm/Qwen/Qwen3-8B", api_key=None)
+    assert await rlm.helpers.llm_query_batch(["a"]) == ["echo: a"]
+    assert server.requests[-1]["model"] == "Qwen/Qwen3-8B"

@@ -6,7 +6,7 @@ response's headers. Two exist:
 
 - ``LiteLLMTransport``: ``litellm.acompletion`` (or a Router's), for every provider;
 - ``openai_wire.WireTransport``: OpenAI-compatible endpoints straight over aiohttp, at a
-  tenth of the CPU per call (``RLM.wire_transport``, on by default).
+  fifteenth of the CPU per call (``RLM.wire_transport``, on by default).
 
 Both raise exceptions that ``client`` reads the same way (status code, headers, names).
 """

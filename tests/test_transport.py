@@ -195,6 +195,8 @@ async def test_a_key_from_the_environment_is_read_again_when_it_changes(monkeypa
 
     litellm = await load_litellm()
     base = "http://127.0.0.1:9/v1"
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    assert route_for(litellm, "openai/x", base, None) is None  # litellm says what's missing
     monkeypatch.setenv("OPENAI_API_KEY", "sk-first-key")
     assert route_for(litellm, "openai/x", base, None).headers["Authorization"] == \
         "Bearer sk-first-key"

@@ -29,7 +29,7 @@ import asyncio
 import json
 import os
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .transport import Answer
 
@@ -74,22 +74,22 @@ class Route:
     api_base: str
     headers: dict[str, str]
     price_names: tuple[str, ...]  # where litellm's price map may list this model
-    env_key: str | None = field(default=None, repr=False)  # the environment's, if used
     proxy: str | None = None  # from HTTP(S)_PROXY / NO_PROXY, as litellm's clients
 
 
 _ROUTES: dict[tuple, Route | None] = {}
+# The environment a route may be read from: a change (a key set later) resolves anew.
+_ENVIRONMENT = tuple(name for names in (*(b for b, _ in _BASES.values()), *_KEYS.values())
+                     for name in names)
 
 
 def route_for(litellm, model: str, api_base: str | None, api_key: str | None) -> Route | None:
     """The wire route for ``model`` at this endpoint, or None: litellm sends it."""
-    where = (model, api_base, api_key)
-    if where not in _ROUTES:
-        _ROUTES[where] = _resolve(litellm, model, api_base, api_key)
-    route = _ROUTES[where]
-    if route is not None and api_key is None and route.env_key != _env_key(route.provider):
-        # The key comes from the environment, which may have changed since.
-        _ROUTES[where] = route = _resolve(litellm, model, api_base, api_key)
+    get = os.environ.get
+    where = (model, api_base, api_key, *(get(name) for name in _ENVIRONMENT))
+    route = _ROUTES.get(where, _ROUTES)
+    if route is _ROUTES:
+        route = _ROUTES[where] = _resolve(litellm, model, api_base, api_key)
     return route
 
 
@@ -129,8 +129,7 @@ def _resolve(litellm, model, api_base, api_key) -> Route | None:
     base = base.rstrip("/")
     price_names = (model, f"{provider}/{name}") + ((name,) if provider == "openai" else ())
     return Route(model, provider, name, base + "/chat/completions", base, headers,
-                 price_names, env_key=None if api_key else _env_key(provider),
-                 proxy=_proxy_for(base))
+                 price_names, proxy=_proxy_for(base))
 
 
 def _proxy_for(url: str) -> str | None:

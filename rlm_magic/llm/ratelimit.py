@@ -145,6 +145,8 @@ def read_headers(headers: Mapping[str, Any] | None) -> Headers:
         key = str(key).lower()
         if "rate" in key or "retry" in key:  # (every answer passes here: skip the rest)
             found[key.removeprefix("llm_provider-")] = value
+    if not found:
+        return Headers(Reading(), Reading(), None)
 
     def reading(kind: str, anthropic: str) -> Reading:
         get = found.get

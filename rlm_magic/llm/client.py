@@ -70,6 +70,9 @@ def _import_litellm():
         # has made its streaming coroutine but not yet awaited it leaves this behind.
         warnings.filterwarnings("ignore", message=r"coroutine '.*async_streaming' was never "
                                 r"awaited", category=RuntimeWarning)
+        # The wire transport's TLS context (certificates loaded: ~10 ms) is made here,
+        # off the loop, rather than when the first request opens a session.
+        openai_wire.ssl_context()
         # litellm's import leaves ~400k objects for the cyclic GC to walk: a full
         # collection then takes ~180 ms, a stall of the kernel's loop in the middle of
         # a batch. They live as long as the process; freezing moves them out of the

@@ -175,7 +175,7 @@ def _session():
     if session is None or session.closed:
         import aiohttp
 
-        connector = aiohttp.TCPConnector(limit=0, ssl=_ssl(), ttl_dns_cache=300)
+        connector = aiohttp.TCPConnector(limit=0, ssl=ssl_context(), ttl_dns_cache=300)
         session = _SESSIONS[loop] = aiohttp.ClientSession(
             connector=connector,  # proxies: per route (``Route.proxy``)
             timeout=aiohttp.ClientTimeout(total=None),  # ours: wait_for, the stall watch
@@ -183,8 +183,9 @@ def _session():
     return session
 
 
-def _ssl():
-    """litellm's SSL settings (``SSL_CERT_FILE``, ``litellm.ssl_verify``, certifi)."""
+def ssl_context():
+    """litellm's SSL settings (``SSL_CERT_FILE``, ``litellm.ssl_verify``, certifi); litellm
+    caches the context, so only the first call loads certificates."""
     try:
         from litellm.llms.custom_httpx.http_handler import get_ssl_configuration
 

@@ -185,7 +185,7 @@ async def test_each_loop_closes_its_own_connections(rlm, server):
     from rlm_magic.llm.client import close_loop_clients
 
     await rlm.helpers.llm_query_batch(["a"])
-    session = openai_wire._SESSIONS[asyncio.get_running_loop()]
+    session, _ = openai_wire._SESSIONS[asyncio.get_running_loop()]
     await close_loop_clients()
     assert session.closed and asyncio.get_running_loop() not in openai_wire._SESSIONS
 
@@ -229,3 +229,18 @@ async def test_a_vllm_server_is_sent_the_model_name_it_knows(server, monkeypatch
     rlm = make_rlm(server, sub_model="hosted_vllm/Qwen/Qwen3-8B", api_key=None)
     assert await rlm.helpers.llm_query_batch(["a"]) == ["echo: a"]
     assert server.requests[-1]["model"] == "Qwen/Qwen3-8B"
+
+
+def test_a_script_s_asyncio_run_closes_the_connections_it_opened(server):
+    from rlm_magic.llm import openai_wire
+
+    rlm = make_rlm(server)
+    opened = []
+
+    async def query():
+        answer = await rlm.helpers.llm_query_batch(["a"])
+        opened.append(openai_wire._SESSIONS[asyncio.get_running_loop()][0])
+        return answer
+
+    assert asyncio.run(query()) == ["echo: a"]  # no close_loop_clients: a plain script
+    assert opened[0].closed and not openai_wire._SESSIONS

@@ -86,6 +86,11 @@ class RLMConfig(Configurable):
     tpm = Float(None, allow_none=True,
                 help="Input tokens per minute the provider allows (as rpm).").tag(config=True)
     progress = Bool(True, help="Show progress bars and status panels.").tag(config=True)
+    wire_transport = Bool(True, help="Send requests to OpenAI-compatible endpoints "
+                                     "(openai/, hosted_vllm/, litellm_proxy/, a local "
+                                     "server's /v1) straight over HTTP, at a fifteenth "
+                                     "of litellm's CPU per call; False: every call goes "
+                                     "through litellm.").tag(config=True)
     cache = Bool(False, help="Answer identical requests from an on-disk cache that "
                              "survives kernel restarts.").tag(config=True)
     cache_dir = Unicode(help="Where the cache lives. Default: "

@@ -34,13 +34,13 @@ def pytest_addoption(parser):
                      + ", and the notebooks")
 
 
-# Tests that share a kernel, a terminal or the LiteLLM Proxy (module- or session-scoped
-# fixtures that take seconds to start) run on one pytest-xdist worker together, so each
-# is started once; a notebook's cells run in order in one kernel. Everything else is
-# spread one test at a time. (xdist's own `--dist loadgroup` relies on a node id
-# attribute that pytest 9.2 no longer reads.)
+# Tests that share a kernel, a terminal, the LiteLLM Proxy or one attack run (module- or
+# session-scoped fixtures that take seconds to start) run on one pytest-xdist worker
+# together, so each is started once; a notebook's cells run in order in one kernel.
+# Everything else is spread one test at a time. (xdist's own `--dist loadgroup` relies
+# on a node id attribute that pytest 9.2 no longer reads.)
 SHARED_FIXTURE_MODULES = ("tests/test_kernel.py", "tests/test_terminal.py",
-                          "tests/test_proxy.py")
+                          "tests/test_proxy.py", "tests/test_sandbox_attacks.py")
 ON_THEIR_OWN = ("tests/test_kernel.py::test_example_notebook_",)  # a kernel each
 
 

@@ -274,6 +274,9 @@ async def test_an_interrupt_while_an_early_block_runs_stops_both_and_keeps_the_b
     run = rlm.start("q", context=printed)
     task = asyncio.ensure_future(run.execute())
     assert await asyncio.to_thread(printed.wait, 10)
+    # The sub-call is done (the server counts it just after its answer left); the
+    # streamed turn is not.
+    assert await asyncio.to_thread(server.wait_for, lambda: server.completed >= 1, 10)
     assert server.completed == 1, "the turn should still be streaming"
     task.cancel()
     with pytest.raises(asyncio.CancelledError):

@@ -385,21 +385,26 @@ class _Finish:
         if answer is None:
             raise ValueError("FINAL(None): the answer is None (did a function return "
                              "nothing?); pass the answer itself")
-        self.result = ["code", _capped(_as_text(answer))]
+        text = _as_text(answer)
+        if not text.strip():
+            raise ValueError(f"FINAL({text!r}): the answer is empty; pass the answer "
+                             "itself")
+        self.result = ["code", _capped(text)]
 
     def final_var(self, name: Any, _value_given: bool = False) -> None:
         """Finish the run with the variable called ``name`` once this block ends."""
+        if _value_given:  # FINAL_VAR(total), written bare: total's own value, never
+            return self.final(name)  # the variable a string value happens to name
         variables = self.namespace
         if isinstance(name, str):
             key = name.strip().strip("'\"` ")
             if key in variables and key not in _NOT_ANSWERS and not key.startswith("_"):
                 return self.final(variables[key])
-            if not _value_given:
-                made = ", ".join(user_variables(variables)) or "none yet"
-                raise NameError(f"FINAL_VAR({name!r}): there is no variable named {key!r} "
-                                f"(variables: {made}); pass a variable's name, or the "
-                                "answer itself with FINAL(answer)")
-        return self.final(name)  # FINAL_VAR(total): the variable's value
+            made = ", ".join(user_variables(variables)) or "none yet"
+            raise NameError(f"FINAL_VAR({name!r}): there is no variable named {key!r} "
+                            f"(variables: {made}); pass a variable's name, or the "
+                            "answer itself with FINAL(answer)")
+        return self.final(name)
 
     def print_final(self, *args, **kwargs) -> None:
         """``print`` for a print whose own text begins with FINAL(: prints it, and

@@ -186,15 +186,15 @@ async def test_final_then_a_step_timeout_is_not_the_answer(server, sandbox):
     assert "[FINAL was called, but the block then failed: TimeoutError" in feedback(server)
 
 
-async def test_the_answer_dict_then_an_error_is_not_the_answer(server):
-    rlm = make_rlm(server)
+async def test_the_answer_dict_then_an_error_is_not_the_answer_then_or_later(rlm, server):
     server.script("root-model", [
         repl("answer['content'] = 'draft'\nanswer['ready'] = True\n1 / 0"),
-        repl("answer['content'] = 'checked'")])
+        repl("print(answer['ready'])"), "FINAL(checked)"])
     result = await rlm.arun("q", context="c")
-    assert result.final_answer == "checked" and result.iterations == 2
+    assert result.final_answer == "checked" and result.iterations == 3
     assert "[answer['ready'] was set, but the block then failed: ZeroDivisionError" in \
-        feedback(server)
+        feedback(server, 1)
+    assert result.trajectory[1].code[0].output == "False"
 
 
 async def test_a_final_line_the_code_prints_itself_ends_the_run(rlm, server):

@@ -81,8 +81,12 @@ def test_final_reads_up_to_its_balancing_parenthesis(reply, expected):
     ("FINAL(a)", "a"),
 ])
 def test_list_markers_emoticons_and_quoted_parentheses_do_not_cut_the_answer(reply, expected):
-    reading = read_reply(reply)
-    assert reading.final.value == expected and reading.final.balanced
+    assert read_reply(reply).final.value == expected
+
+
+def test_an_answer_ended_by_a_list_marker_is_not_balanced_so_a_cut_reply_is_refused():
+    assert read_reply("FINAL(1) Paris\n2) Ly").final.balanced is False
+    assert read_reply("FINAL(1) Paris\n2) Lyon)").final.balanced is True
 
 
 @pytest.mark.parametrize("reply, short, long", [

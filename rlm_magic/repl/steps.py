@@ -258,6 +258,9 @@ def execute_step(compiled, namespace: dict[str, Any], output: StepOutput,
     finally:
         output.restored = _restore(namespace, scaffold)
         output.finish = finish.result or _answer_dict(namespace, output)
+        if output.error and output.finish and output.finish[0] == "answer dict":
+            # Not taken from a block that failed (the engine says so): nor by a later one.
+            namespace["answer"]["ready"] = False
 
 
 # Builtins the model's code does not get: IPython puts these into `builtins` while a

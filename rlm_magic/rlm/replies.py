@@ -22,8 +22,9 @@ letter after a space or a line start, or a '%', with text following on the line:
 one is, and it ends its line, the answer runs to it (``FINAL(a) yes\n\nb) no)``); when
 it is followed by more words, the reply can be read two ways and is refused with both
 readings quoted, so the model restates it. When no ')' balances at all, the first line
-ending in ')' ends the answer if it ends its paragraph (``balanced`` is then False). An
-empty answer, or one that never closes, is not an answer: the reply's ``problems`` say
+ending in ')' ends the answer if it ends its paragraph. An answer ended by the line rule
+or by a marker-like ')' is not ``balanced``: from a reply cut off at max_tokens it is not
+taken. An empty answer, or one that never closes, is not an answer: the reply's ``problems`` say
 what was seen.
 """
 from __future__ import annotations
@@ -57,7 +58,9 @@ class Final:
 
     kind: str  # "FINAL" or "FINAL_VAR"
     value: str
-    balanced: bool = True  # False: read by the line rule, with no ')' balancing it
+    # False: its ')' may not be where the answer ends (the line rule read it, or a ')'
+    # that reads as a list marker ended it), so a reply cut off at max_tokens is refused.
+    balanced: bool = True
 
 
 @dataclass(frozen=True)
@@ -310,7 +313,7 @@ def _argument_end(area: str) -> tuple[int | None, bool, tuple[int, int] | None]:
             return first, True, None
         ordinary = next((index for index, marker in closers[1:] if not marker), None)
         if ordinary is None:
-            return first, True, None  # FINAL(42) is my answer, step 2) above.
+            return first, False, None  # FINAL(42) is my answer, step 2) above.
         if _LINE_TAIL.match(area, ordinary + 1):
             return ordinary, True, None  # FINAL(Answer: a) yes\n\nb) no)
         return None, True, (first, ordinary)

@@ -71,6 +71,8 @@ def test_final_reads_up_to_its_balancing_parenthesis(reply, expected):
     ("**FINAL(Answer: a) yes, b) no)**", "Answer: a) yes, b) no"),
     ("FINAL(i) the sum\nii) the mean)", "i) the sum\nii) the mean"),
     ("FINAL(Yes ;-) it works)", "Yes ;-) it works"),
+    ("FINAL(42) is my answer =)", "42"),
+    ("FINAL(Ratio:(3/4) of rows)", "Ratio:(3/4) of rows"),
     ("FINAL(The key is \"x)\" in the log)", 'The key is "x)" in the log'),
     ("FINAL(The key is `f(x`)", "The key is `f(x`"),
     # ... while a marker-like ')' with nothing ordinary after it still closes.

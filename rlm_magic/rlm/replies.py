@@ -14,19 +14,20 @@ Line endings are normalised first (CRLF, CR).
 
 **Answer.** FINAL( or FINAL_VAR( begins a line of prose, after optional Markdown
 (``**``, ``>``, ``-``, ``#``, a backtick). Its argument ends at the ')' that balances
-its '('; what follows (``.``, ``**``, words) is prose. Parentheses inside a "quoted" or
-`quoted` span of one line, and those of emoticons (``:)``, ``;-)``, ``:(``), do not count.
-A ')' that balances but reads as a list marker or after a percentage (a number or a
-letter after a space or a line start, or a '%', with text following on the line: "1) ",
-"a) ", "5%) ") closes the answer only if no later balancing ')' is an ordinary one; when
-one is, and it ends its line, the answer runs to it (``FINAL(a) yes\n\nb) no)``); when
-it is followed by more words, the reply can be read two ways and is refused with both
-readings quoted, so the model restates it. When no ')' balances at all, the first line
-ending in ')' ends the answer if it ends its paragraph. An answer ended by the line rule
-or by a marker-like ')' is not ``balanced``: from a reply cut off at max_tokens it is not
-taken. An empty answer, or one that never closes, is not an answer: the reply's ``problems`` say
-what was seen.
+its '('; what follows (``.``, ``**``, words) is prose. Parentheses in a "quoted" or
+`quoted` span of one line, and those of emoticons (``:)``, ``;-)``, ``:( ``), do not
+count. A balancing ')' that reads as a list marker or follows a percentage (after a
+number or a letter that follows a space or a line start, or after a '%'; with text
+following on its line: "1) ", "a) ", "5%) ") ends the answer only if no ordinary balancing ')' comes after it; if one does
+and ends its line, the answer runs to it (``FINAL(Answer: a) yes\n\nb) no)``); if more
+words follow it, the reply reads two ways and is refused with both readings quoted, so
+the model restates it. When no ')' balances, the first line ending in ')' ends the
+answer if it ends its paragraph. An answer ended by that line rule or by a marker-like
+')' is not ``balanced``: from a reply cut off at max_tokens it is not taken. An empty
+answer, or one that never closes, is not an answer: the reply's ``problems`` say what
+was seen.
 """
+
 from __future__ import annotations
 
 import ast
@@ -47,7 +48,7 @@ _PRINTED_MARKER = re.compile(r"\s*(FINAL_VAR|FINAL)\(")
 # A list marker's token before its ')': a number, a letter or a small roman numeral,
 # at the start of a line (or of the answer) or after a space.
 _LIST_TOKEN = re.compile(r"(?:^|(?<=\s))(?:\d{1,2}|[A-Za-z]|[ivx]{2,4})$", re.MULTILINE)
-_EMOTICON_EYES = re.compile(r"[:;]-?$")
+_EMOTICON_EYES = re.compile(r"[:;=]-?$")
 # What may follow the answer's ')' on its line for it to end the line.
 _LINE_TAIL = re.compile(r"[ \t.,;:!?*_`~]*(?:\n|$)")
 
@@ -335,7 +336,7 @@ def _closers(area: str):
             if close != -1 and (newline == -1 or close < newline):
                 index = close + 1
                 continue
-        elif char in "()" and _EMOTICON_EYES.search(area, max(0, index - 2), index):
+        elif _is_emoticon(area, index):
             pass
         elif char == "(":
             depth += 1
@@ -345,6 +346,14 @@ def _closers(area: str):
             else:
                 yield index, _is_marker(area, index)
         index += 1
+
+
+def _is_emoticon(area: str, index: int) -> bool:
+    """":)", ";-)", "=)"; and ":(" when a space or the line's end follows (not "x:(y)")."""
+    char = area[index]
+    if char not in "()" or not _EMOTICON_EYES.search(area, max(0, index - 2), index):
+        return False
+    return char == ")" or area[index + 1:index + 2] in ("", " ", "\t", "\n")
 
 
 def _is_marker(area: str, index: int) -> bool:

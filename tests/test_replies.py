@@ -70,6 +70,9 @@ def test_final_reads_up_to_its_balancing_parenthesis(reply, expected):
     ("FINAL(1) Paris\n2) Lyon)\n\nThe top two (by population).", "1) Paris\n2) Lyon"),
     ("**FINAL(Answer: a) yes, b) no)**", "Answer: a) yes, b) no"),
     ("FINAL(i) the sum\nii) the mean)", "i) the sum\nii) the mean"),
+    ("FINAL(Plan:\n1) Load\n   a) CSV\n   b) JSON\n2) Clean\n   a) dedupe)",
+     "Plan:\n1) Load\n   a) CSV\n   b) JSON\n2) Clean\n   a) dedupe"),
+    ("FINAL(**Findings**\n\n**1)** up\n**2)** down)", "**Findings**\n\n**1)** up\n**2)** down"),
     ("FINAL(Yes ;-) it works)", "Yes ;-) it works"),
     ("FINAL(42) is my answer =)", "42"),
     ("FINAL(Ratio:(3/4) of rows)", "Ratio:(3/4) of rows"),
@@ -94,6 +97,10 @@ def test_an_answer_ended_by_a_list_marker_is_not_balanced_so_a_cut_reply_is_refu
 @pytest.mark.parametrize("reply, short, long", [
     ("FINAL(2) yes (see a) above) and more", "'2'", "'2) yes (see a) above'"),
     ("FINAL(a) Paris, b) Lyon) are both right", "'a'", "'a) Paris, b) Lyon'"),
+    # Markers that do not count up as one list: a stray ')' ends neither reading surely.
+    ("FINAL(10) is the count.\n\nSee notes a) and b).", "'10'",
+     "'10) is the count. See notes a) and b'"),
+    ("FINAL(I think 7) is right)", "'I think 7'", "'I think 7) is right'"),
 ])
 def test_an_answer_that_reads_two_ways_is_refused_with_both_readings(reply, short, long):
     reading = read_reply(reply)

@@ -18,10 +18,11 @@ its '('; what follows (``.``, ``**``, words) is prose. Parentheses in a "quoted"
 `quoted` span of one line, and those of emoticons (``:)``, ``;-)``, ``:( ``), do not
 count. A balancing ')' that reads as a list marker or follows a percentage (after a
 number or a letter that follows a space or a line start, or after a '%'; with text
-following on its line: "1) ", "a) ", "5%) ") ends the answer only if no ordinary balancing ')' comes after it; if one does
-and ends its line, the answer runs to it (``FINAL(Answer: a) yes\n\nb) no)``); if more
-words follow it, the reply reads two ways and is refused with both readings quoted, so
-the model restates it. When no ')' balances, the first line ending in ')' ends the
+following on its line: "1) ", "a) ", "5%) ") ends the answer only if no ordinary balancing ')' comes after it. If one does,
+ends its line, and the markers before it count up as one list (1) 2), a) b), i) ii);
+percentages pass), the answer runs to it (``FINAL(Answer: a) yes\n\nb) no)``);
+otherwise the reply reads two ways and is refused with both readings quoted, so the
+model restates it. When no ')' balances, the first line ending in ')' ends the
 answer if it ends its paragraph. An answer ended by that line rule or by a marker-like
 ')' is not ``balanced``: from a reply cut off at max_tokens it is not taken. An empty
 answer, or one that never closes, is not an answer: the reply's ``problems`` say what
@@ -47,7 +48,8 @@ _MENTION = re.compile(r"\bFINAL(?:_VAR)?\b")
 _PRINTED_MARKER = re.compile(r"\s*(FINAL_VAR|FINAL)\(")
 # A list marker's token before its ')': a number, a letter or a small roman numeral,
 # at the start of a line (or of the answer) or after a space.
-_LIST_TOKEN = re.compile(r"(?:^|(?<=\s))(?:\d{1,2}|[A-Za-z]|[ivx]{2,4})$", re.MULTILINE)
+_LIST_TOKEN = re.compile(r"(?:^|(?<=[\s*_]))(\d{1,2}|[A-Za-z]|[ivx]{2,4})$", re.MULTILINE)
+_ROMAN = ("i", "ii", "iii", "iv", "v", "vi", "vii", "viii", "ix", "x")
 _EMOTICON_EYES = re.compile(r"[:;=]-?$")
 # What may follow the answer's ')' on its line for it to end the line.
 _LINE_TAIL = re.compile(r"[ \t.,;:!?*_`~]*(?:\n|$)")
@@ -309,15 +311,17 @@ def _argument_end(area: str) -> tuple[int | None, bool, tuple[int, int] | None]:
     it, and, when it reads two ways, where each reading ends (the end is then None)."""
     closers = list(_closers(area))
     if closers:
-        first, soft = closers[0]
-        if not soft:
+        first, marker = closers[0]
+        if marker is None:
             return first, True, None
-        ordinary = next((index for index, marker in closers[1:] if not marker), None)
-        if ordinary is None:
-            return first, False, None  # FINAL(42) is my answer, step 2) above.
-        if _LINE_TAIL.match(area, ordinary + 1):
-            return ordinary, True, None  # FINAL(Answer: a) yes\n\nb) no)
-        return None, True, (first, ordinary)
+        skipped = [marker]
+        for index, marker in closers[1:]:
+            if marker is None:  # an ordinary ')' after marker-like ones: a longer reading
+                if _counts_up(skipped) and _LINE_TAIL.match(area, index + 1):
+                    return index, True, None  # FINAL(Answer: a) yes\n\nb) no)
+                return None, True, (first, index)
+            skipped.append(marker)
+        return first, False, None  # FINAL(42) is my answer, step 2) above.
     line_end = _first_line_ending_in_paren(area)
     if line_end is not None and _ends_paragraph(area, line_end):
         return line_end, False, None  # an unmatched "(" in the answer, such as "(red"
@@ -325,8 +329,8 @@ def _argument_end(area: str) -> tuple[int | None, bool, tuple[int, int] | None]:
 
 
 def _closers(area: str):
-    """Each ')' of ``area`` that balances the "FINAL(" before it, with whether it reads
-    as a list marker or follows a percentage ("1) ", "a) ", "5%) "). Parentheses in a
+    """Each ')' of ``area`` that balances the "FINAL(" before it, with what makes it read
+    as a list marker or a percentage ("1", "a", "ii", "%"), or None. Parentheses in a
     quoted span of one line and those of emoticons do not count."""
     depth, index = 0, 0
     while index < len(area):
@@ -344,7 +348,7 @@ def _closers(area: str):
             if depth:
                 depth -= 1
             else:
-                yield index, _is_marker(area, index)
+                yield index, _marker_token(area, index)
         index += 1
 
 
@@ -356,10 +360,34 @@ def _is_emoticon(area: str, index: int) -> bool:
     return char == ")" or area[index + 1:index + 2] in ("", " ", "\t", "\n")
 
 
-def _is_marker(area: str, index: int) -> bool:
-    followed = area[index + 1:index + 2] in (" ", "\t")
-    return followed and (area[index - 1:index] == "%"
-                         or _LIST_TOKEN.search(area, max(0, index - 4), index) is not None)
+def _marker_token(area: str, index: int) -> str | None:
+    """"1", "a", "ii" for a list marker's ')', "%" for a percentage's; text must follow it
+    on its line (Markdown emphasis may close first: "**1)** ")."""
+    if area[index + 1:index + 2] not in (" ", "\t", "*", "_"):
+        return None
+    if area[index - 1:index] == "%":
+        return "%"
+    token = _LIST_TOKEN.search(area, max(0, index - 4), index)
+    return token.group(1) if token else None
+
+
+def _counts_up(markers: list[str]) -> bool:
+    """Whether list markers read as one list, each the first of its kind (1, a, i) or
+    the one after the last of its kind (1) 2), a) b), i) ii)); percentages pass."""
+    last: dict[str, int] = {}
+    for marker in markers:
+        readings = []
+        if marker.isdigit():
+            readings.append(("number", int(marker)))
+        if marker.lower() in _ROMAN and marker in (marker.lower(), marker.upper()):
+            readings.append(("roman" + marker[0].isupper() * "!", _ROMAN.index(marker.lower()) + 1))
+        if len(marker) == 1 and marker.isalpha():
+            readings.append(("letter" + marker.isupper() * "!", ord(marker.lower()) - 96))
+        fitting = [(kind, n) for kind, n in readings if n == 1 or last.get(kind) == n - 1]
+        if marker != "%" and not fitting:
+            return False
+        last.update(fitting)
+    return True
 
 
 def _first_line_ending_in_paren(area: str) -> int | None:

@@ -18,15 +18,15 @@ its '('; what follows (``.``, ``**``, words) is prose. Parentheses in a "quoted"
 `quoted` span of one line, and those of emoticons (``:)``, ``;-)``, ``:( ``), do not
 count. A balancing ')' that reads as a list marker or follows a percentage (after a
 number or a letter that follows a space or a line start, or after a '%'; with text
-following on its line: "1) ", "a) ", "5%) ") ends the answer only if no ordinary balancing ')' comes after it. If one does,
-ends its line, and the markers before it count up as one list (1) 2), a) b), i) ii);
-percentages pass), the answer runs to it (``FINAL(Answer: a) yes\n\nb) no)``);
-otherwise the reply reads two ways and is refused with both readings quoted, so the
-model restates it. When no ')' balances, the first line ending in ')' ends the
-answer if it ends its paragraph. An answer ended by that line rule or by a marker-like
-')' is not ``balanced``: from a reply cut off at max_tokens it is not taken. An empty
-answer, or one that never closes, is not an answer: the reply's ``problems`` say what
-was seen.
+following on its line: "1) ", "a) ", "5%) ") ends the answer only if no ordinary
+balancing ')' comes after it. If one does, ends its line, and the markers before it
+count up as one list (1) 2), a) b), i) ii); percentages pass), the answer runs to it
+(``FINAL(Answer: a) yes\n\nb) no)``); otherwise the reply reads two ways and is refused
+with both readings quoted, so the model restates it. When no ')' balances, the first
+line ending in ')' ends the answer if it ends its paragraph. An answer ended by that
+line rule or by a marker-like ')' is not ``balanced``: from a reply cut off at
+max_tokens it is not taken. An empty answer, or one that never closes, is not an answer:
+the reply's ``problems`` say what was seen.
 """
 
 from __future__ import annotations

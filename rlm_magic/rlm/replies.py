@@ -336,8 +336,8 @@ def _closers(area: str):
     while index < len(area):
         char = area[index]
         if char in "\"`":
-            close, newline = area.find(char, index + 1), area.find("\n", index + 1)
-            if close != -1 and (newline == -1 or close < newline):
+            close = area.find(char, index + 1)
+            if close != -1 and area.find("\n", index + 1, close) == -1:
                 index = close + 1
                 continue
         elif _is_emoticon(area, index):

@@ -158,6 +158,15 @@ async def test_an_empty_final_in_code_is_an_error_not_an_answer(rlm, server, cod
     assert "the answer is empty" in result.trajectory[0].code[0].output
 
 
+async def test_an_empty_answer_dict_is_not_the_answer(rlm, server):
+    server.script("root-model", [repl("answer['content'] = ' '\nanswer['ready'] = True"),
+                                 repl("print(answer['ready'])"), "FINAL(ok)"])
+    result = await rlm.arun("q", context="c")
+    assert result.final_answer == "ok" and result.iterations == 3
+    assert "answer['content'] is empty" in result.trajectory[0].code[0].output
+    assert result.trajectory[1].code[0].output == "False"
+
+
 async def test_a_final_var_of_an_empty_variable_in_the_reply_is_refused(server):
     rlm = make_rlm(server)
     server.script("root-model", [repl("s = ''"), "FINAL_VAR(s)", "FINAL(ok)"])

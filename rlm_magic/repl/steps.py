@@ -463,6 +463,11 @@ def _answer_dict(namespace: dict[str, Any], output: StepOutput) -> list[str] | N
         output.error = (output.error or "") + (f"answer['content'] could not be read as "
                                                f"text: {type(exc).__name__}: {exc}")
         return None
+    if answer is not None and not answer.strip():  # refused as FINAL('') is
+        namespace["answer"]["ready"] = False
+        output.error = (output.error or "") + ("answer['content'] is empty, so it is not "
+                                               "the answer; answer['ready'] is False again")
+        return None
     return None if answer is None else ["answer dict", _capped(answer)]
 
 

@@ -72,6 +72,32 @@ async def test_at_the_iteration_limit_a_block_that_only_calls_final_is_the_answe
     assert result.success and result.final_answer == "Paris (France)"
 
 
+@pytest.mark.parametrize("call", ["FINAL(f'The total is {total}')", "FINAL(missing)"])
+async def test_at_the_iteration_limit_a_final_of_code_not_run_is_no_answer(server, call):
+    rlm = make_rlm(server, max_iterations=1)
+    server.script("root-model", [repl("total = 10"), repl(call)])
+    result = await rlm.arun("q", context="c")
+    assert not result.success and result.stop_reason == "max_iterations"
+    assert "The total is" not in (result.error or "")
+
+
+async def test_an_answer_that_reads_two_ways_is_refused_and_the_model_restates_it(server):
+    rlm = make_rlm(server)
+    server.script("root-model", ["FINAL(2) yes (see a) above) and more",
+                                 repl("best = '2'\nFINAL_VAR('best')")])
+    result = await rlm.arun("q", context="c")
+    assert result.final_answer == "2" and result.iterations == 2
+    assert "can be read two ways, as '2' or as '2) yes (see a) above'" in feedback(server)
+
+
+async def test_an_empty_final_in_the_reply_is_refused(server):
+    rlm = make_rlm(server)
+    server.script("root-model", ["FINAL()", "FINAL(done)"])
+    result = await rlm.arun("q", context="c")
+    assert result.final_answer == "done" and result.iterations == 2
+    assert "Your FINAL() holds no answer" in feedback(server)
+
+
 # -- finishing from code -------------------------------------------------------------------
 
 async def test_final_called_in_code_ends_the_run_after_its_block(rlm, server):
@@ -99,6 +125,15 @@ async def test_final_var_in_code_answers_with_the_variables_value(rlm, server, c
     assert result.final_answer == "Paris (France)" and result.finished_by == "call in code"
 
 
+async def test_final_var_of_a_bare_variable_answers_its_value_not_the_variable_it_names(
+        rlm, server):
+    server.script("root-model", [repl(
+        "positive = 37\nnegative = 12\n"
+        "label = 'positive' if positive > negative else 'negative'\nFINAL_VAR(label)")])
+    result = await rlm.arun("q", context="c")
+    assert result.final_answer == "positive"
+
+
 async def test_final_var_in_code_of_a_missing_name_is_an_error_the_model_sees(rlm, server):
     server.script("root-model", [repl("FINAL_VAR('sumary')"), repl("FINAL('recovered')")])
     result = await rlm.arun("q", context="c")
@@ -114,8 +149,72 @@ async def test_final_of_none_in_code_is_an_error_not_an_answer(rlm, server):
     assert "the answer is None" in result.trajectory[0].code[0].output
 
 
+@pytest.mark.parametrize("code", ["s = ''\nFINAL(s)", "s = ' \\n'\nFINAL_VAR('s')",
+                                  "s = ''\nFINAL_VAR(s)"])
+async def test_an_empty_final_in_code_is_an_error_not_an_answer(rlm, server, code):
+    server.script("root-model", [repl(code), "FINAL(ok)"])
+    result = await rlm.arun("q", context="c")
+    assert result.final_answer == "ok" and result.iterations == 2
+    assert "the answer is empty" in result.trajectory[0].code[0].output
+
+
+async def test_an_empty_answer_dict_is_not_the_answer(rlm, server):
+    server.script("root-model", [repl("answer['content'] = ' '\nanswer['ready'] = True"),
+                                 repl("print(answer['ready'])"), "FINAL(ok)"])
+    result = await rlm.arun("q", context="c")
+    assert result.final_answer == "ok" and result.iterations == 3
+    assert "answer['content'] is empty" in result.trajectory[0].code[0].output
+    assert result.trajectory[1].code[0].output == "False"
+
+
+async def test_a_final_var_of_an_empty_variable_in_the_reply_is_refused(server):
+    rlm = make_rlm(server)
+    server.script("root-model", [repl("s = ''"), "FINAL_VAR(s)", "FINAL(ok)"])
+    result = await rlm.arun("q", context="c")
+    assert result.final_answer == "ok" and result.iterations == 3
+    assert "FINAL_VAR(s) gives an empty answer" in feedback(server)
+
+
+async def test_final_then_an_error_in_the_same_block_is_not_the_answer(rlm, server):
+    server.script("root-model", [
+        repl("FINAL('draft')\nraise RuntimeError('verification failed')"),
+        "FINAL(checked)"])
+    result = await rlm.arun("q", context="c")
+    assert result.final_answer == "checked" and result.iterations == 2
+    assert "[FINAL was called, but the block then failed: RuntimeError: verification " \
+           "failed; the run goes on]" in feedback(server)
+
+
+@pytest.mark.parametrize("sandbox", ["process", "none"])
+async def test_final_then_a_step_timeout_is_not_the_answer(server, sandbox):
+    rlm = make_rlm(server, sandbox=sandbox, step_timeout=0.5)
+    server.script("root-model", [repl("FINAL('draft')\nwhile True:\n    pass"),
+                                 "FINAL(checked)"])
+    result = await rlm.arun("q", context="c")
+    assert result.final_answer == "checked" and result.iterations == 2
+    assert "[FINAL was called, but the block then failed: TimeoutError" in feedback(server)
+
+
+async def test_the_answer_dict_then_an_error_is_not_the_answer_then_or_later(rlm, server):
+    server.script("root-model", [
+        repl("answer['content'] = 'draft'\nanswer['ready'] = True\n1 / 0"),
+        repl("print(answer['ready'])"), "FINAL(checked)"])
+    result = await rlm.arun("q", context="c")
+    assert result.final_answer == "checked" and result.iterations == 3
+    assert "[answer['ready'] was set, but the block then failed: ZeroDivisionError" in \
+        feedback(server, 1)
+    assert result.trajectory[1].code[0].output == "False"
+
+
 async def test_a_final_line_the_code_prints_itself_ends_the_run(rlm, server):
     server.script("root-model", [repl("x = 6 * 7\nprint(f'FINAL({x})')")])
+    result = await rlm.arun("q", context="c")
+    assert result.final_answer == "42" and result.finished_by == "printed marker"
+
+
+async def test_a_printed_final_with_words_after_it_answers_only_its_argument(server):
+    rlm = make_rlm(server)
+    server.script("root-model", [repl("print('FINAL(42) (confidence 0.9)')")])
     result = await rlm.arun("q", context="c")
     assert result.final_answer == "42" and result.finished_by == "printed marker"
 

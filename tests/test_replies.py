@@ -57,6 +57,65 @@ def test_final_reads_up_to_its_balancing_parenthesis(reply, expected):
     assert answer(reply) == expected
 
 
+@pytest.mark.parametrize("reply, expected", [
+    # The review's answers that were cut short and reported as read whole.
+    ("FINAL(Findings:\n\n1) Revenue grew.\n\n2) Costs fell.)",
+     "Findings:\n\n1) Revenue grew.\n\n2) Costs fell."),
+    ("FINAL(Answer: a) yes\n\nb) no)", "Answer: a) yes\n\nb) no"),
+    ("FINAL(Yes :) the data supports it)", "Yes :) the data supports it"),
+    ("FINAL(Price rose 5%) and volume 3%)", "Price rose 5%) and volume 3%"),
+    ('FINAL("He said :) hi")', "He said :) hi"),
+    # More of the same kind.
+    ("FINAL(1) Paris\n2) Lyon\n3) Nice)", "1) Paris\n2) Lyon\n3) Nice"),
+    ("FINAL(1) Paris\n2) Lyon)\n\nThe top two (by population).", "1) Paris\n2) Lyon"),
+    ("**FINAL(Answer: a) yes, b) no)**", "Answer: a) yes, b) no"),
+    ("FINAL(i) the sum\nii) the mean)", "i) the sum\nii) the mean"),
+    ("FINAL(Plan:\n1) Load\n   a) CSV\n   b) JSON\n2) Clean\n   a) dedupe)",
+     "Plan:\n1) Load\n   a) CSV\n   b) JSON\n2) Clean\n   a) dedupe"),
+    ("FINAL(**Findings**\n\n**1)** up\n**2)** down)", "**Findings**\n\n**1)** up\n**2)** down"),
+    ("FINAL(Yes ;-) it works)", "Yes ;-) it works"),
+    ("FINAL(42) is my answer =)", "42"),
+    ("FINAL(Ratio:(3/4) of rows)", "Ratio:(3/4) of rows"),
+    ("FINAL(The key is \"x)\" in the log)", 'The key is "x)" in the log'),
+    ("FINAL(The key is `f(x`)", "The key is `f(x`"),
+    # ... while a marker-like ')' with nothing ordinary after it still closes.
+    ("FINAL(Growth was 5%)", "Growth was 5%"),
+    ("FINAL(42) Hope this helps :)", "42"),
+    ("FINAL(7) is my answer, see step 2) above.", "7"),
+    ("FINAL(3) apples (roughly).", "3"),
+    ("FINAL(a)", "a"),
+])
+def test_list_markers_emoticons_and_quoted_parentheses_do_not_cut_the_answer(reply, expected):
+    assert read_reply(reply).final.value == expected
+
+
+def test_an_answer_ended_by_a_list_marker_is_not_balanced_so_a_cut_reply_is_refused():
+    assert read_reply("FINAL(1) Paris\n2) Ly").final.balanced is False
+    assert read_reply("FINAL(1) Paris\n2) Lyon)").final.balanced is True
+
+
+@pytest.mark.parametrize("reply, short, long", [
+    ("FINAL(2) yes (see a) above) and more", "'2'", "'2) yes (see a) above'"),
+    ("FINAL(a) Paris, b) Lyon) are both right", "'a'", "'a) Paris, b) Lyon'"),
+    # Markers that do not count up as one list: a stray ')' ends neither reading surely.
+    ("FINAL(10) is the count.\n\nSee notes a) and b).", "'10'",
+     "'10) is the count. See notes a) and b'"),
+    ("FINAL(I think 7) is right)", "'I think 7'", "'I think 7) is right'"),
+])
+def test_an_answer_that_reads_two_ways_is_refused_with_both_readings(reply, short, long):
+    reading = read_reply(reply)
+    assert reading.final is None
+    [problem] = reading.problems
+    assert f"can be read two ways, as {short} or as {long}" in problem
+    assert 'FINAL_VAR("variable_name")' in problem
+
+
+@pytest.mark.parametrize("reply", ["FINAL()", "FINAL(  )", 'FINAL("")', "**FINAL(``)**"])
+def test_an_empty_final_is_a_problem_not_an_answer(reply):
+    reading = read_reply(reply)
+    assert reading.final is None and "holds no answer" in reading.problems[0]
+
+
 @pytest.mark.parametrize("reply", [
     "FINAL(42).",
     "FINAL(42)!",
@@ -217,14 +276,19 @@ def test_the_view_replaces_code_with_pointers_and_keeps_quotations():
     ("FINAL(The top three:\n1. Apple (red\n)", "FINAL", "The top three:\n1. Apple (red"),
     ("FINAL_VAR(my_answer)", "FINAL_VAR", "my_answer"),
     ("FINAL_VAR('my_answer')", "FINAL_VAR", "my_answer"),
+    ("FINAL(42) (confidence 0.9)", "FINAL", "42"),
+    ("FINAL(Top 3: A (red), B (blue)) - checked twice (ok)", "FINAL", "Top 3: A (red), B (blue)"),
+    ("FINAL(Findings:\n1) up\n2) down)\n", "FINAL", "Findings:\n1) up\n2) down"),
 ])
-def test_a_printed_final_is_the_whole_printed_text(printed, kind, value):
+def test_a_printed_final_is_read_as_in_prose(printed, kind, value):
     final = read_printed_final(printed)
     assert (final.kind, final.value) == (kind, value)
 
 
-def test_printed_text_that_is_not_a_whole_final_line_is_not_an_answer():
-    assert read_printed_final("FINAL(42) is the answer") is None
+@pytest.mark.parametrize("printed", ["The answer: FINAL(42)", "FINAL(never closed",
+                                     "FINAL()", "FINAL_VAR(two words)"])
+def test_printed_text_that_gives_no_final_answer_is_not_an_answer(printed):
+    assert read_printed_final(printed) is None
 
 
 # -- a block that only calls FINAL, read without running it (the iteration limit's turn) ----
@@ -232,9 +296,9 @@ def test_printed_text_that_is_not_a_whole_final_line_is_not_an_answer():
 @pytest.mark.parametrize("code, kind, value", [
     ("FINAL('Paris')", "FINAL", "Paris"),
     ("FINAL(42)", "FINAL", "42"),
-    ("FINAL(summary)", "FINAL", "summary"),  # resolved as FINAL(name) in the reply is
+    ("FINAL(summary)", "FINAL_VAR", "summary"),  # the variable's value, or no answer
+    ("FINAL_VAR(summary)", "FINAL_VAR", "summary"),
     ("FINAL_VAR('summary')", "FINAL_VAR", "summary"),
-    ("FINAL(f'{a} and {b}')", "FINAL", "f'{a} and {b}'"),
 ])
 def test_a_block_that_only_calls_final_is_read_as_its_answer(code, kind, value):
     final = read_final_call(code)
@@ -243,4 +307,10 @@ def test_a_block_that_only_calls_final_is_read_as_its_answer(code, kind, value):
 
 @pytest.mark.parametrize("code", ["x = 1\nFINAL(x)", "print(FINAL(1))", "FINAL(", "FINAL()"])
 def test_a_block_that_does_more_than_call_final_is_not_read(code):
+    assert read_final_call(code) is None
+
+
+@pytest.mark.parametrize("code", ["FINAL(f'The total is {total}')", "FINAL(str(total))",
+                                  "FINAL(a + b)", "FINAL(None)", "FINAL('')", "FINAL('  ')"])
+def test_a_final_call_whose_value_needs_running_or_is_empty_is_no_answer(code):
     assert read_final_call(code) is None

@@ -258,6 +258,9 @@ def execute_step(compiled, namespace: dict[str, Any], output: StepOutput,
     finally:
         output.restored = _restore(namespace, scaffold)
         output.finish = finish.result or _answer_dict(namespace, output)
+        if output.error and output.finish and output.finish[0] == "answer dict":
+            # Not taken from a block that failed (the engine says so): nor by a later one.
+            namespace["answer"]["ready"] = False
 
 
 # Builtins the model's code does not get: IPython puts these into `builtins` while a
@@ -385,21 +388,26 @@ class _Finish:
         if answer is None:
             raise ValueError("FINAL(None): the answer is None (did a function return "
                              "nothing?); pass the answer itself")
-        self.result = ["code", _capped(_as_text(answer))]
+        text = _as_text(answer)
+        if not text.strip():
+            raise ValueError(f"FINAL({text!r}): the answer is empty; pass the answer "
+                             "itself")
+        self.result = ["code", _capped(text)]
 
     def final_var(self, name: Any, _value_given: bool = False) -> None:
         """Finish the run with the variable called ``name`` once this block ends."""
+        if _value_given:  # FINAL_VAR(total), written bare: total's own value, never
+            return self.final(name)  # the variable a string value happens to name
         variables = self.namespace
         if isinstance(name, str):
             key = name.strip().strip("'\"` ")
             if key in variables and key not in _NOT_ANSWERS and not key.startswith("_"):
                 return self.final(variables[key])
-            if not _value_given:
-                made = ", ".join(user_variables(variables)) or "none yet"
-                raise NameError(f"FINAL_VAR({name!r}): there is no variable named {key!r} "
-                                f"(variables: {made}); pass a variable's name, or the "
-                                "answer itself with FINAL(answer)")
-        return self.final(name)  # FINAL_VAR(total): the variable's value
+            made = ", ".join(user_variables(variables)) or "none yet"
+            raise NameError(f"FINAL_VAR({name!r}): there is no variable named {key!r} "
+                            f"(variables: {made}); pass a variable's name, or the "
+                            "answer itself with FINAL(answer)")
+        return self.final(name)
 
     def print_final(self, *args, **kwargs) -> None:
         """``print`` for a print whose own text begins with FINAL(: prints it, and
@@ -454,6 +462,11 @@ def _answer_dict(namespace: dict[str, Any], output: StepOutput) -> list[str] | N
     except Exception as exc:  # noqa: BLE001 - a content whose str() fails is the model's
         output.error = (output.error or "") + (f"answer['content'] could not be read as "
                                                f"text: {type(exc).__name__}: {exc}")
+        return None
+    if answer is not None and not answer.strip():  # refused as FINAL('') is
+        namespace["answer"]["ready"] = False
+        output.error = (output.error or "") + ("answer['content'] is empty, so it is not "
+                                               "the answer; answer['ready'] is False again")
         return None
     return None if answer is None else ["answer dict", _capped(answer)]
 

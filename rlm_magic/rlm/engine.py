@@ -496,10 +496,19 @@ class Run:
                      f"stopped at max_tokens and {'are' if cut > 1 else 'is'}"
                      " cut off; ask for shorter answers or smaller pieces]")
         seen += self._restored_note(step.restored)
+        finish = step.finish
+        if finish and step.error is not None:
+            # An answer given before the block failed or was stopped is not taken: the
+            # failure may be the check that should have kept it from being the answer.
+            called = ("answer['ready'] was set" if finish[0] == "answer dict"
+                      else "FINAL was called")
+            failure = step.error.strip().splitlines()[-1]
+            seen += f"\n[{called}, but the block then failed: {failure}; the run goes on]"
+            finish = None
         iteration.code.append(CodeRun(code, seen, step.elapsed_s,
                                       error=step.error is not None))
         outputs.append(f"Output of block {number}:\n{seen}")
-        return await self._finished_by_block(step.finish, outputs, iteration)
+        return await self._finished_by_block(finish, outputs, iteration)
 
     async def _finished_by_block(self, finish, outputs: list[str],
                                  iteration: Iteration) -> bool:
@@ -511,9 +520,9 @@ class Run:
         if how == "print":  # the block printed a FINAL(...) line of its own
             marker = read_printed_final(answer)
             if marker is None:
-                outputs.append(f"Your code printed {answer.strip()[:200]!r}, which is not "
-                               "a whole FINAL(...) line, so the run goes on. Accepted "
-                               f"forms: {ACCEPTED_FORMS}.")
+                outputs.append(f"Your code printed {answer.strip()[:200]!r}, from which no "
+                               "FINAL(...) answer could be read, so the run goes on. "
+                               f"Accepted forms: {ACCEPTED_FORMS}.")
                 return False
             answer, problem = await self._resolve_final(marker, iteration)
             if answer is None:
@@ -537,6 +546,14 @@ class Run:
 
     async def _resolve_final(self, marker, iteration: Iteration | None = None
                              ) -> tuple[str | None, str]:
+        answer, problem = await self._resolve_marker(marker, iteration)
+        if answer is not None and not answer.strip():  # an empty variable's value
+            return None, (f"{marker.kind}({marker.value}) gives an empty answer, so the "
+                          "run goes on. Give the answer itself.")
+        return answer, problem
+
+    async def _resolve_marker(self, marker, iteration: Iteration | None = None
+                              ) -> tuple[str | None, str]:
         repl = getattr(self, "repl", None)
         if marker.kind == "FINAL":
             # FINAL(name), where name is exactly a REPL variable's: a real model's slip

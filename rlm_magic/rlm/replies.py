@@ -14,12 +14,19 @@ Line endings are normalised first (CRLF, CR).
 
 **Answer.** FINAL( or FINAL_VAR( begins a line of prose, after optional Markdown
 (``**``, ``>``, ``-``, ``#``, a backtick). Its argument ends at the ')' that balances
-its '('; what follows on the line (``.``, ``**``, words) is prose. Two cases keep the
-older line rule (the argument ends at the first ')' that ends a line): when the text
-between the balancing ')' and that line end holds a ')' of its own with no '(' (the
-answer has list markers, "a) ... b) ..."); and when no ')' balances at all (a ":(" in
-the answer), then only if that line ends its paragraph. Anything else, such as an
-answer cut off mid-way, is not an answer: the reply's ``problems`` say what was seen.
+its '('; what follows (``.``, ``**``, words) is prose. Parentheses in a "quoted" or
+`quoted` span of one line, and those of emoticons (``:)``, ``;-)``, ``:( ``), do not
+count. A balancing ')' that reads as a list marker or follows a percentage (after a
+number or a letter that follows a space or a line start, or after a '%'; with text
+following on its line: "1) ", "a) ", "5%) ") ends the answer only if no ordinary
+balancing ')' comes after it. If one does, ends its line, and the markers before it
+count up as one list (1) 2), a) b), i) ii); percentages pass), the answer runs to it
+(``FINAL(Answer: a) yes\n\nb) no)``); otherwise the reply reads two ways and is refused
+with both readings quoted, so the model restates it. When no ')' balances, the first
+line ending in ')' ends the answer if it ends its paragraph. An answer ended by that
+line rule or by a marker-like ')' is not ``balanced``: from a reply cut off at
+max_tokens it is not taken. An empty answer, or one that never closes, is not an answer:
+the reply's ``problems`` say what was seen.
 """
 
 from __future__ import annotations
@@ -38,8 +45,14 @@ ACCEPTED_FORMS = (
 _OPENING = re.compile(r"^([ \t]*)(`{3,})[ \t]*([^\s`]*)[^`\n]*$")
 _MARKER = re.compile(r"^[ \t]*(?:[>*_#+`-]+[ \t]*)*(FINAL_VAR|FINAL)\(", re.MULTILINE)
 _MENTION = re.compile(r"\bFINAL(?:_VAR)?\b")
-_BLANK_LINE = re.compile(r"\n[ \t]*\n")
-_WHOLE_MARKER = re.compile(r"^\s*(FINAL_VAR|FINAL)\(.*\)\s*$", re.DOTALL)
+_PRINTED_MARKER = re.compile(r"\s*(FINAL_VAR|FINAL)\(")
+# A list marker's token before its ')': a number, a letter or a small roman numeral,
+# at the start of a line (or of the answer) or after a space.
+_LIST_TOKEN = re.compile(r"(?:^|(?<=[\s*_]))(\d{1,2}|[A-Za-z]|[ivx]{2,4})$", re.MULTILINE)
+_ROMAN = ("i", "ii", "iii", "iv", "v", "vi", "vii", "viii", "ix", "x")
+_EMOTICON_EYES = re.compile(r"[:;=]-?$")
+# What may follow the answer's ')' on its line for it to end the line.
+_LINE_TAIL = re.compile(r"[ \t.,;:!?*_`~]*(?:\n|$)")
 
 
 @dataclass(frozen=True)
@@ -48,7 +61,9 @@ class Final:
 
     kind: str  # "FINAL" or "FINAL_VAR"
     value: str
-    balanced: bool = True  # False: read by the line rule, with no ')' balancing it
+    # False: its ')' may not be where the answer ends (the line rule read it, or a ')'
+    # that reads as a list marker ended it), so a reply cut off at max_tokens is refused.
+    balanced: bool = True
 
 
 @dataclass(frozen=True)
@@ -114,14 +129,12 @@ def with_code_as_pointers(text: str) -> str:
 
 
 def read_printed_final(printed: str) -> Final | None:
-    """The answer in a FINAL(...) / FINAL_VAR(...) that model code printed: the whole
-    printed text is the marker, so the answer is everything up to its last ')'."""
-    match = _WHOLE_MARKER.match(printed)
+    """The answer in a FINAL(...) / FINAL_VAR(...) that model code printed at the start
+    of its text, read as in prose: up to the ')' that balances (what follows is prose)."""
+    match = _PRINTED_MARKER.match(printed)
     if match is None:
         return None
-    kind = match.group(1)
-    inner = printed.strip()[len(kind) + 1:-1]
-    return Final(kind, _unquote(inner.strip()) if kind == "FINAL" else _name(inner))
+    return _marker(printed, match, len(printed))[0]
 
 
 def read_final_call(code: str) -> Final | None:
@@ -139,11 +152,13 @@ def read_final_call(code: str) -> Final | None:
             and not call.keywords):
         return None
     argument = call.args[0]
-    if isinstance(argument, ast.Constant):
-        value = str(argument.value)
-    else:  # a name is resolved as FINAL(name) is; an expression stays its source
-        value = ast.get_source_segment(code, argument) or ""
-    return Final(call.func.id, value.strip() if call.func.id == "FINAL" else _name(value))
+    if isinstance(argument, ast.Name):  # the variable's value, or no answer
+        return Final("FINAL_VAR", argument.id)
+    if not isinstance(argument, ast.Constant) or argument.value is None:
+        return None  # an expression's value is not known without running it
+    value = str(argument.value).strip()
+    value = value if call.func.id == "FINAL" else _name(value)
+    return Final(call.func.id, value) if value else None
 
 
 # -- fences ------------------------------------------------------------------------------
@@ -216,7 +231,7 @@ def _is_lone_marker(body: str) -> bool:
     match = _MARKER.match(body)
     if match is None:
         return False
-    end, _ = _argument_end(body[match.end():])
+    end, _, _ = _argument_end(body[match.end():])
     return end is not None and match.end() + end == len(body) - 1
 
 
@@ -265,14 +280,23 @@ def _prose(text: str, fences: list[Fence]) -> list[str]:
 def _marker(segment: str, match: re.Match, limit: int) -> tuple[Final | None, str]:
     kind, start = match.group(1), match.end()
     area = segment[start:limit]
-    end, balanced = _argument_end(area)
+    end, balanced, readings = _argument_end(area)
+    if readings:
+        short, long = (_quote(area[:index], 80) for index in readings)
+        return None, (f"Your {kind}(...) can be read two ways, as {short} or as {long}, "
+                      f"so no answer was read from it. Put the answer in a variable in a "
+                      f"```repl block and finish with FINAL_VAR(\"variable_name\").")
     if end is None:
         seen = _quote(segment[match.start():limit])
         return None, (f"Your {kind}( is never closed, so no answer was read from it: "
                       f"{seen}. Accepted forms: {ACCEPTED_FORMS}.")
     argument = area[:end]
     if kind == "FINAL":
-        return Final(kind, _unquote(argument.strip()), balanced), ""
+        value = _unquote(argument.strip())
+        if not value.strip():
+            return None, (f"Your FINAL({argument}) holds no answer, so the run goes on. "
+                          f"Accepted forms: {ACCEPTED_FORMS}.")
+        return Final(kind, value, balanced), ""
     name = _name(argument)
     if not name.isidentifier():
         return None, (f"FINAL_VAR takes the name of a REPL variable, and "
@@ -282,28 +306,88 @@ def _marker(segment: str, match: re.Match, limit: int) -> tuple[Final | None, st
     return Final(kind, name, balanced), ""
 
 
-def _argument_end(area: str) -> tuple[int | None, bool]:
-    """Where the argument after "FINAL(" ends in ``area``, and whether a balancing ')'
-    ends it; None when it cannot be read."""
-    depth, balancing = 1, None
-    for index, char in enumerate(area):
-        if char == "(":
+def _argument_end(area: str) -> tuple[int | None, bool, tuple[int, int] | None]:
+    """Where the argument after "FINAL(" ends in ``area``, whether a balancing ')' ends
+    it, and, when it reads two ways, where each reading ends (the end is then None)."""
+    closers = list(_closers(area))
+    if closers:
+        first, marker = closers[0]
+        if marker is None:
+            return first, True, None
+        skipped = [marker]
+        for index, marker in closers[1:]:
+            if marker is None:  # an ordinary ')' after marker-like ones: a longer reading
+                if _counts_up(skipped) and _LINE_TAIL.match(area, index + 1):
+                    return index, True, None  # FINAL(Answer: a) yes\n\nb) no)
+                return None, True, (first, index)
+            skipped.append(marker)
+        return first, False, None  # FINAL(42) is my answer, step 2) above.
+    line_end = _first_line_ending_in_paren(area)
+    if line_end is not None and _ends_paragraph(area, line_end):
+        return line_end, False, None  # an unmatched "(" in the answer, such as "(red"
+    return None, False, None
+
+
+def _closers(area: str):
+    """Each ')' of ``area`` that balances the "FINAL(" before it, with what makes it read
+    as a list marker or a percentage ("1", "a", "ii", "%"), or None. Parentheses in a
+    quoted span of one line and those of emoticons do not count."""
+    depth, index = 0, 0
+    while index < len(area):
+        char = area[index]
+        if char in "\"`":
+            close = area.find(char, index + 1)
+            if close != -1 and area.find("\n", index + 1, close) == -1:
+                index = close + 1
+                continue
+        elif _is_emoticon(area, index):
+            pass
+        elif char == "(":
             depth += 1
         elif char == ")":
-            depth -= 1
-            if depth == 0:
-                balancing = index
-                break
-    line_end = _first_line_ending_in_paren(area)
-    if balancing is not None:
-        if line_end is not None and line_end > balancing:
-            between = area[balancing + 1:line_end]
-            if _has_unopened_close(between) and not _BLANK_LINE.search(between):
-                return line_end, False  # list markers such as "a)" in the answer
-        return balancing, True
-    if line_end is not None and _ends_paragraph(area, line_end):
-        return line_end, False  # an unmatched "(" in the answer, such as ":("
-    return None, False
+            if depth:
+                depth -= 1
+            else:
+                yield index, _marker_token(area, index)
+        index += 1
+
+
+def _is_emoticon(area: str, index: int) -> bool:
+    """":)", ";-)", "=)"; and ":(" when a space or the line's end follows (not "x:(y)")."""
+    char = area[index]
+    if char not in "()" or not _EMOTICON_EYES.search(area, max(0, index - 2), index):
+        return False
+    return char == ")" or area[index + 1:index + 2] in ("", " ", "\t", "\n")
+
+
+def _marker_token(area: str, index: int) -> str | None:
+    """"1", "a", "ii" for a list marker's ')', "%" for a percentage's; text must follow it
+    on its line (Markdown emphasis may close first: "**1)** ")."""
+    if area[index + 1:index + 2] not in (" ", "\t", "*", "_"):
+        return None
+    if area[index - 1:index] == "%":
+        return "%"
+    token = _LIST_TOKEN.search(area, max(0, index - 4), index)
+    return token.group(1) if token else None
+
+
+def _counts_up(markers: list[str]) -> bool:
+    """Whether list markers read as one list, each the first of its kind (1, a, i) or
+    the one after the last of its kind (1) 2), a) b), i) ii)); percentages pass."""
+    last: dict[str, int] = {}
+    for marker in markers:
+        readings = []
+        if marker.isdigit():
+            readings.append(("number", int(marker)))
+        if marker.lower() in _ROMAN and marker in (marker.lower(), marker.upper()):
+            readings.append(("roman" + marker[0].isupper() * "!", _ROMAN.index(marker.lower()) + 1))
+        if len(marker) == 1 and marker.isalpha():
+            readings.append(("letter" + marker.isupper() * "!", ord(marker.lower()) - 96))
+        fitting = [(kind, n) for kind, n in readings if n == 1 or last.get(kind) == n - 1]
+        if marker != "%" and not fitting:
+            return False
+        last.update(fitting)
+    return True
 
 
 def _first_line_ending_in_paren(area: str) -> int | None:
@@ -314,18 +398,6 @@ def _first_line_ending_in_paren(area: str) -> int | None:
             return offset + len(stripped) - 1
         offset += len(line)
     return None
-
-
-def _has_unopened_close(text: str) -> bool:
-    depth = 0
-    for char in text:
-        if char == "(":
-            depth += 1
-        elif char == ")":
-            depth -= 1
-            if depth < 0:
-                return True
-    return False
 
 
 def _ends_paragraph(area: str, index: int) -> bool:

@@ -14,11 +14,11 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..config import RLMConfig
-from ..errors import ConfigError, LLMQueryError, describe_exception
+from ..errors import ConfigError, LLMQueryError, PromptTooLongError, describe_exception
 from ..llm.client import LLMClient, close_loop_clients, redact_messages
 from ..llm.redaction import off_loop_if_large
 from ..llm.usage import SESSION_LEDGER, UsageLedger
-from ..llm.windows import CHARS_PER_TOKEN, is_context_error, reserve_for_answer
+from ..llm.windows import answer_room, chars_per_token, is_context_error
 from ..repl.inprocess import AsyncREPL
 from ..repl.sandbox import SandboxREPL
 from ..repl.steps import FINISHERS, preloaded, repl_builtins
@@ -362,6 +362,7 @@ class Run:
         """A root turn on the conversation, compacted first when it nears the model's
         window; a context-length error compacts it once more and tries again."""
         conversation = self.conversation
+        self._refresh_advice()
         record = await conversation.compact_if_near_window(index)
         if record is not None and iteration is not None:
             iteration.compaction = record
@@ -376,7 +377,16 @@ class Run:
         if iteration is not None:
             iteration.compaction = record
         turn = new_turn()
-        return await self._ask_root(conversation.messages + list(extra), turn, iteration), turn
+        try:
+            return await self._ask_root(conversation.messages + list(extra), turn,
+                                        iteration), turn
+        except PromptTooLongError as exc:
+            # Not a sub-call's "split it": the conversation was just compacted, and
+            # what is left (system prompt, question, summary) is still too long.
+            raise LLMQueryError(self.model, (
+                f"the root conversation is about {exc.tokens:,} tokens even after "
+                f"compaction, and the root model takes {exc.room:,}: use a root model "
+                "with a larger window (RLM.model), or a shorter question")) from None
 
     async def _share_history(self, history: list[dict]) -> None:
         """The whole conversation as the REPL variable ``history``, redacted as all that
@@ -595,12 +605,29 @@ class Run:
                 "shown; print smaller slices]")
 
     # -- prompts ----------------------------------------------------------------------
-    def _system_prompt(self) -> str:
-        type_name, length, preview = describe_context(self.context)
+    def _chunk_advice(self) -> tuple[str, str]:
+        """What one sub-call prompt can hold: the sub-model's window less its answers'
+        room, at the characters per token its usage reports showed."""
         window = self.client.input_window(self.sub_model)
-        reads, chunk = chunk_advice(
-            window - reserve_for_answer(window, self.max_tokens) if window else None,
-            CHARS_PER_TOKEN)
+        return chunk_advice(
+            window - answer_room(window, self.max_tokens, self.sub_model) if window
+            else None, chars_per_token(self.sub_model))
+
+    def _refresh_advice(self) -> None:
+        """A window (or a tokenizer) learned since the system prompt was written
+        changes the chunk advice: the system prompt is written again. Rare, so the
+        provider's prompt cache is rarely disturbed."""
+        advice = self._chunk_advice()
+        if advice != self._advice and self.conversation.messages:
+            self.conversation.messages[0] = {"role": "system",
+                                             "content": self._system_prompt(advice)}
+
+    def _system_prompt(self, advice: tuple[str, str] | None = None) -> str:
+        if getattr(self, "_described", None) is None:
+            self._described = describe_context(self.context)
+        type_name, length, preview = self._described
+        self._advice = advice or self._chunk_advice()
+        reads, chunk = self._advice
         fields = _Fields(context_type=type_name, context_length=length,
                          sub_model_reads=reads, chunk_size=chunk,
                          context_preview=self.client.redactor()(preview),
@@ -645,7 +672,23 @@ class Run:
                 self.tree.max_iterations = self.max_iterations
 
 def _is_error(answer: str | None) -> bool:
-    return isinstance(answer, str) and answer.lstrip().startswith("Error:")
+    """An answer that is a failed call's error string, or only such strings (a
+    FINAL_VAR of a list whose every item is an ``Error:``)."""
+    if not isinstance(answer, str):
+        return False
+    text = answer.strip()
+    if text.startswith("Error:"):
+        return True
+    if text[:1] in "[(" and text[-1:] in "])" and len(text) < 1_000_000:
+        import ast
+
+        try:
+            items = ast.literal_eval(text)
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            return False
+        return isinstance(items, (list, tuple)) and bool(items) and all(
+            isinstance(item, str) and item.lstrip().startswith("Error:") for item in items)
+    return False
 
 
 class _Fields(dict):

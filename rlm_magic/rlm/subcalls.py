@@ -17,7 +17,7 @@ from ..llm.batch import gather_limited
 from ..llm.limiter import ConcurrencyLimiter
 from ..llm.messages import build_messages
 from ..llm.usage import UsageLedger
-from ..llm.windows import is_context_error
+from ..llm.windows import is_context_error, prompt_in_error
 
 if TYPE_CHECKING:
     from .live_turn import LiveTurn
@@ -77,6 +77,7 @@ class SubCalls:
         self.child_run = child_run
         self.own = 0  # sub-calls this run made (its children's are theirs)
         self.cut_answers = 0  # sub-call answers that stopped at max_tokens
+        self.broken_answers = 0  # answers cut by a stall, a deadline, a lost server
         # time.monotonic() by which calls must end: a child run inherits its parent's
         # step deadline; each step of its own sets a nearer one.
         self.outer_deadline = deadline
@@ -175,26 +176,27 @@ class SubCalls:
                 build_messages(prompt, system if isinstance(system, str) else None),
                 model=self.sub_model, max_tokens=tokens, ledger=self.tree.ledger,
                 slot_held=slot_held, redactor=redactor,
-                # One call at a time streams (its timeout is then a stall timeout);
-                # a batch's items do not: per-chunk work times 64 would load the loop.
-                stream=not slot_held, deadline=self.deadline)
+                # Batch items stream too: the timeout is then a stall timeout, and a
+                # slow local model's long answer is not cut off at a total and redone.
+                stream=True, deadline=self.deadline)
         except Exception as exc:  # noqa: BLE001 - errors are values inside the REPL
             if not slot_held:
                 self.tree.call_ended(failed=True)
             if isinstance(exc, PromptTooLongError):
-                return (f"Error: prompt is about {exc.tokens:,} tokens, the sub-model takes "
-                        f"{exc.room:,}; split it")
+                return "Error: " + exc.reason.replace("the model takes", "the sub-model takes")
             if is_context_error(exc):
-                window = self.client.input_window(self.sub_model)
-                takes = f" of {window:,} tokens" if window else ""
-                return (f"Error: the prompt is over the sub-model's window{takes} (the "
-                        "provider refused it); split it")
+                return "Error: " + refusal_advice(exc, self.client.input_window(
+                    self.sub_model), tokens)
             return f"Error: {exc}" if isinstance(exc, LLMQueryError) else \
                 f"Error: {describe_exception(exc)}"
         if not slot_held:
             self.tree.call_ended()
         if completion.cut_off:
             self.cut_answers += 1
+        reason = getattr(completion, "cut_reason", None)
+        if reason:  # cut by a stall, the step's deadline or a dropped connection
+            self.broken_answers += 1
+            return f"{completion.text}\n[answer cut off: {reason}]"
         return completion.text
 
     def _take_sub_calls(self, wanted: int) -> int:
@@ -205,6 +207,20 @@ class SubCalls:
     def _limit_error(self) -> str:
         return (f"Error: max_sub_calls={self.tree.max_sub_calls} reached for this run; "
                 "no request was sent")
+
+
+def refusal_advice(exc: BaseException, window: int | None, max_tokens: int) -> str:
+    """What to cut when the provider refused a prompt as too long, with numbers."""
+    takes = f" of {window:,} tokens" if window else ""
+    counted = prompt_in_error(exc)
+    if counted and window and counted < window:
+        # The prompt fits; the prompt and max_tokens together did not.
+        return (f"the provider counts the prompt at {counted:,} tokens and max_tokens="
+                f"{max_tokens:,} does not fit beside it in the sub-model's window{takes}: "
+                f"ask with max_tokens <= {window - counted:,}, or cut the prompt")
+    size = f" ({counted:,} tokens by its count)" if counted else ""
+    return (f"the prompt is over the sub-model's window{takes}{size} (the provider "
+            "refused it); split it")
 
 
 class _TreeObserver:

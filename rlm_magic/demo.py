@@ -96,6 +96,14 @@ class LocalChatServer:
     def _add_routes(self, router) -> None:
         router.add_post("/v1/chat/completions", self._chat)
         router.add_post("/chat/completions", self._chat)
+        self.batch_jobs.add_routes(router)
+
+    @property
+    def batch_jobs(self) -> "BatchJobsAPI":
+        """The Files + Batches API (a provider's batch jobs), answering through ``answer``."""
+        if getattr(self, "_batch_jobs", None) is None:
+            self._batch_jobs = BatchJobsAPI(self)
+        return self._batch_jobs
 
     async def _chat(self, request):
         from aiohttp import web
@@ -202,6 +210,191 @@ def completion_json(body: dict, text: str, usage: tuple[int, int], server=None) 
     }
 
 
+# -- batch jobs: OpenAI's Files and Batches APIs ------------------------------------------
+
+class BatchJobsAPI:
+    """A provider's batch jobs, played on the server's own loop: a JSONL file of requests
+    is uploaded (``POST /v1/files``), a job is made of it (``POST /v1/batches``) and goes
+    through ``validating``, ``in_progress`` (each line answered by the server's
+    ``answer``), ``finalizing`` and ``completed``, leaving an output file and an error
+    file (``GET /v1/files/{id}/content``). ``POST /v1/batches/{id}/cancel`` stops it
+    (``cancelling``, then ``cancelled`` with what had finished).
+
+    ``step_s`` is the time a job spends in each of validating and finalizing;
+    ``hold`` (cleared) keeps jobs in progress until it is set again.
+    """
+
+    def __init__(self, server: LocalChatServer, step_s: float = 0.05, concurrency: int = 64):
+        self.server = server
+        self.concurrency = concurrency
+        self.hold = threading.Event()
+        self._tasks: set = set()
+        self.reset(step_s)
+
+    def reset(self, step_s: float = 0.05) -> None:
+        """Forget every file and job (a test's fresh start); jobs run unheld."""
+        self.step_s = step_s
+        self.files: dict[str, dict] = {}  # id -> {"meta": {...}, "data": bytes}
+        self.batches: dict[str, dict] = {}
+        self.hold.set()
+        self._ids: dict[str, int] = {}
+
+    def states(self, job_id: str) -> str | None:
+        batch = self.batches.get(job_id)
+        return batch["status"] if batch else None
+
+    def add_routes(self, router) -> None:
+        router.add_post("/v1/files", self._upload)
+        router.add_get("/v1/files/{id}/content", self._content)
+        router.add_get("/v1/files/{id}", self._file)
+        router.add_post("/v1/batches", self._create)
+        router.add_get("/v1/batches", self._list)
+        router.add_get("/v1/batches/{id}", self._retrieve)
+        router.add_post("/v1/batches/{id}/cancel", self._cancel)
+
+    def _new_id(self, prefix: str) -> str:
+        # Numbered per kind, so a notebook run afresh shows the same ids.
+        self._ids[prefix] = self._ids.get(prefix, 0) + 1
+        return f"{prefix}-{self._ids[prefix]}"
+
+    def _add_file(self, data: bytes, filename: str, purpose: str) -> dict:
+        meta = {"id": self._new_id("file"), "object": "file", "bytes": len(data),
+                "created_at": int(time.time()), "filename": filename, "purpose": purpose,
+                "status": "processed"}
+        self.files[meta["id"]] = {"meta": meta, "data": data}
+        return meta
+
+    async def _upload(self, request):
+        from aiohttp import web
+
+        form = await request.post()
+        upload = form.get("file")
+        if upload is None or not hasattr(upload, "file"):
+            return _error(web, 400, "missing file")
+        return web.json_response(self._add_file(upload.file.read(), upload.filename or "",
+                                                str(form.get("purpose", ""))))
+
+    async def _file(self, request):
+        from aiohttp import web
+
+        found = self.files.get(request.match_info["id"])
+        return (web.json_response(found["meta"]) if found
+                else _error(web, 404, "No such file"))
+
+    async def _content(self, request):
+        from aiohttp import web
+
+        found = self.files.get(request.match_info["id"])
+        if found is None:
+            return _error(web, 404, "No such file")
+        return web.Response(body=found["data"], content_type="application/octet-stream")
+
+    async def _create(self, request):
+        from aiohttp import web
+
+        body = await request.json()
+        source = self.files.get(body.get("input_file_id", ""))
+        if source is None:
+            return _error(web, 400, f"No file {body.get('input_file_id')!r}")
+        now = int(time.time())
+        batch = {"id": self._new_id("batch"), "object": "batch",
+                 "endpoint": body.get("endpoint"), "errors": None,
+                 "input_file_id": body["input_file_id"],
+                 "completion_window": body.get("completion_window", "24h"),
+                 "status": "validating", "output_file_id": None, "error_file_id": None,
+                 "created_at": now, "in_progress_at": None, "expires_at": now + 86400,
+                 "finalizing_at": None, "completed_at": None, "failed_at": None,
+                 "expired_at": None, "cancelling_at": None, "cancelled_at": None,
+                 "request_counts": {"total": 0, "completed": 0, "failed": 0},
+                 "metadata": body.get("metadata")}
+        self.batches[batch["id"]] = batch
+        task = asyncio.ensure_future(self._run(batch, source["data"]))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return web.json_response(batch)
+
+    async def _retrieve(self, request):
+        from aiohttp import web
+
+        batch = self.batches.get(request.match_info["id"])
+        return web.json_response(batch) if batch else _error(web, 404, "No such batch")
+
+    async def _list(self, request):
+        from aiohttp import web
+
+        return web.json_response({"object": "list", "data": list(self.batches.values()),
+                                  "has_more": False})
+
+    async def _cancel(self, request):
+        from aiohttp import web
+
+        batch = self.batches.get(request.match_info["id"])
+        if batch is None:
+            return _error(web, 404, "No such batch")
+        if batch["status"] in ("validating", "in_progress", "finalizing"):
+            batch["status"], batch["cancelling_at"] = "cancelling", int(time.time())
+        return web.json_response(batch)
+
+    async def _run(self, batch: dict, data: bytes) -> None:
+        await asyncio.sleep(self.step_s)
+        try:
+            lines = [json.loads(line) for line in data.splitlines() if line.strip()]
+        except ValueError as exc:
+            batch.update(status="failed", failed_at=int(time.time()), errors={
+                "object": "list", "data": [{"code": "invalid_json", "message": str(exc)}]})
+            return
+        counts = batch["request_counts"]
+        counts["total"] = len(lines)
+        if batch["status"] == "validating":
+            batch.update(status="in_progress", in_progress_at=int(time.time()))
+        outputs: list[bytes] = []
+        errors: list[bytes] = []
+        slots = asyncio.Semaphore(self.concurrency)
+
+        async def one(line: dict) -> None:
+            async with slots:
+                while not self.hold.is_set() and batch["status"] == "in_progress":
+                    await asyncio.sleep(0.01)
+                if batch["status"] != "in_progress":
+                    return
+                body = dict(line.get("body") or {})
+                record = {"id": self._new_id("batch_req"), "custom_id": line.get("custom_id"),
+                          "error": None}
+                try:
+                    text = await self.server.answer(body)
+                except HTTPError as error:
+                    record["response"] = {"status_code": error.status, "body": {"error": {
+                        "message": error.message, "type": error.kind}}}
+                    errors.append(json.dumps(record).encode())
+                    counts["failed"] += 1
+                    return
+                usage = self.server.usage_for(body, text)
+                record["response"] = {"status_code": 200, "request_id": record["id"],
+                                      "body": completion_json(body, text, usage, self.server)}
+                outputs.append(json.dumps(record).encode())
+                counts["completed"] += 1
+
+        await asyncio.gather(*(one(line) for line in lines))
+        if batch["status"] == "in_progress":
+            batch.update(status="finalizing", finalizing_at=int(time.time()))
+            await asyncio.sleep(self.step_s)
+        if outputs:
+            batch["output_file_id"] = self._add_file(b"\n".join(outputs) + b"\n",
+                                                     "output.jsonl", "batch_output")["id"]
+        if errors:
+            batch["error_file_id"] = self._add_file(b"\n".join(errors) + b"\n",
+                                                    "errors.jsonl", "batch_output")["id"]
+        if batch["status"] == "cancelling":
+            batch.update(status="cancelled", cancelled_at=int(time.time()))
+        else:
+            batch.update(status="completed", completed_at=int(time.time()))
+
+
+def _error(web, status: int, message: str):
+    return web.json_response({"error": {"message": message, "type": "invalid_request_error"}},
+                             status=status)
+
+
 # -- the demo model ------------------------------------------------------------------
 
 class DemoServer(LocalChatServer):
@@ -222,7 +415,13 @@ class DemoServer(LocalChatServer):
         messages = body.get("messages") or []
         is_rlm_turn = bool(messages) and messages[0].get("role") == "system" and \
             "Python REPL" in (messages[0].get("content") or "")
-        text = root_reply(messages) if is_rlm_turn else sub_reply(messages[-1]["content"])
+        schema = typed_schema(body)
+        if is_rlm_turn:
+            text = root_reply(messages)
+        elif schema:
+            text = typed_reply(messages[-1]["content"], schema)
+        else:
+            text = sub_reply(messages[-1]["content"])
         # Deterministic latency: a fixed base plus up to 40% more, by prompt hash.
         base = self.root_latency if is_rlm_turn else self.sub_latency
         digest = hashlib.sha1(json.dumps(messages).encode()).digest()[0]
@@ -236,6 +435,16 @@ class DemoServer(LocalChatServer):
 
     def chunk_delay(self, body: dict, index: int) -> float:
         return body.get("_pace", 0.0)
+
+    def usage_for(self, body: dict, text: str) -> tuple[int, int]:
+        # A typed request costs the same in JSON mode (the schema in the prompt) as in
+        # structured-output mode, so a notebook's figures do not depend on which was used.
+        prompt = sum(len(_JSON_MODE.sub("", m.get("content") or ""))
+                     for m in body.get("messages", []))
+        return max(1, prompt // 4), max(1, len(text) // 4)
+
+
+_JSON_MODE = re.compile(r"\n\nAnswer with JSON only, matching this JSON schema: .*\Z", re.DOTALL)
 
 
 # Sub-model rules -------------------------------------------------------------------
@@ -270,6 +479,55 @@ def sub_reply(prompt: str) -> str:
     words = len(prompt.split())
     return (f"[demo model] I only answer counting and sentiment prompts; yours had "
             f"{words} word{'' if words == 1 else 's'}.")
+
+
+def typed_schema(body: dict) -> dict | None:
+    """The schema a typed request asks for: in ``response_format`` (structured outputs),
+    or in the prompt (JSON mode, as rlm-magic words it)."""
+    response_format = body.get("response_format") or {}
+    schema = (response_format.get("json_schema") or {}).get("schema")
+    if schema is None and response_format.get("type") == "json_object":
+        found = re.search(r"matching this JSON schema: (\{.*\})\s*$",
+                          (body.get("messages") or [{}])[-1].get("content") or "", re.DOTALL)
+        schema = json.loads(found.group(1)) if found else None
+    return schema
+
+
+def typed_reply(prompt: str, schema: dict) -> str:
+    """A typed answer (structured outputs): the schema's object, filled in by the
+    sentiment rule. An enum takes the label it contains (positive, negative, neutral),
+    a number the score, a boolean whether it is positive, a string the words that
+    decided."""
+    words = re.findall(r"[a-z']+", prompt.lower().split(":", 1)[-1])
+    good = [w for w in words if w in _POSITIVE]
+    bad = [w for w in words if w in _NEGATIVE]
+    score = len(good) - len(bad)
+    label = "positive" if score > 0 else "negative" if score < 0 else "neutral"
+
+    def resolve(node: dict) -> dict:
+        ref = node.get("$ref", "")
+        if ref.startswith("#/$defs/"):
+            return schema.get("$defs", {}).get(ref.rsplit("/", 1)[1], {})
+        return node
+
+    def fill(node: dict):
+        node = resolve(node)
+        if "enum" in node:
+            return label if label in node["enum"] else node["enum"][0]
+        kind = node.get("type")
+        if kind == "object":
+            return {name: fill(sub) for name, sub in node.get("properties", {}).items()}
+        if kind == "integer":
+            return score
+        if kind == "number":
+            return float(score)
+        if kind == "boolean":
+            return score > 0
+        if kind == "array":
+            return good + bad
+        return ", ".join(good + bad) or "no telling words"
+
+    return json.dumps(fill(schema))
 
 
 # Root-model strategy ---------------------------------------------------------------
@@ -367,6 +625,12 @@ def register_pretend_prices() -> None:
     litellm = _import_litellm()
     litellm.register_model({name: {**PRETEND_PRICES, "cache_read_input_token_cost": 0.0,
                                    "cache_creation_input_token_cost": 0.0,
+                                   # Batch jobs at half price, as the big providers do.
+                                   "input_cost_per_token_batches":
+                                       PRETEND_PRICES["input_cost_per_token"] / 2,
+                                   "output_cost_per_token_batches":
+                                       PRETEND_PRICES["output_cost_per_token"] / 2,
+                                   "supports_response_schema": True,
                                    "litellm_provider": "openai",
                                    "mode": "chat", "max_tokens": 4096,
                                    "max_input_tokens": 128000}

@@ -44,8 +44,18 @@ def llm_server():
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def litellm_imported():
+    """litellm, imported once per test process before any test that talks to the server:
+    its import takes seconds (more on a loaded machine), which no test's timing is about.
+    (tests/test_cold_start.py looks at a first import, in fresh interpreters.)"""
+    from rlm_magic.llm.client import _import_litellm
+
+    return _import_litellm()
+
+
 @pytest.fixture
-def server(llm_server):
+def server(llm_server, litellm_imported):
     """The local OpenAI-compatible server, reset for this test."""
     llm_server.reset()
     yield llm_server

@@ -3,8 +3,8 @@ the local test server, for the tests of the proxy path.
 
 It runs without a database, so only what works without one is used: the master key,
 model groups, a deployment's ``rpm`` and ``max_parallel_requests`` (answered with 429
-when exceeded), and its cost header. Starting it takes several seconds, so the tests
-share one per session.
+when exceeded), its cost header, and batch jobs (``files_settings``). Starting it takes
+several seconds, so the tests share one per session.
 """
 
 from __future__ import annotations
@@ -38,7 +38,11 @@ def _config(upstream: str) -> str:
     lines += ["general_settings:", f"  master_key: {MASTER_KEY}",
               # The proxy's own retries would hold a request while it waits; the
               # client's rate gate is what is under test.
-              "router_settings:", "  num_retries: 0"]
+              "router_settings:", "  num_retries: 0",
+              # Where the proxy's Files and Batches endpoints send batch jobs (no database
+              # needed for that).
+              "files_settings:", "  - custom_llm_provider: openai", f"    api_base: {upstream}",
+              "    api_key: sk-upstream"]
     return "\n".join(lines) + "\n"
 
 

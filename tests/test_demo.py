@@ -61,6 +61,7 @@ async def test_a_question_the_demo_cannot_answer_fails_the_run(demo_rlm):
     assert "rlm-failed" in result._repr_html_()  # shown in red, not as an answer
 
 
+@pytest.mark.slow  # a fresh interpreter importing litellm
 def test_starting_the_demo_does_not_wait_for_litellm():
     # A fresh process, where litellm is not imported yet (the import takes seconds).
     code = """if True:

@@ -12,6 +12,8 @@ HELP = """\
 %rlm usage --reset  ... and start counting again
 %rlm sessions       sessions (%%rlm --session NAME) with their size and cost
 %rlm forget NAME    end a session (its sandbox process too)
+%rlm jobs           provider batch jobs (batch_job=True) with state, counts, cost
+%rlm jobs cancel ID cancel one at its provider
 %rlm demo           start the offline demo model and point RLM at it
 %rlm demo stop      stop it and restore the previous settings
 %rlm help           this text
@@ -81,6 +83,26 @@ def _forget(magics, args):
     print(f"Session {args[0]!r} ended.")
 
 
+def _jobs(magics, args):
+    from ..llm import jobs
+
+    if args[:1] == ["cancel"]:
+        if len(args) != 2:
+            raise UsageError("%rlm jobs cancel takes one job id")
+        try:
+            record = jobs.cancel(magics.rlm.cache_dir, args[1], magics.rlm)
+        except Exception as exc:  # noqa: BLE001 - one line, whatever failed
+            from ..errors import describe_exception
+
+            raise UsageError(f"%rlm jobs cancel: {describe_exception(exc)}") from None
+        print(f"Batch job {record.id}: {record.state}")
+        return None
+    _no_args("jobs", args)
+    from .job_progress import JobsView
+
+    return JobsView(jobs.JobStore(magics.rlm.cache_dir).all())
+
+
 def _help(magics, args):
     print(HELP)
 
@@ -91,4 +113,4 @@ def _no_args(command: str, args) -> None:
 
 
 _COMMANDS = {"config": _config, "usage": _usage, "demo": _demo, "help": _help,
-             "sessions": _sessions, "forget": _forget}
+             "sessions": _sessions, "forget": _forget, "jobs": _jobs}

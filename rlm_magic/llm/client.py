@@ -256,6 +256,8 @@ class LLMClient:
                         call: "CallOptions") -> Completion:
         config = self.config
         params = {"max_tokens": max_tokens or config.max_tokens, **config.litellm_kwargs}
+        if call.response_format is not None:  # typed answers: see structured.py
+            params["response_format"] = call.response_format
         started = time.perf_counter()
 
         cache, key = self.cache, None
@@ -552,6 +554,7 @@ class CallOptions:
       cache (when ``RLM.prompt_caching`` and the provider needs markers).
     - ``may_retry``: asked before a failed attempt starts over; False when starting over
       would be wrong (a root turn whose code already ran while it streamed).
+    - ``response_format``: the provider's structured-output or JSON mode for this call.
     """
 
     stream: bool = False
@@ -559,6 +562,7 @@ class CallOptions:
     deadline: float | None = None
     cache_prefix: bool = False
     may_retry: Callable[[], bool] | None = None
+    response_format: dict | None = None  # sent as is; answers are checked by structured.py
 
     def time_left(self, timeout: float) -> float:
         if self.deadline is None:

@@ -18,6 +18,7 @@ The REPL has:
 - `llm_query(prompt)` -> str: ask a sub-model (it can read {sub_model_reads} per prompt).
 - `llm_query_batch(prompts)` -> list[str]: ask many prompts CONCURRENTLY; answers come back
   in order. It is as fast as one call: always prefer it to a loop of llm_query calls.
+  Both take `response_format=` a JSON schema (a dict) to get validated dicts back.
 - `rlm_query(prompt, context=None)` -> str: a child RLM with its own REPL for a hard
   sub-problem (nesting depth left: {depth_left}); `rlm_query_batch(prompts, contexts)`.
 - `SHOW_VARS()` -> str: the variables you have made so far.

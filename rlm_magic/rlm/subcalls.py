@@ -12,10 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
-from ..errors import LLMQueryError, PromptTooLongError, describe_exception
+from ..errors import ConfigError, LLMQueryError, PromptTooLongError, describe_exception
 from ..llm.batch import gather_limited
 from ..llm.limiter import ConcurrencyLimiter
 from ..llm.messages import build_messages
+from ..llm.structured import AnswerFormat, ask
 from ..llm.usage import UsageLedger
 from ..llm.windows import is_context_error, prompt_in_error
 
@@ -77,7 +78,6 @@ class SubCalls:
         self.child_run = child_run
         self.own = 0  # sub-calls this run made (its children's are theirs)
         self.cut_answers = 0  # sub-call answers that stopped at max_tokens
-        self.broken_answers = 0  # answers cut by a stall, a deadline, a lost server
         # time.monotonic() by which calls must end: a child run inherits its parent's
         # step deadline; each step of its own sets a nearer one.
         self.outer_deadline = deadline
@@ -102,25 +102,33 @@ class SubCalls:
 
     async def llm_query(self, prompt: Any, model: str | None = None, *,
                         system: str | None = None, max_tokens: int | None = None,
-                        **_ignored) -> str:
-        """Ask the sub-model one question; a failure comes back as 'Error: ...'."""
+                        response_format: Any = None, **_ignored) -> Any:
+        """Ask the sub-model one question; a failure comes back as 'Error: ...'. With
+        ``response_format`` (a JSON schema), the answer is a validated dict."""
         del model  # pinned: generated code may not switch to another model
+        answer_format = _answer_format(response_format)
+        if isinstance(answer_format, str):
+            return answer_format
         if not self._take_sub_calls(1):
             return self._limit_error()
-        return await self._sub_call(prompt, system, max_tokens)
+        return await self._sub_call(prompt, system, max_tokens, answer_format=answer_format)
 
     async def llm_query_batch(self, prompts: Any, model: str | None = None, *,
                               system: str | None = None, max_tokens: int | None = None,
-                              **_ignored) -> list[str]:
-        """Ask many questions concurrently; failures come back as 'Error: ...' in place."""
+                              response_format: Any = None, **_ignored) -> list:
+        """Ask many questions concurrently; failures come back as 'Error: ...' in place.
+        With ``response_format`` (a JSON schema), each answer is a validated dict."""
         del model
         if isinstance(prompts, str):
             prompts = [prompts]
         prompts = list(prompts)
+        answer_format = _answer_format(response_format)
+        if isinstance(answer_format, str):
+            return [answer_format] * len(prompts)
         allowed = self._take_sub_calls(len(prompts))
         redactor = self.client.redactor()
         calls = [(lambda p=p: self._sub_call(p, system, max_tokens, slot_held=True,
-                                             redactor=redactor))
+                                             redactor=redactor, answer_format=answer_format))
                  for p in prompts[:allowed]]
         answers, errors = await gather_limited(calls, self.client.limiter,
                                                _TreeObserver(self.tree))
@@ -161,7 +169,7 @@ class SubCalls:
         return [f"Error: {errors[i]}" if i in errors else a for i, a in enumerate(answers)]
 
     async def _sub_call(self, prompt: Any, system: str | None, max_tokens: int | None,
-                        slot_held: bool = False, redactor=None) -> str:
+                        slot_held: bool = False, redactor=None, answer_format=None) -> Any:
         if self.tree.over_budget():
             return (f"Error: cost budget max_cost_usd=${self.tree.max_cost_usd:g} is spent; "
                     "no request was sent")
@@ -171,14 +179,20 @@ class SubCalls:
         # A batch's items are counted by its observer; a single call counts itself.
         if not slot_held:
             self.tree.call_started()
+        messages = build_messages(prompt, system if isinstance(system, str) else None)
+        options = dict(
+            model=self.sub_model, max_tokens=tokens, ledger=self.tree.ledger,
+            slot_held=slot_held, redactor=redactor,
+            # Batch items stream too: the timeout is then a stall timeout, and a slow
+            # local model's long answer is not cut off at a total and started again.
+            stream=True, deadline=self.deadline)
         try:
-            completion = await self.client.complete(
-                build_messages(prompt, system if isinstance(system, str) else None),
-                model=self.sub_model, max_tokens=tokens, ledger=self.tree.ledger,
-                slot_held=slot_held, redactor=redactor,
-                # Batch items stream too: the timeout is then a stall timeout, and a
-                # slow local model's long answer is not cut off at a total and redone.
-                stream=True, deadline=self.deadline)
+            if answer_format is not None:
+                typed = await ask(self.client.complete, messages, answer_format,
+                                  self.sub_model, **options)
+                completion = typed.completion
+            else:
+                completion = await self.client.complete(messages, **options)
         except Exception as exc:  # noqa: BLE001 - errors are values inside the REPL
             if not slot_held:
                 self.tree.call_ended(failed=True)
@@ -193,11 +207,7 @@ class SubCalls:
             self.tree.call_ended()
         if completion.cut_off:
             self.cut_answers += 1
-        reason = getattr(completion, "cut_reason", None)
-        if reason:  # cut by a stall, the step's deadline or a dropped connection
-            self.broken_answers += 1
-            return f"{completion.text}\n[answer cut off: {reason}]"
-        return completion.text
+        return typed.value if answer_format is not None else completion.text
 
     def _take_sub_calls(self, wanted: int) -> int:
         allowed = self.tree.take_sub_calls(wanted)
@@ -221,6 +231,17 @@ def refusal_advice(exc: BaseException, window: int | None, max_tokens: int) -> s
     size = f" ({counted:,} tokens by its count)" if counted else ""
     return (f"the prompt is over the sub-model's window{takes}{size} (the provider "
             "refused it); split it")
+
+
+def _answer_format(response_format: Any) -> "AnswerFormat | str | None":
+    """The format model code asked for (a JSON schema: what can cross from the
+    sandbox), or the 'Error: ...' it gets for a bad one."""
+    if response_format is None:
+        return None
+    try:
+        return AnswerFormat(response_format)
+    except ConfigError as exc:
+        return f"Error: {exc}"
 
 
 class _TreeObserver:

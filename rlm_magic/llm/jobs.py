@@ -1,0 +1,436 @@
+"""Provider batch jobs: a map of many prompts run by the provider within 24 hours, at its
+batch price (about half), instead of request by request from the kernel.
+
+The requests are written as one JSONL file, uploaded (litellm's ``acreate_file``), made
+into a job (``acreate_batch``) and waited for (``aretrieve_batch``); the output and error
+files are then read (``afile_content``) and every line goes back to its prompt's place.
+
+Nothing is paid twice: each job is recorded on disk, under the cache folder, keyed by its
+requests (``JobStore``). Running the same map again, after an interrupt or a kernel
+restart, finds the record and reattaches to the job instead of submitting a second one.
+The records are JSON, never pickle, and live where the sandbox cannot reach.
+
+The kernel's loop never waits on this work: writing and hashing the file, and reading
+and pricing the results, run in a thread; the results are recorded in the ledger in
+slices, a loop iteration apart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import time
+import warnings
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
+
+from ..errors import ConfigError, LLMQueryError, describe_exception
+from .usage import CallRecord
+
+if TYPE_CHECKING:
+    from .client import LLMClient
+
+# Providers whose batch jobs litellm can create (``litellm.acreate_batch``); the first
+# ones are named in the error a user of any other provider sees.
+BATCH_PROVIDERS = ("openai", "azure", "vertex_ai", "bedrock", "mistral", "litellm_proxy",
+                   "hosted_vllm", "xai")
+ENDPOINT = "/v1/chat/completions"
+ENDED = ("completed", "failed", "expired", "cancelled")
+# A job that ended without running everything: a new run submits a fresh one.
+GAVE_UP = ("failed", "expired", "cancelled")
+
+# Polling: soon at first (a small job can be done in seconds), then less and less often
+# (a large one takes hours, and every poll is a request).
+FIRST_POLL_S = 1.0
+MAX_POLL_S = 60.0
+POLL_GROWTH = 1.5
+RECORD_SLICE = 1000  # ledger records per loop iteration when results arrive
+
+# litellm builds these coroutines in a worker thread and awaits them on the loop; one
+# cancelled or superseded on the way is reported as never awaited: noise, nothing lost.
+warnings.filterwarnings("ignore", message=r"coroutine 'OpenAI(Files|Batches)API\.\w+' was "
+                        r"never awaited", category=RuntimeWarning)
+
+
+@dataclass
+class JobRecord:
+    """What is known about one batch job, as last seen; saved as JSON."""
+
+    key: str
+    id: str
+    model: str
+    provider: str
+    api_base: str | None
+    total: int
+    state: str = "validating"
+    completed: int = 0
+    failed: int = 0
+    cost_usd: float | None = None
+    billed: bool = False  # its usage is in a ledger already: a re-read costs nothing
+    created_at: float = field(default_factory=time.time)
+    input_file_id: str | None = None
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+
+    @property
+    def ended(self) -> bool:
+        return self.state in ENDED
+
+    @classmethod
+    def from_json(cls, data: dict) -> "JobRecord":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+class JobStore:
+    """Job records, one JSON file each, in ``<cache_dir>/jobs``."""
+
+    def __init__(self, cache_dir: str):
+        self.directory = Path(cache_dir) / "jobs"
+
+    def _path(self, key: str) -> Path:
+        return self.directory / f"{key}.json"
+
+    def get(self, key: str) -> JobRecord | None:
+        try:
+            return JobRecord.from_json(json.loads(self._path(key).read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+    def put(self, record: JobRecord) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # Written whole, then renamed: a crash mid-write never leaves half a record.
+        temporary = self._path(record.key).with_suffix(f".{os.getpid()}.tmp")
+        temporary.write_text(json.dumps(asdict(record)))
+        os.replace(temporary, self._path(record.key))
+
+    def all(self) -> list[JobRecord]:
+        if not self.directory.is_dir():
+            return []
+        records = [self.get(path.stem) for path in self.directory.glob("*.json")]
+        return sorted((r for r in records if r is not None), key=lambda r: r.created_at)
+
+    def find(self, job_id: str) -> JobRecord | None:
+        return next((r for r in self.all() if r.id == job_id or r.id.startswith(job_id)),
+                    None)
+
+
+class JobObserver(Protocol):
+    def job_changed(self, record: JobRecord) -> None: ...
+
+
+def provider_of(litellm, model: str) -> tuple[str, str]:
+    """(the model's name at its provider, the provider), or a one-line error when that
+    provider cannot run batch jobs."""
+    try:
+        name, provider, _, _ = litellm.get_llm_provider(model)
+    except Exception as exc:  # noqa: BLE001 - litellm's own message says why
+        raise ConfigError(f"batch_job: cannot tell the provider of {model!r} "
+                          f"({describe_exception(exc)})") from None
+    if provider not in BATCH_PROVIDERS:
+        raise ConfigError(f"batch_job: {provider} cannot run batch jobs through litellm "
+                          f"(model {model!r}); providers that can: "
+                          f"{', '.join(BATCH_PROVIDERS[:6])}")
+    return name, provider
+
+
+_WARM_MODULES = ("anyio._backends._asyncio", "litellm.files.main", "litellm.batches.main",
+                 "litellm.llms.openai.openai", "litellm.llms.github_copilot.per_user_auth",
+                 "litellm.litellm_core_utils.batch_utils")
+_warm = False
+
+
+def warm_up() -> None:
+    """Import what litellm imports (and build the pydantic types it builds) on its first
+    file and batch calls: done on the loop, that took 50-100 ms stalls. In a thread."""
+    global _warm
+    if _warm:
+        return
+    import importlib
+
+    for name in _WARM_MODULES:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - a module this litellm does not have
+            pass
+    try:
+        from litellm.types.llms.openai import OpenAIFileObject
+        from litellm.types.utils import LiteLLMBatch
+
+        for model in (LiteLLMBatch, OpenAIFileObject):
+            model.model_rebuild()
+    except Exception:  # noqa: BLE001 - only a warm-up
+        pass
+    _warm = True
+
+
+def write_requests(path: Path, conversations: Sequence[list[dict]], body: dict,
+                   identity: str, redact: Callable[[list[dict]], list[dict]]) -> str:
+    """Write one JSONL line per conversation to ``path`` and return the job's key: a hash
+    of every line and of where it goes. Runs in a thread (10,000 lines take ~100 ms)."""
+    digest = hashlib.sha256(identity.encode())
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with open(path, "wb") as out:
+        for index, messages in enumerate(conversations):
+            line = json.dumps({"custom_id": str(index), "method": "POST", "url": ENDPOINT,
+                               "body": {**body, "messages": redact(messages)}},
+                              ensure_ascii=False, sort_keys=True).encode() + b"\n"
+            digest.update(line)
+            out.write(line)
+    return digest.hexdigest()
+
+
+@dataclass
+class JobResults:
+    """A job's answers in prompt order (None where an item failed), its per-item errors,
+    and one usage record per answered item."""
+
+    texts: list[str | None]
+    errors: dict[int, Exception]
+    records: list[CallRecord]
+    cost_usd: float | None
+
+
+def read_results(output: bytes | None, errors: bytes | None, total: int, model: str,
+                 rates: tuple[float, float] | None, state: str, billed: bool) -> JobResults:
+    """Every line of the output and error files, in its prompt's place. Runs in a thread."""
+    texts: list[str | None] = [None] * total
+    failures: dict[int, Exception] = {}
+    records: list[CallRecord] = []
+    cost = 0.0 if rates is not None else None
+    for line in (output or b"").splitlines():
+        if not line.strip():
+            continue
+        item = json.loads(line)
+        index = int(item.get("custom_id", -1))
+        if not 0 <= index < total:
+            continue
+        response = item.get("response") or {}
+        body = response.get("body") or {}
+        if response.get("status_code") != 200 or item.get("error"):
+            failures[index] = LLMQueryError(model, _line_error(item))
+            continue
+        try:
+            texts[index] = body["choices"][0]["message"].get("content") or ""
+        except (KeyError, IndexError, TypeError):
+            failures[index] = LLMQueryError(model, "the job's answer had no message")
+            continue
+        usage = body.get("usage") or {}
+        prompt = int(usage.get("prompt_tokens") or 0)
+        answer = int(usage.get("completion_tokens") or 0)
+        item_cost = None
+        if rates is not None:
+            item_cost = prompt * rates[0] + answer * rates[1]
+            cost += item_cost
+        records.append(CallRecord(model, prompt, answer, 0.0 if billed else item_cost,
+                                  cached=billed))
+    for line in (errors or b"").splitlines():
+        if line.strip():
+            item = json.loads(line)
+            index = int(item.get("custom_id", -1))
+            if 0 <= index < total:
+                failures[index] = LLMQueryError(model, _line_error(item))
+    for index in range(total):
+        if texts[index] is None and index not in failures:
+            failures[index] = LLMQueryError(model, f"not run: the batch job ended {state}")
+    return JobResults(texts, failures, records, cost)
+
+
+def _line_error(item: dict) -> str:
+    error = item.get("error") or ((item.get("response") or {}).get("body") or {}).get("error")
+    status = (item.get("response") or {}).get("status_code")
+    message = error.get("message") if isinstance(error, dict) else error
+    return f"the batch job's request failed ({status}): {message or 'no reason given'}"
+
+
+def batch_rates(litellm, name: str, provider: str) -> tuple[float, float] | None:
+    """Dollars per input and per output token at the provider's batch price (litellm's
+    ``*_cost_per_token_batches``, or half the usual price where it knows no batch price);
+    None when litellm knows no price for the model."""
+    try:
+        litellm.get_model_info(model=name, custom_llm_provider=provider)
+    except Exception:  # noqa: BLE001 - unknown model: unpriced
+        return None
+    from litellm.cost_calculator import batch_cost_calculator
+    from litellm.types.utils import Usage
+
+    per_million = 1_000_000
+    input_cost, _ = batch_cost_calculator(Usage(prompt_tokens=per_million, completion_tokens=0,
+                                                total_tokens=per_million), name, provider)
+    _, output_cost = batch_cost_calculator(Usage(prompt_tokens=0,
+                                                 completion_tokens=per_million,
+                                                 total_tokens=per_million), name, provider)
+    return input_cost / per_million, output_cost / per_million
+
+
+class BatchJob:
+    """One map run as a provider batch job: submits it, or reattaches to the job an
+    earlier run submitted, and waits for its results on the caller's loop."""
+
+    def __init__(self, client: "LLMClient", conversations: Sequence[list[dict]], *,
+                 model: str | None = None, params: dict[str, Any] | None = None,
+                 observer: JobObserver | None = None):
+        self.client = client
+        self.config = client.config
+        self.conversations = conversations
+        self.model = model or self.config.effective_sub_model
+        self.params = params or {}
+        self.observer = observer
+        self.store = JobStore(self.config.cache_dir)
+        self.record: JobRecord | None = None
+        self.reattached = False
+
+    def _credentials(self) -> dict[str, Any]:
+        found: dict[str, Any] = {"custom_llm_provider": self.provider}
+        if self.config.api_base:
+            found["api_base"] = self.config.api_base
+        if self.config.api_key:
+            found["api_key"] = self.config.api_key
+        return found
+
+    async def run(self) -> JobResults:
+        from .client import load_litellm
+
+        if self.config.model_list:
+            raise ConfigError("batch_job: not available with RLM.model_list (a Router "
+                              "spreads calls over deployments; a job runs at one provider)")
+        litellm = await load_litellm()
+        self.name, self.provider = provider_of(litellm, self.model)
+        redactor = self.client.redactor()
+        body = {"model": self.name,
+                "max_tokens": self.params.get("max_tokens") or self.config.max_tokens,
+                **self.config.litellm_kwargs,
+                **{k: v for k, v in self.params.items() if k != "max_tokens"}}
+        identity = json.dumps([self.provider, self.config.api_base, ENDPOINT])
+        staging = self.store.directory / f"staging-{os.getpid()}-{id(self)}.jsonl"
+
+        def redact(messages):
+            return [{**m, "content": redactor(m["content"])}
+                    if isinstance(m.get("content"), str) else m for m in messages] \
+                if redactor else messages
+
+        try:
+            await asyncio.to_thread(warm_up)
+            key = await asyncio.to_thread(write_requests, staging, self.conversations, body,
+                                          identity, redact)
+            record = self.store.get(key)
+            if record is not None and record.state not in GAVE_UP \
+                    and await self._still_known(litellm, record):
+                self.record, self.reattached = record, True
+            else:
+                self.record = await self._submit(litellm, key, staging)
+        finally:
+            staging.unlink(missing_ok=True)
+        self._changed()
+        await self._wait(litellm)
+        return await self._collect(litellm)
+
+    async def _still_known(self, litellm, record: JobRecord) -> bool:
+        """Whether the provider still has the recorded job (a local server restarted, or
+        an account changed, forgets it): if not, the map is submitted anew."""
+        try:
+            await litellm.aretrieve_batch(
+                record.id, litellm_metadata={"batch_ignore_default_logging": True},
+                **self._credentials())
+        except Exception as exc:  # noqa: BLE001 - only "not found" means forgotten
+            if getattr(exc, "status_code", None) == 404:
+                return False
+            raise
+        return True
+
+    async def _submit(self, litellm, key: str, staging: Path) -> JobRecord:
+        data = await asyncio.to_thread(staging.read_bytes)
+        credentials = self._credentials()
+        uploaded = await litellm.acreate_file(file=("requests.jsonl", data), purpose="batch",
+                                              **credentials)
+        del data
+        # Shielded: once the provider has the job, it is recorded even if this run is
+        # interrupted meanwhile; otherwise the next run would submit (and pay) again.
+        return await asyncio.shield(self._create(litellm, key, uploaded.id, credentials))
+
+    async def _create(self, litellm, key: str, file_id: str, credentials) -> JobRecord:
+        job = await litellm.acreate_batch(completion_window="24h", endpoint=ENDPOINT,
+                                          input_file_id=file_id,
+                                          metadata={"rlm_magic_key": key[:32]},
+                                          **credentials)
+        record = JobRecord(key, job.id, self.model, self.provider, self.config.api_base,
+                           len(self.conversations), state=job.status,
+                           input_file_id=file_id)
+        self.store.put(record)
+        return record
+
+    async def _wait(self, litellm) -> None:
+        interval = FIRST_POLL_S
+        record = self.record
+        while not record.ended:
+            await asyncio.sleep(interval)
+            interval = min(MAX_POLL_S, interval * POLL_GROWTH)
+            # Without the flag, litellm's logging prices a finished job itself: it downloads
+            # the output file again and walks every line on the loop (seconds for 10,000).
+            job = await litellm.aretrieve_batch(
+                record.id, litellm_metadata={"batch_ignore_default_logging": True},
+                **self._credentials())
+            counts = job.request_counts
+            seen = (job.status, getattr(counts, "completed", 0) or 0,
+                    getattr(counts, "failed", 0) or 0)
+            if seen != (record.state, record.completed, record.failed):
+                record.state, record.completed, record.failed = seen
+                record.output_file_id, record.error_file_id = \
+                    job.output_file_id, job.error_file_id
+                self.store.put(record)
+                self._changed()
+
+    async def _collect(self, litellm) -> JobResults:
+        record = self.record
+        credentials = self._credentials()
+        output = errors = None
+        if record.output_file_id:
+            output = (await litellm.afile_content(file_id=record.output_file_id,
+                                                  **credentials)).content
+        if record.error_file_id:
+            errors = (await litellm.afile_content(file_id=record.error_file_id,
+                                                  **credentials)).content
+        rates = await asyncio.to_thread(batch_rates, litellm, self.name, self.provider)
+        results = await asyncio.to_thread(read_results, output, errors, record.total,
+                                          self.model, rates, record.state, record.billed)
+        ledger = self.client.ledger
+        for start in range(0, len(results.records), RECORD_SLICE):
+            for call in results.records[start:start + RECORD_SLICE]:
+                ledger.record(call)
+            await asyncio.sleep(0)
+        if not record.billed:
+            record.billed, record.cost_usd = True, results.cost_usd
+            record.completed = len(results.records)
+            record.failed = record.total - record.completed
+            self.store.put(record)
+        self._changed()
+        return results
+
+    def _changed(self) -> None:
+        if self.observer is not None and self.record is not None:
+            self.observer.job_changed(self.record)
+
+
+def cancel(cache_dir: str, job_id: str, config) -> JobRecord:
+    """Cancel a recorded job at its provider (blocking: one request, from ``%rlm jobs
+    cancel``); returns its record with the state the provider reports."""
+    from .client import _import_litellm
+
+    store = JobStore(cache_dir)
+    record = store.find(job_id)
+    if record is None:
+        known = ", ".join(r.id for r in store.all()) or "none"
+        raise ConfigError(f"no batch job {job_id!r} recorded (jobs: {known})")
+    litellm = _import_litellm()
+    credentials: dict[str, Any] = {"custom_llm_provider": record.provider}
+    if record.api_base:
+        credentials["api_base"] = record.api_base
+    if config.api_key and record.api_base == config.api_base:
+        credentials["api_key"] = config.api_key
+    job = litellm.cancel_batch(batch_id=record.id, **credentials)
+    record.state = job.status
+    store.put(record)
+    return record

@@ -1,0 +1,128 @@
+"""Resumable maps: a long ``llm_query_batch`` keeps its answers on disk as they arrive,
+so running it again after an interrupt, a crash or a kernel restart sends only the
+prompts that have no answer yet. Nothing already paid for is paid again.
+
+A map is known by its requests (model, endpoint, parameters and every conversation):
+the same cell run again finds its own file, a changed prompt list starts afresh. The
+file is JSON lines under ``<cache_dir>/maps`` (the sandbox never sees the cache folder,
+and JSON is never turned into code). A map that finishes with every answer deletes its
+file: from then on, re-running it is the response cache's business (``RLM.cache``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import warnings
+from pathlib import Path
+from typing import Any, Sequence
+
+# Maps of at least this many prompts resume by default (``resume=None``): they are the
+# ones where an interrupt throws away real money. Smaller ones resume with resume=True.
+RESUME_AT = 100
+# Hashing this many conversations or more happens in a thread, off the kernel's loop.
+OFF_LOOP_AT = 2000
+
+
+def map_key(conversations: Sequence[list[dict]], identity: dict[str, Any]) -> str:
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True, default=repr).encode())
+    for messages in conversations:
+        digest.update(json.dumps(messages, sort_keys=True, ensure_ascii=False).encode())
+        digest.update(b"\n")
+    return digest.hexdigest()
+
+
+class MapStore:
+    """The answers one map has received so far, as JSON lines."""
+
+    def __init__(self, cache_dir: str, key: str):
+        self.path = Path(cache_dir) / "maps" / f"{key}.jsonl"
+        self._file = None
+        self._broken = False
+
+    @classmethod
+    async def open(cls, cache_dir: str, conversations: Sequence[list[dict]],
+                   identity: dict[str, Any]) -> "MapStore":
+        if len(conversations) >= OFF_LOOP_AT:
+            key = await asyncio.to_thread(map_key, conversations, identity)
+        else:
+            key = map_key(conversations, identity)
+        return cls(cache_dir, key)
+
+    async def load_kept(self) -> dict[int, dict]:
+        """``load``, in a thread when the file is large (10,000 answers: ~30 ms)."""
+        try:
+            large = self.path.stat().st_size > 1_000_000
+        except OSError:
+            return {}
+        return await asyncio.to_thread(self.load) if large else self.load()
+
+    def load(self) -> dict[int, dict]:
+        """Answers kept by earlier runs, by prompt index. A line cut short by a crash is
+        skipped: that prompt is simply asked again."""
+        kept: dict[int, dict] = {}
+        try:
+            with open(self.path, encoding="utf-8") as lines:
+                for line in lines:
+                    try:
+                        entry = json.loads(line)
+                        kept[int(entry["i"])] = entry
+                    except (ValueError, KeyError, TypeError):
+                        continue
+        except OSError:  # no file yet, or no usable folder: nothing kept
+            pass
+        return kept
+
+    def add(self, index: int, completion) -> None:
+        """Keep one answer, at once: the process may die right after. A disk that
+        fails (full, read-only) must not cost the paid answer: warn once, keep none."""
+        if self._broken:
+            return
+        try:
+            if self._file is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                self._file = open(self.path, "a", encoding="utf-8")
+            self._file.write(json.dumps({
+                "i": index, "text": completion.text, "model": completion.model,
+                "input_tokens": completion.input_tokens,
+                "output_tokens": completion.output_tokens}, ensure_ascii=False) + "\n")
+            self._file.flush()
+        except OSError as exc:
+            self._broken = True
+            warnings.warn(f"rlm-magic cannot keep this map's answers on disk, going on "
+                          f"without resuming: {exc}", RuntimeWarning, stacklevel=2)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def remove(self) -> None:
+        self.close()
+        try:
+            os.unlink(self.path)
+        except OSError:  # never written (or the folder is gone): nothing to remove
+            pass
+
+
+class KeepingObserver:
+    """Between ``gather_limited`` (which numbers only the prompts it sends) and the
+    batch's progress: keeps each answer in the store, under its index in the whole map."""
+
+    def __init__(self, store: MapStore, indices: list[int], inner=None):
+        self.store, self.indices, self.inner = store, indices, inner
+
+    def item_started(self, index: int) -> None:
+        if self.inner:
+            self.inner.item_started(self.indices[index])
+
+    def item_finished(self, index: int, result) -> None:
+        self.store.add(self.indices[index], result)
+        if self.inner:
+            self.inner.item_finished(self.indices[index], result)
+
+    def item_failed(self, index: int, error: BaseException) -> None:
+        if self.inner:
+            self.inner.item_failed(self.indices[index], error)

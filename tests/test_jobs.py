@@ -1,0 +1,229 @@
+"""Provider batch jobs (``llm_query_batch(..., batch_job=True)``) against the local
+server's Files + Batches API, through litellm over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from rlm_magic import BatchError
+from rlm_magic.errors import ConfigError
+from rlm_magic.jupyter.extension import session_rlm
+from rlm_magic.llm import jobs
+from rlm_magic.llm.jobs import BatchJob, JobStore
+
+from .conftest import make_rlm, run_cell
+
+
+@pytest.fixture
+def batch_server(server, monkeypatch):
+    """The local server with its batch jobs forgotten, and polls a few ms apart."""
+    server.batch_jobs.reset(step_s=0.05)
+    monkeypatch.setattr(jobs, "FIRST_POLL_S", 0.02)
+    monkeypatch.setattr(jobs, "MAX_POLL_S", 0.05)
+    yield server
+    server.batch_jobs.reset()
+
+
+@pytest.fixture
+def rlm(batch_server, tmp_path):
+    return make_rlm(batch_server, cache_dir=str(tmp_path))
+
+
+class Seen:
+    def __init__(self):
+        self.states: list[str] = []
+
+    def job_changed(self, record):
+        if not self.states or self.states[-1] != record.state:
+            self.states.append(record.state)
+
+
+def conversations(prompts):
+    return [[{"role": "user", "content": p}] for p in prompts]
+
+
+async def job_in_progress(server) -> str:
+    def found():
+        return any(b["status"] == "in_progress" for b in server.batch_jobs.batches.values())
+
+    assert await asyncio.to_thread(server.wait_for, found, 30)
+    return next(iter(server.batch_jobs.batches))
+
+
+async def test_a_batch_job_goes_through_the_providers_states_and_answers_in_order(
+        rlm, batch_server):
+    batch_server.batch_jobs.hold.clear()  # kept in progress until the client has seen it
+    batch_server.batch_jobs.step_s = 0.3  # validating and finalizing last a few polls
+    seen = Seen()
+    job = BatchJob(rlm.client, conversations([f"p{i}" for i in range(5)]), observer=seen)
+    running = asyncio.ensure_future(job.run())
+    await job_in_progress(batch_server)
+    await asyncio.to_thread(batch_server.wait_for, lambda: "in_progress" in seen.states)
+    batch_server.batch_jobs.hold.set()
+    results = await running
+    assert results.texts == [f"echo: p{i}" for i in range(5)]
+    assert seen.states == ["validating", "in_progress", "finalizing", "completed"]
+    # One upload, one job, and each line answered once by the provider, not the kernel.
+    assert len(batch_server.batch_jobs.batches) == 1
+    assert len(batch_server.requests) == 5
+
+
+async def test_failed_lines_are_per_item_errors_and_the_others_are_kept(rlm, batch_server):
+    batch_server.fail("500", times=1, match="bad")
+    with pytest.raises(BatchError) as caught:
+        await rlm.helpers.llm_query_batch(["ok1", "bad", "ok2"], batch_job=True)
+    assert caught.value.results == ["echo: ok1", None, "echo: ok2"]
+    assert list(caught.value.errors) == [1]
+    assert "injected server error" in str(caught.value.errors[1])
+
+
+async def test_usage_is_priced_at_the_providers_batch_prices(batch_server, tmp_path):
+    rlm = make_rlm(batch_server, cache_dir=str(tmp_path), sub_model="openai/gpt-4o-mini")
+    await rlm.helpers.llm_query_batch(["a", "b"], batch_job=True)
+    records = rlm.client.ledger.records
+    assert [(r.input_tokens, r.output_tokens) for r in records] == [(10, 5), (10, 5)]
+    # litellm's price map: $0.075 / $0.30 per million tokens in a batch (half of $0.15 / $0.60).
+    assert records[0].cost_usd == pytest.approx(10 * 0.075e-6 + 5 * 0.30e-6)
+    assert JobStore(str(tmp_path)).all()[0].cost_usd == pytest.approx(
+        2 * (10 * 0.075e-6 + 5 * 0.30e-6))
+
+
+async def test_running_the_same_map_again_reattaches_to_the_job(rlm, batch_server):
+    batch_server.batch_jobs.hold.clear()
+    prompts = [f"q{i}" for i in range(4)]
+    first = asyncio.ensure_future(rlm.helpers.llm_query_batch(prompts, batch_job=True))
+    job_id = await job_in_progress(batch_server)
+    first.cancel()  # as an interrupt would: the job keeps running at the provider
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    assert batch_server.batch_jobs.states(job_id) == "in_progress"
+    batch_server.batch_jobs.hold.set()
+    assert await rlm.helpers.llm_query_batch(prompts, batch_job=True) == \
+        [f"echo: {p}" for p in prompts]
+    assert list(batch_server.batch_jobs.batches) == [job_id]  # nothing submitted twice
+    # A third run reads the finished job again: its answers are not counted as paid twice.
+    before = rlm.client.ledger.cost_usd
+    await rlm.helpers.llm_query_batch(prompts, batch_job=True)
+    assert rlm.client.ledger.records[-1].cached and rlm.client.ledger.cost_usd == before
+
+
+async def test_a_new_process_reattaches_to_a_job_an_interrupted_one_left(rlm, batch_server,
+                                                                        tmp_path):
+    batch_server.batch_jobs.hold.clear()
+    prompts = ["r0", "r1", "r2"]
+    first = asyncio.ensure_future(rlm.helpers.llm_query_batch(prompts, batch_job=True))
+    job_id = await job_in_progress(batch_server)
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    batch_server.batch_jobs.hold.set()
+    script = textwrap.dedent(f"""
+        import asyncio, json
+        from rlm_magic import RLM
+        from rlm_magic.llm import jobs
+        jobs.FIRST_POLL_S = 0.02
+        rlm = RLM(model="openai/root-model", sub_model="openai/sub-model",
+                  api_base={batch_server.base_url!r}, api_key="sk-test", progress=False,
+                  cache_dir={str(tmp_path)!r})
+        async def main():
+            return await rlm.helpers.llm_query_batch({prompts!r}, batch_job=True)
+        print(json.dumps(asyncio.run(main())))
+    """)
+    done = await asyncio.to_thread(subprocess.run, [sys.executable, "-c", script],
+                                   capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.splitlines()[-1]) == [f"echo: {p}" for p in prompts]
+    assert list(batch_server.batch_jobs.batches) == [job_id]
+
+
+async def test_an_interrupt_says_how_to_reattach_or_cancel(shell, batch_server, tmp_path):
+    session_rlm(shell).cache_dir = str(tmp_path)
+    batch_server.batch_jobs.hold.clear()
+    code = "await llm_query_batch(['s1', 's2'], batch_job=True)"
+    # The cell's error is read from its result: a KeyboardInterrupt raised out of a task
+    # would escape the test's event loop.
+    cell = asyncio.ensure_future(shell.run_cell_async(code,
+                                                      transformed_cell=shell.transform_cell(code)))
+    job_id = await job_in_progress(batch_server)
+    await asyncio.to_thread(batch_server.wait_for, lambda: JobStore(str(tmp_path)).all())
+    signal.raise_signal(signal.SIGINT)
+    error = (await cell).error_in_exec
+    assert isinstance(error, KeyboardInterrupt)
+    assert str(error) == (
+        f"llm_query_batch interrupted; batch job {job_id} keeps running at the provider: "
+        f"re-run the cell to reattach, or `%rlm jobs cancel {job_id}` to cancel it")
+    assert batch_server.batch_jobs.states(job_id) == "in_progress"
+
+
+async def test_rlm_jobs_lists_jobs_and_cancels_one(shell, batch_server, tmp_path, capsys):
+    session_rlm(shell).cache_dir = str(tmp_path)
+    batch_server.batch_jobs.hold.clear()
+    rlm = session_rlm(shell)
+    cell = asyncio.ensure_future(rlm.helpers.llm_query_batch(["c1", "c2"], batch_job=True))
+    job_id = await job_in_progress(batch_server)
+    await asyncio.to_thread(batch_server.wait_for, lambda: JobStore(str(tmp_path)).all())
+    listing = repr(await run_cell(shell, "%rlm jobs"))
+    assert job_id in listing and "0/2" in listing
+    await run_cell(shell, f"%rlm jobs cancel {job_id}")
+    assert batch_server.batch_jobs.states(job_id) in ("cancelling", "cancelled")
+    assert f"Batch job {job_id}: cancelling" in capsys.readouterr().out
+    batch_server.batch_jobs.hold.set()
+    with pytest.raises(BatchError) as caught:  # the cancelled job's lines never ran
+        await cell
+    assert "not run: the batch job ended cancelled" in str(caught.value.errors[0])
+
+
+async def test_a_provider_without_batch_jobs_gets_a_one_line_error(batch_server, tmp_path):
+    rlm = make_rlm(batch_server, cache_dir=str(tmp_path), sub_model="anthropic/claude-x")
+    with pytest.raises(ConfigError, match=r"^batch_job: anthropic cannot run batch jobs "
+                                          r"through litellm .*providers that can: openai"):
+        await rlm.helpers.llm_query_batch(["a"], batch_job=True)
+    assert batch_server.batch_jobs.batches == {}
+
+
+async def test_a_job_the_provider_has_forgotten_is_submitted_anew(rlm, batch_server):
+    await rlm.helpers.llm_query_batch(["f1"], batch_job=True)
+    batch_server.batch_jobs.reset(step_s=0.01)  # as a restarted local server would
+    assert await rlm.helpers.llm_query_batch(["f1"], batch_job=True) == ["echo: f1"]
+    assert len(batch_server.batch_jobs.batches) == 1
+
+
+@pytest.mark.proxy
+async def test_a_batch_job_runs_through_a_real_litellm_proxy(litellm_proxy, batch_server,
+                                                             tmp_path):
+    from .litellm_proxy import MASTER_KEY
+
+    rlm = make_rlm(batch_server, model="litellm_proxy/root", sub_model="litellm_proxy/sub",
+                   api_base=litellm_proxy.base_url, api_key=MASTER_KEY,
+                   cache_dir=str(tmp_path), timeout=30)
+    assert await rlm.helpers.llm_query_batch(["x1", "x2"], batch_job=True) == \
+        ["echo: x1", "echo: x2"]
+    assert len(batch_server.batch_jobs.batches) == 1  # the proxy passed the job upstream
+
+
+async def test_the_progress_line_shows_the_jobs_state_and_counts(shell, batch_server,
+                                                                 tmp_path, capsys):
+    rlm = session_rlm(shell)
+    rlm.cache_dir, rlm.progress = str(tmp_path), True
+    batch_server.batch_jobs.hold.clear()
+    cell = asyncio.ensure_future(run_cell(
+        shell, "await llm_query_batch(['l1', 'l2', 'l3'], batch_job=True)"))
+    job_id = await job_in_progress(batch_server)
+    written = ""
+    for _ in range(200):  # the line is rewritten 4 times a second: wait for the state
+        written += capsys.readouterr().err
+        if f"batch job {job_id} in_progress" in written:
+            break
+        await asyncio.sleep(0.05)
+    assert f"llm_query_batch: 0/3 done | batch job {job_id} in_progress" in written
+    batch_server.batch_jobs.hold.set()
+    await cell
+    last = (written + capsys.readouterr().err).replace("\r", "\n").splitlines()[-1]
+    assert last.startswith(f"llm_query_batch: 3/3 done | batch job {job_id} completed")

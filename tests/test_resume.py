@@ -1,0 +1,89 @@
+"""Resumable maps: answers kept on disk as they arrive, so a re-run sends only what is
+missing (``llm_query_batch(..., resume=...)``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from rlm_magic import BatchError
+
+from .conftest import make_rlm
+
+
+def maps_in(tmp_path) -> list:
+    return list((tmp_path / "maps").glob("*.jsonl")) if (tmp_path / "maps").is_dir() else []
+
+
+async def interrupted_after(rlm, server, prompts, answered: int, **options):
+    """Run the map until ``answered`` answers are in, then cancel it as an interrupt would."""
+    task = asyncio.ensure_future(rlm.helpers.llm_query_batch(prompts, **options))
+    assert await asyncio.to_thread(server.wait_for, lambda: server.completed == answered, 30)
+    await asyncio.sleep(0.05)  # let the loop take the answers in
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_a_rerun_after_an_interrupt_sends_only_the_missing_prompts(server, tmp_path):
+    rlm = make_rlm(server, cache_dir=str(tmp_path))
+    prompts = ["fast 1", "slow 1", "fast 2", "slow 2", "fast 3"]
+    server.latency_for = lambda body: 30 if "slow" in body["messages"][-1]["content"] else 0
+    await interrupted_after(rlm, server, prompts, 3, resume=True)
+    server.reset()
+    # A new RLM, as after a kernel restart: only the disk remembers.
+    again = make_rlm(server, cache_dir=str(tmp_path))
+    assert await again.helpers.llm_query_batch(prompts, resume=True) == \
+        [f"echo: {p}" for p in prompts]
+    assert sorted(r["messages"][-1]["content"] for r in server.requests) == ["slow 1", "slow 2"]
+    # The kept answers cost nothing this time: they count as cache hits.
+    assert again.client.ledger.summary().total.cache_hits == 3
+
+
+async def test_answers_are_kept_as_json_lines_under_the_cache_folder(server, tmp_path):
+    rlm = make_rlm(server, cache_dir=str(tmp_path))
+    server.latency_for = lambda body: 30 if "slow" in body["messages"][-1]["content"] else 0
+    await interrupted_after(rlm, server, ["kept", "slow"], 1, resume=True)
+    [path] = maps_in(tmp_path)
+    assert [json.loads(line)["text"] for line in path.read_text().splitlines()] == \
+        ["echo: kept"]
+
+
+async def test_a_finished_map_leaves_no_file_behind(server, tmp_path):
+    rlm = make_rlm(server, cache_dir=str(tmp_path))
+    await rlm.helpers.llm_query_batch(["a", "b"], resume=True)
+    assert maps_in(tmp_path) == []
+
+
+async def test_only_the_failed_prompts_are_asked_again(server, tmp_path):
+    rlm = make_rlm(server, cache_dir=str(tmp_path), max_retries=0)
+    server.fail("500", times=1, match="bad")
+    with pytest.raises(BatchError):
+        await rlm.helpers.llm_query_batch(["ok", "bad"], resume=True)
+    server.reset()
+    assert await rlm.helpers.llm_query_batch(["ok", "bad"], resume=True) == \
+        ["echo: ok", "echo: bad"]
+    assert [r["messages"][-1]["content"] for r in server.requests] == ["bad"]
+
+
+async def test_maps_of_100_prompts_or_more_resume_by_default_and_smaller_ones_do_not(
+        server, tmp_path):
+    rlm = make_rlm(server, cache_dir=str(tmp_path), max_retries=0)
+    server.fail("500", times=2, match="bad")
+    with pytest.raises(BatchError):
+        await rlm.helpers.llm_query_batch(["ok", "bad"])
+    assert maps_in(tmp_path) == []
+    with pytest.raises(BatchError):
+        await rlm.helpers.llm_query_batch(["bad"] + [f"p{i}" for i in range(99)])
+    assert len(maps_in(tmp_path)) == 1
+
+
+async def test_a_cache_folder_that_cannot_be_written_costs_no_answer(server, tmp_path):
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("a file where the cache folder should be")
+    rlm = make_rlm(server, cache_dir=str(blocked))
+    with pytest.warns(RuntimeWarning, match="cannot keep this map's answers on disk"):
+        assert await rlm.helpers.llm_query_batch(["a", "b"], resume=True) == \
+            ["echo: a", "echo: b"]

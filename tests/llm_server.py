@@ -351,10 +351,13 @@ class FakeLLMServer(LocalChatServer):
 
     async def _generate_unstreamed(self, text: str) -> None:
         """An unstreamed answer takes as long to generate as a streamed one."""
-        pieces = len(split_tokens(text))
-        with self._lock:
-            self.tokens_generated += pieces
-        await asyncio.sleep(pieces / self.generation_rate)
+        pieces, started = len(split_tokens(text)), time.monotonic()
+        try:
+            await asyncio.sleep(pieces / self.generation_rate)
+        finally:  # a request cancelled midway generated what its time allowed
+            made = min(pieces, round((time.monotonic() - started) * self.generation_rate))
+            with self._lock:
+                self.tokens_generated += made
 
     def _window_routes(self, router) -> None:
         router.add_get("/props", self._window_answer)

@@ -44,7 +44,8 @@ async def run(server: FakeLLMServer, scale: float, stream: bool) -> dict:
     server.reset()
     server.generation_rate = 20 / scale
     server.usage = None
-    server.reply_with("local-model", "token " * ANSWER_TOKENS)
+    # Tokens that differ: litellm takes a chunk repeated 100 times for a stuck model.
+    server.reply_with("local-model", "".join(f"t{i} " for i in range(ANSWER_TOKENS)))
     rlm = RLM(model="openai/local-model", sub_model="openai/local-model",
               api_base=server.base_url, api_key="sk-local", progress=False,
               timeout=120 * scale, retry_backoff=0.5 * scale, stream=stream)

@@ -14,7 +14,8 @@ import time
 import pytest
 
 from rlm_magic import PromptTooLongError
-from rlm_magic.llm import local_servers, windows
+from rlm_magic.demo import split_tokens
+from rlm_magic.llm import windows
 
 from .conftest import SUB, make_rlm
 
@@ -25,21 +26,17 @@ def repl(code: str) -> str:
 
 @pytest.fixture(autouse=True)
 def _fresh_windows():
-    def forget():
-        windows._LEARNED.clear()
-        windows._READ.clear()
-        windows._ANSWERS.clear()
-        local_servers.forget()
-    forget()
+    windows.forget_learned()
     yield
-    forget()
+    windows.forget_learned()
 
 
 WORDS = 400  # an answer's tokens (one streamed piece each)
 
 
 def long_answer(body: dict) -> str:
-    return "word " * WORDS
+    # Words that differ: litellm takes a chunk repeated 100 times for a stuck model.
+    return "".join(f"w{i} " for i in range(WORDS))
 
 
 # -- nothing generated is thrown away ---------------------------------------------------
@@ -61,13 +58,14 @@ async def test_a_batch_of_answers_longer_than_the_timeout_all_arrive_generated_o
 async def test_batch_items_in_a_repl_step_stream_past_the_timeout(server):
     server.generation_rate = 200
     server.reply_with("sub-model", long_answer)
-    server.script("root-model", [repl("out = llm_query_batch(['a', 'b', 'c'])\n"
-                                      "print([len(o.split()) for o in out])"),
-                                 "FINAL(done)"])
+    root = [repl("out = llm_query_batch(['a', 'b', 'c'])\nprint([len(o.split()) for o in out])"),
+            "FINAL(done)"]
+    server.script("root-model", list(root))
     rlm = make_rlm(server, timeout=1.0, sandbox="none")
     result = await rlm.arun("q", context="c")
     assert result.trajectory[0].code[0].output.strip() == f"[{WORDS}, {WORDS}, {WORDS}]"
-    assert server.tokens_generated == 3 * WORDS
+    root_tokens = sum(len(split_tokens(reply)) for reply in root)
+    assert server.tokens_generated == 3 * WORDS + root_tokens
 
 
 async def test_a_stalled_answer_returns_its_text_marked_and_is_not_started_again(server):
@@ -76,8 +74,8 @@ async def test_a_stalled_answer_returns_its_text_marked_and_is_not_started_again
     server.usage = None
     rlm = make_rlm(server, timeout=0.5)
     answer = await rlm.helpers.llm_query("q")
-    assert answer.startswith("word " * 50)
-    assert answer.endswith("[answer cut off: no new tokens for 0.5s after 250 characters "
+    assert answer.startswith(long_answer({})[:190] + "\n[answer cut off")
+    assert answer.endswith("[answer cut off: no new tokens for 0.5s after 190 characters "
                            "(timeout=0.5s)]")
     assert len(server.requests) == 1  # not retried from zero
     row = rlm.usage().by_model[SUB]
@@ -87,12 +85,12 @@ async def test_a_stalled_answer_returns_its_text_marked_and_is_not_started_again
 async def test_a_sub_call_cut_by_the_step_deadline_keeps_its_text(server):
     server.generation_rate = 100
     server.reply_with("sub-model", long_answer)  # four seconds
-    server.script("root-model", [repl("part = llm_query('q')\nprint(part[-60:])"),
+    server.script("root-model", [repl("part = llm_query('q')\nprint(part[-120:])"),
                                  "FINAL(done)"])
     rlm = make_rlm(server, step_timeout=2.5, sandbox="none")
     result = await rlm.arun("q", context="c")
     seen = result.trajectory[0].code[0].output
-    assert "word word" in seen
+    assert " w20" in seen
     assert "[answer cut off: the REPL step's time ran out after " in seen
     assert server.tokens_generated < WORDS  # cut, and not asked again
 
@@ -127,13 +125,15 @@ async def test_a_server_that_reports_no_window_costs_no_wait(server):
 async def test_characters_per_token_are_learned_from_usage_and_advised(server):
     server.usage = None
     server.chars_per_token = 1.75  # Gemma on log text
+    server.reply_with("sub-model", "ok")
     rlm = make_rlm(server, context_window=4096, sandbox="none")
     await rlm.helpers.llm_query("2024-01-01 ERROR x=1; " * 100)
     assert windows.chars_per_token(SUB) == pytest.approx(1.75, rel=0.05)
     server.script("root-model", ["FINAL(ok)"])
     await rlm.arun("q", context="c")
     system = server.requests_for("root-model")[0]["messages"][0]["content"]
-    assert "it can read ~4.3k characters per prompt" in system  # 3,072 tokens at 1.75
+    # 4,096 tokens less 256 for answers as short as the one seen, at 1.75 a token
+    assert "it can read ~5.4k characters per prompt" in system
 
 
 async def test_a_context_refusal_is_not_retried_and_corrects_the_estimate(server):
@@ -141,8 +141,8 @@ async def test_a_context_refusal_is_not_retried_and_corrects_the_estimate(server
     server.chars_per_token = 2.0  # twice the tokens our estimate counts
     server.context_window = 1000
     rlm = make_rlm(server, context_window=1000, max_tokens=100)
-    prompt = "abcd " * 320  # 1,600 characters: 400 tokens to us, 800 to the server...
-    prompt *= 2  # ...and 1,600 to the server: refused, though we thought 800 fits
+    prose = "The quick brown fox jumps over the lazy dog near the river bank. "
+    prompt = prose[:60] * 40  # 2,400 characters: ~600 tokens to us, 1,200 to the server
     with pytest.raises(Exception, match="maximum context length is 1000 tokens"):
         await rlm.helpers.llm_query(prompt)
     assert len(server.requests) == 1  # never retried

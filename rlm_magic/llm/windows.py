@@ -54,6 +54,16 @@ _LARGE_CHARS = 50_000  # counted in a thread above this
 _MESSAGE_OVERHEAD = 4  # tokens a chat template adds per message
 
 
+def forget_learned() -> None:
+    """Forget what providers and usage reports taught (tests; a restarted server)."""
+    from . import local_servers
+
+    _LEARNED.clear()
+    _READ.clear()
+    _ANSWERS.clear()
+    local_servers.forget()
+
+
 def is_context_error(exc: BaseException | None) -> bool:
     """Whether ``exc`` (or what caused it) says the prompt was over the model's window."""
     for error in _chain(exc):
@@ -214,7 +224,8 @@ async def fit_answer(litellm: Any, model: str, messages: list[dict], window: int
         return max_tokens
     if tokens > window - shortest:
         raise PromptTooLongError(model, tokens, window - shortest, window=window,
-                                 max_tokens=max_tokens)
+                                 max_tokens=max_tokens,
+                                 chars_per_token=chars_per_token(model))
     # An estimate may be short by a few percent: leave that much of the window free.
     margin = 0 if tokens <= 0 else max(8, tokens // 20)
     return max(shortest, min(max_tokens, window - tokens - margin))
@@ -226,8 +237,8 @@ async def prompt_tokens_over(litellm: Any, model: str, messages: list[dict],
 
     Clear cases are decided by the estimate; a prompt near the limit is counted
     exactly, off the loop when it is large. For a model whose characters per token
-    were learned, the larger of the two counts stands (litellm counts a model it has
-    no tokenizer for with OpenAI's, which may read its text quite differently)."""
+    were learned, or that litellm has no entry for, the larger of the two counts
+    stands."""
     estimate = estimate_tokens(messages, model)
     if estimate <= room // 2:
         return None
@@ -241,7 +252,9 @@ async def prompt_tokens_over(litellm: Any, model: str, messages: list[dict],
             exact = _count(litellm, model, messages)
     except Exception:  # noqa: BLE001 - no tokenizer: trust the estimate
         exact = estimate
-    if learned_ratio(model):
+    if learned_ratio(model) or not _MODEL_INFO.get(model):
+        # litellm counts a model it has no entry for with OpenAI's tokenizer, which
+        # may read its text quite differently: the estimate stands when larger.
         exact = max(exact, estimate)
     return exact if exact > room else None
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ..config import RLMConfig
@@ -182,6 +183,7 @@ class Run:
         self._finished: tuple[str, str] | None = None
         self._told_restored: set[str] = set()  # scaffold names the model was told of
         self._cut_off = False  # the last root turn stopped at max_tokens
+        self._broken_off: str | None = None  # why the last root turn broke off
         self.early_execution = rlm.early_execution and rlm.stream
         self.result = RLMResult(query=query, model=self.model, sub_model=self.sub_model,
                                 depth=depth, sandbox=self.sandbox)
@@ -426,6 +428,11 @@ class Run:
         if iteration is not None:
             iteration.early_blocks = turn.ran
         self._cut_off = bool(getattr(completion, "cut_off", False))
+        # A turn that broke off (a stall, a server gone) is kept as far as it came; a
+        # block it left unclosed is not run (it may be half written).
+        self._broken_off = getattr(completion, "cut_reason", None)
+        if self._broken_off and iteration is not None:
+            iteration.notes.append(f"the reply broke off: {self._broken_off}")
         return completion.text
 
     async def _act_on(self, reply: str, iteration: Iteration, turn: LiveTurn | None = None,
@@ -434,6 +441,9 @@ class Run:
         """Run the reply's code; return (feedback for the model, (final answer, how it
         was given) or None)."""
         reading = read_reply(reply)
+        if self._broken_off:
+            reading = replace(reading, fences=[f for f in reading.fences if f.closed])
+            self._broken_off = None
         blocks = reading.blocks
         outputs = outputs if outputs is not None else []
         if turn is not None and self.early_execution:

@@ -228,9 +228,9 @@ def refusal_advice(exc: BaseException, window: int | None, max_tokens: int) -> s
         return (f"the provider counts the prompt at {counted:,} tokens and max_tokens="
                 f"{max_tokens:,} does not fit beside it in the sub-model's window{takes}: "
                 f"ask with max_tokens <= {window - counted:,}, or cut the prompt")
-    size = f" ({counted:,} tokens by its count)" if counted else ""
-    return (f"the prompt is over the sub-model's window{takes}{size} (the provider "
-            "refused it); split it")
+    size = f", counting {counted:,} tokens" if counted else ""
+    return (f"the prompt is over the sub-model's window{takes} (the provider refused "
+            f"it{size}); split it")
 
 
 def _answer_format(response_format: Any) -> "AnswerFormat | str | None":

@@ -19,7 +19,7 @@ import warnings
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..errors import ConfigError, LLMQueryError, PromptTooLongError, describe_exception
+from ..errors import ConfigError, LLMQueryError, describe_exception
 from . import local_servers, routing, windows
 from .limiter import ConcurrencyLimiter
 from .prompt_cache import REFUSED as _NO_MARKERS
@@ -105,6 +105,7 @@ def _park_logging_worker_soon() -> None:
         loop = asyncio.get_running_loop()
     except RuntimeError:
         return
+
     def park() -> None:
         if not _CALLS:
             task = loop.create_task(_park_logging_worker())

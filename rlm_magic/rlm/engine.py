@@ -326,8 +326,9 @@ class Run:
             result.trajectory.append(iteration)
             feedback, final = await self._act_on(reply, iteration, turn, outputs)
             if iteration.broken_off:
-                feedback = (f"(Your reply was cut off after its code had run: "
-                            f"{iteration.broken_off}. Its output is below.)\n\n{feedback}")
+                ran = " after its code had run" if iteration.early_blocks else ""
+                feedback = (f"(Your reply was cut off{ran}: {iteration.broken_off}. Its "
+                            f"output is below.)\n\n{feedback}")
             iteration.sub_calls = self.calls.own - calls_before
             iteration.elapsed_s = time.perf_counter() - turn_started
             if final is not None:
@@ -432,7 +433,7 @@ class Run:
         # block it left unclosed is not run (it may be half written).
         self._broken_off = getattr(completion, "cut_reason", None)
         if self._broken_off and iteration is not None:
-            iteration.notes.append(f"the reply broke off: {self._broken_off}")
+            iteration.broken_off = self._broken_off
         return completion.text
 
     async def _act_on(self, reply: str, iteration: Iteration, turn: LiveTurn | None = None,
@@ -624,20 +625,25 @@ class Run:
             else None, chars_per_token(self.sub_model))
 
     def _refresh_advice(self) -> None:
-        """A window (or a tokenizer) learned since the system prompt was written
-        changes the chunk advice: the system prompt is written again. Rare, so the
-        provider's prompt cache is rarely disturbed."""
-        advice = self._chunk_advice()
-        if advice != self._advice and self.conversation.messages:
+        """A window learned since the system prompt was written (or a tokenizer that
+        reads a quarter more or less than it assumed) changes the chunk advice: the
+        system prompt is written again. Only then: a new system prompt costs the
+        provider's prompt cache its prefix."""
+        window, per_token = self._advised_for
+        now = (self.client.input_window(self.sub_model), chars_per_token(self.sub_model))
+        if now[0] == window and abs(now[1] - per_token) <= 0.25 * per_token:
+            return
+        if self.conversation.messages:
             self.conversation.messages[0] = {"role": "system",
-                                             "content": self._system_prompt(advice)}
+                                             "content": self._system_prompt()}
 
-    def _system_prompt(self, advice: tuple[str, str] | None = None) -> str:
+    def _system_prompt(self) -> str:
         if getattr(self, "_described", None) is None:
             self._described = describe_context(self.context)
         type_name, length, preview = self._described
-        self._advice = advice or self._chunk_advice()
-        reads, chunk = self._advice
+        self._advised_for = (self.client.input_window(self.sub_model),
+                             chars_per_token(self.sub_model))
+        reads, chunk = self._chunk_advice()
         fields = _Fields(context_type=type_name, context_length=length,
                          sub_model_reads=reads, chunk_size=chunk,
                          context_preview=self.client.redactor()(preview),

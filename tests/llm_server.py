@@ -313,6 +313,8 @@ class FakeLLMServer(LocalChatServer):
             self.tokens_generated += 1
         if self.stall_at is not None and index == self.stall_at:
             return self.stall_for
+        if self.drop_at is not None and index == self.drop_at:
+            raise ConnectionResetError("the server went away")  # the stream just ends
         if self.generation_rate:
             return 1.0 / self.generation_rate
         return self.token_delay
@@ -332,6 +334,8 @@ class FakeLLMServer(LocalChatServer):
         self.window_asks: list[str] = []  # the paths asked for it
         # vLLM's check: prompt plus max_tokens over the window is refused.
         self.counts_max_tokens = False
+        # A server that dies before streamed chunk number drop_at (no end, no [DONE]).
+        self.drop_at: int | None = None
 
     def count_prompt(self, body: dict) -> int:
         """A prompt's tokens by this server's tokenizer (``chars_per_token``)."""

@@ -68,6 +68,16 @@ async def test_batch_items_in_a_repl_step_stream_past_the_timeout(server):
     assert server.tokens_generated == 3 * WORDS + root_tokens
 
 
+async def test_an_answer_whose_server_went_away_keeps_its_text(server):
+    server.reply_with("sub-model", long_answer)
+    server.drop_at = 30
+    rlm = make_rlm(server)
+    answer = await rlm.helpers.llm_query("q")
+    assert answer.startswith(long_answer({})[:110] + "\n[answer cut off: ")
+    assert len(server.requests) == 1  # not asked again from zero
+    assert rlm.usage().by_model[SUB].errors == 0
+
+
 async def test_a_sub_call_cut_by_the_step_deadline_keeps_its_text(server):
     server.generation_rate = 100
     server.reply_with("sub-model", long_answer)  # four seconds

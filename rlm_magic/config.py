@@ -86,6 +86,11 @@ class RLMConfig(Configurable):
     tpm = Float(None, allow_none=True,
                 help="Input tokens per minute the provider allows (as rpm).").tag(config=True)
     progress = Bool(True, help="Show progress bars and status panels.").tag(config=True)
+    wire_transport = Bool(True, help="Send requests to OpenAI-compatible endpoints "
+                                     "(openai/, hosted_vllm/, litellm_proxy/, a local "
+                                     "server's /v1) straight over HTTP, at a fifteenth "
+                                     "of litellm's CPU per call; False: every call goes "
+                                     "through litellm.").tag(config=True)
     cache = Bool(False, help="Answer identical requests from an on-disk cache that "
                              "survives kernel restarts.").tag(config=True)
     cache_dir = Unicode(help="Where the cache lives. Default: "
@@ -141,6 +146,18 @@ class RLMConfig(Configurable):
                       ).tag(config=True)
     sandbox_memory_mb = Int(4096, help="Address-space limit of a sandbox process, in "
                                        "MB.").tag(config=True)
+    sandbox_disk_mb = Int(512, help="Size of the sandbox's working folder (a tmpfs: it "
+                                    "holds RAM while files are in it), in MB.").tag(config=True)
+    sandbox_max_processes = Int(128, help="Most processes and threads in the sandbox at "
+                                         "once.").tag(config=True)
+    sandbox_env = List(Unicode(), help="Names of environment variables the sandbox may "
+                                       "see besides locale and time zone (values holding "
+                                       "a configured secret are still left out)."
+                       ).tag(config=True)
+    sandbox_require_isolation = Bool(False, help="Refuse to start a sandbox unless every "
+                                                 "isolation layer holds (user, pid, "
+                                                 "filesystem, network, syscalls, processes)."
+                                     ).tag(config=True)
 
     @default("model")
     def _default_model(self):
@@ -200,6 +217,8 @@ class RLMConfig(Configurable):
     _check_backoff = validate("retry_backoff")(_at_least(0))
     _check_counts = validate("max_tokens", "max_iterations", "max_output_chars")(_at_least(1))
     _check_sandbox_memory = validate("sandbox_memory_mb")(_at_least(256))
+    _check_sandbox_disk = validate("sandbox_disk_mb")(_at_least(1))
+    _check_sandbox_processes = validate("sandbox_max_processes")(_at_least(8))
 
     @validate("sandbox")
     def _check_sandbox(self, proposal):

@@ -90,10 +90,12 @@ class TokenBucket:
     def seconds_until(self, amount: float) -> float:
         return max(0.0, (min(amount, self.capacity) - self.level) / self.rate)
 
-    def headers(self, kind: str) -> dict[str, str]:
-        """OpenAI's spelling: the limit, what remains, and when it is full again."""
+    def headers(self, kind: str, announced: float | None = None) -> dict[str, str]:
+        """OpenAI's spelling: the limit, what remains, and when it is full again.
+        ``announced``: a quantized limit, which names the minute's budget while the
+        remaining count and the reset are the small bucket's."""
         reset = (self.capacity - self.level) / self.rate
-        return {f"x-ratelimit-limit-{kind}": str(int(self.capacity)),
+        return {f"x-ratelimit-limit-{kind}": str(int(announced or self.capacity)),
                 f"x-ratelimit-remaining-{kind}": str(max(0, int(self.level))),
                 f"x-ratelimit-reset-{kind}": f"{reset * 1000:.0f}ms" if reset < 1
                 else f"{reset:.3f}s"}
@@ -104,6 +106,8 @@ class RateLimit:
     requests: TokenBucket | None
     tokens: TokenBucket | None
     headers: str  # "all", "retry-after" (only that) or "none"
+    # Quantized limits: per-minute budgets the headers announce, e.g. {"requests": 3000}.
+    announced: dict[str, float] | None = None
 
     def admit(self, cost: int) -> tuple[bool, dict[str, str]]:
         """Take one request of ``cost`` tokens, or say how long to wait (as a 429's
@@ -123,7 +127,7 @@ class RateLimit:
         if self.headers == "all":
             for bucket, kind in ((self.requests, "requests"), (self.tokens, "tokens")):
                 if bucket is not None:
-                    headers.update(bucket.headers(kind))
+                    headers.update(bucket.headers(kind, (self.announced or {}).get(kind)))
         if not admitted and self.headers != "none":
             headers["retry-after-ms"] = str(math.ceil(wait * 1000))
             headers["retry-after"] = str(math.ceil(wait))
@@ -163,6 +167,7 @@ class FakeLLMServer(LocalChatServer):
             self.stall_for = 0.0
             self.stream_usage = True
             self.chunks_sent = 0
+            self._stream_starts: dict[int, tuple[dict, float]] = {}
             # Prompt caches: "auto" serves repeated message prefixes as OpenAI does.
             self.auto_cache = False
             self._cached_prefixes: set[str] = set()
@@ -194,14 +199,22 @@ class FakeLLMServer(LocalChatServer):
 
     def limit_rate(self, rps: float | None = None, burst: float | None = None,
                    tps: float | None = None, token_burst: float | None = None,
-                   headers: str = "all") -> None:
+                   headers: str = "all", announce_rpm: float | None = None,
+                   announce_tpm: float | None = None) -> None:
         """Enforce requests and/or tokens (prompt tokens, ~4 characters each) per second,
-        as token buckets; ``headers`` is "all", "retry-after" or "none"."""
+        as token buckets; ``headers`` is "all", "retry-after" or "none".
+
+        ``announce_rpm`` / ``announce_tpm`` make the limit quantized, as OpenAI's and
+        Azure's may be: the headers announce this budget per minute while the small
+        bucket is what is enforced (and what ``remaining`` counts)."""
         assert headers in ("all", "retry-after", "none")
+        announced = {kind: value for kind, value in
+                     (("requests", announce_rpm), ("tokens", announce_tpm)) if value}
         with self._lock:
             self.rate_limit = RateLimit(
                 TokenBucket(rps, burst or rps) if rps else None,
-                TokenBucket(tps, token_burst or tps) if tps else None, headers)
+                TokenBucket(tps, token_burst or tps) if tps else None, headers,
+                announced or None)
 
     @property
     def rejected(self) -> int:
@@ -292,7 +305,11 @@ class FakeLLMServer(LocalChatServer):
 
     # -- streaming and prompt caches ----------------------------------------------------
     async def _stream_chat(self, request, body, text, usage):
-        return await self._counted_stream(super()._stream_chat(request, body, text, usage))
+        try:
+            return await self._counted_stream(super()._stream_chat(request, body, text,
+                                                                   usage))
+        finally:
+            self._stream_starts.pop(id(body), None)
 
     async def _counted_stream(self, streaming):
         """Counts a stream as completed when its last chunk went, as cancelled when the
@@ -315,9 +332,18 @@ class FakeLLMServer(LocalChatServer):
             return self.stall_for
         if self.drop_at is not None and index == self.drop_at:
             raise ConnectionResetError("the server went away")  # the stream just ends
-        if self.generation_rate:
-            return 1.0 / self.generation_rate
-        return self.token_delay
+        delay = 1.0 / self.generation_rate if self.generation_rate else self.token_delay
+        if not delay:
+            return 0.0
+        # On a schedule from the first chunk, not a sleep per chunk: sleeps overshoot, and
+        # 300 of them would make a streamed answer slower than its generation time.
+        now = time.monotonic()
+        if index == 0:
+            self._stream_starts[id(body)] = (body, now)
+        started = self._stream_starts.get(id(body))
+        if started is None or started[0] is not body:
+            return delay
+        return max(0.0, started[1] + (index + 1) * delay - now)
 
     # -- local servers: slow generation, their own windows and tokenizers -----------------
     def _reset_local_server_modes(self) -> None:
@@ -570,20 +596,55 @@ def main() -> None:
     parser.add_argument("--headers", default="all", choices=["all", "retry-after", "none"])
     parser.add_argument("--token-delay", type=float, default=0.0,
                         help="seconds between streamed chunks")
+    parser.add_argument("--announce-rpm", type=float,
+                        help="quantized: the requests/minute the headers announce")
+    parser.add_argument("--announce-tpm", type=float,
+                        help="quantized: the tokens/minute the headers announce")
+    parser.add_argument("--tokens-per-second", type=float,
+                        help="generate answers at this rate: streamed, chunk by chunk; "
+                             "unstreamed, whole when the last token is made")
+    parser.add_argument("--model-latency", action="append", default=[],
+                        metavar="MODEL=SECONDS", help="a model's own latency")
+    parser.add_argument("--rlm-root", metavar="MODEL",
+                        help="MODEL plays a 2-turn RLM root: it chunks the context into "
+                             "64 parts, asks the sub-model about each in one batch, then "
+                             "finishes with FINAL_VAR(answers)")
     args = parser.parse_args()
     server = FakeLLMServer(port=args.port).start()
     server.latency = args.latency
     server.token_delay = args.token_delay
+    for pair in args.model_latency:
+        name, seconds = pair.split("=")
+        server.model_latency[name] = float(seconds)
+    if args.tokens_per_second:
+        rate = args.tokens_per_second
+        server.token_delay = 1 / rate
+        server.latency_for = lambda body: 0.0 if body.get("stream") else \
+            len(split_tokens(echo(body))) / rate
+    if args.rlm_root:
+        server.reply_with(args.rlm_root, _rlm_root_turn)
     server.usage = None  # count prompt tokens as a token limit does
     server.requests = _Discard()  # a long benchmark must not grow memory
     if args.rps or args.tps:
-        server.limit_rate(args.rps, args.burst, args.tps, args.token_burst, args.headers)
+        server.limit_rate(args.rps, args.burst, args.tps, args.token_burst, args.headers,
+                          args.announce_rpm, args.announce_tpm)
     print(server.base_url, flush=True)
     for line in sys.stdin:
         if line.strip() == "stats":
             print(json.dumps({"completed": server.completed, "rejected": server.rejected,
                               "peak_in_flight": server.peak_in_flight}), flush=True)
     threading.Event().wait()
+
+
+def _rlm_root_turn(body: dict) -> str:
+    """A scripted root model's turn: chunk and fan out, then finish."""
+    if any(m["role"] == "assistant" for m in body["messages"]):
+        return "The parts are summarised.\nFINAL_VAR(answers)"
+    return ("I split the context into 64 parts and ask about each.\n```repl\n"
+            "size = len(context) // 64 + 1\n"
+            "parts = [context[i:i + size] for i in range(0, len(context), size)]\n"
+            "answers = llm_query_batch([f'Summarise: {p[:200]}' for p in parts])\n"
+            "print(len(answers))\n```")
 
 
 class _Discard(list):

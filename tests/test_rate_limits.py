@@ -223,3 +223,56 @@ def test_a_nearly_full_bucket_teaches_no_rate():
                             "x-ratelimit-remaining-requests": "499",
                             "x-ratelimit-reset-requests": "120ms"}).requests
     assert reading.rate is None  # one unit of rounding would make it 2x off
+
+
+# -- quantized limits: the headers announce the minute, a small bucket is enforced ------------
+
+async def test_a_quantized_request_limit_is_paced_by_what_the_server_accepts(server):
+    rlm = make_rlm(server, max_concurrency=32, max_retries=0)
+    server.limit_rate(rps=50, burst=10, announce_rpm=3000)
+    answers = await rlm.helpers.llm_query_batch([f"p{i}" for i in range(80)])
+    assert answers == [f"echo: p{i}" for i in range(80)]
+    # 22 of the first 32 are turned away before anything is known; trusting the
+    # announced 3,000/min would then draw a 429 for nearly every request.
+    assert server.rejected <= 22 + 12
+    gate = rlm.client.gate()
+    assert gate.requests.distrusted and gate.requests.rate <= 55
+    assert gate.requests.header_rate > 1000  # the headers' word: a ceiling only
+
+
+async def test_a_quantized_token_limit_is_paced_by_what_the_server_accepts(server):
+    rlm = make_rlm(server, max_retries=0)
+    server.usage = None
+    server.limit_rate(tps=4000, token_burst=4000, announce_tpm=1_000_000)
+    prompts = [f"{i:03d} " + "x" * 1996 for i in range(24)]  # 500 tokens each
+    answers = await rlm.helpers.llm_query_batch(prompts)
+    assert answers == [f"echo: {p}" for p in prompts]
+    assert server.rejected <= 8 + 4  # 8 of the first 16 before anything is known
+    assert rlm.client.gate().tokens.distrusted
+
+
+def test_a_429_whose_retry_after_belies_the_headers_is_believed_at_once():
+    from rlm_magic.llm.ratelimit import Ticket
+
+    gate = RateGate("openai/q")
+    quantized = {"x-ratelimit-limit-requests": "3000", "x-ratelimit-remaining-requests": "0",
+                 "x-ratelimit-reset-requests": "1s", "retry-after-ms": "20"}
+    gate.rate_limited_by(Ticket(1.0, time.monotonic()), quantized)
+    assert gate.requests.distrusted
+    assert 40 <= gate.requests.rate <= 50  # one request per 20 ms, less a margin
+    # Answers that repeat the minute's budget do not raise the pace back to it.
+    gate.answered(Ticket(1.0, time.monotonic()), {**quantized, "retry-after-ms": None,
+                                                  "x-ratelimit-remaining-requests": "10"},
+                  None, 0)
+    assert gate.requests.rate <= 51
+
+
+def test_honest_headers_are_still_believed():
+    from rlm_magic.llm.ratelimit import Ticket
+
+    gate = RateGate("openai/h")
+    honest = {"x-ratelimit-limit-requests": "50", "x-ratelimit-remaining-requests": "0",
+              "x-ratelimit-reset-requests": "1s", "retry-after-ms": "20"}
+    gate.rate_limited_by(Ticket(1.0, time.monotonic()), honest)
+    assert not gate.requests.distrusted
+    assert gate.requests.rate == pytest.approx(49.5)

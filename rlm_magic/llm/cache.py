@@ -1,15 +1,25 @@
 """An on-disk cache of model answers, so re-running a notebook does not re-bill.
 
-Built on diskcache (SQLite, safe across processes and kernel restarts) rather than
-litellm's global ``litellm.cache``: setting that would change caching for every other
-litellm user in the kernel, and our own key lets a hit be counted in the ledger.
+One SQLite file (``answers.sqlite3``, standard library only; safe across processes and
+kernel restarts) rather than litellm's global ``litellm.cache``: setting that would
+change caching for every other litellm user in the kernel, and our own key lets a hit
+be counted in the ledger.
+
+Values are stored as JSON and read back only if they have the shape of an answer: the
+cache is a file, and nothing read from a file may become code in the kernel. (Earlier
+versions used diskcache, which pickles values: its ``cache.db`` in the same folder is
+never opened.) The sandbox's filesystem view does not include the cache folder.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import sqlite3
 from typing import Any
+
+FILE_NAME = "answers.sqlite3"
 
 
 def request_key(request: dict[str, Any]) -> str:
@@ -23,22 +33,39 @@ class ResponseCache:
     """Maps request keys to answers (text and token counts)."""
 
     def __init__(self, directory: str):
-        import diskcache  # imported here: only users who turn the cache on pay for it
-
         self.directory = directory
-        self._store = diskcache.Cache(directory)
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        self._db = sqlite3.connect(os.path.join(directory, FILE_NAME), timeout=30,
+                                   isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("CREATE TABLE IF NOT EXISTS answers "
+                         "(key TEXT PRIMARY KEY, value TEXT NOT NULL)")
 
     def get(self, key: str) -> dict | None:
-        return self._store.get(key)
+        row = self._db.execute("SELECT value FROM answers WHERE key = ?", (key,)).fetchone()
+        if row is None:
+            return None
+        try:
+            value = json.loads(row[0])
+        except (TypeError, ValueError):
+            return None
+        return value if _is_answer(value) else None
 
     def set(self, key: str, value: dict) -> None:
-        self._store.set(key, value)
+        self._db.execute("INSERT OR REPLACE INTO answers VALUES (?, ?)",
+                         (key, json.dumps(value, ensure_ascii=False)))
 
     def clear(self) -> None:
-        self._store.clear()
+        self._db.execute("DELETE FROM answers")
 
     def __len__(self) -> int:
-        return len(self._store)
+        return self._db.execute("SELECT COUNT(*) FROM answers").fetchone()[0]
 
     def close(self) -> None:
-        self._store.close()
+        self._db.close()
+
+
+def _is_answer(value: Any) -> bool:
+    return (isinstance(value, dict) and isinstance(value.get("text"), str)
+            and all(isinstance(value.get(k), int) and not isinstance(value.get(k), bool)
+                    for k in ("input_tokens", "output_tokens")))

@@ -6,7 +6,9 @@ streaming, the optional disk cache and the usage ledger. Calls go to
 ``litellm.acompletion``, or to ``Router.acompletion`` when ``RLM.model_list`` is set
 (``routing``: the Router then retries), always on the caller's running loop: litellm
 caches its async HTTP clients per event loop, so a call on a second loop would break
-them. The blocking ``litellm.completion`` is never used.
+them. The blocking ``litellm.completion`` is never used. OpenAI-compatible endpoints
+skip litellm's per-call machinery: ``openai_wire`` sends them over aiohttp (see
+``transport``), with the same gate, retries, errors, usage and cost.
 """
 
 from __future__ import annotations
@@ -20,10 +22,10 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import ConfigError, LLMQueryError, describe_exception
-from . import local_servers, routing, windows
+from . import local_servers, openai_wire, routing, windows
 from .limiter import ConcurrencyLimiter
 from .prompt_cache import REFUSED as _NO_MARKERS
-from .prompt_cache import cache_figures, mark_prefix, needs_markers, refuses_markers
+from .prompt_cache import mark_prefix, needs_markers, refuses_markers
 from .ratelimit import (
     RateGate,
     RateLimitWaitExceeded,
@@ -33,7 +35,8 @@ from .ratelimit import (
     non_negative,
 )
 from .redaction import Redactor, off_loop_if_large
-from .streaming import OnText, StreamStalled, StreamState, stream_completion
+from .streaming import OnText, StreamStalled, StreamState
+from .transport import Answer, LiteLLMTransport
 from .usage import CallRecord, UsageLedger
 
 if TYPE_CHECKING:
@@ -67,6 +70,9 @@ def _import_litellm():
         # has made its streaming coroutine but not yet awaited it leaves this behind.
         warnings.filterwarnings("ignore", message=r"coroutine '.*async_streaming' was never "
                                 r"awaited", category=RuntimeWarning)
+        # The wire transport's TLS context (certificates loaded: ~10 ms) is made here,
+        # off the loop, rather than when the first request opens a session.
+        openai_wire.ssl_context()
         # litellm's import leaves ~400k objects for the cyclic GC to walk: a full
         # collection then takes ~180 ms, a stall of the kernel's loop in the middle of
         # a batch. They live as long as the process; freezing moves them out of the
@@ -147,6 +153,7 @@ async def close_loop_clients() -> None:
     close = getattr(_litellm, "close_litellm_async_clients", None)
     if close is not None:
         await close()
+    await openai_wire.close_sessions()
 
 
 @dataclass(frozen=True)
@@ -311,6 +318,33 @@ class LLMClient:
             self._routed = (identity, router)
         return self._routed[1]
 
+    def transport(self, model: str, litellm=None):
+        """How calls to ``model`` are sent: straight over the wire when the endpoint is
+        OpenAI-compatible and the request is OpenAI's as it stands, else by litellm."""
+        litellm = litellm or _litellm
+        config = self.config
+        if config.model_list:
+            return LiteLLMTransport(self._router(litellm).acompletion, litellm)
+        if config.wire_transport and openai_wire.fits(config.litellm_kwargs):
+            route = openai_wire.route_for(litellm, model, config.api_base, config.api_key)
+            if route is not None:
+                return openai_wire.WireTransport(route, litellm)
+        return LiteLLMTransport(litellm.acompletion, litellm)
+
+    def _request(self, model: str, messages: Messages, params: dict) -> dict:
+        """The request as litellm takes it (the wire transport sends the same)."""
+        config = self.config
+        request = {"model": model, "messages": messages, "timeout": config.timeout,
+                   # Retries are ours (backoff, jitter, counted in the ledger): stop the
+                   # provider SDK from retrying underneath us.
+                   "max_retries": 0, **params}
+        if not config.model_list:
+            if config.api_base:
+                request["api_base"] = config.api_base
+            if config.api_key:
+                request["api_key"] = config.api_key
+        return request
+
     async def _complete(self, messages, model, max_tokens, ledger, redactor,
                         call: "CallOptions") -> Completion:
         config = self.config
@@ -353,25 +387,18 @@ class LLMClient:
         spent = _Spent()  # tokens of attempts cut off by a stall, billed all the same
         state: StreamState | None = None
         cut_reason: str | None = None
-        request = {"model": model, "messages": messages, "timeout": config.timeout,
-                   # Retries are ours (backoff, jitter, counted in the ledger): stop the
-                   # provider SDK from retrying underneath us.
-                   "max_retries": 0, **params}
+        request = self._request(model, messages, params)
         if config.model_list:
             # The Router retries, on another deployment when it can (see routing.py).
-            send, max_retries = self._router(litellm).acompletion, 0
+            max_retries = 0
             attempt_timeout = config.timeout * (config.max_retries + 1)
             if model not in routing.groups(config.model_list):
                 raise self._failed(ledger, model, 0, 0, started, ConfigError(
                     f"{model!r} is not a model group of RLM.model_list (its groups: "
                     f"{', '.join(routing.groups(config.model_list))})"))
         else:
-            send, max_retries, attempt_timeout = litellm.acompletion, config.max_retries, \
-                config.timeout
-            if config.api_base:
-                request["api_base"] = config.api_base
-            if config.api_key:
-                request["api_key"] = config.api_key
+            max_retries, attempt_timeout = config.max_retries, config.timeout
+        transport = self.transport(model, litellm)
 
         gate = self.gate(model)
         tokens = gate.estimate_tokens(characters)
@@ -406,37 +433,32 @@ class LLMClient:
             state = StreamState(call.on_text) if streaming else None
             try:
                 if state is not None:
-                    # The stream carries the headers; its chunks, built into one
-                    # response, carry the text and usage.
-                    raw = await stream_completion(
-                        send, request, state, stall_timeout=call.time_left(config.timeout),
-                        deadline=call.deadline)
-                    response = state.response(litellm, plain_messages) or raw
+                    answer = await transport.stream(
+                        request, state, stall_timeout=call.time_left(config.timeout),
+                        deadline=call.deadline, messages=plain_messages)
                 else:
-                    raw = response = await asyncio.wait_for(
-                        send(**request), call.time_left(attempt_timeout))
+                    answer = await asyncio.wait_for(transport.complete(request),
+                                                    call.time_left(attempt_timeout))
             except asyncio.CancelledError:
                 gate.failed(ticket)
-                spent.add_partial(state, litellm, plain_messages)
+                spent.add_partial(state, transport, plain_messages)
                 _record_cancelled(ledger, model, retries, started, rate_limited, spent)
                 raise
             except Exception as exc:  # noqa: BLE001 - every failure is reported below
                 failure = exc
-                partial = state.response(litellm, plain_messages) \
-                    if state is not None and state.received else None
+                partial = transport.partial(state, plain_messages)
                 if partial is not None:
                     # Cut off after text arrived (a stall, the step's deadline, a server
                     # gone): that text is the answer, marked; starting over would throw
                     # away what was generated and pay for it again.
                     gate.failed(ticket)
-                    raw = response = partial
+                    answer = partial
                     cut_reason = str(_explained(failure, attempt_timeout, call, state))
                     break
-                spent.add_partial(state, litellm, plain_messages)
+                spent.add_partial(state, transport, plain_messages)
             else:
-                usage = getattr(response, "usage", None)
-                gate.answered(ticket, _response_headers(raw),
-                              getattr(usage, "prompt_tokens", None), characters)
+                gate.answered(ticket, answer.headers, answer.input_tokens or None,
+                              characters)
                 break
             if is_rate_limit(failure):
                 # Not a failure: the gate holds this call (and every other call to this
@@ -458,7 +480,7 @@ class LLMClient:
                 request["messages"] = messages = plain_messages
                 continue
             if streaming and state is not None and not state.chunks \
-                    and _cannot_stream(failure):
+                    and not state.received and _cannot_stream(failure):
                 _CANNOT_STREAM.add(model)
                 streaming = False
                 continue
@@ -481,8 +503,8 @@ class LLMClient:
                 _record_cancelled(ledger, model, retries, started, rate_limited, spent)
                 raise
 
-        completion = _completion_from(response, model, retries,
-                                      time.perf_counter() - started, litellm, streaming)
+        completion = _completion_from(answer, model, retries,
+                                      time.perf_counter() - started, streaming)
         if cut_reason is not None:
             completion = replace(completion, finish_reason=None, cut_reason=cut_reason,
                                  text=f"{completion.text}\n[answer cut off: {cut_reason}]")
@@ -531,11 +553,6 @@ def _record_cancelled(ledger: UsageLedger, model: str, retries: int, started: fl
                                elapsed_s=time.perf_counter() - started))
 
 
-def _response_headers(response) -> dict | None:
-    hidden = getattr(response, "_hidden_params", None) or {}
-    return hidden.get("additional_headers")
-
-
 def _cache_call(method, *args):
     """A cache that fails (disk full, locked) must not cost the user a paid answer:
     warn once and go on without it."""
@@ -566,19 +583,13 @@ async def redact_messages(messages: Messages, redactor: Redactor) -> Messages:
     return await off_loop_if_large(size, redact_all)
 
 
-def _completion_from(response, model: str, retries: int, elapsed: float,
-                     litellm, streamed: bool = False) -> Completion:
-    choice = response.choices[0]
-    text = getattr(choice.message, "content", None) or ""
-    usage = getattr(response, "usage", None)
-    input_tokens = int(getattr(usage, "prompt_tokens", 0) or 0)
-    output_tokens = int(getattr(usage, "completion_tokens", 0) or 0)
-    read, written = cache_figures(usage)
-    return Completion(text, model, input_tokens, output_tokens,
-                      cost_usd=_cost_of(response, litellm), retries=retries,
-                      elapsed_s=elapsed, cached_input_tokens=read,
-                      cache_write_tokens=written, streamed=streamed,
-                      finish_reason=getattr(choice, "finish_reason", None))
+def _completion_from(answer: Answer, model: str, retries: int, elapsed: float,
+                     streamed: bool = False) -> Completion:
+    return Completion(answer.text, model, answer.input_tokens, answer.output_tokens,
+                      cost_usd=answer.cost_usd, retries=retries, elapsed_s=elapsed,
+                      cached_input_tokens=answer.cached_input_tokens,
+                      cache_write_tokens=answer.cache_write_tokens, streamed=streamed,
+                      finish_reason=answer.finish_reason)
 
 
 def _cost_of(response, litellm) -> float | None:
@@ -656,16 +667,13 @@ class _Spent:
         self.input_tokens = self.output_tokens = 0
         self.cost_usd: float | None = None
 
-    def add_partial(self, state: StreamState | None, litellm, messages) -> None:
-        if state is None or not state.received:
+    def add_partial(self, state: StreamState | None, transport, messages) -> None:
+        answer = transport.partial(state, messages)
+        if answer is None:
             return
-        response = state.response(litellm, messages)
-        usage = getattr(response, "usage", None)
-        if usage is None:
-            return
-        self.input_tokens += int(getattr(usage, "prompt_tokens", 0) or 0)
-        self.output_tokens += int(getattr(usage, "completion_tokens", 0) or 0)
-        cost = _cost_of(response, litellm)
+        self.input_tokens += answer.input_tokens
+        self.output_tokens += answer.output_tokens
+        cost = answer.cost_usd
         if cost is not None:
             self.cost_usd = (self.cost_usd or 0.0) + cost
 

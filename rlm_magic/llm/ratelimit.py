@@ -13,7 +13,12 @@ the notebook's batches, an RLM's root and sub-calls and its child runs all pass 
   GCRA: each request books the next free moment, so waiters start in order and after a
   pause resume one interval apart instead of all at once;
 - **adapts its concurrency** with additive increase and multiplicative decrease, never
-  below what the learned rate needs to stay busy.
+  below what the learned rate needs to stay busy;
+- **believes 429s over headers.** Limits may be quantized: OpenAI may enforce 60,000
+  requests a minute as 1,000 a second, Azure its RPM over 1 s or 10 s windows, while the
+  headers announce the minute's budget. When 429s keep coming although the headers'
+  rate says there is room, that limit is paced by what the server accepted in the last
+  second instead, probed upwards slowly, and the headers' rate is only its ceiling.
 
 Independent retries with jitter turn a 429 into a storm (every waiting item wakes and
 collides again); one shared schedule does not. Gates live per event loop, since their
@@ -45,6 +50,16 @@ MAX_BLIND_PAUSE_S = 30.0
 RATE_DECREASE = 0.7
 SLOW_START_GROWTH = 1.0
 STEADY_GROWTH = 0.1
+# Headers contradicted by this many 429s (each after pacing to them) are not believed.
+CONTRADICTIONS = 2
+# A 429 whose retry-after-ms implies a refill this many times slower than the headers'
+# rate (which would refill the request in a moment) shows a quantized limit at once.
+QUANTIZED_FACTOR = 4.0
+# Past the pace at which the server last refused, a distrusted rate grows this slowly.
+KNEE_GROWTH = 0.01
+# A limit paced by what got through: this share of what the server accepted per second
+# since it first refused (its bucket was empty then: what it took since is its refill).
+ACCEPTED_SHARE = 0.95
 
 
 class RateLimitWaitExceeded(Exception):
@@ -79,6 +94,7 @@ class Headers:
     requests: Reading
     tokens: Reading
     retry_after_s: float | None
+    retry_after_exact: bool = False  # from ``retry-after-ms``, not whole seconds
 
     @property
     def any_limits(self) -> bool:
@@ -127,8 +143,10 @@ def read_headers(headers: Mapping[str, Any] | None) -> Headers:
     found: dict[str, Any] = {}
     for key, value in (headers or {}).items():
         key = str(key).lower()
-        key = key.removeprefix("llm_provider-")
-        found[key] = value
+        if "rate" in key or "retry" in key:  # (every answer passes here: skip the rest)
+            found[key.removeprefix("llm_provider-")] = value
+    if not found:
+        return Headers(Reading(), Reading(), None)
 
     def reading(kind: str, anthropic: str) -> Reading:
         get = found.get
@@ -154,7 +172,7 @@ def read_headers(headers: Mapping[str, Any] | None) -> Headers:
             except (TypeError, ValueError):
                 retry_after = None
     return Headers(reading("requests", "requests"), reading("tokens", "input-tokens"),
-                   retry_after)
+                   retry_after, "retry-after-ms" in found and retry_after is not None)
 
 
 class Pacer:
@@ -170,6 +188,14 @@ class Pacer:
         self.capacity = capacity or (rate or 0.0)
         self.ceiling = ceiling  # the user's explicit setting: learning never goes past it
         self.blind = False  # the rate is a guess from 429s alone, probed upwards
+        # Headers the server's 429s contradicted (a quantized limit): their rate is only
+        # a ceiling; the pace follows what was accepted, probed upwards.
+        self.distrusted = False
+        self.header_rate: float | None = None
+        self.learned_at = 0.0  # when a header last set the rate
+        self.contradictions = 0
+        self.booked_rate = 0.0  # the probed pace the current bookings were made at
+        self.knee: float | None = None  # what the server accepted when it last refused
         self.slow_start = False
         self.grown_at = 0.0
         self.level = self.capacity
@@ -194,13 +220,16 @@ class Pacer:
 
     def learn(self, reading: Reading, now: float) -> None:
         rate = reading.rate
-        if rate is not None:
+        if rate is not None and self.distrusted:
+            self.header_rate = _smooth(self.header_rate, rate)  # a ceiling, no more
+        elif rate is not None:
             rate = min(rate, self.ceiling) if self.ceiling else rate
             if self.blind:
                 self.rate, self.blind = None, False
             # Smoothed: single readings are coarse (rounded counts, millisecond resets).
             self.rate = rate if self.rate is None else 0.7 * self.rate + 0.3 * rate
-        if reading.limit is not None and self.rate:
+            self.learned_at = now
+        if reading.limit is not None and self.rate and not self.distrusted:
             self.capacity = max(1.0, reading.limit)
         if reading.remaining is not None and self.rate:
             # The server's count is a latency old and misses our later starts, so it
@@ -214,10 +243,40 @@ class Pacer:
     def probe(self, now: float) -> None:
         """Raise a blind rate a little, in proportion to the time since the last raise."""
         growth = SLOW_START_GROWTH if self.slow_start else STEADY_GROWTH
+        if self.distrusted and self.knee and self.rate >= self.knee:
+            growth = KNEE_GROWTH
         elapsed = min(1.0, max(0.0, now - self.grown_at))
         self.grown_at = now
-        self.set_rate(self.rate * (1 + growth * elapsed))
+        rate = self.rate * (1 + growth * elapsed)
+        if self.distrusted and self.header_rate:
+            rate = min(rate, self.header_rate)
+        self.set_rate(rate)
         self.capacity = max(1.0, self.rate * 0.1)  # blind: bursts of a tenth of a second
+
+    def contradicted(self, accepted: float, now: float, bound: float | None = None,
+                     at_once: bool = False) -> None:
+        """A 429 although we paced to the headers' rate: after ``CONTRADICTIONS`` of
+        them (or ``at_once``), pace by ``accepted`` (what the server took per second)
+        instead, at most ``bound`` (the refill a retry-after-ms implies)."""
+        self.contradictions += 1
+        if not (self.distrusted or at_once or self.contradictions >= CONTRADICTIONS):
+            return
+        if not self.distrusted:
+            self.distrusted, self.header_rate = True, self.rate
+        start = accepted if accepted > 0 else (bound or self.rate * RATE_DECREASE)
+        if bound:
+            start = min(start, bound)
+        self.knee = start
+        self.set_rate(min(start, self.rate) * ACCEPTED_SHARE)
+        self.capacity = max(1.0, self.rate * 0.1)
+        self.level = min(self.level, self.capacity)
+        self.grown_at = self.learned_at = now
+        self.booked_rate = self.rate
+
+    @property
+    def probed(self) -> bool:
+        """The rate is our guess, raised while answers come: blind, or headers distrusted."""
+        return self.blind or self.distrusted
 
     def set_rate(self, rate: float) -> None:
         if self.ceiling:
@@ -234,6 +293,7 @@ class Ticket:
     tokens: float
     sent_at: float = 0.0
     epoch: int = 0
+    rejected: bool = False  # answered with a 429
 
 
 class RateGate:
@@ -257,8 +317,9 @@ class RateGate:
         self._blind_pause = FIRST_BLIND_PAUSE_S
         self._last_decrease = 0.0
         self._sent: deque[float] = deque(maxlen=512)  # send times of recent answers
+        self._started: deque[Ticket] = deque(maxlen=4096)  # recent requests sent
+        self._first_refusal: float | None = None
         self._sleepers: set[asyncio.Future] = set()
-        self._booked_rate = 0.0  # the blind pace the current bookings were made at
 
     # -- settings ----------------------------------------------------------------------
     def configure(self, rpm: float | None, tpm: float | None) -> None:
@@ -295,7 +356,9 @@ class RateGate:
                     await self._sleep(start - now)
                 # A pause that began while we waited voids our booking: book again.
                 if self.epoch == epoch:
-                    return Ticket(tokens, time.monotonic(), epoch)
+                    ticket = Ticket(tokens, time.monotonic(), epoch)
+                    self._started.append(ticket)
+                    return ticket
                 booked = False  # the pause emptied the buckets, our booking with them
         except BaseException:
             # A booking given up (a cancel, a deadline) goes back: else the pace would
@@ -331,10 +394,11 @@ class RateGate:
             self.requests.learn(found.requests, now)
             self.tokens.learn(found.tokens, now)
         self._sent.append(ticket.sent_at)  # what got through, should we learn blind
-        if self.requests.blind:
-            self.requests.probe(now)
-            if self.requests.rate > 1.25 * self._booked_rate:
-                self._rebook(now)
+        for pacer in (self.requests, self.tokens):
+            if pacer.probed and pacer.rate:
+                pacer.probe(now)
+                if pacer.rate > 1.25 * pacer.booked_rate:
+                    self._rebook(now)
         if input_tokens:
             if characters:
                 self.chars_per_token = _smooth(self.chars_per_token,
@@ -353,10 +417,27 @@ class RateGate:
         holding = self.slots.holders
         self.slots.release()
         self.rate_limited += 1
+        ticket.rejected = True
+        if self._first_refusal is None:
+            self._first_refusal = time.monotonic()
         now = time.monotonic()
         found = read_headers(headers)
         if not self.learns_from_headers:
             found = Headers(Reading(), Reading(), found.retry_after_s)
+        # The headers' pace was kept when this request went out, yet it was refused;
+        # or the refusal's own retry-after-ms belies the headers' rate.
+        refusing = self._refusing(found, ticket)
+        contradicted = [(pacer, kind, None) for pacer, kind in refusing
+                        if pacer.rate and not pacer.blind
+                        and (pacer.distrusted or pacer.learned_at < ticket.sent_at)]
+        if found.retry_after_exact and found.retry_after_s:
+            for pacer, kind in refusing:
+                said = (found.requests if kind == "requests" else found.tokens).rate
+                needed = 1.0 if kind == "requests" else ticket.tokens
+                implied = needed / found.retry_after_s
+                if said and said > QUANTIZED_FACTOR * implied and not pacer.distrusted:
+                    contradicted = [c for c in contradicted if c[0] is not pacer]
+                    contradicted.append((pacer, kind, implied))
         if found.any_limits:
             self.requests.learn(found.requests, now)
             self.tokens.learn(found.tokens, now)
@@ -384,14 +465,43 @@ class RateGate:
             self._last_decrease = now
             if not found.any_limits:
                 self._learn_blind(now)
+            for pacer, kind, implied in contradicted:
+                if pacer.rate:
+                    pacer.contradicted(self._accepted(kind, now), now, implied,
+                                       at_once=implied is not None)
             self.cap = max(self._needed_concurrency(), holding / 2, 1.0)
+
+    def _refusing(self, found: Headers, ticket: Ticket) -> list[tuple[Pacer, str]]:
+        """The limits that refused a request: those whose headers say they ran out
+        (else any the headers pace)."""
+        refusing = []
+        if found.requests.remaining is not None and found.requests.remaining < 1:
+            refusing.append((self.requests, "requests"))
+        if found.tokens.remaining is not None and found.tokens.remaining < ticket.tokens:
+            refusing.append((self.tokens, "tokens"))
+        return refusing or [(self.requests, "requests"), (self.tokens, "tokens")]
+
+    def _accepted(self, kind: str, now: float) -> float:
+        """Requests (or their tokens) per second the server accepted over the last two
+        seconds, counted from its first refusal: before it, a full bucket's burst would
+        pass for a rate. Too short a stretch: the last second's, burst and all."""
+        since = max(now - 2.0, self._first_refusal or now)
+        if now - since < 0.2:
+            since = now - 1.0
+        taken = [t for t in self._started if t.sent_at > since and not t.rejected]
+        amount = float(len(taken)) if kind == "requests" else sum(t.tokens for t in taken)
+        return amount / max(now - since, 0.2) if now - since >= 0.2 else amount
 
     def _rebook(self, now: float) -> None:
         """The pace went up: bookings made at the old one would start too late, so
         every sleeper books again (in the order they wake, which is their order)."""
-        self._booked_rate = self.requests.rate
+        for pacer in (self.requests, self.tokens):
+            if pacer.probed and pacer.rate:
+                pacer.booked_rate = pacer.rate
         self.epoch += 1
-        self.requests.level, self.requests.stamp = 0.0, now
+        for pacer in (self.requests, self.tokens):
+            if pacer.probed and pacer.rate:
+                pacer.level, pacer.stamp = 0.0, now
         for sleeper in self._sleepers:
             _set_done(sleeper)
 
@@ -408,7 +518,7 @@ class RateGate:
             pacer.slow_start = True
         else:
             return  # nothing got through yet to learn from: the pause and the cap act
-        pacer.blind, pacer.grown_at, self._booked_rate = True, now, pacer.rate
+        pacer.blind, pacer.grown_at, pacer.booked_rate = True, now, pacer.rate
 
     def _needed_concurrency(self) -> float:
         """Little's law: the requests in flight that the known rate keeps busy."""

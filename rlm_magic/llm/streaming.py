@@ -29,6 +29,9 @@ class StreamState:
         self.chunks: list[Any] = []
         self._pieces: list[str] = []
         self.first_token_at: float | None = None
+        # Set by the wire transport, which hands on text, not chunk objects.
+        self.finish: str | None = None
+        self.usage: dict | None = None
 
     def add(self, chunk) -> None:
         self.chunks.append(chunk)
@@ -41,6 +44,14 @@ class StreamState:
             if self.on_text is not None:
                 self.on_text(piece)
 
+    def add_text(self, piece: str) -> None:
+        """One piece of streamed text (the wire transport's path: no chunk objects)."""
+        if self.first_token_at is None:
+            self.first_token_at = time.perf_counter()
+        self._pieces.append(piece)
+        if self.on_text is not None:
+            self.on_text(piece)
+
     @property
     def text(self) -> str:
         return "".join(self._pieces)
@@ -48,6 +59,8 @@ class StreamState:
     @property
     def finish_reason(self) -> str | None:
         """Why the answer ended, as the last chunk that says so tells."""
+        if self.finish is not None:
+            return self.finish
         for chunk in reversed(self.chunks[-4:]):
             choices = getattr(chunk, "choices", None) or []
             reason = getattr(choices[0], "finish_reason", None) if choices else None
@@ -83,7 +96,8 @@ class StreamState:
 async def stream_completion(acompletion, request: dict, state: StreamState, *,
                             stall_timeout: float, deadline: float | None = None):
     """Run one streamed request to its end, feeding ``state`` (which then holds the
-    text and usage); returns litellm's stream, for its headers. Raises
+    text and usage); returns the stream, for its headers. A stream with a ``pump``
+    method feeds ``state`` itself (the wire transport); litellm's is iterated. Raises
     ``StreamStalled`` when no chunk comes for ``stall_timeout`` seconds or ``deadline``
     (``time.monotonic()``) passes; the connection is closed at once on any exit, an
     interrupt included."""
@@ -97,9 +111,13 @@ async def stream_completion(acompletion, request: dict, state: StreamState, *,
         async with watch:
             stream = await acompletion(**request)
             watch.touch()
-            async for chunk in stream:
-                watch.touch()
-                state.add(chunk)
+            pump = getattr(stream, "pump", None)
+            if pump is not None:
+                await pump(state, watch.touch)
+            else:
+                async for chunk in stream:
+                    watch.touch()
+                    state.add(chunk)
     except _Expired:
         raise StreamStalled(watch.reason()) from None
     finally:

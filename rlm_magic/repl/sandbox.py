@@ -25,12 +25,24 @@ import warnings
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
-from . import bridge
+from . import bridge, isolation
 from .steps import StepOutput
 
 _step_ids = itertools.count(1)
 _WORKER = str(Path(__file__).with_name("worker.py"))
-_warned_network = False
+_warned_isolation = False
+_PIECE = 2**20  # a large frame is read and checked this many bytes at a time
+_HELD_LIMIT = 64 * 2**20  # helper calls' messages the kernel holds at once, at most
+_BATCHES = ("llm_query_batch", "llm_query_batched", "rlm_query_batch", "rlm_query_batched")
+# What to do where the OS refuses layers.
+if sys.platform.startswith("linux"):
+    _REMEDY = ("allow unprivileged user namespaces (sysctl "
+               "kernel.unprivileged_userns_clone=1; on Ubuntu 24.04 "
+               "kernel.apparmor_restrict_unprivileged_userns=0, or an AppArmor profile for "
+               "python); in Docker, run with --security-opt seccomp=unconfined or give the "
+               "kernel its own VM")
+else:
+    _REMEDY = "run the kernel on Linux (a VM or a container) for them"
 
 
 class SandboxError(RuntimeError):
@@ -49,21 +61,23 @@ class SandboxRepr(str):
         return str(self)
 
 
-def sandbox_environment(secrets: tuple[str | None, ...] = ()) -> dict[str, str]:
-    """The kernel's environment without anything secret: no variable whose name looks
-    secret, and none whose value holds a configured secret."""
-    from ..config import looks_secret
+# The only variables of the kernel's environment the sandbox gets (an allow-list: a
+# deny-list of secret-looking names lets DATABASE_URL or SENTRY_DSN through), plus
+# those named in RLM.sandbox_env. None whose value holds a configured secret.
+ENVIRONMENT_ALLOWED = ("LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_COLLATE", "LC_MESSAGES",
+                       "LC_NUMERIC", "LC_TIME", "LC_MONETARY", "TZ", "TERM")
+_SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 
+
+def sandbox_environment(secrets: tuple[str | None, ...] = (), workdir: str = "",
+                        names: tuple[str, ...] = ()) -> dict[str, str]:
+    """The sandbox's whole environment: the allowed variables of the kernel's, and a
+    PATH, HOME and TMPDIR of its own."""
     secrets = tuple(s for s in secrets if s)
-    return {name: value for name, value in os.environ.items()
-            if not looks_secret(name) and name not in _HOST_AGENTS
-            and not any(s in value for s in secrets)}
-
-
-# Where the user's agents listen (ssh-agent, the session bus, Docker, gpg-agent): Unix
-# sockets on the filesystem, which a network namespace does not close.
-_HOST_AGENTS = frozenset({"SSH_AUTH_SOCK", "DBUS_SESSION_BUS_ADDRESS", "XDG_RUNTIME_DIR",
-                          "DOCKER_HOST", "GPG_AGENT_INFO"})
+    env = {name: os.environ[name] for name in (*ENVIRONMENT_ALLOWED, *names)
+           if name in os.environ and not any(s in os.environ[name] for s in secrets)}
+    env.update(PATH=_SAFE_PATH, HOME=workdir, TMPDIR=workdir)
+    return env
 
 
 class _Sandbox:
@@ -76,18 +90,31 @@ class _Sandbox:
         self.writer: asyncio.StreamWriter | None = None
         self.workdir = workdir
         self.dead: str | None = None  # why it is gone
+        # In a PID namespace of its own, the process we started only relays signals to
+        # the worker (pid 1 there); killing it kills the whole namespace.
+        self.relays = False
 
     def signal(self, signum: int) -> None:
-        """Signal the worker and every process it started (its own process group, which
-        outlives the worker if they do)."""
+        """Signal the worker and every process it started: through the relay in a PID
+        namespace (model code may have left the process group), else its process
+        group, which outlives the worker if they do."""
         try:
-            os.killpg(self.process.pid, signum)
+            if self.relays and signum in (signal.SIGINT, signal.SIGTERM):
+                os.kill(self.process.pid, signum)
+            else:
+                os.killpg(self.process.pid, signum)
         except (ProcessLookupError, PermissionError):
             pass
 
+    def kill(self) -> None:
+        """Kill the worker and everything it started. Through the relay, which kills the
+        PID namespace's pid 1 (the kernel then kills the rest) and reaps it, so no
+        orphan is left to a parent that may not reap (a kernel running as pid 1)."""
+        self.signal(signal.SIGTERM if self.relays else signal.SIGKILL)
+
     async def end(self) -> None:
         """Kill the process (if alive), reap it and remove its folder."""
-        self.signal(signal.SIGKILL)
+        self.kill()
         if self.writer is not None:
             self.writer.close()
         else:
@@ -97,6 +124,7 @@ class _Sandbox:
         except asyncio.TimeoutError:
             pass
         finally:
+            self.signal(signal.SIGKILL)  # whatever is left of its process group
             shutil.rmtree(self.workdir, ignore_errors=True)
 
 
@@ -109,12 +137,13 @@ class SandboxREPL:
     # SIGINT stops a step and keeps the namespace; a step that does not stop this soon
     # after is killed with its process.
     STOP_GRACE_S = 0.5
-    # Off only in tests, to see how a machine without network namespaces is handled.
-    isolate_network = True
+    # Off only in tests and benchmarks: a machine where the OS refuses every layer.
+    isolate = True
 
     def __init__(self, context: Any, helpers: dict[str, Callable[..., Awaitable[Any]]], *,
                  memory_mb: int | None = 4096, max_output_chars: int = 20_000,
-                 secrets: tuple[str | None, ...] = (), context_names: tuple[str, ...] = ()):
+                 secrets: tuple[str | None, ...] = (), context_names: tuple[str, ...] = (),
+                 settings: Any = None, sub_calls_left: Callable[[], int] | None = None):
         self.context = context
         # Names the context also goes by (a session's context_0): one copy, many names.
         self.context_names = ("context", *context_names)
@@ -122,9 +151,18 @@ class SandboxREPL:
         self.memory_mb = memory_mb
         self.max_output_chars = max_output_chars
         self.secrets = secrets
+        # The sandbox_* settings (RLM's): disk, processes, environment, strictness.
+        self.disk_mb = getattr(settings, "sandbox_disk_mb", 512)
+        self.max_processes = getattr(settings, "sandbox_max_processes", 128)
+        self.env_names = tuple(getattr(settings, "sandbox_env", ()) or ())
+        self.require_isolation = bool(getattr(settings, "sandbox_require_isolation", False))
+        self.settings = settings
+        # A batch larger than the run's sub-calls left is refused before it is expanded.
+        self.sub_calls_left = sub_calls_left
         self.loop = asyncio.get_running_loop()
         self.last_output: StepOutput | None = None
         self.network_isolated: bool | None = None
+        self.isolation: dict | None = None  # the layers in force (result.isolation)
         self._sandbox: _Sandbox | None = None
         self._starting: asyncio.Task | None = None
         self._listener: asyncio.Task | None = None
@@ -135,8 +173,9 @@ class SandboxREPL:
         self._calls: set[asyncio.Task] = set()
         self._call_tasks: dict[int, asyncio.Task] = {}  # by the sandbox's call id
         self._overdue: list[str] = []  # replies to requests that timed out
-        self._answer: str | None = None
         self._closed = False
+        self._frame_size = 0  # of the message being handled
+        self._held = 0  # bytes of the helper calls being served
 
     # -- life cycle ----------------------------------------------------------------------
     async def start(self) -> None:
@@ -163,18 +202,20 @@ class SandboxREPL:
         return await asyncio.shield(self._starting)
 
     async def _start(self) -> _Sandbox:
-        old, self._answer = self._sandbox, None
+        old = self._sandbox
         if old is not None:
             if self._listener is not None:
                 self._listener.cancel()
             await old.end()
+        if not os.access(_WORKER, os.R_OK):
+            raise SandboxError(f"the sandbox cannot read its own code ({_WORKER}): make "
+                               "the rlm_magic package readable, or run with --no-sandbox")
         workdir = tempfile.mkdtemp(prefix="rlm-sandbox-")
         parent, child = socket.socketpair()
         try:
             process = subprocess.Popen(
                 [sys.executable, "-I", _WORKER, str(child.fileno())], pass_fds=[child.fileno()],
-                cwd=workdir, env={**sandbox_environment(self.secrets), "HOME": workdir,
-                                  "TMPDIR": workdir},
+                cwd=workdir, env=sandbox_environment(self.secrets, workdir, self.env_names),
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL, start_new_session=True)
         except OSError as exc:
@@ -184,22 +225,25 @@ class SandboxREPL:
         finally:
             child.close()
         sandbox = self._sandbox = _Sandbox(process, parent, workdir)
-        first = bridge.frame({"op": "init", "helpers": sorted(self.helpers),
-                              "context_names": list(self.context_names),
-                              "memory_mb": self.memory_mb,
-                              "isolate_network": self.isolate_network})
-        first += bridge.pickle_frame_header(len(self._pickled))
+        policy = isolation.policy_for(workdir, memory_mb=self.memory_mb,
+                                      max_processes=self.max_processes, disk_mb=self.disk_mb,
+                                      host_maps_ids=os.geteuid() == 0)
+        init = bridge.frame({"op": "init", "helpers": sorted(self.helpers),
+                             "context_names": list(self.context_names),
+                             "policy": vars(policy), "isolate": self.isolate})
         try:
-            # A blocking send in a thread moves a large context several times faster
-            # than the event loop's transport, which sends a socket buffer per turn.
+            # A blocking exchange in a thread: it maps the sandbox's ids between two
+            # messages, and moves a large context several times faster than the event
+            # loop's transport, which sends a socket buffer per turn.
             parent.settimeout(60)
-            await asyncio.to_thread(_send_all, parent, first, self._pickled)
+            await asyncio.to_thread(_handshake, parent, process.pid, init, self._pickled)
             sandbox.reader, sandbox.writer = await asyncio.open_unix_connection(sock=parent)
             ready = await self._read(sandbox)
             if ready.get("op") == "fatal":
                 raise SandboxError(str(ready.get("error"))[:500])
             if ready.get("op") != "ready":
                 raise bridge.BridgeError(f"expected 'ready', got {ready.get('op')!r}")
+            self._take_isolation(sandbox, ready.get("isolation"))
         except BaseException as exc:  # cancelled too: no process or folder is left behind
             sandbox.dead = "failed to start"
             await sandbox.end()
@@ -207,11 +251,33 @@ class SandboxREPL:
                                 asyncio.IncompleteReadError)):
                 raise SandboxError(f"the sandbox process did not start: {exc}") from None
             raise
-        self.network_isolated = bool(ready.get("network_isolated"))
-        if not self.network_isolated:
-            _warn_network_once(str(ready.get("network_note") or "unknown reason"))
         self._listener = self.loop.create_task(self._listen(sandbox))
         return sandbox
+
+    def _take_isolation(self, sandbox: _Sandbox, report: Any) -> None:
+        """Read the worker's isolation report: ``result.isolation``, a warning once for
+        a layer the OS refused, and a refusal to go on if full isolation is required.
+        (The worker reports before any model code runs, so the report is its own.)"""
+        layers = report.get("layers") if isinstance(report, dict) else None
+        notes = report.get("notes") if isinstance(report, dict) else None
+        if not isinstance(layers, dict) or not isinstance(notes, dict):
+            raise bridge.BridgeError("a 'ready' message without an isolation report")
+        layers = {name: layers.get(name) is True for name in isolation.LAYERS}
+        notes = {str(k): str(v)[:300] for k, v in notes.items() if k in isolation.LAYERS}
+        self.isolation = {**layers, "notes": notes}
+        self.network_isolated = layers["network"]
+        sandbox.relays = layers["pid"]
+        missing = [name for name in isolation.REQUIRED_LAYERS if not layers[name]]
+        if not missing:
+            return
+        why = "; ".join(f"{name}: {notes.get(name, 'refused')}" for name in missing)
+        if self.require_isolation:
+            raise SandboxError(f"the sandbox is not fully isolated here ({why}); "
+                               f"RLM.sandbox_require_isolation is set, so the run does not "
+                               f"start. Remedy: {_REMEDY}")
+        _warn_isolation_once(f"the RLM sandbox runs without {', '.join(missing)} "
+                             f"isolation here ({why}); result.isolation says so. To fix: "
+                             f"{_REMEDY}")
 
     async def aclose(self) -> None:
         """End the sandbox, however the run ended; no helper call is served again."""
@@ -250,9 +316,22 @@ class SandboxREPL:
 
     # -- the wire -----------------------------------------------------------------------------
     async def _read(self, sandbox: _Sandbox) -> dict:
+        """One message, checked for size and values before it is decoded (bridge.py)."""
         header = await sandbox.reader.readexactly(bridge.HEADER.size)
         _, length = bridge.parse_header(header)
-        return bridge.parse_json(await sandbox.reader.readexactly(length))
+        self._frame_size = length
+        if length <= _PIECE:
+            body = await sandbox.reader.readexactly(length)
+            bridge.check_body(body)
+            return bridge.parse_json(body)
+        check, pieces = bridge.BodyCheck(), []
+        while length:
+            piece = await sandbox.reader.readexactly(min(_PIECE, length))
+            check.add(piece)
+            pieces.append(piece.decode("ascii"))
+            length -= len(piece)
+            await asyncio.sleep(0)  # the loop's other work between pieces
+        return bridge.parse_json("".join(pieces))
 
     def _send(self, sandbox: _Sandbox, message: dict) -> None:
         if not sandbox.dead:
@@ -285,8 +364,7 @@ class SandboxREPL:
         except Exception as exc:  # noqa: BLE001 - anything odd from the sandbox ends it
             sandbox.dead = sandbox.dead or (f"it broke the bridge protocol: "
                                             f"{type(exc).__name__}: {exc}")
-        sandbox.signal(signal.SIGKILL)
-        self._answer = None
+        sandbox.kill()
         if self._reply is not None and not self._reply.done():
             self._reply.set_exception(SandboxError(sandbox.dead))
 
@@ -325,6 +403,16 @@ class SandboxREPL:
             # A stopped step (or a thread outliving it) sends nothing more to a model.
             self._send(sandbox, {"op": "result", "id": call_id, "stopped": True})
             return
+        args, kwargs, refused = self._within_budget(name, args, kwargs)
+        size = self._frame_size
+        if self._held + size > _HELD_LIMIT:
+            # Calls wait for a free slot with their prompts in the kernel's memory: so
+            # many that they would hold more than this are refused, not queued.
+            self._send(sandbox, {"op": "result", "id": call_id, "error": (
+                f"RuntimeError: the kernel already holds {self._held / 2**20:.0f} MB of "
+                f"prompts waiting to be sent (at most {_HELD_LIMIT // 2**20} MB): wait "
+                "for answers before sending more")})
+            return
         try:
             coroutine = self.helpers[name](*args, **kwargs)
         except TypeError as exc:  # wrong arguments: raised in the model's code, as in-process
@@ -334,10 +422,12 @@ class SandboxREPL:
         task = self.loop.create_task(coroutine)
         self._calls.add(task)
         self._call_tasks[call_id] = task
+        self._held += size
 
         def answer(task: asyncio.Task) -> None:
             self._calls.discard(task)
             self._call_tasks.pop(call_id, None)
+            self._held -= size
             if task.cancelled():
                 self._send(sandbox, {"op": "result", "id": call_id, "stopped": True})
             elif task.exception() is not None:
@@ -345,8 +435,37 @@ class SandboxREPL:
                 self._send(sandbox, {"op": "result", "id": call_id,
                                      "error": f"{type(error).__name__}: {error}"})
             else:
-                self._send(sandbox, {"op": "result", "id": call_id, "value": task.result()})
+                self._send(sandbox, {"op": "result", "id": call_id, "value": task.result(),
+                                     **({"refused": refused} if refused else {})})
         task.add_done_callback(answer)
+
+    def _within_budget(self, name: str, args: list, kwargs: dict):
+        """A batch with more prompts than the run has sub-calls left goes to the helper
+        cut to what is left; the rest are refused here, before the kernel expands them
+        (into tasks, or error strings sent back one by one). The worker appends one
+        error string per refused prompt, so the model sees what in-process code sees."""
+        if name not in _BATCHES or self.sub_calls_left is None:
+            return args, kwargs, None
+        key = "prompts" if not args else None
+        prompts = kwargs.get("prompts") if key else args[0]
+        if not isinstance(prompts, list):
+            return args, kwargs, None
+        left = max(self.sub_calls_left(), 0)
+        if len(prompts) <= left:
+            return args, kwargs, None
+        args, kwargs = list(args), dict(kwargs)
+        if key:
+            kwargs["prompts"] = prompts[:left]
+        else:
+            args[0] = prompts[:left]
+        for where, index in ((args, 1), (kwargs, "contexts")):  # rlm_query_batch's
+            if isinstance(where, list) and len(where) > 1 and isinstance(where[1], list):
+                where[1] = where[1][:left]
+            elif isinstance(where, dict) and isinstance(where.get(index), list):
+                where[index] = where[index][:left]
+        limit = getattr(self.settings, "max_sub_calls", None)
+        return args, kwargs, {"count": len(prompts) - left, "error": (
+            f"Error: max_sub_calls={limit} reached for this run; no request was sent")}
 
     # -- running steps ------------------------------------------------------------------------
     async def run(self, code: str, timeout: float | None = None) -> StepOutput:
@@ -392,7 +511,7 @@ class SandboxREPL:
 
     def _kill(self, sandbox: _Sandbox, why: str) -> None:
         sandbox.dead = sandbox.dead or why
-        sandbox.signal(signal.SIGKILL)
+        sandbox.kill()
 
     def _take(self, output: StepOutput, reply: dict) -> None:
         for key in ("stdout", "value", "error"):
@@ -403,8 +522,6 @@ class SandboxREPL:
         output.value, output.error = reply.get("value"), reply.get("error")
         dropped = reply.get("dropped")
         output.dropped_chars = dropped if isinstance(dropped, int) and dropped > 0 else 0
-        answer = reply.get("answer")
-        self._answer = answer if isinstance(answer, str) else None
         finish, restored = reply.get("finish"), reply.get("restored")
         if finish is not None and not (isinstance(finish, list) and len(finish) == 2
                                        and all(isinstance(x, str) for x in finish)):
@@ -439,9 +556,6 @@ class SandboxREPL:
                 "is lost; `context` and the helpers are there again.")
 
     # -- what the engine reads -----------------------------------------------------------
-    async def ready_answer(self) -> str | None:
-        return self._answer
-
     async def final_var(self, name: str) -> str | None:
         value = (await self._request("final_var", "final_var", timeout=30,
                                      name=name)).get("value")
@@ -449,7 +563,7 @@ class SandboxREPL:
 
     def rebind(self, helpers: dict[str, Callable[..., Awaitable[Any]]]) -> None:
         """Serve the helpers of the next run (a session's REPL outlives its runs)."""
-        self.helpers, self._answer = helpers, None
+        self.helpers = helpers
 
     async def set_context(self, value: Any, names: list[str]) -> None:
         """Send a new context (pickled, kernel to sandbox only) under ``names``; a
@@ -522,14 +636,40 @@ class SandboxREPL:
         return out
 
 
-def _send_all(sock: socket.socket, *parts: bytes) -> None:
-    for part in parts:
-        sock.sendall(part)
+def _handshake(sock: socket.socket, pid: int, init: bytes, pickled: bytes) -> None:
+    """The start of a sandbox's life, blocking (run in a thread): send ``init``; the
+    worker enters its namespaces and says whether it needs its ids mapped (it runs as
+    root: we make its root the unprivileged ``SANDBOX_UID``); then send the context."""
+    sock.sendall(init)
+    kind, length = bridge.parse_header(bridge.read_exactly(sock, bridge.HEADER.size))
+    body = bytes(bridge.read_exactly(sock, length))
+    bridge.check_body(body)
+    message = bridge.parse_json(body)
+    if message.get("op") == "fatal":
+        raise SandboxError(str(message.get("error"))[:500])
+    if message.get("op") != "unshared":
+        raise bridge.BridgeError(f"expected 'unshared', got {message.get('op')!r}")
+    mapped = message.get("map_ids") is True and _map_ids(pid)
+    sock.sendall(bridge.frame({"op": "ids", "mapped": mapped})
+                 + bridge.pickle_frame_header(len(pickled)))
+    sock.sendall(pickled)
 
 
-def _warn_network_once(why: str) -> None:
-    global _warned_network
-    if not _warned_network:
-        _warned_network = True
-        warnings.warn(f"the RLM sandbox cannot cut model code off the network here: {why}; "
-                      "results record network_isolated=False", RuntimeWarning, stacklevel=3)
+def _map_ids(pid: int) -> bool:
+    """Map the sandbox's root (uid and gid 0 in its user namespace) to an unprivileged
+    id outside. Only a privileged kernel may; the worker maps itself otherwise."""
+    try:
+        for name, outside in (("uid_map", isolation.SANDBOX_UID),
+                              ("gid_map", isolation.SANDBOX_GID)):
+            with open(f"/proc/{pid}/{name}", "w") as file:
+                file.write(f"0 {outside} 1")
+        return True
+    except OSError:
+        return False
+
+
+def _warn_isolation_once(message: str) -> None:
+    global _warned_isolation
+    if not _warned_isolation:
+        _warned_isolation = True
+        warnings.warn(message, RuntimeWarning, stacklevel=3)

@@ -230,7 +230,9 @@ class Run:
                 self.repl = SandboxREPL(self.context, self.calls.helpers(),
                                         memory_mb=self.rlm.sandbox_memory_mb,
                                         max_output_chars=self.max_output_chars,
-                                        secrets=tuple(self.rlm.configured_secrets()))
+                                        secrets=tuple(self.rlm.configured_secrets()),
+                                        settings=self.rlm,
+                                        sub_calls_left=self.tree.sub_calls_left)
                 await self.repl.start()  # the process starts while the root model thinks
             else:
                 namespace.update(injected)
@@ -273,7 +275,8 @@ class Run:
                 self.repl = session.repl = SandboxREPL(
                     context, helpers, memory_mb=self.rlm.sandbox_memory_mb,
                     max_output_chars=self.max_output_chars,
-                    secrets=tuple(self.rlm.configured_secrets()), context_names=names[:1])
+                    secrets=tuple(self.rlm.configured_secrets()), context_names=names[:1],
+                    settings=self.rlm, sub_calls_left=self.tree.sub_calls_left)
                 try:
                     await self.repl.start()
                 except BaseException:
@@ -299,6 +302,7 @@ class Run:
         answers already paid for stay reachable as result.variables. A session's REPL
         stays open for its next question."""
         result.network_isolated = getattr(self.repl, "network_isolated", None)
+        result.isolation = getattr(self.repl, "isolation", None)
         try:
             variables = await self.repl.variables()
             result.variables = {name: value for name, value in variables.items()

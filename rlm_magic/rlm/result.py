@@ -77,6 +77,9 @@ class RLMResult:
     sandbox: str = ""  # where the model's code ran: "process" or "none"
     # Whether the sandbox had no network (None when the code ran in the kernel).
     network_isolated: bool | None = None
+    # Which isolation layers held in the sandbox (user, pid, filesystem, network,
+    # syscalls, processes, memory: True or False) and a note for each that did not.
+    isolation: dict[str, Any] | None = None
     # The REPL variables the model made, kept whatever ended the run, so sub-call
     # answers already paid for are never lost. In-process: the values themselves; from
     # a sandbox: JSON data, or a SandboxRepr string for anything else.

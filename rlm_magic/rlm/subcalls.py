@@ -46,6 +46,9 @@ class RunTree:
     max_iterations: int = 0
     live_turn: "LiveTurn | None" = None  # the root turn streaming in, for the panel
 
+    def sub_calls_left(self) -> int:
+        return self.max_sub_calls - self.sub_calls
+
     def take_sub_calls(self, wanted: int) -> int:
         """Reserve up to ``wanted`` sub-calls; returns how many are allowed."""
         allowed = max(0, min(wanted, self.max_sub_calls - self.sub_calls))

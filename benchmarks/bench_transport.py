@@ -1,0 +1,311 @@
+"""What one call costs the kernel's loop, transport by transport, side by side in one run.
+
+Run from the repo root:  python benchmarks/bench_transport.py [--calls 1000] [--quick]
+
+The local OpenAI-compatible server (``tests/llm_server.py``) runs in processes of its
+own, so its CPU is not counted against the client. Reported:
+
+1. **Client CPU per call**: 1,000 calls at concurrency 64 against a server that answers
+   at once (so the client's CPU is what limits): raw aiohttp (the floor), the OpenAI SDK,
+   a bare ``litellm.acompletion`` gather, and ``llm_query_batch`` with the wire transport
+   on and off, with and without the progress bar. CPU is this process's
+   ``time.process_time``.
+2. **Loop lag**: the worst lateness of a 10 ms heartbeat during a 256-prompt batch at
+   concurrency 64, answers after 0.3 s.
+3. **A streamed chunk**: this process's CPU for one 2,000-token answer, streamed and not.
+4. **Streamed against unstreamed at equal generation time**: 16 answers of 300 tokens
+   generated at 100 tokens/s; unstreamed, each arrives whole when its last token is made.
+5. **A scripted RLM run**: the root chunks a context and fans out one batch of 64
+   sub-calls (0.3 s each), then finishes; streamed, sandbox on. Ideal: the two root
+   turns' latencies plus one sub-call latency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+import aiohttp  # noqa: E402
+
+import rlm_magic  # noqa: E402
+from rlm_magic.llm.client import _import_litellm, close_loop_clients  # noqa: E402
+
+litellm = _import_litellm()
+logging.getLogger("LiteLLM").setLevel(logging.ERROR)
+API_KEY = "sk-bench"
+
+
+class Server:
+    """tests/llm_server.py in a process of its own."""
+
+    def __init__(self, *args: str):
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.llm_server", *args], cwd=ROOT,
+            stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True)
+        self.base_url = self.process.stdout.readline().strip()
+        if not self.base_url.startswith("http"):
+            raise RuntimeError("the benchmark server did not start")
+
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.wait(10)
+
+
+def prompts(n: int) -> list[str]:
+    return [f"bench prompt {i}" for i in range(n)]
+
+
+def check(answers: list, n: int, method: str) -> None:
+    assert len(answers) == n, method
+    for i, answer in enumerate(answers):
+        if answer != f"echo: bench prompt {i}":
+            raise RuntimeError(f"{method}: prompt {i} got {answer!r}")
+
+
+# -- 1. client CPU per call ---------------------------------------------------------------
+
+async def raw_aiohttp(base_url: str, n: int, concurrency: int) -> list:
+    semaphore = asyncio.Semaphore(concurrency)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                     headers={"Authorization": f"Bearer {API_KEY}"}) as s:
+        async def one(p):
+            async with semaphore:
+                async with s.post(base_url + "/chat/completions", json={
+                        "model": "bench", "messages": [{"role": "user", "content": p}]}) as r:
+                    r.raise_for_status()
+                    return (await r.json())["choices"][0]["message"]["content"]
+        return await asyncio.gather(*(one(p) for p in prompts(n)))
+
+
+async def openai_sdk(base_url: str, n: int, concurrency: int) -> list:
+    import openai
+
+    semaphore = asyncio.Semaphore(concurrency)
+    client = openai.AsyncOpenAI(base_url=base_url, api_key=API_KEY, max_retries=0)
+    try:
+        async def one(p):
+            async with semaphore:
+                r = await client.chat.completions.create(
+                    model="bench", messages=[{"role": "user", "content": p}])
+                return r.choices[0].message.content
+        return await asyncio.gather(*(one(p) for p in prompts(n)))
+    finally:
+        await client.close()
+
+
+async def bare_litellm(base_url: str, n: int, concurrency: int) -> list:
+    semaphore = asyncio.Semaphore(concurrency)
+
+    async def one(p):
+        async with semaphore:
+            r = await litellm.acompletion(model="openai/bench", api_base=base_url,
+                                          api_key=API_KEY, max_retries=0,
+                                          messages=[{"role": "user", "content": p}])
+            return r.choices[0].message.content
+    return await asyncio.gather(*(one(p) for p in prompts(n)))
+
+
+def batch(wire: bool, progress: bool):
+    async def run(base_url: str, n: int, concurrency: int) -> list:
+        rlm = rlm_magic.RLM(model="openai/bench", api_base=base_url, api_key=API_KEY,
+                            max_concurrency=concurrency, progress=progress,
+                            wire_transport=wire, max_retries=0)
+        return await rlm.helpers.llm_query_batch(prompts(n))
+    return run
+
+
+METHODS = [
+    ("raw aiohttp (the floor)", raw_aiohttp),
+    ("`AsyncOpenAI`", openai_sdk),
+    ("bare `litellm.acompletion` gather", bare_litellm),
+    ("`llm_query_batch`, wire transport", batch(True, False)),
+    ("`llm_query_batch`, wire transport, progress bar", batch(True, True)),
+    ("`llm_query_batch`, litellm (`wire_transport=False`)", batch(False, False)),
+    ("`llm_query_batch`, litellm, progress bar", batch(False, True)),
+]
+
+
+async def settle() -> None:
+    """Let background tasks a method left (litellm's logging) finish, untimed."""
+    for _ in range(50):
+        pending = [t for t in asyncio.all_tasks() - {asyncio.current_task()}
+                   if not getattr(t.get_coro(), "__qualname__", "").endswith("_worker_loop")]
+        if not pending:
+            break
+        await asyncio.wait(pending, timeout=0.2)
+    await asyncio.sleep(0.05)
+
+
+async def cpu_per_call(base_url: str, calls: int, reps: int) -> list[tuple]:
+    rows = []
+    for label, method in METHODS:
+        await method(base_url, 64, 64)  # warm up: imports, pools
+        await settle()
+        walls, cpus = [], []
+        for _ in range(reps):
+            wall, cpu = time.perf_counter(), time.process_time()
+            answers = await method(base_url, calls, 64)
+            walls.append(time.perf_counter() - wall)
+            cpus.append(time.process_time() - cpu)
+            check(answers, calls, label)
+            await settle()
+        wall, cpu = statistics.median(walls), statistics.median(cpus)
+        rows.append((label, calls / wall, cpu / calls * 1000))
+        print(f"  ... {label}: {calls / wall:,.0f} calls/s", file=sys.stderr, flush=True)
+    return rows
+
+
+# -- 2. loop lag ----------------------------------------------------------------------------
+
+async def loop_lag(base_url: str, wire: bool, n: int = 256) -> float:
+    worst, stop = 0.0, asyncio.Event()
+
+    async def beat():
+        nonlocal worst
+        while not stop.is_set():
+            before = time.perf_counter()
+            await asyncio.sleep(0.01)
+            worst = max(worst, time.perf_counter() - before - 0.01)
+
+    beater = asyncio.ensure_future(beat())
+    await asyncio.sleep(0.05)
+    try:
+        check(await batch(wire, False)(base_url, n, 64), n, "lag")
+    finally:
+        stop.set()
+        await beater
+    await settle()
+    return worst * 1000
+
+
+# -- 3. a streamed chunk ----------------------------------------------------------------
+
+async def chunk_cpu(base_url: str, wire: bool, words: int = 2000) -> tuple[float, float]:
+    rlm = rlm_magic.RLM(model="openai/cpu", api_base=base_url, api_key=API_KEY,
+                        progress=False, wire_transport=wire)
+    prompt = " ".join(f"w{i}" for i in range(words))  # echoed back, a chunk per word
+    seen: list = []
+    figures = {}
+    for stream in (False, True, False, True):  # the first of each warms up
+        before = time.process_time()
+        await rlm.client.complete([{"role": "user", "content": prompt}], stream=stream,
+                                  on_text=seen.append)
+        figures[stream] = time.process_time() - before
+    chunks = len(seen) // 2
+    await settle()
+    return (figures[True] - figures[False]) / chunks * 1000, figures[False] * 1000
+
+
+# -- 4. streamed against unstreamed ---------------------------------------------------
+
+async def streamed_vs_plain(base_url: str, wire: bool) -> tuple[float, float]:
+    rlm = rlm_magic.RLM(model="openai/gen", api_base=base_url, api_key=API_KEY,
+                        progress=False, wire_transport=wire, max_concurrency=16)
+    prompt = " ".join(f"t{i}" for i in range(300))
+    walls = {}
+    for stream in (False, True):
+        started = time.perf_counter()
+        await asyncio.gather(*(rlm.client.complete(
+            [{"role": "user", "content": f"{i} {prompt}"}], stream=stream)
+            for i in range(16)))
+        walls[stream] = time.perf_counter() - started
+    await settle()
+    return walls[False], walls[True]
+
+
+# -- 5. a scripted RLM run ---------------------------------------------------------------
+
+async def rlm_run(base_url: str, wire: bool, root_s: float, sub_s: float) -> float:
+    rlm = rlm_magic.RLM(model="openai/root", sub_model="openai/sub", api_base=base_url,
+                        api_key=API_KEY, progress=False, wire_transport=wire,
+                        max_concurrency=64, stream=True, sandbox="process")
+    context = "".join(f"line {i}: some log text about service {i % 7}\n" for i in range(4000))
+    started = time.perf_counter()
+    result = await rlm.arun("Summarise the log", context=context)
+    wall = time.perf_counter() - started
+    assert result.success and result.iterations == 2, (result.error, result.final_answer)
+    assert len(result.variables["answers"]) == 64
+    return wall
+
+
+async def main(args) -> None:
+    reps = 1 if args.quick else args.reps
+    fast = Server("--latency", "0")
+    slow = Server("--latency", "0.3")
+    generating = Server("--tokens-per-second", "100")
+    scripted = Server("--rlm-root", "root", "--model-latency", f"root={args.root}",
+                      "--model-latency", f"sub={args.sub}")
+    try:
+        print("# rlm-magic transports\n")
+        print(f"{os.cpu_count()} CPUs; the servers run in processes of their own; "
+              f"medians of {reps} run(s)\n")
+        print(f"## Client CPU per call: {args.calls:,} calls at concurrency 64, answered "
+              "at once\n")
+        print("| client | calls/s | client CPU per call (ms) |")
+        print("|---|---:|---:|")
+        for label, rate, cpu in await cpu_per_call(fast.base_url, args.calls, reps):
+            print(f"| {label} | {rate:,.0f} | {cpu:.3f} |")
+
+        print("\n## Loop lag: worst lateness of a 10 ms heartbeat, 256 prompts at "
+              "concurrency 64, 0.3 s answers\n")
+        print("| transport | worst lag (ms), each run |")
+        print("|---|---|")
+        for wire in (True, False):
+            await loop_lag(slow.base_url, wire, 64)  # warm up
+            lags = [await loop_lag(slow.base_url, wire) for _ in range(max(reps, 2))]
+            print(f"| {'wire' if wire else 'litellm'} | "
+                  + ", ".join(f"{lag:.0f}" for lag in lags) + " |")
+
+        print("\n## A streamed chunk: loop CPU per chunk of a 2,000-token answer\n")
+        print("| transport | CPU per chunk (ms) | the whole answer unstreamed (ms) |")
+        print("|---|---:|---:|")
+        for wire in (True, False):
+            per_chunk, plain = await chunk_cpu(fast.base_url, wire)
+            print(f"| {'wire' if wire else 'litellm'} | {per_chunk:.4f} | {plain:.1f} |")
+
+        print("\n## Streamed against unstreamed: 16 answers of 300 tokens at 100 tokens/s\n")
+        print("| transport | unstreamed (s) | streamed (s) | streamed / unstreamed |")
+        print("|---|---:|---:|---:|")
+        for wire in (True, False):
+            plain, streamed = await streamed_vs_plain(generating.base_url, wire)
+            print(f"| {'wire' if wire else 'litellm'} | {plain:.2f} | {streamed:.2f} | "
+                  f"{streamed / plain:.3f}x |")
+
+        ideal = 2 * args.root + args.sub
+        print(f"\n## A scripted RLM run: chunk a context, one batch of 64 sub-calls at "
+              f"{args.sub:g} s, finish; streamed, sandbox on; root turns {args.root:g} s "
+              f"each; ideal {ideal:.2f} s\n")
+        print("| transport | wall (s), each run | best / ideal |")
+        print("|---|---|---:|")
+        for wire in (True, False):
+            await rlm_run(scripted.base_url, wire, args.root, args.sub)  # warm up
+            walls = [await rlm_run(scripted.base_url, wire, args.root, args.sub)
+                     for _ in range(3)]
+            print(f"| {'wire' if wire else 'litellm'} | "
+                  + ", ".join(f"{w:.2f}" for w in walls) + f" | {min(walls) / ideal:.3f}x |")
+    finally:
+        await close_loop_clients()
+        for server in (fast, slow, generating, scripted):
+            server.stop()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=1000)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--root", type=float, default=0.5, help="root turn latency (0.5)")
+    parser.add_argument("--sub", type=float, default=0.3, help="sub-call latency (0.3)")
+    parser.add_argument("--quick", action="store_true", help="one run per figure")
+    asyncio.run(main(parser.parse_args()))

@@ -1,0 +1,246 @@
+"""The wire transport: OpenAI-compatible endpoints skip litellm's per-call machinery, and
+nothing else changes. Each failure is played against both transports, which must
+answer with the same one-line error, the same retries and the same ledger."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+
+from rlm_magic import LLMQueryError
+from rlm_magic.llm.client import load_litellm
+
+from .conftest import make_rlm
+
+CLAUDE = "anthropic/claude-sonnet-4-5"
+
+
+def transports(server, **settings):
+    """The same settings with the wire transport on and off."""
+    return {"wire": make_rlm(server, **settings),
+            "litellm": make_rlm(server, wire_transport=False, **settings)}
+
+
+async def forbid_litellm_calls(monkeypatch):
+    litellm = await load_litellm()
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("litellm was asked to send an OpenAI-compatible request")
+
+    for name in ("completion", "acompletion", "batch_completion"):
+        monkeypatch.setattr(litellm, name, forbidden)
+
+
+async def test_an_openai_compatible_endpoint_is_sent_over_the_wire(rlm, server, monkeypatch):
+    await forbid_litellm_calls(monkeypatch)
+    assert await rlm.helpers.llm_query("a") == "echo: a"  # streamed
+    assert await rlm.helpers.llm_query_batch(["b", "c"]) == ["echo: b", "echo: c"]
+    assert rlm.client.transport("openai/sub-model").name == "wire"
+    assert [r["model"] for r in server.requests] == ["sub-model"] * 3
+    assert rlm.usage().total.input_tokens == 30
+
+
+async def test_an_anthropic_model_goes_through_litellm(server, monkeypatch):
+    litellm = await load_litellm()
+    sent = []
+    acompletion = litellm.acompletion
+
+    async def spy(**request):
+        sent.append(request["model"])
+        return await acompletion(**request)
+
+    monkeypatch.setattr(litellm, "acompletion", spy)
+    rlm = make_rlm(server, sub_model=CLAUDE, api_base=server.anthropic_base)
+    assert await rlm.helpers.llm_query_batch(["a"]) == ["echo: a"]
+    assert sent == [CLAUDE] and rlm.client.transport(CLAUDE).name == "litellm"
+
+
+async def test_the_setting_sends_everything_through_litellm(server):
+    await load_litellm()
+    rlm = make_rlm(server, wire_transport=False)
+    assert rlm.client.transport("openai/sub-model").name == "litellm"
+
+
+@pytest.mark.parametrize("model, expected", [
+    ("openai/sub-model", "wire"), ("hosted_vllm/qwen", "wire"),
+    ("litellm_proxy/group", "wire"), ("gpt-4o-mini", "wire"),
+    ("openai/o3-mini", "litellm"),  # litellm rewrites its parameters
+    ("openai/gpt-5", "litellm"), ("ollama_chat/llama3", "litellm"),
+    ("azure/deployment", "litellm"), ("openrouter/openai/gpt-4o", "litellm")])
+async def test_which_models_go_over_the_wire(server, model, expected):
+    await load_litellm()
+    assert make_rlm(server).client.transport(model).name == expected
+
+
+async def test_parameters_litellm_would_rewrite_send_the_call_through_litellm(server):
+    await load_litellm()
+    plain = make_rlm(server, litellm_kwargs={"temperature": 0.1, "seed": 7,
+                                             "extra_body": {"top_k": 5}})
+    odd = make_rlm(server, litellm_kwargs={"drop_params": True})
+    assert plain.client.transport("openai/x").name == "wire"
+    assert odd.client.transport("openai/x").name == "litellm"
+    await plain.helpers.llm_query_batch(["a"])
+    body = server.requests[-1]
+    assert (body["temperature"], body["seed"], body["top_k"]) == (0.1, 7, 5)
+    assert "extra_body" not in body and "max_retries" not in body
+
+
+# -- the same behaviour on both transports -----------------------------------------------
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("kind", ["500", "401", "context", "404"])
+async def test_a_failure_reads_the_same_on_both_transports(server, kind, stream):
+    messages, attempts = {}, {}
+    for name, rlm in transports(server, max_retries=1).items():
+        server.reset()
+        if kind == "404":
+            rlm.api_base = server.base_url + "/missing"  # no such path
+        else:
+            server.fail(kind, times=5)
+        with pytest.raises(LLMQueryError) as caught:
+            await rlm.client.complete([{"role": "user", "content": "x"}], stream=stream)
+        messages[name], attempts[name] = str(caught.value), len(server.requests)
+        [record] = rlm.client.ledger.records
+        assert record.error == messages[name]
+    assert messages["wire"] == messages["litellm"]
+    assert attempts["wire"] == attempts["litellm"]
+
+
+async def test_an_unreachable_endpoint_reads_the_same_on_both_transports(server):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        endpoint = f"http://127.0.0.1:{probe.getsockname()[1]}/v1"
+    heads = {}
+    for name, rlm in transports(server, api_base=endpoint, max_retries=1).items():
+        with pytest.raises(LLMQueryError) as caught:
+            await rlm.helpers.llm_query("x")
+        message = str(caught.value)
+        assert len(message.splitlines()) == 1
+        heads[name] = message.split(" (")[0]
+    assert heads["wire"] == heads["litellm"] == (
+        f"LLM call to 'openai/sub-model' failed after 2 attempts: could not reach {endpoint}")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_usage_and_cost_are_the_same_on_both_transports(server, stream):
+    records = {}
+    for name, rlm in transports(server, sub_model="openai/gpt-4o-mini").items():
+        server.reset()
+        server.auto_cache, server.usage = True, None  # cached input is priced apart
+        await rlm.client.complete([{"role": "system", "content": "s" * 400},
+                                   {"role": "user", "content": "a"}], stream=stream)
+        await rlm.client.complete([{"role": "system", "content": "s" * 400},
+                                   {"role": "user", "content": "a"}], stream=stream)
+        records[name] = rlm.client.ledger.records
+    for wire, plain in zip(records["wire"], records["litellm"]):
+        assert (wire.input_tokens, wire.output_tokens, wire.cached_input_tokens) == \
+            (plain.input_tokens, plain.output_tokens, plain.cached_input_tokens)
+        assert wire.cost_usd == pytest.approx(plain.cost_usd, rel=1e-9)
+    assert records["wire"][1].cached_input_tokens > 0
+
+
+async def test_a_429_is_waited_out_and_teaches_the_gate_on_both_transports(server):
+    for wire in (True, False):
+        name = "wire" if wire else "litellm"  # a model (and so a gate) each
+        rlm = make_rlm(server, max_retries=0, wire_transport=wire,
+                       sub_model=f"openai/limited-{name}")
+        server.reset()
+        server.fail("429", times=2, headers={"retry-after-ms": "50",
+                                             "x-ratelimit-limit-requests": "100",
+                                             "x-ratelimit-remaining-requests": "0",
+                                             "x-ratelimit-reset-requests": "2s"})
+        assert await rlm.helpers.llm_query_batch(["x"]) == ["echo: x"], name
+        [record] = rlm.client.ledger.records
+        assert (record.rate_limited, record.retries, record.error) == (2, 0, None), name
+        gate = rlm.client.gate()
+        assert gate.requests.capacity == 100, name  # learned from the 429's headers
+
+
+async def test_a_streamed_answer_over_the_wire_arrives_piece_by_piece(rlm, server):
+    server.token_delay = 0.01
+    server.default_reply = lambda body: "one two three four"
+    pieces = []
+    done = await rlm.client.complete([{"role": "user", "content": "q"}],
+                                     model="openai/root-model", stream=True,
+                                     on_text=pieces.append)
+    assert pieces == ["one ", "two ", "three ", "four"]
+    assert done.text == "one two three four" and done.streamed
+    assert (done.input_tokens, done.output_tokens, done.finish_reason) == (10, 5, "stop")
+
+
+async def test_a_cancelled_wire_request_closes_its_connection(rlm, server):
+    server.latency = 30
+    task = asyncio.ensure_future(rlm.helpers.llm_query_batch(["a", "b"]))
+    assert await asyncio.to_thread(server.wait_for, lambda: server.in_flight == 2)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await asyncio.to_thread(server.wait_for, lambda: server.cancelled == 2)
+
+
+async def test_each_loop_closes_its_own_connections(rlm, server):
+    from rlm_magic.llm import openai_wire
+    from rlm_magic.llm.client import close_loop_clients
+
+    await rlm.helpers.llm_query_batch(["a"])
+    session, _ = openai_wire._SESSIONS[asyncio.get_running_loop()]
+    await close_loop_clients()
+    assert session.closed and asyncio.get_running_loop() not in openai_wire._SESSIONS
+
+
+async def test_a_key_from_the_environment_is_read_again_when_it_changes(monkeypatch):
+    from rlm_magic.llm.openai_wire import route_for
+
+    litellm = await load_litellm()
+    base = "http://127.0.0.1:9/v1"
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    assert route_for(litellm, "openai/x", base, None) is None  # litellm says what's missing
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-first-key")
+    assert route_for(litellm, "openai/x", base, None).headers["Authorization"] == \
+        "Bearer sk-first-key"
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-second-key")
+    assert route_for(litellm, "openai/x", base, None).headers["Authorization"] == \
+        "Bearer sk-second-key"
+    # A vLLM server without a key gets litellm's placeholder, resolved once.
+    monkeypatch.delenv("HOSTED_VLLM_API_KEY", raising=False)
+    vllm = route_for(litellm, "hosted_vllm/q", base, None)
+    assert vllm is route_for(litellm, "hosted_vllm/q", base, None)
+    assert vllm.headers["Authorization"] == "Bearer fake-api-key"
+
+
+async def test_a_price_registered_after_the_first_call_prices_the_next(rlm, server,
+                                                                       monkeypatch):
+    litellm = await load_litellm()
+    monkeypatch.delitem(litellm.model_cost, "openai/late-priced", raising=False)
+    await rlm.helpers.llm_query_batch(["a"], model="openai/late-priced")
+    monkeypatch.setitem(litellm.model_cost, "openai/late-priced", {
+        "input_cost_per_token": 1e-6, "output_cost_per_token": 2e-6,
+        "litellm_provider": "openai", "mode": "chat"})
+    await rlm.helpers.llm_query_batch(["b"], model="openai/late-priced")
+    first, second = rlm.client.ledger.records
+    assert first.cost_usd is None
+    assert second.cost_usd == pytest.approx(10 * 1e-6 + 5 * 2e-6)
+
+
+async def test_a_vllm_server_is_sent_the_model_name_it_knows(server, monkeypatch):
+    await forbid_litellm_calls(monkeypatch)
+    rlm = make_rlm(server, sub_model="hosted_vllm/Qwen/Qwen3-8B", api_key=None)
+    assert await rlm.helpers.llm_query_batch(["a"]) == ["echo: a"]
+    assert server.requests[-1]["model"] == "Qwen/Qwen3-8B"
+
+
+def test_a_script_s_asyncio_run_closes_the_connections_it_opened(server):
+    from rlm_magic.llm import openai_wire
+
+    rlm = make_rlm(server)
+    opened = []
+
+    async def query():
+        answer = await rlm.helpers.llm_query_batch(["a"])
+        opened.append(openai_wire._SESSIONS[asyncio.get_running_loop()][0])
+        return answer
+
+    assert asyncio.run(query()) == ["echo: a"]  # no close_loop_clients: a plain script
+    assert opened[0].closed and not openai_wire._SESSIONS

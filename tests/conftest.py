@@ -56,10 +56,15 @@ def litellm_imported():
 
 @pytest.fixture
 def server(llm_server, litellm_imported):
-    """The local OpenAI-compatible server, reset for this test."""
+    """The local OpenAI-compatible server, reset for this test, and what this process
+    learned about it forgotten (its models' windows): tests share a server's address."""
+    from rlm_magic.llm import windows
+
     llm_server.reset()
+    windows._LEARNED.clear()
     yield llm_server
     llm_server.reset()
+    windows._LEARNED.clear()
 
 
 def make_rlm(server, **settings) -> RLM:

@@ -247,7 +247,9 @@ async def test_a_quantized_token_limit_is_paced_by_what_the_server_accepts(serve
     prompts = [f"{i:03d} " + "x" * 1996 for i in range(24)]  # 500 tokens each
     answers = await rlm.helpers.llm_query_batch(prompts)
     assert answers == [f"echo: {p}" for p in prompts]
-    assert server.rejected <= 8 + 4  # 8 of the first 16 before anything is known
+    # 8 of the first 16 before anything is known, and a few while the pace settles (more
+    # on a loaded machine); trusting the announced budget would draw one per request.
+    assert server.rejected <= 8 + 10
     assert rlm.client.gate().tokens.distrusted
 
 

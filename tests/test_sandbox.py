@@ -101,6 +101,9 @@ async def test_the_sandbox_process_ends_with_its_run_however_it_ends(rlm, server
 
 
 async def test_processes_the_model_starts_end_with_the_sandbox(rlm, server):
+    # The step waits on its sub-call while the test looks (an instant answer could end
+    # the run, and the sleep with it, before the test has looked).
+    server.model_latency = {"sub-model": 2.0}
     server.script("root-model", [repl("import subprocess\n"
                                       "subprocess.Popen(['sleep', '60.101'])\n"
                                       "print(len(llm_query('started')))"),
@@ -110,6 +113,7 @@ async def test_processes_the_model_starts_end_with_the_sandbox(rlm, server):
     assert running("60.101")  # it did start
     await run
     assert await _eventually(lambda: not running("60.101"), timeout=5)
+    server.model_latency = {}
 
     # Also when the sandbox crashed first, leaving them behind, and those that left
     # the process group.

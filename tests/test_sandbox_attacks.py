@@ -172,6 +172,13 @@ except OSError as e:
     r['disk'] = type(e).__name__
 if os.path.exists('big'):
     os.unlink('big')
+try:  # a memfd's pages are counted by no address-space limit
+    fd = os.memfd_create('hoard')
+    for _ in range(64):
+        os.write(fd, b'x' * 2**20)
+    r['memfd'] = 'WROTE 64 MB'
+except OSError as e:
+    r['memfd'] = type(e).__name__
 print(json.dumps(r))
 """
 
@@ -440,6 +447,7 @@ if pytest is not None:
         limits = attacked["limits"]
         assert limits["processes_started"] < 32 and limits["stopped_by"] == "BlockingIOError"
         assert limits["disk"] == "OSError"  # ENOSPC: the working folder is full
+        assert limits["memfd"] == "PermissionError"  # memory no limit would count
         assert attacked["host_dev_shm_written"] is False  # its /dev/shm is its own
 
     def test_what_the_sandbox_sends_cannot_swell_or_stall_the_kernel(attacked):

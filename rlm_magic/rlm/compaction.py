@@ -74,6 +74,10 @@ class Conversation:
             return None
         size = self.size()
         if size > self.compact_at * room and size - self._compacted_size >= room / 4:
+            try:
+                self._summary_room(size, self.size(self.messages[2:]))
+            except CompactionError:
+                return None  # no summary fits: the turn may still (a refusal then says)
             return await self.compact(index, "threshold")
         return None
 

@@ -8,8 +8,8 @@ The case: a llama.cpp server generating 20 tokens/s, eight prompts whose answers
 alike (the rate is divided by it, the timeout multiplied), so the outcome is the same
 and a run takes ``--scale`` of the time: ``--scale 1`` is the real thing (~3.5 min
 streamed, ~6 min unstreamed). The server runs in this process: below ~0.25 its
-chunks (and litellm's per-chunk work) take more CPU than two cores give, and the
-streamed run's wall time grows past the answers' own time.
+chunks (and, with ``--litellm``, litellm's per-chunk work) take more CPU than two cores
+give, and the streamed run's wall time grows past the answers' own time.
 
 Two runs side by side, on the local test server of tests/llm_server.py:
 - streamed (batch items stream, as they do now): ``timeout`` limits a stall, not the
@@ -42,7 +42,7 @@ ANSWER_TOKENS = 4096
 PROMPTS = 8
 
 
-async def run(server: FakeLLMServer, scale: float, stream: bool) -> dict:
+async def run(server: FakeLLMServer, scale: float, stream: bool, wire: bool) -> dict:
     server.reset()
     server.generation_rate = 20 / scale
     # Tokens that differ: litellm takes a chunk repeated 100 times for a stuck model.
@@ -52,7 +52,8 @@ async def run(server: FakeLLMServer, scale: float, stream: bool) -> dict:
     server.chars_per_token = len(answer) / ANSWER_TOKENS
     rlm = RLM(model="openai/local-model", sub_model="openai/local-model",
               api_base=server.base_url, api_key="sk-local", progress=False,
-              timeout=120 * scale, retry_backoff=0.5 * scale, stream=stream)
+              timeout=120 * scale, retry_backoff=0.5 * scale, stream=stream,
+              wire_transport=wire)
     started = time.perf_counter()
     answers = await rlm.helpers.llm_query_batch(
         [f"Summarise log part {i}" for i in range(PROMPTS)], return_exceptions=True)
@@ -63,18 +64,19 @@ async def run(server: FakeLLMServer, scale: float, stream: bool) -> dict:
             "ledger": rlm.usage().output_tokens, "elapsed": elapsed}
 
 
-async def main(scale: float) -> None:
+async def main(scale: float, wire: bool) -> None:
     server = FakeLLMServer().start()
     try:
         from rlm_magic.llm.client import load_litellm
 
         await load_litellm()
         print(f"{PROMPTS} prompts, {ANSWER_TOKENS:,}-token answers at 20 tokens/s, "
-              f"timeout 120 s, max_retries 2; times scaled by {scale:g}")
+              f"timeout 120 s, max_retries 2; times scaled by {scale:g}; "
+              f"{'wire' if wire else 'litellm'} transport")
         print(f"{'':12} {'answers':>8} {'generated':>10} {'in answers':>11} "
               f"{'ledger out':>11} {'wall (s)':>9} {'unscaled':>9}")
         for name, stream in (("streamed", True), ("unstreamed", False)):
-            row = await run(server, scale, stream)
+            row = await run(server, scale, stream, wire)
             print(f"{name:12} {row['answers']:>5} / {PROMPTS} {row['generated']:>10,} "
                   f"{row['kept']:>11,} {row['ledger']:>11,} {row['elapsed']:>9.1f} "
                   f"{row['elapsed'] / scale:>9.0f}")
@@ -86,4 +88,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", type=float, default=0.25,
                         help="every time of the case times this (1: the real case)")
-    asyncio.run(main(parser.parse_args().scale))
+    parser.add_argument("--litellm", action="store_true",
+                        help="send through litellm, not the wire transport")
+    args = parser.parse_args()
+    asyncio.run(main(args.scale, not args.litellm))

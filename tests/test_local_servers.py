@@ -125,6 +125,13 @@ async def test_a_server_that_reports_no_window_costs_no_wait(server):
     assert set(server.window_asks) >= {"/props", "/v1/models", "/api/show"}
 
 
+async def test_only_openai_compatible_and_ollama_servers_are_asked(server):
+    claude = "anthropic/claude-sonnet-4-5"
+    rlm = make_rlm(server, sub_model=claude, api_base=server.anthropic_base)
+    assert await rlm.helpers.llm_query("x") == "echo: x"
+    assert server.window_asks == []
+
+
 async def test_characters_per_token_are_learned_from_usage_and_advised(server):
     server.usage = None
     server.chars_per_token = 1.75  # Gemma on log text

@@ -13,7 +13,8 @@ Ollama's ``num_ctx``), and each says so at an endpoint of its own:
 
 A server is asked once per (api_base, model), on the running loop, all endpoints at
 once and for at most ``PROBE_TIMEOUT`` seconds: a server that is down or is none of
-these costs the first call that long at most, and is not asked again.
+these costs the first call that long at most, and is not asked again. Only models of
+OpenAI-compatible and Ollama providers at a configured ``api_base`` are asked.
 """
 
 from __future__ import annotations
@@ -41,12 +42,19 @@ def reported_window(api_base: str | None, model: str) -> int | None:
 
 
 def asked(api_base: str | None, model: str) -> bool:
-    return not api_base or (api_base, model) in _FOUND
+    return not may_ask(api_base, model) or (api_base, model) in _FOUND
+
+
+def may_ask(api_base: str | None, model: str) -> bool:
+    """Only an OpenAI-compatible or Ollama model at an api_base of the user's is asked
+    (not Azure's, Anthropic's or OpenAI's own endpoints: their windows are known)."""
+    return bool(api_base) and bool(_PREFIX.match(model)) and \
+        "api.openai.com" not in (api_base or "")
 
 
 async def ask(api_base: str | None, model: str, api_key: str | None = None) -> int | None:
     """The server's window for ``model`` (asked once; None if it does not say)."""
-    if not api_base:
+    if not may_ask(api_base, model):
         return None
     key = (api_base, model)
     if key in _FOUND:

@@ -97,7 +97,7 @@ class RLMConfig(Configurable):
                              "~/.cache/rlm-magic (or $XDG_CACHE_HOME/rlm-magic).").tag(config=True)
 
     # -- streaming and prompt caching (issue 12) ----------------------------------------
-    stream = Bool(True, help="Stream root-model turns (and single llm_query calls): the "
+    stream = Bool(True, help="Stream every call (root turns, sub-calls, batch items): the "
                              "status panel shows the text as it arrives, and `timeout` "
                              "then limits a stall (no new tokens), not the whole answer. "
                              "Turned off by itself for a provider that cannot stream."

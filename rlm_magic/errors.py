@@ -38,14 +38,27 @@ class LLMQueryError(RLMError):
 class PromptTooLongError(LLMQueryError):
     """A prompt cannot fit the model's input window; it was not sent."""
 
-    def __init__(self, model: str, tokens: int, room: int):
+    def __init__(self, model: str, tokens: int, room: int, *, window: int | None = None,
+                 max_tokens: int | None = None, chars_per_token: float = 4.0):
         self.tokens, self.room = tokens, room
-        self.reason = f"prompt is about {tokens:,} tokens, the model takes {room:,}; split it"
+        self.window, self.max_tokens = window, max_tokens
+        # Which to cut, with numbers: max_tokens already gave way to the shortest
+        # answer (see windows.fit_answer), so the prompt is what must shrink.
+        left = (f" (its {window:,}-token window less {window - room:,} for the answer)"
+                if window else "")
+        cut = tokens - room
+        self.reason = (f"prompt is about {tokens:,} tokens, the model takes {room:,}{left}: "
+                       f"cut the prompt by ~{cut:,} tokens (~{int(cut * chars_per_token):,} "
+                       "characters); split it")
         super().__init__(model, self.reason)
         self.args = (f"{self.reason} (not sent to {model!r})",)
 
     def __str__(self) -> str:
         return self.args[0]
+
+
+class CompactionError(RLMError):
+    """The root model's conversation could not be compacted to fit its window."""
 
 
 class BatchError(RLMError):

@@ -61,10 +61,10 @@ def server(llm_server, litellm_imported):
     from rlm_magic.llm import windows
 
     llm_server.reset()
-    windows._LEARNED.clear()
+    windows.forget_learned()  # windows, characters per token, answer sizes, probes
     yield llm_server
     llm_server.reset()
-    windows._LEARNED.clear()
+    windows.forget_learned()
 
 
 def make_rlm(server, **settings) -> RLM:

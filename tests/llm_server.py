@@ -179,6 +179,7 @@ class FakeLLMServer(LocalChatServer):
             # and say "length", as providers do.
             self.enforce_max_tokens = False
             self._cut: set[int] = set()
+            self._reset_local_server_modes()
 
     def script(self, model: str, replies: list[Reply]) -> None:
         """Queue replies for a model, used in order before its default reply."""
@@ -250,13 +251,14 @@ class FakeLLMServer(LocalChatServer):
                     # Rejected at once, as providers do: it never counts as in flight.
                     raise HTTPError(429, "Rate limit reached for requests",
                                     "rate_limit_error", headers=headers)
-            tokens = prompt_tokens(body)
+            tokens = self.count_prompt(body)
             if self.context_window is not None and tokens > self.context_window:
                 self.context_errors += 1
                 raise HTTPError(400, f"This model's maximum context length is "
                                 f"{self.context_window} tokens. However, your messages "
                                 f"resulted in {tokens} tokens. Please reduce the length "
                                 "of the messages.", "invalid_request_error")
+            self._refuse_as_vllm_would(body, tokens)
             self.in_flight += 1
             self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
             failure = self._take_failure(body)
@@ -273,6 +275,8 @@ class FakeLLMServer(LocalChatServer):
                         self.rejected_at.append(time.monotonic())
                 raise HTTPError(*_FAILURES[failure.kind], headers=failure.headers)
             text = self._reply_for(body)
+            if self.generation_rate and not body.get("stream"):
+                await self._generate_unstreamed(text)
             limit = body.get("max_tokens")
             if self.enforce_max_tokens and isinstance(limit, int) and len(text) > 4 * limit:
                 text = text[:4 * limit]
@@ -295,7 +299,9 @@ class FakeLLMServer(LocalChatServer):
             return self._answer_headers.pop(id(body), None)
 
     def usage_for(self, body: dict, text: str) -> tuple[int, int]:
-        return self.usage or super().usage_for(body, text)
+        if self.usage:
+            return self.usage
+        return self.count_prompt(body), max(1, round(len(text) / self.chars_per_token))
 
     # -- streaming and prompt caches ----------------------------------------------------
     async def _stream_chat(self, request, body, text, usage):
@@ -321,9 +327,13 @@ class FakeLLMServer(LocalChatServer):
     def chunk_delay(self, body: dict, index: int) -> float:
         with self._lock:
             self.chunks_sent += 1
+            self.tokens_generated += 1
         if self.stall_at is not None and index == self.stall_at:
             return self.stall_for
-        if not self.token_delay:
+        if self.drop_at is not None and index == self.drop_at:
+            raise ConnectionResetError("the server went away")  # the stream just ends
+        delay = 1.0 / self.generation_rate if self.generation_rate else self.token_delay
+        if not delay:
             return 0.0
         # On a schedule from the first chunk, not a sleep per chunk: sleeps overshoot, and
         # 300 of them would make a streamed answer slower than its generation time.
@@ -332,8 +342,83 @@ class FakeLLMServer(LocalChatServer):
             self._stream_starts[id(body)] = (body, now)
         started = self._stream_starts.get(id(body))
         if started is None or started[0] is not body:
-            return self.token_delay
-        return max(0.0, started[1] + (index + 1) * self.token_delay - now)
+            return delay
+        return max(0.0, started[1] + (index + 1) * delay - now)
+
+    # -- local servers: slow generation, their own windows and tokenizers -----------------
+    def _reset_local_server_modes(self) -> None:
+        # Generation at this many tokens (streamed pieces) a second, streamed or not;
+        # every piece generated is counted, so a test sees any token generated twice.
+        self.generation_rate: float | None = None
+        self.tokens_generated = 0
+        # Characters per token of this server's tokenizer (prompt counts, the window's
+        # check, usage when ``usage`` is None).
+        self.chars_per_token = 4.0
+        # Report the window as a local server does: ("llama.cpp" | "vllm" | "ollama",
+        # tokens); None: those endpoints answer 404, as a cloud provider's do.
+        self.reports_window: tuple[str, int] | None = None
+        self.window_asks: list[str] = []  # the paths asked for it
+        # vLLM's check: prompt plus max_tokens over the window is refused.
+        self.counts_max_tokens = False
+        # A server that dies before streamed chunk number drop_at (no end, no [DONE]).
+        self.drop_at: int | None = None
+
+    def count_prompt(self, body: dict) -> int:
+        """A prompt's tokens by this server's tokenizer (``chars_per_token``)."""
+        characters = sum(len(_text_of(m.get("content"))) for m in body.get("messages", []))
+        return max(1, round(characters / self.chars_per_token))
+
+    def _refuse_as_vllm_would(self, body: dict, tokens: int) -> None:
+        limit = body.get("max_tokens")
+        if self.counts_max_tokens and self.context_window and isinstance(limit, int) \
+                and tokens + limit > self.context_window:
+            self.context_errors += 1
+            raise HTTPError(400, f"This model's maximum context length is "
+                            f"{self.context_window} tokens. However, you requested "
+                            f"{tokens + limit} tokens ({tokens} in the messages, {limit} "
+                            "in the completion). Please reduce the length of the messages "
+                            "or completion.", "BadRequestError")
+
+    async def _generate_unstreamed(self, text: str) -> None:
+        """An unstreamed answer takes as long to generate as a streamed one."""
+        pieces, started = len(split_tokens(text)), time.monotonic()
+        try:
+            await asyncio.sleep(pieces / self.generation_rate)
+        finally:  # a request cancelled midway generated what its time allowed
+            made = min(pieces, round((time.monotonic() - started) * self.generation_rate))
+            with self._lock:
+                self.tokens_generated += made
+
+    def _window_routes(self, router) -> None:
+        router.add_get("/props", self._window_answer)
+        router.add_get("/slots", self._window_answer)
+        router.add_get("/v1/models", self._window_answer)
+        router.add_get("/api/ps", self._window_answer)
+        router.add_post("/api/show", self._window_answer)
+
+    async def _window_answer(self, request):
+        from aiohttp import web
+
+        path = request.path
+        with self._lock:
+            self.window_asks.append(path)
+            reported = self.reports_window
+        kind, size = reported or (None, 0)
+        if kind == "llama.cpp" and path == "/props":
+            return web.json_response({"default_generation_settings": {"n_ctx": size},
+                                      "total_slots": 8})
+        if kind == "llama.cpp" and path == "/slots":
+            return web.json_response([{"id": i, "n_ctx": size} for i in range(8)])
+        if kind == "vllm" and path == "/v1/models":
+            return web.json_response({"object": "list", "data": [
+                {"id": "sub-model", "object": "model", "max_model_len": size},
+                {"id": "root-model", "object": "model", "max_model_len": size}]})
+        if kind == "ollama" and path == "/api/show":
+            return web.json_response({"parameters": f"num_ctx                        {size}",
+                                      "model_info": {"gemma3.context_length": 32768}})
+        if kind == "ollama" and path == "/api/ps":
+            return web.json_response({"models": []})
+        return web.json_response({"error": "not found"}, status=404)
 
     def finish_reason(self, body: dict) -> str:
         with self._lock:
@@ -359,6 +444,7 @@ class FakeLLMServer(LocalChatServer):
 
     def _add_routes(self, router) -> None:
         super()._add_routes(router)
+        self._window_routes(router)
         router.add_post("/v1/messages", self._messages)
 
     @property

@@ -387,8 +387,13 @@ async def test_an_interrupted_batch_counts_its_unfinished_calls_as_cancelled(she
     rlm = session_rlm(shell)
     rlm.progress = True
     server.latency_for = lambda body: 0.0 if "fast" in body["messages"][-1]["content"] else 30
+    calls_before = len(rlm.client.ledger)
     task = asyncio.ensure_future(rlm.helpers.llm_query_batch(["fast", "slow 1", "slow 2"]))
     assert await asyncio.to_thread(server.wait_for, lambda: server.in_flight == 2)
+    for _ in range(3000):  # streamed: the fast answer's last chunk is read, then counted
+        if len(rlm.client.ledger) > calls_before:
+            break
+        await asyncio.sleep(0.01)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

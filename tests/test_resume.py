@@ -21,6 +21,10 @@ async def interrupted_after(rlm, server, prompts, answered: int, **options):
     """Run the map until ``answered`` answers are in, then cancel it as an interrupt would."""
     task = asyncio.ensure_future(rlm.helpers.llm_query_batch(prompts, **options))
     assert await asyncio.to_thread(server.wait_for, lambda: server.completed == answered, 30)
+    for _ in range(3000):  # streamed: the client reads the answers' last chunks, then counts
+        if len(rlm.client.ledger) >= answered:
+            break
+        await asyncio.sleep(0.01)
     await asyncio.sleep(0.05)  # let the loop take the answers in
     task.cancel()
     with pytest.raises(asyncio.CancelledError):

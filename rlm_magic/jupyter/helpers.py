@@ -99,9 +99,11 @@ class NotebookHelpers:
             if answer_format is not None:
                 return lambda: ask(client.complete, messages, answer_format, model_name,
                                    model=model, max_tokens=max_tokens, slot_held=True,
-                                   redactor=redactor)
+                                   redactor=redactor, stream=True)
+            # Streamed: a slow model's long answer is timed out on a stall, not cut
+            # off at a total and started again.
             return lambda: client.complete(messages, model=model, max_tokens=max_tokens,
-                                           slot_held=True, redactor=redactor)
+                                           slot_held=True, redactor=redactor, stream=True)
 
         def answer(completion):
             if completion is None:

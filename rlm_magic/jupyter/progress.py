@@ -194,7 +194,7 @@ class RunStatus(_LiveDisplay):
         tokens = f"{usage.total.total_tokens:,} tokens"
         if usage.total.cached_input_tokens:
             tokens += (f" ({usage.total.cached_input_tokens:,} cached, saved "
-                       f"{format_saving(usage.total.cache_saved_usd)})")
+                       f"{format_saving(usage.total.cache_saved_usd, usage.total.unpriced_savings)})")
         doing = phase or tree.phase
         if not phase and litellm_is_loading():
             doing = f"{doing}: {LOADING_LITELLM}"

@@ -18,11 +18,11 @@ import os
 import random
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..errors import ConfigError, LLMQueryError, PromptTooLongError, describe_exception
-from . import openai_wire, routing, windows
+from ..errors import ConfigError, LLMQueryError, describe_exception
+from . import local_servers, openai_wire, routing, windows
 from .limiter import ConcurrencyLimiter
 from .prompt_cache import REFUSED as _NO_MARKERS
 from .prompt_cache import mark_prefix, needs_markers, refuses_markers
@@ -97,6 +97,47 @@ async def load_litellm():
     return _litellm
 
 
+_CALLS = 0  # calls under way, in every client of the process
+
+
+def _park_logging_worker_soon() -> None:
+    """litellm logs each answer through a worker task it starts on the loop of the
+    call and never ends: once no call is under way (a second later, after litellm has
+    queued its last callbacks), they run and the task ends. The next call starts it
+    again."""
+    if _litellm is None:
+        return
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return
+
+    def park() -> None:
+        if not _CALLS:
+            task = loop.create_task(_park_logging_worker())
+            _PARKING.add(task)  # held: the loop keeps only a weak reference
+            task.add_done_callback(_PARKING.discard)
+    loop.call_later(1.0, park)
+
+
+_PARKING: set = set()
+
+
+async def _park_logging_worker() -> None:
+    try:
+        from litellm.litellm_core_utils.logging_worker import GLOBAL_LOGGING_WORKER as worker
+    except ImportError:  # a litellm without one
+        return
+    if _CALLS or getattr(worker, "_worker_task", None) is None:
+        return
+    try:
+        await asyncio.wait_for(worker.flush(), 5.0)
+        if not _CALLS:
+            await worker.stop()
+    except Exception:  # noqa: BLE001 - logging's housekeeping must never fail a cell
+        pass
+
+
 def litellm_is_loading() -> bool:
     """True while litellm's first import is underway (seconds, in a thread): calls
     already admitted are waiting for it, not in flight, and progress says so."""
@@ -131,6 +172,9 @@ class Completion:
     cache_write_tokens: int = 0
     streamed: bool = False
     finish_reason: str | None = None  # "length": the answer stopped at max_tokens
+    # Why a streamed answer broke off before its end (a stall, the step's deadline, a
+    # server gone): ``text`` is what had arrived, with "[answer cut off: why]" after it.
+    cut_reason: str | None = None
 
     @property
     def cut_off(self) -> bool:
@@ -201,10 +245,19 @@ class LLMClient:
         model = model or self.config.effective_sub_model
         ledger = ledger if ledger is not None else self.ledger
         call = CallOptions(**options)
-        if slot_held:
-            return await self._complete(messages, model, max_tokens, ledger, redactor, call)
-        async with self.limiter:
-            return await self._complete(messages, model, max_tokens, ledger, redactor, call)
+        global _CALLS
+        _CALLS += 1
+        try:
+            if slot_held:
+                return await self._complete(messages, model, max_tokens, ledger, redactor,
+                                            call)
+            async with self.limiter:
+                return await self._complete(messages, model, max_tokens, ledger, redactor,
+                                            call)
+        finally:
+            _CALLS -= 1
+            if not _CALLS:
+                _park_logging_worker_soon()
 
     def gate(self, model: str | None = None) -> RateGate:
         """The rate gate of ``model`` at this client's endpoint (shared process-wide)."""
@@ -221,13 +274,19 @@ class LLMClient:
         """Learn these models' windows from litellm once each, off the loop: for some
         providers that is an HTTP request, which would stall every cell's work."""
         litellm = await load_litellm()
+        config = self.config
         names = set(models)
-        if self.config.model_list:
+        if config.model_list:
             for model in models:
-                names.update(routing.deployments(self.config.model_list, model))
+                names.update(routing.deployments(config.model_list, model))
         missing = windows.missing_model_info(sorted(names))
-        if missing:
-            await asyncio.to_thread(windows.look_up, litellm, missing)
+        # A local server says what window it runs each model with (once per server).
+        unasked = [] if config.model_list else \
+            [m for m in models if not local_servers.asked(config.api_base, m)]
+        if missing or unasked:
+            await asyncio.gather(
+                *([asyncio.to_thread(windows.look_up, litellm, missing)] if missing else []),
+                *(local_servers.ask(config.api_base, m, config.api_key) for m in unasked))
 
     def input_window(self, model: str | None = None) -> int | None:
         """Input tokens ``model`` takes, if known (see ``windows.input_window``)."""
@@ -317,17 +376,17 @@ class LLMClient:
         await self.look_up_windows(model)
         window = self.input_window(model)
         if window is not None:
-            # A prompt the model cannot take is not sent: it would be billed or refused.
-            room = window - windows.reserve_for_answer(window, params["max_tokens"])
-            over = await windows.prompt_tokens_over(litellm, model, messages, room)
-            if over is not None:
-                raise PromptTooLongError(model, over, room)
+            # A prompt the model cannot take is not sent (it would be billed or refused);
+            # one that fits beside a shorter answer asks for less (windows.fit_answer).
+            params["max_tokens"] = await windows.fit_answer(
+                litellm, model, messages, window, params["max_tokens"])
         plain_messages = messages
         if call.cache_prefix and config.prompt_caching and needs_markers(litellm, model):
             messages = mark_prefix(messages)
         streaming = call.stream and config.stream and model not in _CANNOT_STREAM
         spent = _Spent()  # tokens of attempts cut off by a stall, billed all the same
         state: StreamState | None = None
+        cut_reason: str | None = None
         request = self._request(model, messages, params)
         if config.model_list:
             # The Router retries, on another deployment when it can (see routing.py).
@@ -387,6 +446,15 @@ class LLMClient:
                 raise
             except Exception as exc:  # noqa: BLE001 - every failure is reported below
                 failure = exc
+                partial = transport.partial(state, plain_messages)
+                if partial is not None:
+                    # Cut off after text arrived (a stall, the step's deadline, a server
+                    # gone): that text is the answer, marked; starting over would throw
+                    # away what was generated and pay for it again.
+                    gate.failed(ticket)
+                    answer = partial
+                    cut_reason = str(_explained(failure, attempt_timeout, call, state))
+                    break
                 spent.add_partial(state, transport, plain_messages)
             else:
                 gate.answered(ticket, answer.headers, answer.input_tokens or None,
@@ -404,7 +472,7 @@ class LLMClient:
                                                started, limited_since,
                                                describe_exception(failure)) from failure
             gate.failed(ticket)
-            windows.learn_from(failure, self._endpoint(), model)
+            windows.learn_from(failure, self._endpoint(), model, plain_messages)
             if messages is not plain_messages and refuses_markers(failure):
                 # A provider that rejects cache_control markers: send it plain, from
                 # now on, without spending a retry.
@@ -421,6 +489,9 @@ class LLMClient:
             out_of_time = call.deadline is not None and \
                 time.monotonic() + delay + _MIN_ATTEMPT_S >= call.deadline
             final = call.may_retry is not None and not call.may_retry()
+            # A prompt over the window is refused again as it stands: never retried
+            # (the refusal taught the window and the estimate instead).
+            final = final or windows.is_context_error(failure)
             if retries >= max_retries or not is_retryable(failure) or out_of_time or final:
                 failure = _explained(failure, attempt_timeout, call, state)
                 raise self._failed(ledger, model, retries, rate_limited, started, failure,
@@ -434,14 +505,20 @@ class LLMClient:
 
         completion = _completion_from(answer, model, retries,
                                       time.perf_counter() - started, streaming)
+        if cut_reason is not None:
+            completion = replace(completion, finish_reason=None, cut_reason=cut_reason,
+                                 text=f"{completion.text}\n[answer cut off: {cut_reason}]")
+        else:
+            windows.learn_usage(model, plain_messages, completion.input_tokens,
+                                completion.output_tokens, completion.finish_reason == "stop")
         ledger.record(spent.record(
             model, completion.input_tokens, completion.output_tokens, completion.cost_usd,
             retries=retries, rate_limited=rate_limited, elapsed_s=completion.elapsed_s,
             cached_input_tokens=completion.cached_input_tokens,
             cache_write_tokens=completion.cache_write_tokens,
             cache_saved_usd=cache_saving(litellm, model, completion),
-            cut_off=completion.cut_off))
-        if key is not None:
+            cut_off=completion.cut_off or cut_reason is not None))
+        if key is not None and cut_reason is None:
             _cache_call(cache.set, key, {"text": completion.text,
                                          "input_tokens": completion.input_tokens,
                                          "output_tokens": completion.output_tokens})

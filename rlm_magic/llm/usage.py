@@ -57,9 +57,13 @@ class ModelUsage:
     cache_write_tokens: int = 0
     cache_saved_usd: float = 0.0
     cut_off: int = 0  # answers that stopped at max_tokens
+    unpriced_savings: int = 0  # calls served from a prompt cache at no known price
 
     def add(self, record: CallRecord) -> None:
         self.calls += 1
+        if record.cache_saved_usd is None and (record.cached_input_tokens
+                                               or record.cache_write_tokens):
+            self.unpriced_savings += 1
         self.cut_off += record.cut_off
         self.cached_input_tokens += record.cached_input_tokens
         self.cache_write_tokens += record.cache_write_tokens
@@ -153,7 +157,8 @@ class UsageSummary:
         cells += (str(row.rate_limited),) if self.total.rate_limited else ()
         cells += (str(row.cut_off),) if self.total.cut_off else ()
         if self._cache_columns:
-            cells += (f"{row.cached_input_tokens:,}", format_saving(row.cache_saved_usd))
+            cells += (f"{row.cached_input_tokens:,}",
+                      format_saving(row.cache_saved_usd, row.unpriced_savings))
         return cells
 
     def __repr__(self) -> str:
@@ -191,9 +196,12 @@ def format_cost(cost: float | None, unpriced_calls: int = 0) -> str:
     return text + (" + ?" if unpriced_calls else "")
 
 
-def format_saving(dollars: float) -> str:
-    """What prompt caching saved; negative while cache writes cost more than reads saved."""
-    text = format_cost(abs(dollars))
+def format_saving(dollars: float, unpriced: int = 0) -> str:
+    """What prompt caching saved; negative while cache writes cost more than reads saved.
+    ``unpriced``: cached calls at no known price, whose saving is unknown, never $0."""
+    if unpriced and not dollars:
+        return "?"
+    text = format_cost(abs(dollars), unpriced)
     return ("-" + text) if dollars < 0 else text
 
 

@@ -1,11 +1,19 @@
 """How many tokens a model takes, and whether a prompt fits before it is sent.
 
-A model's input window comes from litellm's model info, else ``RLM.context_window``,
-else from the provider itself: its context-length error names the number, and it is
-remembered for the rest of the session (per endpoint and model).
+A model's input window comes from the server itself when it says (a local server's
+own endpoint, see ``local_servers``), else litellm's model info, else
+``RLM.context_window``; a provider's context-length error names the number too, and it
+is remembered for the rest of the session (per endpoint and model).
 
 Counting is cheap on the loop: a character estimate decides clear cases; only a prompt
-near the limit is counted exactly, in a thread when it is large.
+near the limit is counted exactly, in a thread when it is large. The estimate's
+characters per token are learned per model from its own usage reports (and from the
+counts its refusals name): Gemma reads log text at 1.75, not 4.
+
+Room for the answer is what answers need, not ``max_tokens`` whatever the prompt: a
+prompt is refused only when not even a short answer would fit beside it, and when it
+fits with less than ``max_tokens``, ``max_tokens`` is lowered to what fits (a server
+would refuse, or cut, the request as asked).
 """
 
 from __future__ import annotations
@@ -24,12 +32,36 @@ _WINDOW_IN_MESSAGE = [
 _CONTEXT_WORDS = re.compile(r"context.(?:length|window|size)|prompt is too long|"
                             r"exceed_context_size|too many tokens", re.I)
 
+# What providers say about the prompt's own size in such an error.
+_PROMPT_IN_MESSAGE = [
+    re.compile(r"request \(([\d,]+) tokens\) exceeds", re.I),  # llama.cpp
+    re.compile(r"\(([\d,]+) in the messages", re.I),  # vLLM, OpenAI (with max_tokens)
+    re.compile(r"your messages resulted in ([\d,]+) tokens", re.I),  # OpenAI
+    re.compile(r"prompt is too long: ([\d,]+) tokens", re.I),  # Anthropic
+]
+
 # Windows providers told us about: (endpoint, model) -> tokens.
 _LEARNED: dict[tuple[str | None, str], int] = {}
 _MODEL_INFO: dict[str, int | None] = {}
+# Per model: (characters, tokens) its usage reports add up to, for chars_per_token.
+_READ: dict[str, tuple[float, float]] = {}
+# Per model: the longest answer it finished by itself (tokens), for answer_room.
+_ANSWERS: dict[str, int] = {}
 
-CHARS_PER_TOKEN = 4  # the estimate; exact counts decide the close cases
+CHARS_PER_TOKEN = 4  # the estimate until a model's usage says otherwise
+MIN_ANSWER = 256  # a prompt is refused only when not even this much answer fits
 _LARGE_CHARS = 50_000  # counted in a thread above this
+_MESSAGE_OVERHEAD = 4  # tokens a chat template adds per message
+
+
+def forget_learned() -> None:
+    """Forget what providers and usage reports taught (tests; a restarted server)."""
+    from . import local_servers
+
+    _LEARNED.clear()
+    _READ.clear()
+    _ANSWERS.clear()
+    local_servers.forget()
 
 
 def is_context_error(exc: BaseException | None) -> bool:
@@ -53,22 +85,74 @@ def window_in_error(exc: BaseException | None) -> int | None:
     return None
 
 
-def learn_from(exc: BaseException, endpoint: str | None, model: str) -> int | None:
-    """Remember the window a context-length error names; returns it."""
+def prompt_in_error(exc: BaseException | None) -> int | None:
+    """The prompt's tokens as a provider's context-length error counts them."""
+    for error in _chain(exc):
+        for pattern in _PROMPT_IN_MESSAGE:
+            match = pattern.search(str(error))
+            if match:
+                return int(match.group(1).replace(",", ""))
+    return None
+
+
+def learn_from(exc: BaseException, endpoint: str | None, model: str,
+               messages: list[dict] | None = None) -> int | None:
+    """Remember the window a context-length error names, and the characters per token
+    its count of the prompt shows (``messages``: the prompt refused); returns the
+    window."""
     if not is_context_error(exc):
         return None
     window = window_in_error(exc)
     if window:
         _LEARNED[(endpoint, model)] = window
+    counted = prompt_in_error(exc)
+    if counted and messages:
+        # The server's own tokenizer on this very text: it outweighs what was learned.
+        _READ.pop(model, None)
+        learn_usage(model, messages, counted)
     return window
+
+
+def learn_usage(model: str, messages: list[dict], input_tokens: int,
+                output_tokens: int = 0, finished: bool = False) -> None:
+    """Learn from a call's usage report: the model's characters per token (prompts
+    large enough to say), and how long its finished answers run."""
+    if finished and output_tokens > 0:
+        _ANSWERS[model] = max(_ANSWERS.get(model, 0), output_tokens)
+    tokens = input_tokens - _MESSAGE_OVERHEAD * len(messages)
+    characters = _characters(messages)
+    if tokens < 100 or characters < 400:
+        return  # too small to tell the tokenizer from the template around it
+    ratio = characters / tokens
+    if not 0.8 <= ratio <= 12:
+        return  # a usage figure that is not this prompt's count (a fixed or cached one)
+    read, counted = _READ.get(model, (0.0, 0.0))
+    if counted > 200_000:  # recent prompts weigh most
+        read, counted = read / 2, counted / 2
+    _READ[model] = (read + characters, counted + tokens)
+
+
+def chars_per_token(model: str | None = None) -> float:
+    """Characters per token of ``model`` as its usage reports showed, else 4."""
+    read, counted = _READ.get(model, (0.0, 0.0)) if model else (0.0, 0.0)
+    if counted < 100:
+        return float(CHARS_PER_TOKEN)
+    return min(12.0, max(0.8, read / counted))
+
+
+def learned_ratio(model: str) -> bool:
+    return model in _READ and _READ[model][1] >= 100
 
 
 def input_window(litellm: Any, model: str, endpoint: str | None,
                  configured: int | None, behind: list[str] = ()) -> int | None:
-    """Tokens ``model`` takes as input: litellm's model info, else ``configured``
-    (``RLM.context_window``), else what the provider said in an error; None if unknown.
-    ``behind``: the models behind a Router group (the smallest window counts)."""
-    known = _model_info_window(litellm, model)
+    """Tokens ``model`` takes as input: what its server reported, else litellm's model
+    info, else ``configured`` (``RLM.context_window``), else what the provider said in
+    an error; None if unknown. ``behind``: the models behind a Router group (the
+    smallest window counts)."""
+    from .local_servers import reported_window
+
+    known = reported_window(endpoint, model) or _model_info_window(litellm, model)
     if not known and behind:
         windows = [_model_info_window(litellm, name) for name in behind]
         known = min(windows) if windows and all(windows) else None
@@ -105,15 +189,46 @@ def _model_info_window(litellm: Any, model: str) -> int | None:
     return _MODEL_INFO[model]
 
 
-def reserve_for_answer(window: int, max_tokens: int) -> int:
-    """Tokens kept free for the answer: ``max_tokens``, but at most half the window (a
-    4k-token local model with the default max_tokens of 4096 still takes prompts)."""
-    return min(max_tokens, window // 2)
+def answer_room(window: int, max_tokens: int, model: str | None = None) -> int:
+    """Tokens to plan for an answer of ``model`` (chunk advice, when to compact): what
+    its longest finished answer took, with a margin, else a quarter of the window;
+    never more than ``max_tokens``, never less than the shortest answer."""
+    longest = _ANSWERS.get(model) if model else None
+    need = int(longest * 1.25) + 16 if longest else window // 4
+    return max(shortest_answer(max_tokens), min(max_tokens, need, window // 2))
 
 
-def estimate_tokens(messages: list[dict]) -> int:
-    """Tokens of a conversation by its characters: cheap, about right for prose."""
-    return _characters(messages) // CHARS_PER_TOKEN + 4 * len(messages)
+def shortest_answer(max_tokens: int) -> int:
+    """The least room for an answer that a prompt must leave to be sent."""
+    return min(max_tokens, MIN_ANSWER)
+
+
+def estimate_tokens(messages: list[dict], model: str | None = None) -> int:
+    """Tokens of a conversation by its characters: cheap, and as right as the model's
+    learned characters per token (4 until its usage says)."""
+    return int(_characters(messages) / chars_per_token(model)) + \
+        _MESSAGE_OVERHEAD * len(messages)
+
+
+async def fit_answer(litellm: Any, model: str, messages: list[dict], window: int,
+                     max_tokens: int) -> int:
+    """``max_tokens`` to send with this prompt: as asked when prompt and answer fit
+    the window, less when only a shorter answer fits (a server would refuse the
+    request as asked, or cut it). Raises ``PromptTooLongError`` when not even the
+    shortest answer fits: then the prompt must be cut."""
+    from ..errors import PromptTooLongError
+
+    shortest = shortest_answer(max_tokens)
+    tokens = await prompt_tokens_over(litellm, model, messages, max(0, window - max_tokens))
+    if tokens is None:
+        return max_tokens
+    if tokens > window - shortest:
+        raise PromptTooLongError(model, tokens, window - shortest, window=window,
+                                 max_tokens=max_tokens,
+                                 chars_per_token=chars_per_token(model))
+    # An estimate may be short by a few percent: leave that much of the window free.
+    margin = 0 if tokens <= 0 else max(8, tokens // 20)
+    return max(shortest, min(max_tokens, window - tokens - margin))
 
 
 async def prompt_tokens_over(litellm: Any, model: str, messages: list[dict],
@@ -121,12 +236,14 @@ async def prompt_tokens_over(litellm: Any, model: str, messages: list[dict],
     """The prompt's tokens when they are over ``room``, else None.
 
     Clear cases are decided by the estimate; a prompt near the limit is counted
-    exactly, off the loop when it is large."""
-    estimate = estimate_tokens(messages)
+    exactly, off the loop when it is large. For a model whose characters per token
+    were learned, or that litellm has no entry for, the larger of the two counts
+    stands."""
+    estimate = estimate_tokens(messages, model)
     if estimate <= room // 2:
         return None
     characters = _characters(messages)
-    if characters // 8 > room:  # over even at 8 characters a token
+    if 0 < room < characters // 8 and not learned_ratio(model):  # over even at 8 a token
         return estimate
     try:
         if characters > _LARGE_CHARS:
@@ -135,6 +252,10 @@ async def prompt_tokens_over(litellm: Any, model: str, messages: list[dict],
             exact = _count(litellm, model, messages)
     except Exception:  # noqa: BLE001 - no tokenizer: trust the estimate
         exact = estimate
+    if learned_ratio(model) or not _MODEL_INFO.get(model):
+        # litellm counts a model it has no entry for with OpenAI's tokenizer, which
+        # may read its text quite differently: the estimate stands when larger.
+        exact = max(exact, estimate)
     return exact if exact > room else None
 
 

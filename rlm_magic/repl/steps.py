@@ -251,7 +251,9 @@ def execute_step(compiled, namespace: dict[str, Any], output: StepOutput,
                 value = namespace.pop(_LAST_VALUE, None)
                 if value is not None:
                     output.value = repr(value)
-            except (StepInterrupted, KeyboardInterrupt):
+            except StepInterrupted:
+                # A stop. A KeyboardInterrupt the code raises itself is its own error,
+                # shown with its traceback below.
                 output.error = "KeyboardInterrupt: the step was stopped"
             except BaseException:  # noqa: BLE001 - shown to the model, as a REPL would
                 output.error = format_model_traceback()

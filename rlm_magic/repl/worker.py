@@ -428,7 +428,9 @@ def _on_sigint(worker: Worker):
     def handler(signum, frame):
         if worker.running:
             worker.stop_requested = True
-            raise KeyboardInterrupt
+            # Not KeyboardInterrupt: the model's code may raise that itself, and a
+            # stop must read as a stop, that as the code's own error.
+            raise StepInterrupted("stopped")
     return handler
 
 

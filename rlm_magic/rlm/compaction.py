@@ -4,14 +4,19 @@ When the conversation nears the window (``RLM.compact_at`` of it), or the provid
 refuses it as too long, the root model summarises its progress and the conversation
 restarts from the system prompt, the question and that summary. Every message, compacted
 or not, stays in ``history``, which the REPL gets as the variable ``history``.
+
+The summary must fit the window it is written in (a 4,096-token local model too): it
+is streamed (a slow model is watched for stalls, not cut at a total), its budget is a
+share of the window and at most half of what it replaces, and a summary that still
+comes out larger than what it replaces is cut to that size.
 """
 
 from __future__ import annotations
 
 from typing import Awaitable, Callable
 
-from ..errors import LLMQueryError
-from ..llm.windows import CHARS_PER_TOKEN, estimate_tokens, is_context_error, reserve_for_answer
+from ..errors import CompactionError, LLMQueryError
+from ..llm.windows import answer_room, chars_per_token, estimate_tokens, is_context_error
 from .prompts import AFTER_COMPACTION_PROMPT, SUMMARY_PROMPT
 from .result import Compaction
 
@@ -41,7 +46,11 @@ class Conversation:
                          {"role": "user", "content": first}]
         self.history = list(self.messages)  # every message, compactions or not
         self._compacted_length = len(self.messages)
-        self._compacted_size = estimate_tokens(self.messages)
+        self._compacted_size = self.size()
+
+    def size(self, messages: list[dict] | None = None) -> int:
+        """Estimated tokens of ``messages`` (the conversation's), as the model reads."""
+        return estimate_tokens(self.messages if messages is None else messages, self.model)
 
     def add(self, reply: str, feedback: str) -> None:
         exchange = [{"role": "assistant", "content": reply},
@@ -54,7 +63,7 @@ class Conversation:
         window = self.client.input_window(self.model)
         if window is None:
             return None
-        return window - reserve_for_answer(window, self.max_tokens)
+        return window - answer_room(window, self.max_tokens, self.model)
 
     async def compact_if_near_window(self, index: int) -> Compaction | None:
         room = self.room()
@@ -63,8 +72,12 @@ class Conversation:
         # threshold, each turn would otherwise pay for another summary.
         if room is None or len(self.messages) <= self._compacted_length:
             return None
-        size = estimate_tokens(self.messages)
+        size = self.size()
         if size > self.compact_at * room and size - self._compacted_size >= room / 4:
+            try:
+                self._summary_room(size, self.size(self.messages[2:]))
+            except CompactionError:
+                return None  # no summary fits: the turn may still (a refusal then says)
             return await self.compact(index, "threshold")
         return None
 
@@ -73,22 +86,26 @@ class Conversation:
         system prompt, the question and that summary. The full history goes into the
         REPL variable ``history`` first, so nothing the model saw is lost."""
         self._status("compacting")
-        before = estimate_tokens(self.messages)
+        before = self.size()
         await self._share_history(self.history)
-        room = self.room() or max(256, before // 2)
-        for share in (0.8, 0.4):  # the estimate may be short for code: then less
-            request = _with_user_message(_fitted(self.messages, int(room * share)),
-                                         SUMMARY_PROMPT)
+        replaced = self.size(self.messages[2:])  # what the summary stands in for
+        for share in (0.9, 0.6):  # the estimate may be short for code: then less
+            budget, room = self._summary_room(before, replaced)
+            request = _with_user_message(_fitted(self.messages, int(room * share),
+                                                 self.model), SUMMARY_PROMPT)
             try:
                 completion = await self.client.complete(
-                    request, model=self.model, max_tokens=self.max_tokens,
-                    ledger=self.ledger, deadline=self.deadline)
+                    request, model=self.model, max_tokens=budget, ledger=self.ledger,
+                    deadline=self.deadline, stream=True)
                 break
             except LLMQueryError as exc:
-                if share == 0.4 or not is_context_error(exc):
-                    raise
-                room = self.room() or room  # the error may have taught the window
-        summary = completion.text.strip() or "(the model wrote no summary)"
+                if share == 0.6 or not is_context_error(exc):
+                    raise CompactionError(
+                        f"the root model's conversation (~{before:,} tokens) could not be "
+                        f"compacted: its summary call failed: {exc}") from exc
+                # The refusal taught the window (or the model's characters per token).
+        summary = _no_larger(completion.text.strip() or "(the model wrote no summary)",
+                             replaced, chars_per_token(self.model))
         number = len(self.compactions) + 1
         self.history += [{"role": "user", "content": SUMMARY_PROMPT},
                          {"role": "assistant", "content": summary}]
@@ -97,26 +114,59 @@ class Conversation:
                           "content": AFTER_COMPACTION_PROMPT.format(number=number)}]
         await self._share_history(self.history)
         self._compacted_length = len(self.messages)
-        self._compacted_size = estimate_tokens(self.messages)
-        record = Compaction(index, reason, before, estimate_tokens(self.messages),
+        self._compacted_size = self.size()
+        record = Compaction(index, reason, before, self._compacted_size,
                             completion.input_tokens, completion.output_tokens,
                             completion.cost_usd, summary)
         self.compactions.append(record)
         self._status("thinking")
         return record
 
+    def _summary_room(self, before: int, replaced: int) -> tuple[int, int]:
+        """(the summary's max_tokens, the tokens its request may take). The summary
+        gets a quarter of the window at most, and half of what it replaces; the
+        request, the rest of the window. A window too small for the system prompt,
+        the question and a summary beside them is a failure of its own."""
+        window = self.client.input_window(self.model)
+        budget = max(64, min(self.max_tokens, replaced // 2,
+                             window // 4 if window else self.max_tokens))
+        if window is None:
+            return budget, max(256, before // 2)
+        head = self.size(self.messages[:2]) + self.size(
+            [{"role": "user", "content": SUMMARY_PROMPT}])
+        room = window - budget
+        if room - head < 128:  # not even the latest exchange would fit beside them
+            raise CompactionError(
+                f"the root model's window of {window:,} tokens cannot hold its system "
+                f"prompt and the question (~{head:,} tokens) with a summary of "
+                f"{budget:,} tokens beside them, so its conversation cannot be compacted: "
+                "use a root model with a larger window (RLM.model), or a shorter "
+                "question or system prompt")
+        return budget, room
 
-def _fitted(messages: list[dict], room: int) -> list[dict]:
+
+def _no_larger(summary: str, replaced: int, per_token: float) -> str:
+    """A summary never takes more room than what it replaces."""
+    limit = int(replaced * per_token * 0.9)
+    if len(summary) <= limit:
+        return summary
+    return summary[:max(0, limit - 60)] + "\n[summary cut to fit the conversation it replaces]"
+
+
+def _fitted(messages: list[dict], room: int, model: str | None = None) -> list[dict]:
     """The conversation cut to about ``room`` tokens for its summary: the system prompt
     and question, then the latest exchanges that fit (the oldest are left out whole;
     a single exchange too big alone keeps its head and tail)."""
+    def estimate(part):
+        return estimate_tokens(part, model)
+
     head, tail = messages[:2], messages[2:]
-    budget = max(64, room - estimate_tokens(head))
+    budget = max(64, room - estimate(head))
     left_out = 0
-    while len(tail) > 2 and estimate_tokens(tail) > budget:
+    while len(tail) > 2 and estimate(tail) > budget:
         tail, left_out = tail[2:], left_out + 2  # whole (assistant, user) exchanges
-    if estimate_tokens(tail) > budget:
-        share = max(200, budget * CHARS_PER_TOKEN // max(1, len(tail)))
+    if estimate(tail) > budget:
+        share = max(200, int(budget * chars_per_token(model)) // max(1, len(tail)))
         tail = [{**m, "content": _head_and_tail(m["content"], share)}
                 if isinstance(m.get("content"), str) else m for m in tail]
     if left_out:

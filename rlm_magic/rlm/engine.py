@@ -11,14 +11,15 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ..config import RLMConfig
-from ..errors import ConfigError, LLMQueryError, describe_exception
+from ..errors import ConfigError, LLMQueryError, PromptTooLongError, describe_exception
 from ..llm.client import LLMClient, close_loop_clients, redact_messages
 from ..llm.redaction import off_loop_if_large
 from ..llm.usage import SESSION_LEDGER, UsageLedger
-from ..llm.windows import CHARS_PER_TOKEN, is_context_error, reserve_for_answer
+from ..llm.windows import answer_room, chars_per_token, is_context_error
 from ..repl.inprocess import AsyncREPL
 from ..repl.sandbox import SandboxREPL
 from ..repl.steps import FINISHERS, preloaded, repl_builtins
@@ -182,6 +183,7 @@ class Run:
         self._finished: tuple[str, str] | None = None
         self._told_restored: set[str] = set()  # scaffold names the model was told of
         self._cut_off = False  # the last root turn stopped at max_tokens
+        self._broken_off: str | None = None  # why the last root turn broke off
         self.early_execution = rlm.early_execution and rlm.stream
         self.result = RLMResult(query=query, model=self.model, sub_model=self.sub_model,
                                 depth=depth, sandbox=self.sandbox)
@@ -328,8 +330,9 @@ class Run:
             result.trajectory.append(iteration)
             feedback, final = await self._act_on(reply, iteration, turn, outputs)
             if iteration.broken_off:
-                feedback = (f"(Your reply was cut off after its code had run: "
-                            f"{iteration.broken_off}. Its output is below.)\n\n{feedback}")
+                ran = " after its code had run" if iteration.early_blocks else ""
+                feedback = (f"(Your reply was cut off{ran}: {iteration.broken_off}. Its "
+                            f"output is below.)\n\n{feedback}")
             iteration.sub_calls = self.calls.own - calls_before
             iteration.elapsed_s = time.perf_counter() - turn_started
             if final is not None:
@@ -366,6 +369,7 @@ class Run:
         """A root turn on the conversation, compacted first when it nears the model's
         window; a context-length error compacts it once more and tries again."""
         conversation = self.conversation
+        self._refresh_advice()
         record = await conversation.compact_if_near_window(index)
         if record is not None and iteration is not None:
             iteration.compaction = record
@@ -380,7 +384,16 @@ class Run:
         if iteration is not None:
             iteration.compaction = record
         turn = new_turn()
-        return await self._ask_root(conversation.messages + list(extra), turn, iteration), turn
+        try:
+            return await self._ask_root(conversation.messages + list(extra), turn,
+                                        iteration), turn
+        except PromptTooLongError as exc:
+            # Not a sub-call's "split it": the conversation was just compacted, and
+            # what is left (system prompt, question, summary) is still too long.
+            raise LLMQueryError(self.model, (
+                f"the root conversation is about {exc.tokens:,} tokens even after "
+                f"compaction, and the root model takes {exc.room:,}: use a root model "
+                "with a larger window (RLM.model), or a shorter question")) from None
 
     async def _share_history(self, history: list[dict]) -> None:
         """The whole conversation as the REPL variable ``history``, redacted as all that
@@ -420,6 +433,11 @@ class Run:
         if iteration is not None:
             iteration.early_blocks = turn.ran
         self._cut_off = bool(getattr(completion, "cut_off", False))
+        # A turn that broke off (a stall, a server gone) is kept as far as it came; a
+        # block it left unclosed is not run (it may be half written).
+        self._broken_off = getattr(completion, "cut_reason", None)
+        if self._broken_off and iteration is not None:
+            iteration.broken_off = self._broken_off
         return completion.text
 
     async def _act_on(self, reply: str, iteration: Iteration, turn: LiveTurn | None = None,
@@ -428,6 +446,9 @@ class Run:
         """Run the reply's code; return (feedback for the model, (final answer, how it
         was given) or None)."""
         reading = read_reply(reply)
+        if self._broken_off:
+            reading = replace(reading, fences=[f for f in reading.fences if f.closed])
+            self._broken_off = None
         blocks = reading.blocks
         outputs = outputs if outputs is not None else []
         if turn is not None and self.early_execution:
@@ -616,12 +637,34 @@ class Run:
                 "shown; print smaller slices]")
 
     # -- prompts ----------------------------------------------------------------------
-    def _system_prompt(self) -> str:
-        type_name, length, preview = describe_context(self.context)
+    def _chunk_advice(self) -> tuple[str, str]:
+        """What one sub-call prompt can hold: the sub-model's window less its answers'
+        room, at the characters per token its usage reports showed."""
         window = self.client.input_window(self.sub_model)
-        reads, chunk = chunk_advice(
-            window - reserve_for_answer(window, self.max_tokens) if window else None,
-            CHARS_PER_TOKEN)
+        return chunk_advice(
+            window - answer_room(window, self.max_tokens, self.sub_model) if window
+            else None, chars_per_token(self.sub_model))
+
+    def _refresh_advice(self) -> None:
+        """A window learned since the system prompt was written (or a tokenizer that
+        reads a quarter more or less than it assumed) changes the chunk advice: the
+        system prompt is written again. Only then: a new system prompt costs the
+        provider's prompt cache its prefix."""
+        window, per_token = self._advised_for
+        now = (self.client.input_window(self.sub_model), chars_per_token(self.sub_model))
+        if now[0] == window and abs(now[1] - per_token) <= 0.25 * per_token:
+            return
+        if self.conversation.messages:
+            self.conversation.messages[0] = {"role": "system",
+                                             "content": self._system_prompt()}
+
+    def _system_prompt(self) -> str:
+        if getattr(self, "_described", None) is None:
+            self._described = describe_context(self.context)
+        type_name, length, preview = self._described
+        self._advised_for = (self.client.input_window(self.sub_model),
+                             chars_per_token(self.sub_model))
+        reads, chunk = self._chunk_advice()
         fields = _Fields(context_type=type_name, context_length=length,
                          sub_model_reads=reads, chunk_size=chunk,
                          context_preview=self.client.redactor()(preview),
@@ -666,7 +709,23 @@ class Run:
                 self.tree.max_iterations = self.max_iterations
 
 def _is_error(answer: str | None) -> bool:
-    return isinstance(answer, str) and answer.lstrip().startswith("Error:")
+    """An answer that is a failed call's error string, or only such strings (a
+    FINAL_VAR of a list whose every item is an ``Error:``)."""
+    if not isinstance(answer, str):
+        return False
+    text = answer.strip()
+    if text.startswith("Error:"):
+        return True
+    if text[:1] in "[(" and text[-1:] in "])" and len(text) < 1_000_000:
+        import ast
+
+        try:
+            items = ast.literal_eval(text)
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            return False
+        return isinstance(items, (list, tuple)) and bool(items) and all(
+            isinstance(item, str) and item.lstrip().startswith("Error:") for item in items)
+    return False
 
 
 class _Fields(dict):

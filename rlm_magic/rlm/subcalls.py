@@ -18,7 +18,7 @@ from ..llm.limiter import ConcurrencyLimiter
 from ..llm.messages import build_messages
 from ..llm.structured import AnswerFormat, ask
 from ..llm.usage import UsageLedger
-from ..llm.windows import is_context_error
+from ..llm.windows import is_context_error, prompt_in_error
 
 if TYPE_CHECKING:
     from .live_turn import LiveTurn
@@ -186,9 +186,9 @@ class SubCalls:
         options = dict(
             model=self.sub_model, max_tokens=tokens, ledger=self.tree.ledger,
             slot_held=slot_held, redactor=redactor,
-            # One call at a time streams (its timeout is then a stall timeout);
-            # a batch's items do not: per-chunk work times 64 would load the loop.
-            stream=not slot_held, deadline=self.deadline)
+            # Batch items stream too: the timeout is then a stall timeout, and a slow
+            # local model's long answer is not cut off at a total and started again.
+            stream=True, deadline=self.deadline)
         try:
             if answer_format is not None:
                 typed = await ask(self.client.complete, messages, answer_format,
@@ -200,13 +200,10 @@ class SubCalls:
             if not slot_held:
                 self.tree.call_ended(failed=True)
             if isinstance(exc, PromptTooLongError):
-                return (f"Error: prompt is about {exc.tokens:,} tokens, the sub-model takes "
-                        f"{exc.room:,}; split it")
+                return "Error: " + exc.reason.replace("the model takes", "the sub-model takes")
             if is_context_error(exc):
-                window = self.client.input_window(self.sub_model)
-                takes = f" of {window:,} tokens" if window else ""
-                return (f"Error: the prompt is over the sub-model's window{takes} (the "
-                        "provider refused it); split it")
+                return "Error: " + refusal_advice(exc, self.client.input_window(
+                    self.sub_model), tokens)
             return f"Error: {exc}" if isinstance(exc, LLMQueryError) else \
                 f"Error: {describe_exception(exc)}"
         if not slot_held:
@@ -223,6 +220,20 @@ class SubCalls:
     def _limit_error(self) -> str:
         return (f"Error: max_sub_calls={self.tree.max_sub_calls} reached for this run; "
                 "no request was sent")
+
+
+def refusal_advice(exc: BaseException, window: int | None, max_tokens: int) -> str:
+    """What to cut when the provider refused a prompt as too long, with numbers."""
+    takes = f" of {window:,} tokens" if window else ""
+    counted = prompt_in_error(exc)
+    if counted and window and counted < window:
+        # The prompt fits; the prompt and max_tokens together did not.
+        return (f"the provider counts the prompt at {counted:,} tokens and max_tokens="
+                f"{max_tokens:,} does not fit beside it in the sub-model's window{takes}: "
+                f"ask with max_tokens <= {window - counted:,}, or cut the prompt")
+    size = f", counting {counted:,} tokens" if counted else ""
+    return (f"the prompt is over the sub-model's window{takes} (the provider refused "
+            f"it{size}); split it")
 
 
 def _answer_format(response_format: Any) -> "AnswerFormat | str | None":

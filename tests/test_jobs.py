@@ -229,11 +229,14 @@ async def test_the_progress_line_shows_the_jobs_state_and_counts(shell, batch_se
     assert last.startswith(f"llm_query_batch: 3/3 done | batch job {job_id} completed")
 
 
-async def test_a_job_cancelled_half_way_is_rerun_only_for_its_missing_prompts(rlm,
-                                                                            batch_server):
-    batch_server.batch_jobs.hold_match, prompts = "slow", ["fast 1", "slow 1", "fast 2"]
+HALF_DONE = ["fast 1", "slow 1", "fast 2"]
+
+
+async def cancelled_half_way(rlm, batch_server) -> str:
+    """Run HALF_DONE as a job and cancel it once its fast prompts are answered."""
+    batch_server.batch_jobs.hold_match = "slow"
     batch_server.batch_jobs.hold.clear()  # the fast lines are answered, the slow one waits
-    first = asyncio.ensure_future(rlm.helpers.llm_query_batch(prompts, batch_job=True))
+    first = asyncio.ensure_future(rlm.helpers.llm_query_batch(HALF_DONE, batch_job=True))
     job_id = await job_in_progress(batch_server)
     assert await asyncio.to_thread(batch_server.wait_for,
                                    lambda: batch_server.completed == 2, 30)
@@ -242,6 +245,13 @@ async def test_a_job_cancelled_half_way_is_rerun_only_for_its_missing_prompts(rl
         await first
     assert caught.value.results == ["echo: fast 1", None, "echo: fast 2"]
     batch_server.batch_jobs.hold.set()
+    return job_id
+
+
+async def test_a_job_cancelled_half_way_is_rerun_only_for_its_missing_prompts(rlm,
+                                                                            batch_server):
+    job_id = await cancelled_half_way(rlm, batch_server)
+    prompts = HALF_DONE
     assert await rlm.helpers.llm_query_batch(prompts, batch_job=True) == \
         [f"echo: {p}" for p in prompts]
     # The second job held only the prompt the first left: no answer was paid for twice.
@@ -297,6 +307,18 @@ async def test_a_job_whose_creation_went_unanswered_is_found_not_submitted_again
         ["echo: n1", "echo: n2"]
     assert list(batch_server.batch_jobs.batches) == [job_id]
     assert [r.id for r in JobStore(rlm.cache_dir).all()] == [job_id]
+
+
+async def test_a_lost_creation_is_found_by_its_own_file_not_by_an_earlier_job_of_the_map(
+        rlm, batch_server):
+    await cancelled_half_way(rlm, batch_server)
+    batch_server.batch_jobs.lose_created = True
+    with pytest.raises(LLMQueryError, match="creating the batch job failed"):
+        await rlm.helpers.llm_query_batch(HALF_DONE, batch_job=True)
+    assert await rlm.helpers.llm_query_batch(HALF_DONE, batch_job=True) == \
+        [f"echo: {p}" for p in HALF_DONE]
+    assert len(batch_server.batch_jobs.batches) == 2
+    assert sum(not r.cached for r in rlm.client.ledger.records) == 3
 
 
 async def test_an_interrupt_while_the_job_is_created_says_how_to_reattach(

@@ -10,8 +10,9 @@ requests (``JobStore``). Running the same map again, after an interrupt or a ker
 restart, finds the record and reattaches to the job instead of submitting a second one.
 The record is written before the job is created (a provisional one: the uploaded file,
 no job id yet), so a run that died between creating the job and learning its id looks
-the job up at the provider (by its key in the job's metadata, or its input file) before
-submitting anything. A job that failed, expired or was cancelled keeps the answers it
+the job up among the provider's latest jobs (by its input file) before submitting
+anything; only a job that the provider made but does not list among its latest 500
+could still be submitted twice. A job that failed, expired or was cancelled keeps the answers it
 did collect (a ``MapStore`` under the job's key): running the map again submits only the
 prompts still without an answer. The records are JSON, never pickle, and live where the
 sandbox cannot reach.
@@ -446,8 +447,10 @@ class BatchJob:
     async def _look_up(self, litellm, record: JobRecord) -> JobRecord | None:
         """A provisional record: an earlier run uploaded the file and may have created
         the job without learning its id (its kernel died, or the answer was lost). Find
-        the job among the provider's by its key or its input file; None if it is not
-        there (then nothing was created, and submitting is safe)."""
+        the job among the provider's latest (LOOKUP_PAGES pages, newest first) by its
+        input file, which is this upload's alone (an earlier job of the same map that
+        gave up has the same key in its metadata); None if it is not there: then nothing
+        was created, and submitting is safe."""
         after = None
         credentials = self._credentials()
         for _ in range(LOOKUP_PAGES):
@@ -455,9 +458,7 @@ class BatchJob:
                 after=after, limit=100, **credentials))
             jobs = list(getattr(page, "data", None) or [])
             for job in jobs:
-                metadata = getattr(job, "metadata", None) or {}
-                if metadata.get("rlm_magic_key") == record.key[:32] or \
-                        (record.input_file_id and job.input_file_id == record.input_file_id):
+                if getattr(job, "input_file_id", None) == record.input_file_id:
                     record.id, record.state = job.id, job.status
                     self.store.put(record)
                     return record

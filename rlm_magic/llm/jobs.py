@@ -165,6 +165,10 @@ def provider_of(litellm, model: str) -> tuple[str, str]:
     return name, provider
 
 
+# Job creations under way in this process, by key: an interrupted run's creation goes on
+# (shielded), and a re-run of the same map waits for it instead of finding no job yet.
+_creating: dict[str, asyncio.Future] = {}
+
 _WARM_MODULES = ("anyio._backends._asyncio", "litellm.files.main", "litellm.batches.main",
                  "litellm.llms.openai.openai", "litellm.llms.github_copilot.per_user_auth",
                  "litellm.litellm_core_utils.batch_utils")
@@ -220,6 +224,7 @@ class JobResults:
     errors: dict[int, Exception]
     records: list[CallRecord]
     cost_usd: float | None
+    answered: list[int] = field(default_factory=list)  # the prompt of each record
 
 
 def read_results(output: bytes | None, errors: bytes | None, total: int, model: str,
@@ -228,6 +233,7 @@ def read_results(output: bytes | None, errors: bytes | None, total: int, model: 
     texts: list[str | None] = [None] * total
     failures: dict[int, Exception] = {}
     records: list[CallRecord] = []
+    answered: list[int] = []
     cost = 0.0 if rates is not None else None
     for line in (output or b"").splitlines():
         if not line.strip():
@@ -255,6 +261,7 @@ def read_results(output: bytes | None, errors: bytes | None, total: int, model: 
             cost += item_cost
         records.append(CallRecord(model, prompt, answer, 0.0 if billed else item_cost,
                                   cached=billed))
+        answered.append(index)
     for line in (errors or b"").splitlines():
         if line.strip():
             item = json.loads(line)
@@ -264,7 +271,7 @@ def read_results(output: bytes | None, errors: bytes | None, total: int, model: 
     for index in range(total):
         if texts[index] is None and index not in failures:
             failures[index] = LLMQueryError(model, f"not run: the batch job ended {state}")
-    return JobResults(texts, failures, records, cost)
+    return JobResults(texts, failures, records, cost, answered)
 
 
 def _line_error(item: dict) -> str:
@@ -305,8 +312,9 @@ def drop_requests(path: Path, answered: set[int]) -> int:
 
 def keep_answers(store: MapStore, texts: list[str | None], records: list[CallRecord],
                  indices: list[int]) -> None:
-    """Keep a job's answers on disk (``indices[n]`` is the prompt of ``records[n]``), for
-    a later job of the same map to leave out. Runs in a thread."""
+    """Keep a job's answers on disk (``indices[n]`` is the prompt of ``records[n]``: the
+    output file is in the order the provider finished), for a later job of the same map
+    to leave out. Runs in a thread."""
     for index, call in zip(indices, records):
         store.add(index, _Kept(texts[index], call.model, call.input_tokens,
                                call.output_tokens))
@@ -375,6 +383,7 @@ class BatchJob:
             key = await asyncio.to_thread(write_requests, staging, self.conversations, body,
                                           identity, redact)
             self.answers = MapStore(self.config.cache_dir, f"job-{key}")
+            await _creation_done(key)
             record = self.store.get(key)
             if record is not None and record.id is None:
                 record = await self._look_up(litellm, record)
@@ -482,7 +491,10 @@ class BatchJob:
         self.store.put(self.record)
         # Shielded: once the provider has the job, it is recorded even if this run is
         # interrupted meanwhile.
-        return await asyncio.shield(self._create(litellm, self.record, credentials))
+        creation = asyncio.ensure_future(self._create(litellm, self.record, credentials))
+        _creating[key] = creation
+        creation.add_done_callback(_created)
+        return await asyncio.shield(creation)
 
     async def _create(self, litellm, record: JobRecord, credentials) -> JobRecord:
         try:
@@ -546,9 +558,8 @@ class BatchJob:
         record = self.record
         if not record.billed:
             if record.state in GAVE_UP:  # the next run submits only what is unanswered
-                answered = [i for i, text in enumerate(results.texts) if text is not None]
                 await asyncio.to_thread(keep_answers, self.answers, results.texts,
-                                        results.records, answered)
+                                        results.records, results.answered)
             # Saved before the ledger hears of it: a crash in between under-counts once
             # rather than charging the job again on every re-read.
             record.billed, record.cost_usd = True, results.cost_usd
@@ -578,6 +589,20 @@ class BatchJob:
     def _changed(self) -> None:
         if self.observer is not None and self.record is not None:
             self.observer.job_changed(self.record)
+
+
+def _created(creation: asyncio.Future) -> None:
+    for key, running in list(_creating.items()):
+        if running is creation:
+            del _creating[key]
+    if not creation.cancelled():
+        creation.exception()  # retrieved: an interrupted run's failure is no loop warning
+
+
+async def _creation_done(key: str) -> None:
+    creation = _creating.get(key)
+    if creation is not None and creation.get_loop() is asyncio.get_running_loop():
+        await asyncio.wait([creation])  # its failure is its own run's to report
 
 
 def cancel(cache_dir: str, job_id: str, config) -> JobRecord:

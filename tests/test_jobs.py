@@ -309,6 +309,35 @@ async def test_a_job_whose_creation_went_unanswered_is_found_not_submitted_again
     assert [r.id for r in JobStore(rlm.cache_dir).all()] == [job_id]
 
 
+async def test_a_job_seen_ended_whose_answers_were_never_read_is_read_then_completed(
+        rlm, batch_server):
+    batch_server.batch_jobs.hold_match = "slow"
+    batch_server.batch_jobs.hold.clear()
+    first = asyncio.ensure_future(rlm.helpers.llm_query_batch(HALF_DONE, batch_job=True))
+    job_id = await job_in_progress(batch_server)
+    assert await asyncio.to_thread(batch_server.wait_for,
+                                   lambda: batch_server.completed == 2, 30)
+    first.cancel()  # interrupted while waiting: the job runs on
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    await asyncio.to_thread(jobs.cancel, rlm.cache_dir, job_id, rlm)
+    assert await asyncio.to_thread(batch_server.wait_for,
+                                   lambda: batch_server.batch_jobs.states(job_id) ==
+                                   "cancelled", 30)
+    # As a poll that saw it end would leave the record, had the run stopped right after.
+    store = JobStore(rlm.cache_dir)
+    [record] = store.all()
+    record.state = "cancelled"
+    record.output_file_id = batch_server.batch_jobs.batches[job_id]["output_file_id"]
+    store.put(record)
+    batch_server.batch_jobs.hold.set()
+    assert await rlm.helpers.llm_query_batch(HALF_DONE, batch_job=True) == \
+        [f"echo: {p}" for p in HALF_DONE]
+    assert [r["messages"][-1]["content"] for r in batch_server.requests] == \
+        ["fast 1", "fast 2", "slow 1"]
+    assert sum(not r.cached for r in rlm.client.ledger.records) == 3
+
+
 async def test_a_lost_creation_is_found_by_its_own_file_not_by_an_earlier_job_of_the_map(
         rlm, batch_server):
     await cancelled_half_way(rlm, batch_server)

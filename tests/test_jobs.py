@@ -366,7 +366,7 @@ async def test_an_interrupt_while_the_job_is_created_says_how_to_reattach(
     assert str(error) == (
         f"llm_query_batch interrupted while its batch job was being created (input file "
         f"{record.input_file_id}); the job may be running at the provider: re-run the cell "
-        f"to reattach (it is looked up, never submitted twice)")
+        f"to reattach (it is looked up before anything is submitted)")
     batch_server.batch_jobs.hold_create.set()
     # The creation went on, shielded, and its job is recorded: the re-run reattaches.
     assert await session_rlm(shell).helpers.llm_query_batch(['i1', 'i2'], batch_job=True) \

@@ -40,7 +40,7 @@ def still_running(record, label: str = "llm_query_batch") -> str:
     if record.id is None:  # interrupted while the provider was creating it
         return (f"{label} interrupted while its batch job was being created (input file "
                 f"{record.input_file_id}); the job may be running at the provider: re-run "
-                f"the cell to reattach (it is looked up, never submitted twice)")
+                f"the cell to reattach (it is looked up before anything is submitted)")
     return (f"{label} interrupted; batch job {record.id} keeps running at the provider: "
             f"re-run the cell to reattach, or `%rlm jobs cancel {record.id}` to cancel it")
 

@@ -235,6 +235,10 @@ class BatchJobsAPI:
         self.hold = threading.Event()
         self.hold_create = threading.Event()
         self._tasks: set = set()
+        # Numbered per kind, from 1 for each server (a notebook run afresh shows the same
+        # ids) and never again after a reset: a job still running from before a reset
+        # must not take the id of a new file.
+        self._ids: dict[str, int] = {}
         self.reset(step_s)
 
     def reset(self, step_s: float = 0.05) -> None:
@@ -247,7 +251,6 @@ class BatchJobsAPI:
         self.files: dict[str, dict] = {}  # id -> {"meta": {...}, "data": bytes}
         self.batches: dict[str, dict] = {}
         self.hold.set()
-        self._ids: dict[str, int] = {}
 
     def states(self, job_id: str) -> str | None:
         batch = self.batches.get(job_id)
@@ -263,7 +266,6 @@ class BatchJobsAPI:
         router.add_post("/v1/batches/{id}/cancel", self._cancel)
 
     def _new_id(self, prefix: str) -> str:
-        # Numbered per kind, so a notebook run afresh shows the same ids.
         self._ids[prefix] = self._ids.get(prefix, 0) + 1
         return f"{prefix}-{self._ids[prefix]}"
 

@@ -622,6 +622,10 @@ def cancel(cache_dir: str, job_id: str, config) -> JobRecord:
     if config.api_key and record.api_base == config.api_base:
         credentials["api_key"] = config.api_key
     job = litellm.cancel_batch(batch_id=record.id, **credentials)
-    record.state = job.status
-    store.put(record)
-    return record
+    # Read again: a cell waiting on the job may have recorded its end (and its billing)
+    # meanwhile, which this copy must not overwrite.
+    latest = store.get(record.key) or record
+    if not latest.ended:
+        latest.state = job.status
+        store.put(latest)
+    return latest

@@ -221,23 +221,36 @@ class BatchJobsAPI:
     (``cancelling``, then ``cancelled`` with what had finished).
 
     ``step_s`` is the time a job spends in each of validating and finalizing;
-    ``hold`` (cleared) keeps jobs in progress until it is set again.
+    ``hold`` (cleared) keeps jobs in progress until it is set again; with ``hold_match``
+    set, only the lines whose last message contains it wait (the others are answered,
+    as a job cancelled or expired half-way leaves some done). For the failures a
+    client must survive: ``failing_retrieves`` answers that many job reads with a 503;
+    ``lose_created`` makes the next job but answers its creation with a 500 (a lost
+    response); ``hold_create`` (cleared) keeps a creation request waiting.
     """
 
     def __init__(self, server: LocalChatServer, step_s: float = 0.05, concurrency: int = 64):
         self.server = server
         self.concurrency = concurrency
         self.hold = threading.Event()
+        self.hold_create = threading.Event()
         self._tasks: set = set()
+        # Numbered per kind, from 1 for each server (a notebook run afresh shows the same
+        # ids) and never again after a reset: a job still running from before a reset
+        # must not take the id of a new file.
+        self._ids: dict[str, int] = {}
         self.reset(step_s)
 
     def reset(self, step_s: float = 0.05) -> None:
         """Forget every file and job (a test's fresh start); jobs run unheld."""
         self.step_s = step_s
+        self.failing_retrieves = 0
+        self.lose_created = False
+        self.hold_match: str | None = None
+        self.hold_create.set()
         self.files: dict[str, dict] = {}  # id -> {"meta": {...}, "data": bytes}
         self.batches: dict[str, dict] = {}
         self.hold.set()
-        self._ids: dict[str, int] = {}
 
     def states(self, job_id: str) -> str | None:
         batch = self.batches.get(job_id)
@@ -253,7 +266,6 @@ class BatchJobsAPI:
         router.add_post("/v1/batches/{id}/cancel", self._cancel)
 
     def _new_id(self, prefix: str) -> str:
-        # Numbered per kind, so a notebook run afresh shows the same ids.
         self._ids[prefix] = self._ids.get(prefix, 0) + 1
         return f"{prefix}-{self._ids[prefix]}"
 
@@ -293,6 +305,8 @@ class BatchJobsAPI:
         from aiohttp import web
 
         body = await request.json()
+        while not self.hold_create.is_set():
+            await asyncio.sleep(0.01)
         source = self.files.get(body.get("input_file_id", ""))
         if source is None:
             return _error(web, 400, f"No file {body.get('input_file_id')!r}")
@@ -311,11 +325,17 @@ class BatchJobsAPI:
         task = asyncio.ensure_future(self._run(batch, source["data"]))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        if self.lose_created:
+            self.lose_created = False
+            return _error(web, 500, "the connection broke after the job was made")
         return web.json_response(batch)
 
     async def _retrieve(self, request):
         from aiohttp import web
 
+        if self.failing_retrieves > 0:
+            self.failing_retrieves -= 1
+            return _error(web, 503, "the service is briefly unavailable")
         batch = self.batches.get(request.match_info["id"])
         return web.json_response(batch) if batch else _error(web, 404, "No such batch")
 
@@ -335,6 +355,14 @@ class BatchJobsAPI:
             batch["status"], batch["cancelling_at"] = "cancelling", int(time.time())
         return web.json_response(batch)
 
+    def _held(self, line: dict) -> bool:
+        if self.hold.is_set():
+            return False
+        if self.hold_match is None:
+            return True
+        messages = (line.get("body") or {}).get("messages") or [{}]
+        return self.hold_match in str(messages[-1].get("content"))
+
     async def _run(self, batch: dict, data: bytes) -> None:
         await asyncio.sleep(self.step_s)
         try:
@@ -353,7 +381,7 @@ class BatchJobsAPI:
 
         async def one(line: dict) -> None:
             async with slots:
-                while not self.hold.is_set() and batch["status"] == "in_progress":
+                while self._held(line) and batch["status"] == "in_progress":
                     await asyncio.sleep(0.01)
                 if batch["status"] != "in_progress":
                     return

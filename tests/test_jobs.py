@@ -13,7 +13,7 @@ import textwrap
 import pytest
 
 from rlm_magic import BatchError
-from rlm_magic.errors import ConfigError
+from rlm_magic.errors import ConfigError, LLMQueryError
 from rlm_magic.jupyter.extension import session_rlm
 from rlm_magic.llm import jobs
 from rlm_magic.llm.jobs import BatchJob, JobStore
@@ -227,3 +227,170 @@ async def test_the_progress_line_shows_the_jobs_state_and_counts(shell, batch_se
     await cell
     last = (written + capsys.readouterr().err).replace("\r", "\n").splitlines()[-1]
     assert last.startswith(f"llm_query_batch: 3/3 done | batch job {job_id} completed")
+
+
+HALF_DONE = ["fast 1", "slow 1", "fast 2"]
+
+
+async def cancelled_half_way(rlm, batch_server) -> str:
+    """Run HALF_DONE as a job and cancel it once its fast prompts are answered."""
+    batch_server.batch_jobs.hold_match = "slow"
+    batch_server.batch_jobs.hold.clear()  # the fast lines are answered, the slow one waits
+    first = asyncio.ensure_future(rlm.helpers.llm_query_batch(HALF_DONE, batch_job=True))
+    job_id = await job_in_progress(batch_server)
+    assert await asyncio.to_thread(batch_server.wait_for,
+                                   lambda: batch_server.completed == 2, 30)
+    await asyncio.to_thread(jobs.cancel, rlm.cache_dir, job_id, rlm)
+    with pytest.raises(BatchError) as caught:
+        await first
+    assert caught.value.results == ["echo: fast 1", None, "echo: fast 2"]
+    batch_server.batch_jobs.hold.set()
+    return job_id
+
+
+async def test_a_job_cancelled_half_way_is_rerun_only_for_its_missing_prompts(rlm,
+                                                                            batch_server):
+    job_id = await cancelled_half_way(rlm, batch_server)
+    prompts = HALF_DONE
+    assert await rlm.helpers.llm_query_batch(prompts, batch_job=True) == \
+        [f"echo: {p}" for p in prompts]
+    # The second job held only the prompt the first left: no answer was paid for twice.
+    assert [r["messages"][-1]["content"] for r in batch_server.requests] == \
+        ["fast 1", "fast 2", "slow 1"]
+    assert sum(not r.cached for r in rlm.client.ledger.records) == 3
+    assert len(batch_server.batch_jobs.batches) == 2
+    listed = {r.id: r.state for r in JobStore(rlm.cache_dir).all()}
+    second = list(batch_server.batch_jobs.batches)[1]
+    assert listed == {job_id: "cancelled", second: "completed"}
+
+
+def test_cancel_takes_the_whole_id_or_a_prefix_only_one_job_has(tmp_path):
+    store = JobStore(str(tmp_path))
+    for key, job_id in (("a", "batch_12"), ("b", "batch_1"), ("c", "batch_7")):
+        store.put(jobs.JobRecord(key, job_id, "m", "openai", None, 1))
+    assert store.find("batch_1").key == "b"  # exact, though batch_12 is older
+    assert store.find("batch_7").key == "c" and store.find("batch_12").key == "a"
+    assert store.find("batch_9") is None
+    with pytest.raises(ConfigError, match=r"^'batch_' matches 3 batch jobs: batch_12, "
+                                          r"batch_1, batch_7; give the whole id$"):
+        store.find("batch_")
+
+
+async def test_a_wait_outlasts_a_few_failed_polls(rlm, batch_server):
+    batch_server.batch_jobs.failing_retrieves = 3
+    assert await rlm.helpers.llm_query_batch(["w1", "w2"], batch_job=True) == \
+        ["echo: w1", "echo: w2"]
+    assert batch_server.batch_jobs.failing_retrieves == 0
+
+
+async def test_a_provider_out_of_reach_ends_the_wait_with_one_line_naming_the_job(
+        rlm, batch_server):
+    batch_server.batch_jobs.failing_retrieves = 1000
+    with pytest.raises(LLMQueryError) as caught:
+        await rlm.helpers.llm_query_batch(["u1"], batch_job=True)
+    [job_id] = batch_server.batch_jobs.batches
+    message = str(caught.value)
+    assert "\n" not in message and f"checking on batch job {job_id} failed" in message
+    assert message.endswith("the job may still be running at the provider: re-run the "
+                            "cell to reattach")
+    batch_server.batch_jobs.failing_retrieves = 0
+    assert await rlm.helpers.llm_query_batch(["u1"], batch_job=True) == ["echo: u1"]
+    assert list(batch_server.batch_jobs.batches) == [job_id]
+
+
+async def test_a_job_whose_creation_went_unanswered_is_found_not_submitted_again(
+        rlm, batch_server):
+    batch_server.batch_jobs.lose_created = True  # the provider made it; the answer was lost
+    with pytest.raises(LLMQueryError, match="creating the batch job failed"):
+        await rlm.helpers.llm_query_batch(["n1", "n2"], batch_job=True)
+    [job_id] = batch_server.batch_jobs.batches
+    assert await rlm.helpers.llm_query_batch(["n1", "n2"], batch_job=True) == \
+        ["echo: n1", "echo: n2"]
+    assert list(batch_server.batch_jobs.batches) == [job_id]
+    assert [r.id for r in JobStore(rlm.cache_dir).all()] == [job_id]
+
+
+async def test_a_job_seen_ended_whose_answers_were_never_read_is_read_then_completed(
+        rlm, batch_server):
+    batch_server.batch_jobs.hold_match = "slow"
+    batch_server.batch_jobs.hold.clear()
+    first = asyncio.ensure_future(rlm.helpers.llm_query_batch(HALF_DONE, batch_job=True))
+    job_id = await job_in_progress(batch_server)
+    assert await asyncio.to_thread(batch_server.wait_for,
+                                   lambda: batch_server.completed == 2, 30)
+    first.cancel()  # interrupted while waiting: the job runs on
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    await asyncio.to_thread(jobs.cancel, rlm.cache_dir, job_id, rlm)
+    assert await asyncio.to_thread(batch_server.wait_for,
+                                   lambda: batch_server.batch_jobs.states(job_id) ==
+                                   "cancelled", 30)
+    # As a poll that saw it end would leave the record, had the run stopped right after.
+    store = JobStore(rlm.cache_dir)
+    [record] = store.all()
+    record.state = "cancelled"
+    record.output_file_id = batch_server.batch_jobs.batches[job_id]["output_file_id"]
+    store.put(record)
+    batch_server.batch_jobs.hold.set()
+    assert await rlm.helpers.llm_query_batch(HALF_DONE, batch_job=True) == \
+        [f"echo: {p}" for p in HALF_DONE]
+    assert [r["messages"][-1]["content"] for r in batch_server.requests] == \
+        ["fast 1", "fast 2", "slow 1"]
+    assert sum(not r.cached for r in rlm.client.ledger.records) == 3
+
+
+async def test_a_lost_creation_is_found_by_its_own_file_not_by_an_earlier_job_of_the_map(
+        rlm, batch_server):
+    await cancelled_half_way(rlm, batch_server)
+    batch_server.batch_jobs.lose_created = True
+    with pytest.raises(LLMQueryError, match="creating the batch job failed"):
+        await rlm.helpers.llm_query_batch(HALF_DONE, batch_job=True)
+    assert await rlm.helpers.llm_query_batch(HALF_DONE, batch_job=True) == \
+        [f"echo: {p}" for p in HALF_DONE]
+    assert len(batch_server.batch_jobs.batches) == 2
+    assert sum(not r.cached for r in rlm.client.ledger.records) == 3
+
+
+async def test_an_interrupt_while_the_job_is_created_says_how_to_reattach(
+        shell, batch_server, tmp_path):
+    session_rlm(shell).cache_dir = str(tmp_path)
+    batch_server.batch_jobs.hold_create.clear()
+    code = "await llm_query_batch(['i1', 'i2'], batch_job=True)"
+    cell = asyncio.ensure_future(shell.run_cell_async(code,
+                                                      transformed_cell=shell.transform_cell(code)))
+    store = JobStore(str(tmp_path))
+    assert await asyncio.to_thread(batch_server.wait_for, lambda: store.all(), 30)
+    signal.raise_signal(signal.SIGINT)
+    error = (await cell).error_in_exec
+    [record] = store.all()
+    assert isinstance(error, KeyboardInterrupt)
+    assert str(error) == (
+        f"llm_query_batch interrupted while its batch job was being created (input file "
+        f"{record.input_file_id}); the job may be running at the provider: re-run the cell "
+        f"to reattach (it is looked up before anything is submitted)")
+    batch_server.batch_jobs.hold_create.set()
+    # The creation went on, shielded, and its job is recorded: the re-run reattaches.
+    assert await session_rlm(shell).helpers.llm_query_batch(['i1', 'i2'], batch_job=True) \
+        == ["echo: i1", "echo: i2"]
+    assert len(batch_server.batch_jobs.batches) == 1
+
+
+async def test_an_interrupt_while_the_ledger_is_told_never_bills_the_job_twice(
+        rlm, batch_server, monkeypatch):
+    monkeypatch.setattr(jobs, "RECORD_SLICE", 1)  # an interrupt can land between records
+    ledger = rlm.client.ledger
+    task = asyncio.ensure_future(rlm.helpers.llm_query_batch(["b1", "b2", "b3"],
+                                                             batch_job=True))
+    record = ledger.record
+
+    def interrupted_after_the_first(call):
+        record(call)
+        monkeypatch.setattr(ledger, "record", record)
+        task.cancel()
+
+    monkeypatch.setattr(ledger, "record", interrupted_after_the_first)
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await rlm.helpers.llm_query_batch(["b1", "b2", "b3"], batch_job=True) == \
+        ["echo: b1", "echo: b2", "echo: b3"]
+    assert sum(not r.cached for r in ledger.records) == 3

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import pytest
+from pydantic import BaseModel, field_validator
 
-from rlm_magic import BatchError
+from rlm_magic import RLM, BatchError
 
 from .conftest import make_rlm
 
@@ -17,15 +19,19 @@ def maps_in(tmp_path) -> list:
     return list((tmp_path / "maps").glob("*.jsonl")) if (tmp_path / "maps").is_dir() else []
 
 
+def lines_kept(cache_dir) -> int:
+    return sum(len(path.read_text().splitlines()) for path in maps_in(Path(cache_dir)))
+
+
 async def interrupted_after(rlm, server, prompts, answered: int, **options):
-    """Run the map until ``answered`` answers are in, then cancel it as an interrupt would."""
+    """Run the map until ``answered`` answers are kept on disk, then cancel it as an
+    interrupt would."""
     task = asyncio.ensure_future(rlm.helpers.llm_query_batch(prompts, **options))
-    assert await asyncio.to_thread(server.wait_for, lambda: server.completed == answered, 30)
-    for _ in range(3000):  # streamed: the client reads the answers' last chunks, then counts
-        if len(rlm.client.ledger) >= answered:
+    for _ in range(3000):  # up to 30 s: a cold litellm import, a loaded machine
+        if lines_kept(rlm.cache_dir) >= answered:
             break
         await asyncio.sleep(0.01)
-    await asyncio.sleep(0.05)  # let the loop take the answers in
+    assert lines_kept(rlm.cache_dir) == answered
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -91,3 +97,69 @@ async def test_a_cache_folder_that_cannot_be_written_costs_no_answer(server, tmp
     with pytest.warns(RuntimeWarning, match="cannot keep this map's answers on disk"):
         assert await rlm.helpers.llm_query_batch(["a", "b"], resume=True) == \
             ["echo: a", "echo: b"]
+
+
+def slow_when_asked(server):
+    server.latency_for = lambda body: 30 if "slow" in body["messages"][-1]["content"] else 0
+
+
+async def test_a_rerun_with_another_max_tokens_asks_every_prompt_again(server, tmp_path):
+    slow_when_asked(server)
+    await interrupted_after(make_rlm(server, cache_dir=str(tmp_path), max_tokens=100),
+                            server, ["kept", "slow"], 1, resume=True)
+    server.reset()
+    # The same call (max_tokens=None), but RLM.max_tokens, what is sent, has changed.
+    again = make_rlm(server, cache_dir=str(tmp_path), max_tokens=200)
+    await again.helpers.llm_query_batch(["kept", "slow"], resume=True)
+    assert sorted(r["messages"][-1]["content"] for r in server.requests) == ["kept", "slow"]
+    assert {r["max_tokens"] for r in server.requests} == {200}
+
+
+async def test_a_rerun_through_another_routing_setup_asks_every_prompt_again(server,
+                                                                            tmp_path):
+    def routed(model: str) -> RLM:
+        return RLM(model="root", sub_model="sub", progress=False, cache_dir=str(tmp_path),
+                   model_list=[{"model_name": "sub", "litellm_params": {
+                       "model": model, "api_base": server.base_url, "api_key": "sk-1"}}])
+
+    slow_when_asked(server)
+    await interrupted_after(routed("openai/sub-model"), server, ["kept", "slow"], 1,
+                            resume=True)
+    server.reset()
+    await routed("openai/other-model").helpers.llm_query_batch(["kept", "slow"],
+                                                               resume=True)
+    assert sorted((r["model"], r["messages"][-1]["content"]) for r in server.requests) == \
+        [("other-model", "kept"), ("other-model", "slow")]
+
+
+class Count(BaseModel):
+    n: int
+
+
+class SmallCount(BaseModel):  # the same schema, a stricter check
+    n: int
+
+    @field_validator("n")
+    @classmethod
+    def small(cls, n: int) -> int:
+        if n > 9:
+            raise ValueError("too large")
+        return n
+
+
+async def test_a_kept_typed_answer_that_no_longer_validates_is_asked_again(server,
+                                                                         tmp_path):
+    answers = {"kept": '{"n": 42}', "slow": '{"n": 7}'}
+    server.reply_with("sub-model", lambda body: answers[
+        body["messages"][0]["content"].split("\n")[0]])
+    slow_when_asked(server)
+    SmallCount.__name__ = Count.__name__  # nothing in the resume key tells them apart
+    rlm = make_rlm(server, cache_dir=str(tmp_path))
+    await interrupted_after(rlm, server, ["kept", "slow"], 1, resume=True,
+                            response_format=Count)
+    server.reset()
+    server.reply_with("sub-model", lambda body: '{"n": 3}')
+    assert await rlm.helpers.llm_query_batch(["kept", "slow"], resume=True,
+                                             response_format=SmallCount) == \
+        [SmallCount(n=3), SmallCount(n=3)]
+    assert len(server.requests) == 2

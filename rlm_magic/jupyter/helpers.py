@@ -113,11 +113,17 @@ class NotebookHelpers:
         total = len(prompts)
         store, kept = None, {}
         if resume or (resume is None and total >= RESUME_AT):
+            # What the requests are sent with (the max_tokens sent, where they go, a
+            # Router's setup), so answers made under other settings are never handed back.
             store = await MapStore.open(self.rlm.cache_dir, conversations, {
-                "model": model or self.rlm.effective_sub_model, "api_base": self.rlm.api_base,
-                "max_tokens": max_tokens, "options": self.rlm.litellm_kwargs,
+                "model": model or self.rlm.effective_sub_model,
+                "api_base": client._endpoint(),
+                "max_tokens": max_tokens or self.rlm.max_tokens,
+                "options": self.rlm.litellm_kwargs,
                 "format": answer_format.identity() if answer_format else None})
             kept = await store.load_kept()
+            if answer_format is not None:
+                kept = _still_valid(kept, answer_format)
             _count_kept(client.ledger, kept)
         missing = [i for i in range(total) if i not in kept]
         progress = BatchProgress(total, "llm_query_batch",
@@ -130,8 +136,7 @@ class NotebookHelpers:
         def merged(values: list) -> list:
             answers = [None] * total
             for index, entry in kept.items():
-                answers[index] = entry["text"] if answer_format is None \
-                    else answer_format.parse(entry["text"])
+                answers[index] = entry.get("value", entry["text"])
             for position, index in enumerate(missing):
                 answers[index] = values[position]
             return answers
@@ -267,6 +272,18 @@ def _kept_on_interrupt(outcome: BatchOutcome, name: str, value, place=None,
         raise interrupt(
             f"{name} interrupted: the {kept} of {len(results)} answers that had arrived "
             f"are in rlm_magic.interrupted_batch().results{where}") from None
+
+
+def _still_valid(kept: dict[int, dict], answer_format: AnswerFormat) -> dict[int, dict]:
+    """Kept typed answers parsed before anything is sent (``value``); one that no longer
+    validates (the model class changed, not its schema) is left out: asked again."""
+    valid = {}
+    for index, entry in kept.items():
+        try:
+            valid[index] = {**entry, "value": answer_format.parse(entry["text"])}
+        except InvalidAnswer:
+            continue
+    return valid
 
 
 def _count_kept(ledger, kept: dict[int, dict]) -> None:

@@ -16,7 +16,7 @@ class JobProgress(BatchProgress):
 
     def job_changed(self, record) -> None:
         self.record = record
-        self.done, self.failed = record.completed, record.failed
+        self.done, self.failed = record.kept + record.completed, record.failed
 
     def line(self, stopped: bool = False) -> str:
         record = self.record
@@ -24,8 +24,9 @@ class JobProgress(BatchProgress):
         if record is None:
             return f"{self.label}: 0/{self.total} done | batch job: submitting | " \
                    f"{self.elapsed_s:.1f}s"
-        parts = [f"{self.label}: {record.completed + record.failed}/{record.total} done",
-                 f"batch job {record.id} {record.state}"]
+        parts = [f"{self.label}: {record.kept + record.completed + record.failed}/"
+                 f"{record.total} done", f"batch job {record.id} {record.state}"
+                 if record.id else "batch job: submitting"]
         if record.failed:
             parts.append(f"{record.failed:,} failed")
         if record.cost_usd is not None:
@@ -36,6 +37,10 @@ class JobProgress(BatchProgress):
 
 def still_running(record, label: str = "llm_query_batch") -> str:
     """What an interrupt says: the job runs on at the provider, and how to get it back."""
+    if record.id is None:  # interrupted while the provider was creating it
+        return (f"{label} interrupted while its batch job was being created (input file "
+                f"{record.input_file_id}); the job may be running at the provider: re-run "
+                f"the cell to reattach (it is looked up before anything is submitted)")
     return (f"{label} interrupted; batch job {record.id} keeps running at the provider: "
             f"re-run the cell to reattach, or `%rlm jobs cancel {record.id}` to cancel it")
 
@@ -50,7 +55,8 @@ class JobsView:
 
     def _rows(self) -> list[tuple[str, ...]]:
         # Oldest first; the state is as last seen (a run that reattaches refreshes it).
-        return [(r.id, r.state, f"{r.completed + r.failed:,}/{r.total:,}", f"{r.failed:,}",
+        return [(r.id or "-", r.state, f"{r.kept + r.completed + r.failed:,}/{r.total:,}",
+                 f"{r.failed:,}",
                  format_cost(r.cost_usd) if r.cost_usd is not None else "-", r.model)
                 for r in self.records]
 

@@ -143,7 +143,18 @@ async def test_a_new_process_reattaches_to_a_job_an_interrupted_one_left(rlm, ba
     assert list(batch_server.batch_jobs.batches) == [job_id]
 
 
-async def test_an_interrupt_says_how_to_reattach_or_cancel(shell, batch_server, tmp_path):
+@pytest.fixture
+def sigint_as_in_a_kernel():
+    """SIGINT handled as a kernel handles it: it stops the cell, not the process. Here
+    the handler in place is asyncio's runner's, which rlm-magic forwards to (as it
+    forwards to the kernel's), and which would end the whole test session."""
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: None)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+async def test_an_interrupt_says_how_to_reattach_or_cancel(shell, batch_server, tmp_path,
+                                                            sigint_as_in_a_kernel):
     session_rlm(shell).cache_dir = str(tmp_path)
     batch_server.batch_jobs.hold.clear()
     code = "await llm_query_batch(['s1', 's2'], batch_job=True)"
@@ -352,7 +363,7 @@ async def test_a_lost_creation_is_found_by_its_own_file_not_by_an_earlier_job_of
 
 
 async def test_an_interrupt_while_the_job_is_created_says_how_to_reattach(
-        shell, batch_server, tmp_path):
+        shell, batch_server, tmp_path, sigint_as_in_a_kernel):
     session_rlm(shell).cache_dir = str(tmp_path)
     batch_server.batch_jobs.hold_create.clear()
     code = "await llm_query_batch(['i1', 'i2'], batch_job=True)"

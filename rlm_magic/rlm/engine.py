@@ -494,7 +494,10 @@ class Run:
             # A child run: its step must be stopped, and unwound, before the parent's
             # step ends (a stopped step's thread gets up to half a second to unwind).
             timeout = max(0.1, min(timeout, outer - time.monotonic() - 0.5))
-        self.calls.step_deadline = time.monotonic() + timeout - min(2.0, 0.1 * timeout)
+        # A tenth of the step, at least half a second (less only for very short steps:
+        # a quarter of them), at most two.
+        margin = min(2.0, max(0.1 * timeout, min(0.5, timeout / 4)))
+        self.calls.step_deadline = time.monotonic() + timeout - margin
         cut_before = self.calls.cut_answers
         try:
             step = await self.repl.run(code, timeout=timeout)

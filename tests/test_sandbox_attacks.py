@@ -312,6 +312,8 @@ try:
 except ImportError:  # the driver needs no pytest
     pytest = None
 
+UNPRIVILEGED_ID = 4242
+
 if pytest is not None:
     _REPO = Path(__file__).resolve().parent.parent
     _outcomes: dict[str, dict] = {}
@@ -337,11 +339,41 @@ if pytest is not None:
         (victim / "runtime" / "kernel-1.json").write_text('{"key": "fake-0009"}')
         (victim / "cache").mkdir()
         command = [sys.executable, str(victim / "attack.py"), str(victim)]
-        if user != "root":
-            subprocess.run(["chown", "-R", "65534:65534", str(victim)], check=True)
-            command = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                       _interpreter_for_everyone(), *command[1:]]
+        if user == "unprivileged":
+            # An ordinary id: not 65534, the overflow id every id reads as inside a user
+            # namespace before its maps are written (a sandbox mapping that id would
+            # pass with the wrong one).
+            ids = f"{UNPRIVILEGED_ID}:{UNPRIVILEGED_ID}"
+            subprocess.run(["chown", "-R", ids, str(victim)], check=True)
+            command = ["setpriv", f"--reuid={UNPRIVILEGED_ID}", f"--regid={UNPRIVILEGED_ID}",
+                       "--clear-groups", _interpreter_for_everyone(), *command[1:]]
         return victim, command
+
+    def _packages_for(user: str, victim: Path, command: list[str]) -> tuple[list, list]:
+        """The command, and PYTHONPATH: this venv's packages. A clone in a folder other
+        users cannot enter (a 0700 `mktemp -d`, /root) holds a venv they cannot read
+        either: then the packages are bound where they can, in a mount namespace of
+        the attack's own (nothing on the host changes)."""
+        import sysconfig
+
+        packages = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+        if user != "unprivileged" or all(_reachable(p) for p in packages):
+            return command, packages
+        binds, seen = [], []
+        for number, path in enumerate(packages):
+            target = victim / f"packages-{number}"
+            target.mkdir()
+            binds += [path, str(target)]
+            seen.append(str(target))
+        script = ('while [ $# -gt 0 ] && [ "$1" != -- ]; do mount --bind "$1" "$2" || exit 1; '
+                  'shift 2; done; shift; exec "$@"')
+        return (["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
+                 *binds, "--", *command], seen)
+
+    def _reachable(path: str) -> bool:
+        """Whether any user may walk to ``path``."""
+        return all(os.stat(folder).st_mode & 0o001
+                   for folder in (Path(path), *Path(path).parents))
 
     def _interpreter_for_everyone() -> str:
         """This Python, or the same version elsewhere when this one lives where other
@@ -366,12 +398,10 @@ if pytest is not None:
         started = {}
         for user in users:
             victim, command = _victim(user)
-            import sysconfig
-
-            packages = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+            command, packages = _packages_for(user, victim, command)
             env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
                    "HOME": str(victim / "home"), "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-                   "PYTHONPATH": os.pathsep.join(sorted(packages)), **FAKE_ENV}
+                   "PYTHONPATH": os.pathsep.join(packages), **FAKE_ENV}
             started[user] = (victim, subprocess.Popen(
                 command, cwd=victim / "notebook", env=env, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, text=True))

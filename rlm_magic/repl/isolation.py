@@ -220,6 +220,9 @@ class Confinement:
         self.sources: dict[str, tuple] = {}
         self.namespaced = False
         self.host_maps_ids = False
+        # Our ids outside: inside a new user namespace, before its maps are written,
+        # every id reads as the overflow id (65534), which is no id to map.
+        self.outer_ids = (os.geteuid(), os.getegid())
 
     def enter_namespaces(self) -> bool:
         """unshare(2) the user namespace with all the others at once. Returns whether
@@ -276,7 +279,7 @@ class Confinement:
                 os.setgroups([])
                 os.setresuid(0, 0, 0)  # now SANDBOX_UID outside; caps in here only
             else:
-                uid, gid = os.geteuid(), os.getegid()
+                uid, gid = self.outer_ids
                 _write("/proc/self/setgroups", "deny")
                 _write("/proc/self/uid_map", f"{uid} {uid} 1")
                 _write("/proc/self/gid_map", f"{gid} {gid} 1")

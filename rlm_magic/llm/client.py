@@ -296,13 +296,14 @@ class LLMClient:
                 *([asyncio.to_thread(windows.look_up, litellm, missing)] if missing else []),
                 *(local_servers.ask(config.api_base, m, config.api_key) for m in unasked))
 
-    def input_window(self, model: str | None = None) -> int | None:
-        """Input tokens ``model`` takes, if known (see ``windows.input_window``)."""
+    def input_window(self, model: str | None = None, advice: bool = False) -> int | None:
+        """Input tokens ``model`` takes, if known (see ``windows.input_window``;
+        ``advice``: a guessed window counts too, for planning, never for refusing)."""
         model = model or self.config.effective_sub_model
         behind = routing.deployments(self.config.model_list, model) \
             if self.config.model_list else ()
         return windows.input_window(_litellm, model, self._endpoint(),
-                                    self.config.context_window, behind)
+                                    self.config.context_window, behind, advice)
 
     def redactor(self) -> Redactor:
         """Removes current secrets; a batch builds one and shares it between its calls."""

@@ -62,7 +62,7 @@ class Conversation:
 
     def room(self) -> int | None:
         """Tokens the root model takes as a prompt (its window less the answer's)."""
-        window = self.client.input_window(self.model)
+        window = self.client.input_window(self.model, advice=True)
         if window is None:
             return None
         return window - answer_room(window, self.max_tokens, self.model)
@@ -153,7 +153,7 @@ class Conversation:
         gets a quarter of the window at most, and half of what it replaces; the
         request, the rest of the window. A window too small for the system prompt,
         the question and a summary beside them is a failure of its own."""
-        window = self.client.input_window(self.model)
+        window = self.client.input_window(self.model, advice=True)
         budget = max(64, min(self.max_tokens, replaced // 2,
                              window // 4 if window else self.max_tokens))
         if window is None:

@@ -651,7 +651,7 @@ class Run:
     def _chunk_advice(self) -> tuple[str, str]:
         """What one sub-call prompt can hold: the sub-model's window less its answers'
         room, at the characters per token its usage reports showed."""
-        window = self.client.input_window(self.sub_model)
+        window = self.client.input_window(self.sub_model, advice=True)
         return chunk_advice(
             window - answer_room(window, self.max_tokens, self.sub_model) if window
             else None, chars_per_token(self.sub_model))
@@ -662,7 +662,8 @@ class Run:
         system prompt is written again. Only then: a new system prompt costs the
         provider's prompt cache its prefix."""
         window, per_token = self._advised_for
-        now = (self.client.input_window(self.sub_model), chars_per_token(self.sub_model))
+        now = (self.client.input_window(self.sub_model, advice=True),
+               chars_per_token(self.sub_model))
         if now[0] == window and abs(now[1] - per_token) <= 0.25 * per_token:
             return
         if self.conversation.messages:
@@ -673,7 +674,7 @@ class Run:
         if getattr(self, "_described", None) is None:
             self._described = describe_context(self.context)
         type_name, length, preview = self._described
-        self._advised_for = (self.client.input_window(self.sub_model),
+        self._advised_for = (self.client.input_window(self.sub_model, advice=True),
                              chars_per_token(self.sub_model))
         reads, chunk = self._chunk_advice()
         fields = _Fields(context_type=type_name, context_length=length,

@@ -47,7 +47,7 @@ async def test_answers_cut_at_max_tokens_are_counted_for_the_model_and_the_ledge
     result = await rlm.arun("q", context="c")
     seen = result.trajectory[0].code[0].output
     assert seen.startswith("[200, 200, 200] 200")  # the answers themselves are unchanged
-    assert "[4 sub-call answers of this step stopped at max_tokens and are cut off" in seen
+    assert "[4 sub-call answers of this step are cut off (stopped at max_tokens" in seen
     assert result.trajectory[0].cut_answers == 4
     assert result.usage.by_model["openai/sub-model"].cut_off == 4
     assert "cut off" in repr(result.usage)

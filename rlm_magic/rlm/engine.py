@@ -525,8 +525,8 @@ class Run:
         if cut:
             iteration.cut_answers += cut
             seen += (f"\n[{cut} sub-call answer{'s' if cut > 1 else ''} of this step "
-                     f"stopped at max_tokens and {'are' if cut > 1 else 'is'}"
-                     " cut off; ask for shorter answers or smaller pieces]")
+                     f"{'are' if cut > 1 else 'is'} cut off (stopped at max_tokens, or "
+                     "broken off); ask for shorter answers or smaller pieces]")
         seen += self._restored_note(step.restored)
         finish = step.finish
         if finish and step.error is not None:

@@ -138,7 +138,7 @@ LIST_ANSWER = "FINAL(1) Paris 2) Berlin 3) Rome)"  # read whole only up to its l
 
 
 async def test_a_root_turn_broken_off_inside_final_is_not_taken_as_the_answer(server):
-    rlm = make_rlm(server, timeout=1)
+    rlm = make_rlm(server, timeout=0.5)
     server.stall_at, server.stall_for = 4, 30  # "FINAL(1) Paris 2) Berlin " then nothing
     server.script("root-model", [LIST_ANSWER, "FINAL(done)"])
     result = await rlm.arun("q", context="c")
@@ -148,9 +148,9 @@ async def test_a_root_turn_broken_off_inside_final_is_not_taken_as_the_answer(se
 
 
 async def test_a_last_turn_broken_off_inside_final_is_no_success(server):
-    rlm = make_rlm(server, timeout=1, max_iterations=1)
-    server.stall_at, server.stall_for = 4, 30
-    server.script("root-model", [repl("x = 1"), LIST_ANSWER])
+    rlm = make_rlm(server, timeout=0.5, max_iterations=1)
+    server.stall_at, server.stall_for = 4, 30  # the first reply is shorter than that
+    server.script("root-model", ["Thinking.", LIST_ANSWER])
     result = await rlm.arun("q", context="c")
     assert not result.success and result.stop_reason == "max_iterations"
 

@@ -3,6 +3,8 @@ and answers cut off at max_tokens are visible. Over real HTTP to the local serve
 
 from __future__ import annotations
 
+import traceback
+
 import pytest
 
 from rlm_magic import LLMQueryError
@@ -91,10 +93,11 @@ async def test_an_answer_cut_at_a_max_tokens_lowered_to_fit_is_not_cached(server
     assert not again.cached and len(server.requests_for("sub-model")) == 2
 
 
-async def test_a_key_quoted_in_a_providers_error_reaches_no_error_text(server):
+@pytest.mark.parametrize("wire", [True, False])  # aiohttp straight, or litellm
+async def test_a_key_quoted_in_a_providers_error_reaches_no_error_text(server, wire):
     key = "sk-echoed-0123456789abcdef"  # what the server's "401-echo" quotes
     server.fail("401-echo", times=5, model="sub-model")
-    rlm = make_rlm(server, api_key=key)
+    rlm = make_rlm(server, api_key=key, wire_transport=wire)
     server.script("root-model", [repl("r = llm_query('hi')\nprint(r)"), "FINAL(done)"])
     result = await rlm.arun("q", context="c")
     seen = result.trajectory[0].code[0].output
@@ -103,4 +106,5 @@ async def test_a_key_quoted_in_a_providers_error_reaches_no_error_text(server):
     assert errors and not any(key in e for e in errors)
     with pytest.raises(LLMQueryError) as raised:
         await rlm.helpers.llm_query("again")
-    assert key not in str(raised.value)
+    shown = "".join(traceback.format_exception(raised.value))  # causes included
+    assert "Bearer [REDACTED]" in shown and key not in shown

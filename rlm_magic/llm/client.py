@@ -568,7 +568,24 @@ def _redacted(error: LLMQueryError, redactor: Redactor) -> LLMQueryError:
     message = redactor(str(error))
     if message != str(error):
         error.args = (message,)
+        _redact_causes(error.cause, redactor)
     return error
+
+
+def _redact_causes(failure: Any, redactor: Redactor) -> None:
+    """The provider's exceptions under the error (a traceback shows them), redacted in
+    place as far as they let us."""
+    seen: set[int] = set()
+    while isinstance(failure, BaseException) and id(failure) not in seen:
+        seen.add(id(failure))
+        try:
+            if isinstance(getattr(failure, "message", None), str):
+                failure.message = redactor(failure.message)
+            failure.args = tuple(redactor(a) if isinstance(a, str) else a
+                                 for a in failure.args)
+        except (AttributeError, TypeError):  # a read-only attribute: left as it is
+            pass
+        failure = failure.__cause__ or failure.__context__
 
 
 def _record_cancelled(ledger: UsageLedger, model: str, retries: int, started: float,

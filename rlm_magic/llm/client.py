@@ -185,7 +185,7 @@ class Completion:
     def incomplete(self) -> bool:
         """The answer may end before the model meant it to: stopped at max_tokens, or
         broken off (a stall, the step's deadline, a server gone). Such an answer is
-        never taken as a final answer, cached, or kept for a re-run as if whole."""
+        never taken as a final answer, cached or kept for a re-run as if whole."""
         return self.cut_off or self.cut_reason is not None
 
 
@@ -547,7 +547,7 @@ class LLMClient:
                 spent: "_Spent | None" = None) -> LLMQueryError:
         """The call failed for good: record it (with any tokens already billed)."""
         error = _redacted(LLMQueryError(model, explain_proxy_failure(failure, model),
-                                        retries=retries), self.redactor())
+                                        retries=retries), failure, self.redactor())
         ledger.record((spent or _Spent()).record(model, retries=retries, error=str(error),
                                                  rate_limited=rate_limited,
                                                  elapsed_s=time.perf_counter() - started))
@@ -562,13 +562,14 @@ class LLMClient:
             f"past RLM.rate_limit_wait={self.config.rate_limit_wait:g}s; {why}"))
 
 
-def _redacted(error: LLMQueryError, redactor: Redactor) -> LLMQueryError:
+def _redacted(error: LLMQueryError, failure: BaseException,
+              redactor: Redactor) -> LLMQueryError:
     """A provider's error text may echo the request (a 401 quoting "Bearer sk-..."):
     the message that is raised, recorded and shown to the model's code has no secret."""
     message = redactor(str(error))
     if message != str(error):
         error.args = (message,)
-        _redact_causes(error.cause, redactor)
+        _redact_causes(failure, redactor)
     return error
 
 

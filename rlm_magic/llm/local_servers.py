@@ -35,6 +35,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 PROBE_TIMEOUT = 2.0
+RESOLVE_TIMEOUT = 0.5  # of the api_base's host name, within the probe's time
 OLLAMA_DEFAULT_NUM_CTX = 4096  # what Ollama runs a model with unless told otherwise
 GUESS_KEPT_S = 60.0  # a guessed window is asked about again after this long
 MAX_BODY = 1_000_000  # bytes of a probe's answer read at most
@@ -114,7 +115,7 @@ def forget() -> None:
 async def is_local(host: str | None) -> bool:
     """Whether ``host`` is this machine or on the local network: a loopback, private or
     link-local address, or a name that resolves only to such (resolved in a thread,
-    for at most ``PROBE_TIMEOUT`` seconds)."""
+    for at most ``RESOLVE_TIMEOUT`` seconds: then it counts as remote)."""
     if not host:
         return False
     try:
@@ -123,7 +124,7 @@ async def is_local(host: str | None) -> bool:
         pass
     try:
         found = await asyncio.wait_for(
-            asyncio.get_running_loop().getaddrinfo(host, None), PROBE_TIMEOUT)
+            asyncio.get_running_loop().getaddrinfo(host, None), RESOLVE_TIMEOUT)
     except (OSError, asyncio.TimeoutError, UnicodeError):
         return False
     addresses = {entry[4][0] for entry in found}
@@ -146,6 +147,7 @@ async def _probe(api_base: str, model: str, api_key: str | None
     name = _PREFIX.sub("", model)
     base = api_base.rstrip("/")
     root = re.sub(r"/v1$", "", base)
+    started = time.monotonic()
     local = await is_local(urlsplit(base).hostname)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT)
@@ -173,7 +175,8 @@ async def _probe(api_base: str, model: str, api_key: str | None
         models_url = base + "/models" if base.endswith("/v1") else root + "/v1/models"
         props, models, running, shown = await asyncio.wait_for(asyncio.gather(
             get("/props"), get(models_url), get("/api/ps"),
-            get("/api/show", {"model": name})), PROBE_TIMEOUT + 0.5)
+            get("/api/show", {"model": name})),
+            max(0.5, PROBE_TIMEOUT + 0.5 - (time.monotonic() - started)))
         window = _llama_cpp(props)
         if window is None and isinstance(props, dict):
             window = _llama_cpp_slots(await get("/slots"))

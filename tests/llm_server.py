@@ -35,6 +35,9 @@ _FAILURES = {
     "500": (500, "injected server error", "server_error"),
     "429": (429, "injected rate limit", "rate_limit_error"),
     "401": (401, "injected bad API key", "invalid_request_error"),
+    # A provider whose refusal quotes the key it was sent (ECHOED_KEY: use it as api_key)
+    "401-echo": (401, "Incorrect API key provided: Bearer sk-echoed-0123456789abcdef",
+                 "invalid_request_error"),
     # llama.cpp's answer to a prompt over its context size
     "context": (400, "request (23009 tokens) exceeds the available context size (4096 "
                 "tokens), try increasing it", "exceed_context_size_error"),
@@ -362,6 +365,33 @@ class FakeLLMServer(LocalChatServer):
         self.counts_max_tokens = False
         # A server that dies before streamed chunk number drop_at (no end, no [DONE]).
         self.drop_at: int | None = None
+        self._reset_probe_modes()
+
+    def _reset_probe_modes(self) -> None:
+        # An Ollama that runs models at its default window: /api/show gives no num_ctx,
+        # /api/ps lists no model until ``ollama_loaded`` (the window it then runs with).
+        self.ollama_default = False
+        self.ollama_loaded: int | None = None
+        # Bytes of /props's answer when set (a window in a body too large to read).
+        self.props_size: int | None = None
+
+    def _probe_mode_answer(self, path: str):
+        """The answer of the probe modes above to ``path``, or None."""
+        from aiohttp import web
+
+        if self.ollama_default and path == "/api/show":
+            return web.json_response({"parameters": "temperature 0.7",
+                                      "model_info": {"gemma3.context_length": 32768}})
+        if self.ollama_default and path == "/api/ps":
+            loaded = self.ollama_loaded
+            return web.json_response({"models": [] if loaded is None else [
+                {"name": name, "context_length": loaded}
+                for name in ("sub-model", "root-model")]})
+        if self.props_size and path == "/props":
+            padding = "x" * self.props_size
+            return web.json_response({"default_generation_settings": {"n_ctx": 2048},
+                                      "padding": padding})
+        return None
 
     def count_prompt(self, body: dict) -> int:
         """A prompt's tokens by this server's tokenizer (``chars_per_token``)."""
@@ -404,6 +434,9 @@ class FakeLLMServer(LocalChatServer):
             self.window_asks.append(path)
             reported = self.reports_window
         kind, size = reported or (None, 0)
+        special = self._probe_mode_answer(path)
+        if special is not None:
+            return special
         if kind == "llama.cpp" and path == "/props":
             return web.json_response({"default_generation_settings": {"n_ctx": size},
                                       "total_slots": 8})

@@ -16,7 +16,7 @@ import pytest
 
 from rlm_magic import PromptTooLongError
 from rlm_magic.demo import split_tokens
-from rlm_magic.llm import windows
+from rlm_magic.llm import local_servers, windows
 
 from .conftest import SUB, make_rlm
 
@@ -131,6 +131,53 @@ async def test_only_openai_compatible_and_ollama_servers_are_asked(server):
     rlm = make_rlm(server, sub_model=claude, api_base=server.anthropic_base)
     assert await rlm.helpers.llm_query("x") == "echo: x"
     assert server.window_asks == []
+
+
+async def test_a_configured_window_wins_over_ollamas_default(server):
+    server.ollama_default = True  # no num_ctx, no model loaded: 4,096 is only a guess
+    rlm = make_rlm(server, context_window=32768)
+    assert (await rlm.helpers.llm_query("word " * 5000)).startswith("echo: word")
+    assert rlm.client.input_window(SUB) == 32768
+
+
+async def test_ollamas_default_is_advice_and_the_server_is_asked_again(server, monkeypatch):
+    server.ollama_default = True
+    rlm = make_rlm(server)
+    # ~6,000 tokens over a guessed 4,096: sent all the same (the server decides).
+    assert (await rlm.helpers.llm_query("word " * 5000)).startswith("echo: word")
+    assert rlm.client.input_window(SUB) is None
+    assert rlm.client.input_window(SUB, advice=True) == 4096  # for chunk sizes
+    monkeypatch.setattr(local_servers, "GUESS_KEPT_S", 0.0)
+    server.ollama_loaded = 8192  # loaded since: /api/ps says its window
+    await rlm.helpers.llm_query("again")
+    assert rlm.client.input_window(SUB) == 8192
+
+
+async def test_a_host_off_the_local_network_is_asked_only_its_model_list(server, monkeypatch):
+    async def not_local(host):  # the test server is on 127.0.0.1: play a remote host
+        return False
+    monkeypatch.setattr(local_servers, "is_local", not_local)
+    server.reports_window = ("llama.cpp", 4096)
+    rlm = make_rlm(server)
+    assert await rlm.helpers.llm_query("x") == "echo: x"
+    assert server.window_asks == ["/v1/models"]
+    assert rlm.client.input_window(SUB) is None
+
+
+async def test_loopback_private_and_link_local_hosts_are_local_and_others_not():
+    for host in ("127.0.0.1", "::1", "localhost", "10.1.2.3", "192.168.0.9",
+                 "169.254.1.1", "fe80::1"):
+        assert await local_servers.is_local(host), host
+    for host in ("8.8.8.8", "2001:4860:4860::8888", "", None):
+        assert not await local_servers.is_local(host), host
+
+
+async def test_a_probe_answer_over_a_megabyte_is_not_read(server):
+    server.props_size = 2_000_000
+    rlm = make_rlm(server)
+    assert await rlm.helpers.llm_query("x") == "echo: x"
+    assert "/props" in server.window_asks
+    assert rlm.client.input_window(SUB) is None
 
 
 async def test_characters_per_token_are_learned_from_usage_and_advised(server):

@@ -163,3 +163,20 @@ async def test_a_kept_typed_answer_that_no_longer_validates_is_asked_again(serve
                                              response_format=SmallCount) == \
         [SmallCount(n=3), SmallCount(n=3)]
     assert len(server.requests) == 2
+
+
+async def test_an_answer_that_broke_off_is_asked_again_by_a_rerun(server, tmp_path):
+    rlm = make_rlm(server, cache_dir=str(tmp_path))
+    words = " ".join(f"w{i}" for i in range(20))
+    server.default_reply = lambda body: words if "long" in body["messages"][-1]["content"] \
+        else "short answer"
+    server.drop_at = 10  # the long answer's server goes away midway
+    first = await rlm.helpers.llm_query_batch(["short", "long"], resume=True)
+    assert first[0] == "short answer" and "[answer cut off: " in first[1]
+    server.reset()
+    server.default_reply = lambda body: words
+    again = make_rlm(server, cache_dir=str(tmp_path))
+    assert (await again.helpers.llm_query_batch(["short", "long"], resume=True)) == \
+        ["short answer", words]
+    assert [r["messages"][-1]["content"] for r in server.requests] == ["long"]
+    assert maps_in(tmp_path) == []  # every answer whole: the file goes

@@ -134,6 +134,37 @@ async def test_a_stalled_stream_returns_what_it_received_marked_and_bills_it(ser
     assert record.output_tokens >= 5 and record.input_tokens > 0
 
 
+LIST_ANSWER = "FINAL(1) Paris 2) Berlin 3) Rome)"  # read whole only up to its last ')'
+
+
+async def test_a_root_turn_broken_off_inside_final_is_not_taken_as_the_answer(server):
+    rlm = make_rlm(server, timeout=0.5)
+    server.stall_at, server.stall_for = 4, 30  # "FINAL(1) Paris 2) Berlin " then nothing
+    server.script("root-model", [LIST_ANSWER, "FINAL(done)"])
+    result = await rlm.arun("q", context="c")
+    assert result.success and result.final_answer == "done"
+    told = server.requests_for("root-model")[1]["messages"][-1]["content"]
+    assert "Your reply was cut off before its end inside FINAL(...)" in told
+
+
+async def test_a_last_turn_broken_off_inside_final_is_no_success(server):
+    rlm = make_rlm(server, timeout=0.5, max_iterations=1)
+    server.stall_at, server.stall_for = 4, 30  # the first reply is shorter than that
+    server.script("root-model", ["Thinking.", LIST_ANSWER])
+    result = await rlm.arun("q", context="c")
+    assert not result.success and result.stop_reason == "max_iterations"
+
+
+async def test_a_sub_call_answer_that_broke_off_counts_as_cut(server):
+    server.reply_with("sub-model", lambda body: prose(20))
+    server.drop_at = 10  # the root's replies are shorter than that
+    server.script("root-model", [repl("part = llm_query('q')"), "FINAL(done)"])
+    result = await make_rlm(server, sandbox="none").arun("q", context="c")
+    assert result.trajectory[0].cut_answers == 1
+    assert "1 sub-call answer of this step is cut off" in \
+        server.requests_for("root-model")[1]["messages"][-1]["content"]
+
+
 async def test_calls_in_a_step_end_before_the_step_so_the_model_sees_their_errors(server):
     rlm = make_rlm(server, step_timeout=1.5, timeout=120, max_retries=2)
     server.model_latency["sub-model"] = 60  # a server far slower than the step allows

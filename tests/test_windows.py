@@ -6,9 +6,11 @@ from __future__ import annotations
 import pytest
 
 from rlm_magic import LLMQueryError, PromptTooLongError
+from rlm_magic.errors import CompactionError
 from rlm_magic.llm import windows
+from rlm_magic.rlm.compaction import Conversation
 
-from .conftest import make_rlm
+from .conftest import ROOT, make_rlm
 
 
 def repl(code: str) -> str:
@@ -281,3 +283,38 @@ async def test_a_router_groups_window_is_its_deployments_smallest(server):
 
     await load_litellm()
     assert rlm.client.input_window("sub") == 8192  # gpt-4's, under gpt-4o-mini's 128k
+
+
+# -- a summary that is cut off ----------------------------------------------------------
+
+def long_conversation(rlm) -> Conversation:
+    async def share(history):
+        pass
+
+    conversation = Conversation(rlm.client, model=ROOT, max_tokens=100, compact_at=0.8,
+                                ledger=rlm.client.ledger, deadline=None,
+                                share_history=share, status=lambda _: None, compactions=[])
+    conversation.start("system", "question")
+    conversation.add(PROSE * 20, PROSE * 20)  # ~500 tokens for the summary to replace
+    return conversation
+
+
+async def test_a_summary_cut_at_its_budget_is_asked_again_shorter_then_kept_marked(server):
+    server.enforce_max_tokens = True
+    server.reply_with("root-model", lambda body: "summary " * 400)
+    rlm = make_rlm(server)
+    record = await long_conversation(rlm).compact(1, "threshold")
+    asked = server.requests_for("root-model")
+    assert len(asked) == 2 and "keep this one under" in asked[1]["messages"][-1]["content"]
+    assert record.cut_off and record.summary.endswith("[summary cut off at its max_tokens]")
+    assert record.output_tokens == sum(r.output_tokens for r in rlm.client.ledger.records)
+
+
+async def test_a_summary_that_breaks_off_twice_fails_the_compaction(server):
+    server.stall_at, server.stall_for = 3, 30
+    server.reply_with("root-model", lambda body: "summary " * 40)
+    conversation = long_conversation(make_rlm(server, timeout=0.5))
+    before = list(conversation.messages)
+    with pytest.raises(CompactionError, match="its summary broke off twice"):
+        await conversation.compact(1, "threshold")
+    assert conversation.messages == before  # nothing replaced

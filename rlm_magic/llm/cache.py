@@ -30,7 +30,8 @@ def request_key(request: dict[str, Any]) -> str:
 
 
 class ResponseCache:
-    """Maps request keys to answers (text and token counts)."""
+    """Maps request keys to answers (text, token counts and finish_reason: an answer
+    cut at max_tokens is served as cut off, as it came)."""
 
     def __init__(self, directory: str):
         self.directory = directory
@@ -67,5 +68,6 @@ class ResponseCache:
 
 def _is_answer(value: Any) -> bool:
     return (isinstance(value, dict) and isinstance(value.get("text"), str)
+            and isinstance(value.get("finish_reason"), (str, type(None)))
             and all(isinstance(value.get(k), int) and not isinstance(value.get(k), bool)
                     for k in ("input_tokens", "output_tokens")))

@@ -178,7 +178,15 @@ class Completion:
 
     @property
     def cut_off(self) -> bool:
+        """The answer stopped at max_tokens (see ``incomplete`` for any cut)."""
         return self.finish_reason == "length"
+
+    @property
+    def incomplete(self) -> bool:
+        """The answer may end before the model meant it to: stopped at max_tokens, or
+        broken off (a stall, the step's deadline, a server gone). Such an answer is
+        never taken as a final answer, cached or kept for a re-run as if whole."""
+        return self.cut_off or self.cut_reason is not None
 
 
 def is_retryable(exc: BaseException) -> bool:
@@ -288,13 +296,14 @@ class LLMClient:
                 *([asyncio.to_thread(windows.look_up, litellm, missing)] if missing else []),
                 *(local_servers.ask(config.api_base, m, config.api_key) for m in unasked))
 
-    def input_window(self, model: str | None = None) -> int | None:
-        """Input tokens ``model`` takes, if known (see ``windows.input_window``)."""
+    def input_window(self, model: str | None = None, advice: bool = False) -> int | None:
+        """Input tokens ``model`` takes, if known (see ``windows.input_window``;
+        ``advice``: a guessed window counts too, for planning, never for refusing)."""
         model = model or self.config.effective_sub_model
         behind = routing.deployments(self.config.model_list, model) \
             if self.config.model_list else ()
         return windows.input_window(_litellm, model, self._endpoint(),
-                                    self.config.context_window, behind)
+                                    self.config.context_window, behind, advice)
 
     def redactor(self) -> Redactor:
         """Removes current secrets; a batch builds one and shares it between its calls."""
@@ -363,7 +372,8 @@ class LLMClient:
             if hit is not None:
                 completion = Completion(hit["text"], model, hit["input_tokens"],
                                         hit["output_tokens"], cost_usd=0.0, cached=True,
-                                        elapsed_s=time.perf_counter() - started)
+                                        elapsed_s=time.perf_counter() - started,
+                                        finish_reason=hit.get("finish_reason"))
                 ledger.record(CallRecord(model, completion.input_tokens,
                                          completion.output_tokens, 0.0, cached=True,
                                          elapsed_s=completion.elapsed_s))
@@ -380,6 +390,9 @@ class LLMClient:
             # one that fits beside a shorter answer asks for less (windows.fit_answer).
             params["max_tokens"] = await windows.fit_answer(
                 litellm, model, messages, window, params["max_tokens"])
+        # The cache key holds the max_tokens asked for; an answer cut at a lower one
+        # (fit to this window) is not the answer to that request.
+        asked_tokens = max_tokens or config.max_tokens
         plain_messages = messages
         if call.cache_prefix and config.prompt_caching and needs_markers(litellm, model):
             messages = mark_prefix(messages)
@@ -453,7 +466,8 @@ class LLMClient:
                     # away what was generated and pay for it again.
                     gate.failed(ticket)
                     answer = partial
-                    cut_reason = str(_explained(failure, attempt_timeout, call, state))
+                    cut_reason = self.redactor()(
+                        str(_explained(failure, attempt_timeout, call, state)))
                     break
                 spent.add_partial(state, transport, plain_messages)
             else:
@@ -517,18 +531,23 @@ class LLMClient:
             cached_input_tokens=completion.cached_input_tokens,
             cache_write_tokens=completion.cache_write_tokens,
             cache_saved_usd=cache_saving(litellm, model, completion),
-            cut_off=completion.cut_off or cut_reason is not None))
-        if key is not None and cut_reason is None:
+            cut_off=completion.incomplete))
+        # A broken-off answer is never kept; one cut at max_tokens only when that was
+        # the max_tokens of the key (a hit then says cut_off, as the original did).
+        if key is not None and completion.cut_reason is None and \
+                (not completion.cut_off or params["max_tokens"] == asked_tokens):
             _cache_call(cache.set, key, {"text": completion.text,
                                          "input_tokens": completion.input_tokens,
-                                         "output_tokens": completion.output_tokens})
+                                         "output_tokens": completion.output_tokens,
+                                         "finish_reason": completion.finish_reason})
         return completion
 
     def _failed(self, ledger: UsageLedger, model: str, retries: int, rate_limited: int,
                 started: float, failure: BaseException,
                 spent: "_Spent | None" = None) -> LLMQueryError:
         """The call failed for good: record it (with any tokens already billed)."""
-        error = LLMQueryError(model, explain_proxy_failure(failure, model), retries=retries)
+        error = _redacted(LLMQueryError(model, explain_proxy_failure(failure, model),
+                                        retries=retries), failure, self.redactor())
         ledger.record((spent or _Spent()).record(model, retries=retries, error=str(error),
                                                  rate_limited=rate_limited,
                                                  elapsed_s=time.perf_counter() - started))
@@ -541,6 +560,33 @@ class LLMClient:
         return self._failed(ledger, model, retries, rate_limited, started, RuntimeError(
             f"rate limited for {waited:.0f}s ({rate_limited} rate-limited responses), "
             f"past RLM.rate_limit_wait={self.config.rate_limit_wait:g}s; {why}"))
+
+
+def _redacted(error: LLMQueryError, failure: BaseException,
+              redactor: Redactor) -> LLMQueryError:
+    """A provider's error text may echo the request (a 401 quoting "Bearer sk-..."):
+    the message that is raised, recorded and shown to the model's code has no secret."""
+    message = redactor(str(error))
+    if message != str(error):
+        error.args = (message,)
+        _redact_causes(failure, redactor)
+    return error
+
+
+def _redact_causes(failure: Any, redactor: Redactor) -> None:
+    """The provider's exceptions under the error (a traceback shows them), redacted in
+    place as far as they let us."""
+    seen: set[int] = set()
+    while isinstance(failure, BaseException) and id(failure) not in seen:
+        seen.add(id(failure))
+        try:
+            if isinstance(getattr(failure, "message", None), str):
+                failure.message = redactor(failure.message)
+            failure.args = tuple(redactor(a) if isinstance(a, str) else a
+                                 for a in failure.args)
+        except (AttributeError, TypeError):  # a read-only attribute: left as it is
+            pass
+        failure = failure.__cause__ or failure.__context__
 
 
 def _record_cancelled(ledger: UsageLedger, model: str, retries: int, started: float,

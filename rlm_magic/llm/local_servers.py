@@ -8,30 +8,45 @@ Ollama's ``num_ctx``), and each says so at an endpoint of its own:
   else ``GET /slots`` (each slot's ``n_ctx``);
 - vLLM: ``GET /v1/models`` (``max_model_len`` of the model);
 - Ollama: ``GET /api/ps`` (``context_length`` of a loaded model), else
-  ``POST /api/show`` (a ``num_ctx`` parameter), else Ollama's default of 4,096 tokens
-  (at most the model's own ``context_length``).
+  ``POST /api/show`` (a ``num_ctx`` parameter), else a guess: Ollama's default of 4,096
+  tokens (at most the model's own ``context_length``).
 
 A server is asked once per (api_base, model), on the running loop, all endpoints at
 once and for at most ``PROBE_TIMEOUT`` seconds: a server that is down or is none of
-these costs the first call that long at most, and is not asked again. Only models of
-OpenAI-compatible and Ollama providers at a configured ``api_base`` are asked.
+these costs the first call that long at most, and is not asked again. A guess is only
+advice (chunk sizes, when to compact), never a reason to refuse a prompt, and is not
+kept: the server is asked again a minute later (a model loaded since says its window).
+
+Only models of OpenAI-compatible and Ollama providers at a configured ``api_base`` are
+asked, and the endpoints of local servers only of a host on this machine or the local
+network (loopback, private or link-local addresses): elsewhere (a cloud provider, a
+company's proxy) only ``GET /v1/models``, the OpenAI API's own, is asked. No answer is
+read past ``MAX_BODY`` bytes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import json
 import re
+import time
 from typing import Any
+from urllib.parse import urlsplit
 
 PROBE_TIMEOUT = 2.0
+RESOLVE_TIMEOUT = 0.5  # of the api_base's host name, within the probe's time
 OLLAMA_DEFAULT_NUM_CTX = 4096  # what Ollama runs a model with unless told otherwise
+GUESS_KEPT_S = 60.0  # a guessed window is asked about again after this long
+MAX_BODY = 1_000_000  # bytes of a probe's answer read at most
 
 # litellm's provider prefixes: the server knows the model by the rest of the name.
 _PREFIX = re.compile(r"^(?:openai|hosted_vllm|ollama|ollama_chat|llamafile|lm_studio|"
                      r"text-completion-openai|custom_openai)/")
 
 _ASKED: dict[tuple[str, str], "asyncio.Future[int | None]"] = {}
-_FOUND: dict[tuple[str, str], int | None] = {}
+_FOUND: dict[tuple[str, str], int | None] = {}  # windows reported (None: not said)
+_GUESSED: dict[tuple[str, str], tuple[int, float]] = {}  # (guess, when it was made)
 
 
 def reported_window(api_base: str | None, model: str) -> int | None:
@@ -41,8 +56,19 @@ def reported_window(api_base: str | None, model: str) -> int | None:
     return _FOUND.get((api_base, model))
 
 
+def guessed_window(api_base: str | None, model: str) -> int | None:
+    """The window the server probably runs ``model`` with, when it did not say
+    (Ollama's default): advice only."""
+    guess = _GUESSED.get((api_base, model)) if api_base else None
+    return guess[0] if guess else None
+
+
 def asked(api_base: str | None, model: str) -> bool:
-    return not may_ask(api_base, model) or (api_base, model) in _FOUND
+    key = (api_base, model)
+    if not may_ask(api_base, model) or key in _FOUND:
+        return True
+    guess = _GUESSED.get(key)
+    return guess is not None and time.monotonic() - guess[1] < GUESS_KEPT_S
 
 
 def may_ask(api_base: str | None, model: str) -> bool:
@@ -59,55 +85,105 @@ async def ask(api_base: str | None, model: str, api_key: str | None = None) -> i
     key = (api_base, model)
     if key in _FOUND:
         return _FOUND[key]
+    if asked(api_base, model):
+        return None  # a recent guess only
     pending = _ASKED.get(key)
     if pending is None or pending.get_loop() is not asyncio.get_running_loop():
         pending = _ASKED[key] = asyncio.ensure_future(_probe(api_base, model, api_key))
     try:
-        window = await asyncio.shield(pending)
+        window, guessed = await asyncio.shield(pending)
     except asyncio.CancelledError:
         raise
     except Exception:  # noqa: BLE001 - a server that cannot say: the window stays unknown
-        window = None
-    _FOUND[key] = window
+        window, guessed = None, False
+    if guessed and window:
+        _GUESSED[key] = (window, time.monotonic())
+    else:
+        _FOUND[key] = window
+        _GUESSED.pop(key, None)
     _ASKED.pop(key, None)
-    return window
+    return None if guessed else window
 
 
 def forget() -> None:
     """Forget every answer (tests; a restarted server)."""
     _ASKED.clear()
     _FOUND.clear()
+    _GUESSED.clear()
 
 
-async def _probe(api_base: str, model: str, api_key: str | None) -> int | None:
+async def is_local(host: str | None) -> bool:
+    """Whether ``host`` is this machine or on the local network: a loopback, private or
+    link-local address, or a name that resolves only to such (resolved in a thread,
+    for at most ``RESOLVE_TIMEOUT`` seconds: then it counts as remote)."""
+    if not host:
+        return False
+    try:
+        return _local_address(host)
+    except ValueError:  # a name
+        pass
+    try:
+        found = await asyncio.wait_for(
+            asyncio.get_running_loop().getaddrinfo(host, None), RESOLVE_TIMEOUT)
+    except (OSError, asyncio.TimeoutError, UnicodeError):
+        return False
+    addresses = {entry[4][0] for entry in found}
+    try:
+        return bool(addresses) and all(_local_address(a) for a in addresses)
+    except ValueError:
+        return False
+
+
+def _local_address(text: str) -> bool:
+    address = ipaddress.ip_address(text.split("%")[0])  # ValueError: not an address
+    return address.is_loopback or address.is_private or address.is_link_local
+
+
+async def _probe(api_base: str, model: str, api_key: str | None
+                 ) -> tuple[int | None, bool]:
+    """(the window, whether it is a guess)."""
     import aiohttp
 
     name = _PREFIX.sub("", model)
     base = api_base.rstrip("/")
     root = re.sub(r"/v1$", "", base)
+    started = time.monotonic()
+    local = await is_local(urlsplit(base).hostname)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT)
     async with aiohttp.ClientSession(timeout=timeout, headers=headers) as session:
         async def get(path_or_url: str, post: dict | None = None) -> Any:
+            if not local and path_or_url.startswith("/"):
+                return None  # a local server's own endpoint: not asked of other hosts
             url = path_or_url if path_or_url.startswith("http") else root + path_or_url
             try:
                 request = session.post(url, json=post) if post is not None \
                     else session.get(url)
                 async with request as response:
-                    if response.status != 200:
+                    if response.status != 200 or \
+                            (response.content_length or 0) > MAX_BODY:
                         return None
-                    return await response.json(content_type=None)
+                    body = bytearray()
+                    async for piece in response.content.iter_chunked(65536):
+                        body += piece
+                        if len(body) > MAX_BODY:
+                            return None
+                    return json.loads(bytes(body))
             except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
                 return None
 
         models_url = base + "/models" if base.endswith("/v1") else root + "/v1/models"
         props, models, running, shown = await asyncio.wait_for(asyncio.gather(
             get("/props"), get(models_url), get("/api/ps"),
-            get("/api/show", {"model": name})), PROBE_TIMEOUT + 0.5)
+            get("/api/show", {"model": name})),
+            max(0.5, PROBE_TIMEOUT + 0.5 - (time.monotonic() - started)))
         window = _llama_cpp(props)
         if window is None and isinstance(props, dict):
             window = _llama_cpp_slots(await get("/slots"))
-        return (window or _vllm(models, name) or _ollama(running, shown, name))
+        window = window or _vllm(models, name) or _ollama(running, shown, name)
+        if window:
+            return window, False
+        return _ollama_default(shown), True
 
 
 def _positive(value: Any) -> int | None:
@@ -150,11 +226,23 @@ def _ollama(running: Any, shown: Any, name: str) -> int | None:
             if isinstance(entry, dict) and name in (entry.get("name"), entry.get("model")) \
                     and _positive(entry.get("context_length")):
                 return _positive(entry.get("context_length"))
-    if not isinstance(shown, dict) or not ("model_info" in shown or "parameters" in shown):
+    if not _is_ollama_show(shown):
         return None
     match = re.search(r"^\s*num_ctx\s+(\d+)", str(shown.get("parameters") or ""), re.M)
-    if match:
-        return int(match.group(1))
-    trained = next((_positive(v) for k, v in (shown.get("model_info") or {}).items()
-                    if k.endswith(".context_length")), None)
+    return int(match.group(1)) if match else None
+
+
+def _is_ollama_show(shown: Any) -> bool:
+    return isinstance(shown, dict) and ("model_info" in shown or "parameters" in shown)
+
+
+def _ollama_default(shown: Any) -> int | None:
+    """An Ollama model neither loaded nor given a num_ctx probably runs with Ollama's
+    default (at most the model's own context_length): a guess."""
+    if not _is_ollama_show(shown):
+        return None
+    info = shown.get("model_info")
+    trained = next((_positive(v) for k, v in info.items()
+                    if k.endswith(".context_length")), None) if isinstance(info, dict) \
+        else None
     return min(OLLAMA_DEFAULT_NUM_CTX, trained or OLLAMA_DEFAULT_NUM_CTX)

@@ -15,6 +15,7 @@ import asyncio
 import hashlib
 import json
 import os
+import re
 import warnings
 from pathlib import Path
 from typing import Any, Sequence
@@ -24,6 +25,10 @@ from typing import Any, Sequence
 RESUME_AT = 100
 # Hashing this many conversations or more happens in a thread, off the kernel's loop.
 OFF_LOOP_AT = 2000
+
+
+# The mark the client puts after an answer that broke off (see client.Completion).
+_CUT_MARK = re.compile(r"\n\[answer cut off: [^\n]*\]\Z")
 
 
 def map_key(conversations: Sequence[list[dict]], identity: dict[str, Any]) -> str:
@@ -41,6 +46,7 @@ class MapStore:
         self.path = Path(cache_dir) / "maps" / f"{key}.jsonl"
         self._file = None
         self._broken = False
+        self.left_out = 0  # incomplete answers not kept: a re-run asks them again
 
     @classmethod
     async def open(cls, cache_dir: str, conversations: Sequence[list[dict]],
@@ -68,6 +74,8 @@ class MapStore:
                 for line in lines:
                     try:
                         entry = json.loads(line)
+                        if _CUT_MARK.search(entry["text"]):
+                            continue  # broken off (kept by an older version): ask again
                         kept[int(entry["i"])] = entry
                     except (ValueError, KeyError, TypeError):
                         continue
@@ -77,7 +85,12 @@ class MapStore:
 
     def add(self, index: int, completion) -> None:
         """Keep one answer, at once: the process may die right after. A disk that
-        fails (full, read-only) must not cost the paid answer: warn once, keep none."""
+        fails (full, read-only) must not cost the paid answer: warn once, keep none.
+        An incomplete answer (cut at max_tokens, broken off by a stall or a deadline)
+        is not kept: a re-run asks that prompt again rather than take it as answered."""
+        if getattr(completion, "incomplete", False):
+            self.left_out += 1
+            return
         if self._broken:
             return
         try:
@@ -100,7 +113,11 @@ class MapStore:
             self._file = None
 
     def remove(self) -> None:
+        """The map finished: its file goes, unless answers were left out as incomplete
+        (then the kept ones stay, and only the incomplete ones are asked again)."""
         self.close()
+        if self.left_out:
+            return
         try:
             os.unlink(self.path)
         except OSError:  # never written (or the folder is gone): nothing to remove

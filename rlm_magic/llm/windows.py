@@ -145,18 +145,23 @@ def learned_ratio(model: str) -> bool:
 
 
 def input_window(litellm: Any, model: str, endpoint: str | None,
-                 configured: int | None, behind: list[str] = ()) -> int | None:
-    """Tokens ``model`` takes as input: what its server reported, else litellm's model
-    info, else ``configured`` (``RLM.context_window``), else what the provider said in
-    an error; None if unknown. ``behind``: the models behind a Router group (the
-    smallest window counts)."""
-    from .local_servers import reported_window
+                 configured: int | None, behind: list[str] = (),
+                 advice: bool = False) -> int | None:
+    """Tokens ``model`` takes as input: ``configured`` (``RLM.context_window``: the
+    user knows their setup), else what its server reported, else litellm's model info,
+    else what the provider said in an error; None if unknown. ``behind``: the models
+    behind a Router group (the smallest window counts). ``advice``: for planning only
+    (chunk sizes, when to compact), a guessed window (Ollama's default) counts too; a
+    prompt is never refused on a guess."""
+    from .local_servers import guessed_window, reported_window
 
     known = reported_window(endpoint, model) or _model_info_window(litellm, model)
     if not known and behind:
         windows = [_model_info_window(litellm, name) for name in behind]
         known = min(windows) if windows and all(windows) else None
-    window = known or configured or None
+    window = configured or known or None
+    if window is None and advice:
+        window = guessed_window(endpoint, model)
     learned = _LEARNED.get((endpoint, model))
     # What the server said wins when it is smaller: a local server may run a model with
     # a shorter context than litellm's entry (Ollama's num_ctx), and asking again with

@@ -8,7 +8,9 @@ or not, stays in ``history``, which the REPL gets as the variable ``history``.
 The summary must fit the window it is written in (a 4,096-token local model too): it
 is streamed (a slow model is watched for stalls, not cut at a total), its budget is a
 share of the window and at most half of what it replaces, and a summary that still
-comes out larger than what it replaces is cut to that size.
+comes out larger than what it replaces is cut to that size. A summary that stops at its
+budget or breaks off is asked for once more, shorter; one that breaks off again is a
+``CompactionError``, one cut at its budget again is kept, marked and recorded as cut.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ class Conversation:
 
     def room(self) -> int | None:
         """Tokens the root model takes as a prompt (its window less the answer's)."""
-        window = self.client.input_window(self.model)
+        window = self.client.input_window(self.model, advice=True)
         if window is None:
             return None
         return window - answer_room(window, self.max_tokens, self.model)
@@ -89,23 +91,21 @@ class Conversation:
         before = self.size()
         await self._share_history(self.history)
         replaced = self.size(self.messages[2:])  # what the summary stands in for
-        for share in (0.9, 0.6):  # the estimate may be short for code: then less
-            budget, room = self._summary_room(before, replaced)
-            request = _with_user_message(_fitted(self.messages, int(room * share),
-                                                 self.model), SUMMARY_PROMPT)
-            try:
-                completion = await self.client.complete(
-                    request, model=self.model, max_tokens=budget, ledger=self.ledger,
-                    deadline=self.deadline, stream=True)
-                break
-            except LLMQueryError as exc:
-                if share == 0.6 or not is_context_error(exc):
-                    raise CompactionError(
-                        f"the root model's conversation (~{before:,} tokens) could not be "
-                        f"compacted: its summary call failed: {exc}") from exc
-                # The refusal taught the window (or the model's characters per token).
-        summary = _no_larger(completion.text.strip() or "(the model wrote no summary)",
-                             replaced, chars_per_token(self.model))
+        completion = await self._summarise(before, replaced)
+        spent = [completion]
+        if completion.incomplete:
+            # A summary that stopped at its budget or broke off (a stall) would stand in
+            # for the whole conversation cut short: asked once more, for half as much.
+            completion = await self._summarise(before, replaced, shorter=True)
+            spent.append(completion)
+            if completion.cut_reason is not None:
+                raise CompactionError(
+                    f"the root model's conversation (~{before:,} tokens) could not be "
+                    f"compacted: its summary broke off twice ({completion.cut_reason})")
+        text = completion.text.strip() or "(the model wrote no summary)"
+        if completion.cut_off:  # kept, as far as it came, and said so
+            text += "\n[summary cut off at its max_tokens]"
+        summary = _no_larger(text, replaced, chars_per_token(self.model))
         number = len(self.compactions) + 1
         self.history += [{"role": "user", "content": SUMMARY_PROMPT},
                          {"role": "assistant", "content": summary}]
@@ -115,19 +115,45 @@ class Conversation:
         await self._share_history(self.history)
         self._compacted_length = len(self.messages)
         self._compacted_size = self.size()
+        costs = [c.cost_usd for c in spent]
         record = Compaction(index, reason, before, self._compacted_size,
-                            completion.input_tokens, completion.output_tokens,
-                            completion.cost_usd, summary)
+                            sum(c.input_tokens for c in spent),
+                            sum(c.output_tokens for c in spent),
+                            None if None in costs else sum(costs), summary,
+                            cut_off=completion.cut_off)
         self.compactions.append(record)
         self._status("thinking")
         return record
+
+    async def _summarise(self, before: int, replaced: int, shorter: bool = False):
+        """One summary call (``shorter``: asked for half its budget, so that it ends
+        within it). A prompt refused as too long is cut further and sent once more."""
+        for share in (0.9, 0.6):  # the estimate may be short for code: then less
+            budget, room = self._summary_room(before, replaced)
+            prompt = SUMMARY_PROMPT
+            if shorter:
+                prompt += (f" Your last summary did not end within its room: keep this "
+                           f"one under {max(20, int(budget * 0.375)):,} words.")
+            request = _with_user_message(_fitted(self.messages, int(room * share),
+                                                 self.model), prompt)
+            try:
+                return await self.client.complete(
+                    request, model=self.model, max_tokens=budget, ledger=self.ledger,
+                    deadline=self.deadline, stream=True)
+            except LLMQueryError as exc:
+                if share == 0.6 or not is_context_error(exc):
+                    raise CompactionError(
+                        f"the root model's conversation (~{before:,} tokens) could not be "
+                        f"compacted: its summary call failed: {exc}") from exc
+                # The refusal taught the window (or the model's characters per token).
+        raise AssertionError("unreachable")
 
     def _summary_room(self, before: int, replaced: int) -> tuple[int, int]:
         """(the summary's max_tokens, the tokens its request may take). The summary
         gets a quarter of the window at most, and half of what it replaces; the
         request, the rest of the window. A window too small for the system prompt,
         the question and a summary beside them is a failure of its own."""
-        window = self.client.input_window(self.model)
+        window = self.client.input_window(self.model, advice=True)
         budget = max(64, min(self.max_tokens, replaced // 2,
                              window // 4 if window else self.max_tokens))
         if window is None:

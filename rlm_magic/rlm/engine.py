@@ -182,7 +182,7 @@ class Run:
         # or the answer dict set ready.
         self._finished: tuple[str, str] | None = None
         self._told_restored: set[str] = set()  # scaffold names the model was told of
-        self._cut_off = False  # the last root turn stopped at max_tokens
+        self._cut_off = ""  # where the last root turn was cut ("" if it was whole)
         self._broken_off: str | None = None  # why the last root turn broke off
         self.early_execution = rlm.early_execution and rlm.stream
         self.result = RLMResult(query=query, model=self.model, sub_model=self.sub_model,
@@ -349,6 +349,9 @@ class Run:
             self.max_iterations + 1, None, LiveTurn,
             extra=[{"role": "user", "content": ITERATION_LIMIT_PROMPT}])
         reading = read_reply(reply)
+        if self._broken_off:  # a block it left unclosed may be half written
+            reading = replace(reading, fences=[f for f in reading.fences if f.closed])
+            self._broken_off = None
         # Code is not run now; a block that only calls FINAL (as the prompt teaches)
         # is read as the answer it gives.
         marker = self._readable(reading)[0] or next(
@@ -421,6 +424,7 @@ class Run:
                 # its blocks finish.
                 iteration.broken_off = describe_exception(exc)
                 iteration.early_blocks = turn.ran
+                self._cut_off = "before its end"  # its text ends where it broke off
                 return turn.text
             await turn.cancel()
             if turn.ran and iteration is not None:  # interrupted: keep what ran
@@ -432,7 +436,9 @@ class Run:
                 self.tree.live_turn = None
         if iteration is not None:
             iteration.early_blocks = turn.ran
-        self._cut_off = bool(getattr(completion, "cut_off", False))
+        # Stopped at max_tokens or broken off: either way its FINAL may be cut short.
+        self._cut_off = ("" if not getattr(completion, "incomplete", False) else
+                         "at max_tokens" if completion.cut_off else "before its end")
         # A turn that broke off (a stall, a server gone) is kept as far as it came; a
         # block it left unclosed is not run (it may be half written).
         self._broken_off = getattr(completion, "cut_reason", None)
@@ -473,12 +479,14 @@ class Run:
 
     def _readable(self, reading) -> tuple[Final | None, list[str]]:
         """The reply's final answer and the problems to tell the model. An answer read
-        by the line rule (no ')' balances it) from a reply cut off at max_tokens may be
-        cut off itself: it is not taken."""
+        by the line rule (no ')' balances it) from a reply cut off (at max_tokens, or
+        broken off by a stall or the step's deadline) may be cut off itself: it is not
+        taken."""
         final = reading.final
         if final is not None and self._cut_off and not final.balanced:
-            return None, [f"Your reply was cut off at max_tokens inside {final.kind}(...), "
-                          "so its answer may be cut off too; it was not taken. Give the "
+            return None, [f"Your reply was cut off {self._cut_off} inside "
+                          f"{final.kind}(...), so its answer may be cut off too; it was "
+                          "not taken. Give the "
                           f"answer again, shorter. Accepted forms: {ACCEPTED_FORMS}."]
         return final, reading.problems
 
@@ -517,8 +525,8 @@ class Run:
         if cut:
             iteration.cut_answers += cut
             seen += (f"\n[{cut} sub-call answer{'s' if cut > 1 else ''} of this step "
-                     f"stopped at max_tokens and {'are' if cut > 1 else 'is'}"
-                     " cut off; ask for shorter answers or smaller pieces]")
+                     f"{'are' if cut > 1 else 'is'} cut off (stopped at max_tokens, or "
+                     "broken off); ask for shorter answers or smaller pieces]")
         seen += self._restored_note(step.restored)
         finish = step.finish
         if finish and step.error is not None:
@@ -643,7 +651,7 @@ class Run:
     def _chunk_advice(self) -> tuple[str, str]:
         """What one sub-call prompt can hold: the sub-model's window less its answers'
         room, at the characters per token its usage reports showed."""
-        window = self.client.input_window(self.sub_model)
+        window = self.client.input_window(self.sub_model, advice=True)
         return chunk_advice(
             window - answer_room(window, self.max_tokens, self.sub_model) if window
             else None, chars_per_token(self.sub_model))
@@ -654,7 +662,8 @@ class Run:
         system prompt is written again. Only then: a new system prompt costs the
         provider's prompt cache its prefix."""
         window, per_token = self._advised_for
-        now = (self.client.input_window(self.sub_model), chars_per_token(self.sub_model))
+        now = (self.client.input_window(self.sub_model, advice=True),
+               chars_per_token(self.sub_model))
         if now[0] == window and abs(now[1] - per_token) <= 0.25 * per_token:
             return
         if self.conversation.messages:
@@ -665,7 +674,7 @@ class Run:
         if getattr(self, "_described", None) is None:
             self._described = describe_context(self.context)
         type_name, length, preview = self._described
-        self._advised_for = (self.client.input_window(self.sub_model),
+        self._advised_for = (self.client.input_window(self.sub_model, advice=True),
                              chars_per_token(self.sub_model))
         reads, chunk = self._chunk_advice()
         fields = _Fields(context_type=type_name, context_length=length,

@@ -35,6 +35,7 @@ class Compaction:
     output_tokens: int = 0
     cost_usd: float | None = None
     summary: str = ""
+    cut_off: bool = False  # the summary stopped at its max_tokens (asked twice)
 
 
 @dataclass

@@ -208,7 +208,7 @@ class SubCalls:
                 f"Error: {describe_exception(exc)}"
         if not slot_held:
             self.tree.call_ended()
-        if completion.cut_off:
+        if completion.incomplete:  # at max_tokens, or broken off (a stall, a deadline)
             self.cut_answers += 1
         return typed.value if answer_format is not None else completion.text
 

@@ -257,15 +257,16 @@ TEXT_ONLY = (b'data: {"choices": [{"index": 0, "delta": {"content": "half "}}]}\
 
 
 @pytest.mark.parametrize("name", ["wire", "litellm"])
-async def test_a_stream_that_ends_before_its_finish_is_kept_as_cut_off(server, name):
-    rlm = transports(server)[name]
+async def test_a_stream_that_ends_before_its_finish_is_kept_as_cut_off(server, name,
+                                                                       tmp_path):
+    rlm = transports(server, cache=True, cache_dir=str(tmp_path))[name]
     server.sse_body = TEXT_ONLY  # no finish_reason, no [DONE]: the server went away
     done = await rlm.client.complete(USER, stream=True)
     assert done.text.startswith("half an answer\n[answer cut off: ")
     assert "Stream ended before a finish_reason was received" in done.cut_reason
     server.sse_body = None
     again = await rlm.client.complete(USER, stream=True)
-    assert again.text == "echo: x"  # not served from the cache: asked again
+    assert (again.text, again.cached) == ("echo: x", False)  # not cached: asked again
 
 
 async def test_a_server_that_ignores_stream_is_read_as_a_completion(rlm, server):
@@ -377,4 +378,7 @@ async def test_a_large_prompt_without_usage_is_counted_off_the_loop(rlm, server,
     for stream in (False, True):
         done = await rlm.client.complete(big, stream=stream)
         assert done.input_tokens > 10_000
+    server.sse_body = TEXT_ONLY  # cut off: estimated at once, not counted on the loop
+    cut = await rlm.client.complete(big, stream=True)
+    assert cut.cut_reason and cut.input_tokens > 10_000
     assert counted_on and not any(counted_on)

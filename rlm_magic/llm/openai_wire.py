@@ -382,7 +382,10 @@ _FINISH: dict = {"stop": "stop", "length": "length", None: None}
 def finish_reason_of(reason):
     """The finish reason as litellm reports it (``max_tokens`` is "length",
     ``eos_token`` "stop"...), by litellm's own table; remembered per word."""
-    known = _FINISH.get(reason, _FINISH)
+    try:
+        known = _FINISH.get(reason, _FINISH)
+    except TypeError:  # not a word at all (a broken server's list or object)
+        return None
     if known is _FINISH:
         try:
             from litellm.litellm_core_utils.core_helpers import map_finish_reason
@@ -504,7 +507,7 @@ class WireTransport:
             written = int(get("cache_creation_input_tokens")
                           or details.get("cache_creation_tokens") or 0)
         else:  # counted as litellm does when a provider leaves usage out
-            input_tokens, output_tokens = counts or self._estimate(messages, text)
+            input_tokens, output_tokens = counts or self._counts_on_loop(messages, text)
             read = written = 0
         cost = self._cost(input_tokens, output_tokens, read, written, headers)
         if cost is None and usage:
@@ -515,7 +518,7 @@ class WireTransport:
         return Answer(text, finish_reason_of(finish_reason), input_tokens, output_tokens,
                       read, written, cost, headers)
 
-    def _estimate(self, messages, text: str) -> tuple[int, int]:
+    def _counts_on_loop(self, messages, text: str) -> tuple[int, int]:
         """Counts for a cut-off answer (``partial``, which cannot wait for a thread):
         litellm's for a small prompt, the characters' estimate for a large one."""
         if _characters(messages) <= _LARGE_CHARS:

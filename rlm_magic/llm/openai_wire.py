@@ -623,27 +623,22 @@ class _WireStream:
         pending_size = 0
         async for data in self.reply.content.iter_any():
             touch()
-            if b"\n" not in data:
+            if pending:  # a line began in an earlier read
                 pending.append(data)
                 pending_size += len(data)
-                if pending_size > MAX_LINE:
-                    raise APIConnectionError(
-                        f"the endpoint sent a stream line over {MAX_LINE} bytes",
-                        None, self.headers, self.api_base)
-                continue
-            if pending:
-                pending.append(data)
+                if b"\n" not in data:
+                    if pending_size > MAX_LINE:
+                        raise self._too_long()
+                    continue
                 data = b"".join(pending)
                 pending = []
             lines = data.split(b"\n")
             rest = lines.pop()
             if rest:
                 pending.append(rest)
-                if len(rest) > MAX_LINE:
-                    raise APIConnectionError(
-                        f"the endpoint sent a stream line over {MAX_LINE} bytes",
-                        None, self.headers, self.api_base)
-            pending_size = len(rest)
+                pending_size = len(rest)
+                if pending_size > MAX_LINE:
+                    raise self._too_long()
             for line in lines:
                 if not line.startswith(b"data:"):
                     continue
@@ -666,6 +661,10 @@ class _WireStream:
                     state.usage = event["usage"]
                 if "error" in event:
                     raise event_error(event, self.headers, self.api_base)
+
+    def _too_long(self) -> APIConnectionError:
+        return APIConnectionError(f"the endpoint sent a stream line over {MAX_LINE} bytes",
+                                  None, self.headers, self.api_base)
 
     async def aclose(self) -> None:
         if self.done:

@@ -27,7 +27,7 @@ from collections import defaultdict, deque
 from dataclasses import dataclass
 from typing import Callable, Union
 
-from rlm_magic.demo import HTTPError, LocalChatServer, split_tokens
+from rlm_magic.demo import HTTPError, LocalChatServer, completion_json, split_tokens
 
 Reply = Union[str, Callable[[dict], str]]
 
@@ -183,6 +183,7 @@ class FakeLLMServer(LocalChatServer):
             self.enforce_max_tokens = False
             self._cut: set[int] = set()
             self._reset_local_server_modes()
+            self._reset_wire_modes()
 
     def script(self, model: str, replies: list[Reply]) -> None:
         """Queue replies for a model, used in order before its default reply."""
@@ -308,6 +309,8 @@ class FakeLLMServer(LocalChatServer):
 
     # -- streaming and prompt caches ----------------------------------------------------
     async def _stream_chat(self, request, body, text, usage):
+        if self.sse_body is not None or self.ignores_stream:
+            return await self._scripted_stream(request, body, text, usage)
         try:
             return await self._counted_stream(super()._stream_chat(request, body, text,
                                                                    usage))
@@ -454,11 +457,55 @@ class FakeLLMServer(LocalChatServer):
         return web.json_response({"error": "not found"}, status=404)
 
     def finish_reason(self, body: dict) -> str:
+        if self.finish_word is not None:
+            return self.finish_word
         with self._lock:
             if id(body) in self._cut:
                 self._cut.discard(id(body))
                 return "length"
             return "stop"
+
+    # -- servers that break OpenAI's stream format, and redirects --------------------------
+    def _reset_wire_modes(self) -> None:
+        # A streamed request answered with these bytes as they are (a function of the
+        # request's reply text, or bytes), then the end of the body.
+        self.sse_body: bytes | Callable[[str], bytes] | None = None
+        # A server that ignores ``stream: true``: a streamed request gets a JSON body.
+        self.ignores_stream = False
+        # The finish reason stated instead of "stop" (e.g. "max_tokens", "eos_token").
+        self.finish_word: str | None = None
+        # Chat requests answered with a 307 to this URL; what arrives there is recorded.
+        self.redirect_to: str | None = None
+        self.redirected: list[dict] = []  # headers of requests that followed a redirect
+
+    async def _scripted_stream(self, request, body, text, usage):
+        from aiohttp import web
+
+        if self.ignores_stream:
+            with self._lock:
+                self.completed += 1
+            return web.json_response(completion_json(body, text, usage, self))
+        sse = self.sse_body(text) if callable(self.sse_body) else self.sse_body
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(sse)
+        await response.write_eof()
+        return response
+
+    async def _chat(self, request):
+        from aiohttp import web
+
+        if self.redirect_to is not None:
+            return web.Response(status=307, headers={"Location": self.redirect_to})
+        return await super()._chat(request)
+
+    async def _redirected(self, request):
+        from aiohttp import web
+
+        with self._lock:
+            self.redirected.append(dict(request.headers))
+        return web.json_response(completion_json(await request.json(), "redirected",
+                                                 (1, 1), self))
 
     def cached_tokens(self, body: dict) -> int:
         """OpenAI's automatic cache: the longest run of leading messages seen before."""
@@ -479,6 +526,7 @@ class FakeLLMServer(LocalChatServer):
         super()._add_routes(router)
         self._window_routes(router)
         router.add_post("/v1/messages", self._messages)
+        router.add_post("/elsewhere/chat/completions", self._redirected)
 
     @property
     def anthropic_base(self) -> str:

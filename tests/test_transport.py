@@ -5,7 +5,9 @@ answer with the same one-line error, the same retries and the same ledger."""
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
+import threading
 
 import pytest
 
@@ -244,3 +246,139 @@ def test_a_script_s_asyncio_run_closes_the_connections_it_opened(server):
 
     assert asyncio.run(query()) == ["echo: a"]  # no close_loop_clients: a plain script
     assert opened[0].closed and not openai_wire._SESSIONS
+
+
+# -- streams and answers that break OpenAI's format --------------------------------------
+
+USER = [{"role": "user", "content": "x"}]
+# Streamed chunks with text, as OpenAI's stream carries them, and nothing after.
+TEXT_ONLY = (b'data: {"choices": [{"index": 0, "delta": {"content": "half "}}]}\n\n'
+             b'data: {"choices": [{"index": 0, "delta": {"content": "an answer"}}]}\n\n')
+
+
+@pytest.mark.parametrize("name", ["wire", "litellm"])
+async def test_a_stream_that_ends_before_its_finish_is_kept_as_cut_off(server, name,
+                                                                       tmp_path):
+    rlm = transports(server, cache=True, cache_dir=str(tmp_path))[name]
+    server.sse_body = TEXT_ONLY  # no finish_reason, no [DONE]: the server went away
+    done = await rlm.client.complete(USER, stream=True)
+    assert done.text.startswith("half an answer\n[answer cut off: ")
+    assert "Stream ended before a finish_reason was received" in done.cut_reason
+    server.sse_body = None
+    again = await rlm.client.complete(USER, stream=True)
+    assert (again.text, again.cached) == ("echo: x", False)  # not cached: asked again
+
+
+async def test_a_server_that_ignores_stream_is_read_as_a_completion(rlm, server):
+    server.ignores_stream = True
+    done = await rlm.client.complete(USER, stream=True)
+    assert (done.text, done.finish_reason, done.input_tokens) == ("echo: x", "stop", 10)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("word, named", [("max_tokens", "length"), ("eos_token", "stop")])
+async def test_finish_reasons_are_named_as_litellm_names_them(server, word, named, stream):
+    for name, rlm in transports(server).items():
+        server.reset()
+        server.finish_word = word
+        done = await rlm.client.complete(USER, stream=stream)
+        assert (done.finish_reason, done.cut_off) == (named, named == "length"), name
+
+
+@pytest.mark.parametrize("event", [b"data: {not json\n\n", b"data: 1\n\n",
+                                   b'data: {"choices": 7}\n\n'])
+async def test_a_malformed_stream_event_is_retried_on_both_transports(server, event):
+    for name, rlm in transports(server, max_retries=1).items():
+        server.reset()
+        server.sse_body = event
+        with pytest.raises(LLMQueryError) as caught:
+            await rlm.client.complete(USER, stream=True)
+        assert len(server.requests) == 2, name  # retried once, as a connection failure
+        assert len(str(caught.value).splitlines()) == 1
+
+
+async def test_an_error_event_mid_stream_reads_as_its_own_error_on_both_transports(server):
+    error = {"error": {"message": "This model's maximum context length is 4096 tokens. "
+                                  "However, your messages resulted in 9000 tokens.",
+                       "type": "invalid_request_error", "code": "context_length_exceeded"}}
+    messages = {}
+    for name, rlm in transports(server, max_retries=2).items():
+        server.reset()
+        server.sse_body = b"data: " + json.dumps(error).encode() + b"\n\n"
+        with pytest.raises(LLMQueryError) as caught:
+            await rlm.client.complete(USER, stream=True)
+        assert len(server.requests) == 1, name  # a prompt over the window: never retried
+        messages[name] = str(caught.value)
+    assert "maximum context length is 4096" in messages["wire"]
+    assert messages["wire"] == messages["litellm"]
+
+
+async def test_a_long_stream_line_is_read_whole_and_one_past_a_megabyte_is_refused(
+        rlm, server):
+    from rlm_magic.llm.openai_wire import MAX_LINE
+
+    long_text = "w" * 300_000  # one event, arriving in many network reads
+    event = json.dumps({"choices": [{"index": 0, "delta": {"content": long_text},
+                                     "finish_reason": "stop"}]})
+    server.sse_body = f"data: {event}\n\ndata: [DONE]\n\n".encode()
+    assert (await rlm.client.complete(USER, stream=True)).text == long_text
+    server.sse_body = b"data: " + b"x" * (MAX_LINE + 100_000)  # and no newline
+    with pytest.raises(LLMQueryError, match="stream line over"):
+        await make_rlm(server, max_retries=0).client.complete(USER, stream=True)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_redirected_request_is_not_sent_on(server, stream):
+    server.redirect_to = f"http://localhost:{server.port}/elsewhere/chat/completions"
+    rlm = make_rlm(server, litellm_kwargs={"extra_headers": {"x-api-key": "secret"}})
+    with pytest.raises(LLMQueryError) as caught:
+        await rlm.client.complete(USER, stream=stream)
+    message = str(caught.value)
+    assert "(307) to localhost" in message and len(message.splitlines()) == 1
+    assert server.redirected == [] and len(server.requests) == 0
+
+
+async def test_litellm_s_own_settings_resolve_the_route_anew(monkeypatch):
+    from rlm_magic.llm.openai_wire import route_for
+
+    litellm = await load_litellm()
+    base = "http://127.0.0.1:9/v1"
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.setattr(litellm, "api_key", "sk-module-key")
+    assert route_for(litellm, "openai/x", base, None).headers["Authorization"] == \
+        "Bearer sk-module-key"
+    monkeypatch.setattr(litellm, "api_key", "sk-another-key")
+    assert route_for(litellm, "openai/x", base, None).headers["Authorization"] == \
+        "Bearer sk-another-key"
+    monkeypatch.setenv("OPENAI_ORGANIZATION", "org-later")
+    monkeypatch.setenv("OPENAI_PROJECT_ID", "proj-later")
+    headers = route_for(litellm, "openai/x", base, None).headers
+    assert (headers["OpenAI-Organization"], headers["OpenAI-Project"]) == \
+        ("org-later", "proj-later")
+    monkeypatch.setattr(litellm, "headers", {"x-team": "a"})
+    assert route_for(litellm, "openai/x", base, None) is None  # litellm sends those
+    monkeypatch.setattr(litellm, "headers", None)
+    monkeypatch.setattr(litellm, "api_base", "http://127.0.0.1:9/proxy")
+    assert route_for(litellm, "openai/x", base, None) is None
+
+
+async def test_a_large_prompt_without_usage_is_counted_off_the_loop(rlm, server,
+                                                                    monkeypatch):
+    litellm = await load_litellm()
+    counted_on = []
+    token_counter = litellm.token_counter
+
+    def spy(*args, **kwargs):  # which thread counts cannot be seen over HTTP
+        counted_on.append(threading.current_thread() is threading.main_thread())
+        return token_counter(*args, **kwargs)
+
+    monkeypatch.setattr(litellm, "token_counter", spy)
+    server.usage, server.stream_usage = None, False
+    big = [{"role": "user", "content": "word " * 20_000}]
+    for stream in (False, True):
+        done = await rlm.client.complete(big, stream=stream)
+        assert done.input_tokens > 10_000
+    server.sse_body = TEXT_ONLY  # cut off: estimated at once, not counted on the loop
+    cut = await rlm.client.complete(big, stream=True)
+    assert cut.cut_reason and cut.input_tokens > 10_000
+    assert counted_on and not any(counted_on)

@@ -80,13 +80,18 @@ class Route:
 _ROUTES: dict[tuple, Route | None] = {}
 # The environment a route may be read from: a change (a key set later) resolves anew.
 _ENVIRONMENT = tuple(name for names in (*(b for b, _ in _BASES.values()), *_KEYS.values())
-                     for name in names)
+                     for name in names) + ("OPENAI_ORGANIZATION", "OPENAI_ORG_ID",
+                                           "OPENAI_PROJECT_ID")
 
 
 def route_for(litellm, model: str, api_base: str | None, api_key: str | None) -> Route | None:
     """The wire route for ``model`` at this endpoint, or None: litellm sends it."""
     get = os.environ.get
-    where = (model, api_base, api_key, *(get(name) for name in _ENVIRONMENT))
+    headers = getattr(litellm, "headers", None)
+    # litellm's module-wide settings too: one set mid-session must not keep the old route.
+    where = (model, api_base, api_key, getattr(litellm, "api_key", None),
+             getattr(litellm, "api_base", None), repr(headers) if headers else None,
+             *(get(name) for name in _ENVIRONMENT))
     route = _ROUTES.get(where, _ROUTES)
     if route is _ROUTES:
         route = _ROUTES[where] = _resolve(litellm, model, api_base, api_key)
@@ -285,6 +290,46 @@ def error_for(status: int, body: bytes, headers, api_base: str) -> WireError:
     return kind(message, status, headers, api_base)
 
 
+# The HTTP status an error object's own code or type stands for (a stream's error event
+# comes inside a 200 answer).
+_STATUS_OF_KIND = {
+    "invalid_request_error": 400, "context_length_exceeded": 400, "bad_request": 400,
+    "authentication_error": 401, "invalid_api_key": 401, "permission_error": 403,
+    "permission_denied": 403, "not_found_error": 404, "model_not_found": 404,
+    "rate_limit_error": 429, "rate_limit_exceeded": 429, "insufficient_quota": 429,
+    "overloaded_error": 503, "service_unavailable": 503, "server_error": 500}
+
+
+def event_error(event: dict, headers, api_base: str) -> WireError:
+    """The exception for an error event inside a stream, by the error's own code or
+    type, as ``error_for`` reads an HTTP error (a prompt over the window included)."""
+    error = event.get("error")
+    status = None
+    if isinstance(error, dict):
+        for field in ("code", "status", "type"):
+            value = error.get(field)
+            if isinstance(value, int) or (isinstance(value, str) and value.isdigit()):
+                status = int(value)
+            elif isinstance(value, str):
+                status = _STATUS_OF_KIND.get(value.lower())
+            if status is not None and 300 <= status < 600:
+                break
+            status = None
+    return error_for(status or 500, json.dumps(event).encode(), headers, api_base)
+
+
+def redirect_error(status: int, headers, api_base: str) -> APIError:
+    """A chat request is never sent on to where a redirect points: its headers (keys)
+    and prompt would go to another host."""
+    from urllib.parse import urlsplit
+
+    location = (headers or {}).get("Location") or ""
+    host = urlsplit(location).hostname or location or "nowhere named"
+    return APIError(f"the endpoint answered with a redirect ({status}) to {host}; "
+                    "chat requests are not sent on: set api_base to the endpoint's "
+                    "own address", status, headers, api_base)
+
+
 def _message_of(body: bytes) -> str:
     text = body.decode("utf-8", "replace").strip()
     try:
@@ -306,6 +351,51 @@ def _message_of(body: bytes) -> str:
 
 def connection_error(exc: BaseException, api_base: str) -> APIConnectionError:
     return APIConnectionError(str(exc) or type(exc).__name__, None, None, api_base)
+
+
+# litellm's words for a stream that ended cleanly before its end (a finish reason).
+STREAM_ENDED = "Stream ended before a finish_reason was received"
+# No event is this long: a line past it is a broken (or hostile) stream, not an answer.
+MAX_LINE = 1 << 20
+# Prompts counted off the loop above this many characters (usage missing).
+_LARGE_CHARS = 50_000
+
+
+def _completion_parts(raw: bytes, headers, api_base: str) -> tuple[str, object, object]:
+    """(text, finish reason, usage) of an unstreamed chat completion's body."""
+    try:
+        data = json.loads(raw)
+        if isinstance(data, dict) and "error" in data and "choices" not in data:
+            raise event_error(data, headers, api_base)  # an error said with a 200
+        choice = data["choices"][0]
+        text = (choice.get("message") or {}).get("content") or ""
+        return text, choice.get("finish_reason"), data.get("usage")
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        raise APIError(f"the endpoint's answer is not a chat completion: "
+                       f"{raw[:200].decode('utf-8', 'replace')}", 502, headers,
+                       api_base) from None
+
+
+_FINISH: dict = {"stop": "stop", "length": "length", None: None}
+
+
+def finish_reason_of(reason):
+    """The finish reason as litellm reports it (``max_tokens`` is "length",
+    ``eos_token`` "stop"...), by litellm's own table; remembered per word."""
+    try:
+        known = _FINISH.get(reason, _FINISH)
+    except TypeError:  # not a word at all (a broken server's list or object)
+        return None
+    if known is _FINISH:
+        try:
+            from litellm.litellm_core_utils.core_helpers import map_finish_reason
+
+            known = map_finish_reason(reason)
+        except Exception:  # noqa: BLE001 - as it came
+            known = reason
+        if len(_FINISH) < 256:
+            _FINISH[reason] = known
+    return known
 
 
 # -- the transport ---------------------------------------------------------------------
@@ -342,23 +432,20 @@ class WireTransport:
         route = self.route
         try:
             async with _session().post(route.url, json=body, headers=headers,
-                                       proxy=route.proxy) as reply:
+                                       proxy=route.proxy, allow_redirects=False) as reply:
                 raw = await reply.read()
                 status, received = reply.status, reply.headers
         except aiohttp.ClientError as exc:
             raise connection_error(exc, route.api_base) from exc
         if status >= 400:
             raise error_for(status, raw, received, route.api_base)
-        try:
-            data = json.loads(raw)
-            choice = data["choices"][0]
-        except (ValueError, KeyError, IndexError, TypeError):
-            raise APIError(f"the endpoint's answer is not a chat completion: "
-                           f"{raw[:200].decode('utf-8', 'replace')}", 502, received,
-                           route.api_base) from None
-        text = (choice.get("message") or {}).get("content") or ""
-        return self._answer(text, choice.get("finish_reason"), data.get("usage"), received,
-                            messages or request.get("messages"))
+        if status >= 300:
+            raise redirect_error(status, received, route.api_base)
+        text, finish, usage = _completion_parts(raw, received, route.api_base)
+        messages = messages or request.get("messages")
+        if not usage:
+            return await self._counted_answer(text, finish, received, messages)
+        return self._answer(text, finish, usage, received, messages)
 
     async def stream(self, request: dict, state, *, stall_timeout: float,
                      deadline: float | None, messages=None) -> Answer:
@@ -366,8 +453,12 @@ class WireTransport:
 
         wire = await stream_completion(self._open, request, state,
                                        stall_timeout=stall_timeout, deadline=deadline)
+        messages = messages or request.get("messages")
+        if not state.usage:
+            return await self._counted_answer(state.text, state.finish_reason, wire.headers,
+                                              messages)
         return self._answer(state.text, state.finish_reason, state.usage, wire.headers,
-                            messages or request.get("messages"))
+                            messages)
 
     def partial(self, state, messages) -> Answer | None:
         """What a cut-off stream received, priced (it is billed all the same)."""
@@ -383,18 +474,30 @@ class WireTransport:
         route = self.route
         try:
             reply = await _session().post(route.url, json=body, headers=headers,
-                                          proxy=route.proxy)
+                                          proxy=route.proxy, allow_redirects=False)
         except aiohttp.ClientError as exc:
             raise connection_error(exc, route.api_base) from exc
-        if reply.status >= 400:
+        if reply.status >= 300:
             try:
                 raw = await reply.read()
             finally:
                 reply.release()
+            if reply.status < 400:
+                raise redirect_error(reply.status, reply.headers, route.api_base)
             raise error_for(reply.status, raw, reply.headers, route.api_base)
         return _WireStream(reply, route.api_base)
 
-    def _answer(self, text: str, finish_reason, usage, headers, messages) -> Answer:
+    async def _counted_answer(self, text: str, finish_reason, headers, messages) -> Answer:
+        """The answer of a provider that sent no usage: its tokens counted as litellm
+        counts them, a large prompt in a thread (the loop stays free)."""
+        if _characters(messages) > _LARGE_CHARS:
+            counts = await asyncio.to_thread(self._count, messages, text)
+        else:
+            counts = self._count(messages, text)
+        return self._answer(text, finish_reason, None, headers, messages, counts)
+
+    def _answer(self, text: str, finish_reason, usage, headers, messages,
+                counts: tuple[int, int] | None = None) -> Answer:
         if usage:
             get = usage.get
             details = get("prompt_tokens_details") or {}
@@ -404,7 +507,7 @@ class WireTransport:
             written = int(get("cache_creation_input_tokens")
                           or details.get("cache_creation_tokens") or 0)
         else:  # counted as litellm does when a provider leaves usage out
-            input_tokens, output_tokens = self._count(messages, text)
+            input_tokens, output_tokens = counts or self._counts_on_loop(messages, text)
             read = written = 0
         cost = self._cost(input_tokens, output_tokens, read, written, headers)
         if cost is None and usage:
@@ -412,8 +515,19 @@ class WireTransport:
             from .ratelimit import non_negative
 
             cost = non_negative(usage.get("cost"))
-        return Answer(text, finish_reason, input_tokens, output_tokens, read, written,
-                      cost, headers)
+        return Answer(text, finish_reason_of(finish_reason), input_tokens, output_tokens,
+                      read, written, cost, headers)
+
+    def _counts_on_loop(self, messages, text: str) -> tuple[int, int]:
+        """Counts for a cut-off answer (``partial``, which cannot wait for a thread):
+        litellm's for a small prompt, the characters' estimate for a large one."""
+        if _characters(messages) <= _LARGE_CHARS:
+            return self._count(messages, text)
+        from . import windows
+
+        model = self.route.model
+        return (windows.estimate_tokens(messages or [], model),
+                round(len(text) / windows.chars_per_token(model)))
 
     def _count(self, messages, text: str) -> tuple[int, int]:
         litellm, model = self._litellm, self.route.model
@@ -422,9 +536,7 @@ class WireTransport:
             output = litellm.token_counter(model=model, text=text) if text else 0
             return int(prompt), int(output)
         except Exception:  # noqa: BLE001 - no tokenizer: about 4 characters a token
-            characters = sum(len(m.get("content") or "") for m in messages or []
-                             if isinstance(m.get("content"), str))
-            return max(1, characters // 4), len(text) // 4
+            return max(1, _characters(messages) // 4), len(text) // 4
 
     def _cost(self, input_tokens, output_tokens, read, written, headers) -> float | None:
         route = self.route
@@ -453,6 +565,11 @@ class WireTransport:
         return float(cost) if cost is not None else None
 
 
+def _characters(messages) -> int:
+    return sum(len(m["content"]) for m in messages or ()
+               if isinstance(m, dict) and isinstance(m.get("content"), str))
+
+
 _TIERED: dict[int, tuple[dict, bool]] = {}
 
 
@@ -475,40 +592,79 @@ class _WireStream:
     async def pump(self, state, touch) -> None:
         import aiohttp
 
-        loads, add = json.loads, state.add_text
-        rest = b""
         try:
-            async for data in self.reply.content.iter_any():
+            if self.reply.content_type == "application/json":
+                # A server that ignores ``stream``: its whole answer at once.
+                raw = await self.reply.read()
                 touch()
-                if rest:
-                    data = rest + data
-                lines = data.split(b"\n")
-                rest = lines.pop()
-                for line in lines:
-                    if not line.startswith(b"data:"):
-                        continue
-                    payload = line[5:].strip()
-                    if payload == b"[DONE]":
-                        self.done = True
-                        return
-                    event = loads(payload)
-                    choices = event.get("choices")
-                    if choices:
-                        choice = choices[0]
-                        delta = choice.get("delta")
-                        if delta:
-                            piece = delta.get("content")
-                            if piece:
-                                add(piece)
-                        if choice.get("finish_reason"):
-                            state.finish = choice["finish_reason"]
-                    if event.get("usage"):
-                        state.usage = event["usage"]
-                    if "error" in event:
-                        raise error_for(500, json.dumps(event).encode(), self.headers,
-                                        self.api_base)
+                text, state.finish, state.usage = _completion_parts(raw, self.headers,
+                                                                    self.api_base)
+                if text:
+                    state.add_text(text)
+                self.done = True
+                return
+            await self._events(state, touch)
         except aiohttp.ClientError as exc:
             raise connection_error(exc, self.api_base) from exc
+        except (ValueError, AttributeError, TypeError, KeyError, IndexError) as exc:
+            # An event that is no chunk (bad JSON, ``data: 1``): litellm's connection
+            # error, so the call is retried.
+            raise APIConnectionError(f"the endpoint sent a malformed stream event "
+                                     f"({type(exc).__name__}: {str(exc)[:200]})", None,
+                                     self.headers, self.api_base) from None
+        if not self.done and state.finish is None:
+            raise APIConnectionError(STREAM_ENDED, None, self.headers, self.api_base)
+
+    async def _events(self, state, touch) -> None:
+        loads, add = json.loads, state.add_text
+        # A line's pieces until its newline comes: each byte is joined and split once
+        # (a long line is not copied again with every read), and a line is bounded.
+        pending: list[bytes] = []
+        pending_size = 0
+        async for data in self.reply.content.iter_any():
+            touch()
+            if pending:  # a line began in an earlier read
+                pending.append(data)
+                pending_size += len(data)
+                if b"\n" not in data:
+                    if pending_size > MAX_LINE:
+                        raise self._too_long()
+                    continue
+                data = b"".join(pending)
+                pending = []
+            lines = data.split(b"\n")
+            rest = lines.pop()
+            if rest:
+                pending.append(rest)
+                pending_size = len(rest)
+                if pending_size > MAX_LINE:
+                    raise self._too_long()
+            for line in lines:
+                if not line.startswith(b"data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == b"[DONE]":
+                    self.done = True
+                    return
+                event = loads(payload)
+                choices = event.get("choices")
+                if choices:
+                    choice = choices[0]
+                    delta = choice.get("delta")
+                    if delta:
+                        piece = delta.get("content")
+                        if piece:
+                            add(piece)
+                    if choice.get("finish_reason"):
+                        state.finish = choice["finish_reason"]
+                if event.get("usage"):
+                    state.usage = event["usage"]
+                if "error" in event:
+                    raise event_error(event, self.headers, self.api_base)
+
+    def _too_long(self) -> APIConnectionError:
+        return APIConnectionError(f"the endpoint sent a stream line over {MAX_LINE} bytes",
+                                  None, self.headers, self.api_base)
 
     async def aclose(self) -> None:
         if self.done:

@@ -313,7 +313,7 @@ async def test_an_error_event_mid_stream_reads_as_its_own_error_on_both_transpor
     assert messages["wire"] == messages["litellm"]
 
 
-async def test_a_long_stream_line_is_read_whole_and_one_past_a_megabyte_is_refused(
+async def test_a_long_stream_line_is_read_whole_and_one_past_the_limit_is_refused(
         rlm, server):
     from rlm_magic.llm.openai_wire import MAX_LINE
 

@@ -355,8 +355,10 @@ def connection_error(exc: BaseException, api_base: str) -> APIConnectionError:
 
 # litellm's words for a stream that ended cleanly before its end (a finish reason).
 STREAM_ENDED = "Stream ended before a finish_reason was received"
-# No event is this long: a line past it is a broken (or hostile) stream, not an answer.
-MAX_LINE = 1 << 20
+# Above any real event (a server that sends a whole answer as one event included), and
+# a bound on what one stream may make the kernel hold: past it, a broken (or hostile)
+# stream, not an answer.
+MAX_LINE = 16 << 20
 # Prompts counted off the loop above this many characters (usage missing).
 _LARGE_CHARS = 50_000
 

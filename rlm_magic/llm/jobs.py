@@ -468,7 +468,10 @@ class BatchJob:
             jobs = list(getattr(page, "data", None) or [])
             for job in jobs:
                 if getattr(job, "input_file_id", None) == record.input_file_id:
-                    record.id, record.state = job.id, job.status
+                    # All it says, not only its state: a job found already ended is never
+                    # polled, and its output file is known from this answer alone.
+                    record.id = job.id
+                    _take_state(record, job)
                     self.store.put(record)
                     return record
             if not jobs or not getattr(page, "has_more", False):
@@ -523,13 +526,7 @@ class BatchJob:
             job = await self._patiently("checking on", lambda: litellm.aretrieve_batch(
                 record.id, litellm_metadata={"batch_ignore_default_logging": True},
                 **self._credentials()))
-            counts = job.request_counts
-            seen = (job.status, getattr(counts, "completed", 0) or 0,
-                    getattr(counts, "failed", 0) or 0)
-            if seen != (record.state, record.completed, record.failed):
-                record.state, record.completed, record.failed = seen
-                record.output_file_id, record.error_file_id = \
-                    job.output_file_id, job.error_file_id
+            if _take_state(record, job):
                 self.store.put(record)
                 self._changed()
 
@@ -589,6 +586,21 @@ class BatchJob:
     def _changed(self) -> None:
         if self.observer is not None and self.record is not None:
             self.observer.job_changed(self.record)
+
+
+def _take_state(record: JobRecord, job) -> bool:
+    """Copy into the record what the provider says of its job (state, counts, result
+    files); whether anything changed."""
+    counts = getattr(job, "request_counts", None)
+    seen = (job.status, getattr(counts, "completed", 0) or 0,
+            getattr(counts, "failed", 0) or 0, getattr(job, "output_file_id", None),
+            getattr(job, "error_file_id", None))
+    if seen == (record.state, record.completed, record.failed, record.output_file_id,
+                record.error_file_id):
+        return False
+    (record.state, record.completed, record.failed, record.output_file_id,
+     record.error_file_id) = seen
+    return True
 
 
 def _created(creation: asyncio.Future) -> None:

@@ -114,6 +114,7 @@ async def test_running_the_same_map_again_reattaches_to_the_job(rlm, batch_serve
     assert rlm.client.ledger.records[-1].cached and rlm.client.ledger.cost_usd == before
 
 
+@pytest.mark.slow  # a fresh interpreter importing litellm
 async def test_a_new_process_reattaches_to_a_job_an_interrupted_one_left(rlm, batch_server,
                                                                         tmp_path):
     batch_server.batch_jobs.hold.clear()

@@ -315,6 +315,9 @@ except ImportError:  # the driver needs no pytest
 UNPRIVILEGED_ID = 4242
 
 if pytest is not None:
+    # Two fresh interpreters attack for seconds (as root and as an ordinary user): the
+    # slow tier, which CI runs.
+    pytestmark = pytest.mark.slow
     _REPO = Path(__file__).resolve().parent.parent
     _outcomes: dict[str, dict] = {}
 

@@ -136,18 +136,23 @@ class LocalChatServer:
             data = payload if isinstance(payload, str) else json.dumps({**head, **payload})
             await response.write(f"data: {data}\n\n".encode())
 
-        for index, piece in enumerate(split_tokens(text)):
-            delay = self.chunk_delay(body, index)
-            if delay:
-                await asyncio.sleep(delay)
-            await send({"choices": [{"index": 0, "finish_reason": None,
-                                     "delta": {"role": "assistant", "content": piece}}]})
-        await send({"choices": [{"index": 0, "delta": {},
-                                 "finish_reason": self.finish_reason(body)}]})
-        if (body.get("stream_options") or {}).get("include_usage") and self.stream_usage:
-            await send({"choices": [], "usage": usage_json(body, usage, self)})
-        await send("[DONE]")
-        await response.write_eof()
+        try:
+            for index, piece in enumerate(split_tokens(text)):
+                delay = self.chunk_delay(body, index)
+                if delay:
+                    await asyncio.sleep(delay)
+                await send({"choices": [{"index": 0, "finish_reason": None,
+                                         "delta": {"role": "assistant", "content": piece}}]})
+            await send({"choices": [{"index": 0, "delta": {},
+                                     "finish_reason": self.finish_reason(body)}]})
+            if (body.get("stream_options") or {}).get("include_usage") and self.stream_usage:
+                await send({"choices": [], "usage": usage_json(body, usage, self)})
+            await send("[DONE]")
+            await response.write_eof()
+        except ConnectionResetError:
+            # The client went away (an interrupt, a cancelled batch): nothing to finish.
+            # Raised on, aiohttp would log a traceback into the notebook's cell.
+            pass
         return response
 
     # Streaming: seconds before each chunk, and whether usage is sent when asked for.

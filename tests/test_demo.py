@@ -71,14 +71,18 @@ def test_starting_the_demo_does_not_wait_for_litellm():
         started = time.perf_counter()
         demo.start(rlm)
         print(round(time.perf_counter() - started, 3))
+        started = time.perf_counter()
         asyncio.run(rlm.helpers.llm_query("Classify the sentiment: good"))
+        print(round(time.perf_counter() - started, 3))  # litellm's import is in this one
         print(rlm.usage().cost_usd > 0)  # the pretend prices were registered in time
     """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120, env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
     assert done.returncode == 0, done.stderr
-    seconds, priced = done.stdout.split()
-    assert float(seconds) < 1.0 and priced == "True"
+    starting, first_call, priced = done.stdout.split()
+    # Side by side, so a loaded machine slows both: starting is a fraction of the first
+    # call, which waits for litellm's import.
+    assert float(starting) < float(first_call) / 2 and priced == "True"
 
 
 async def test_demo_root_answers_a_counting_question_over_a_long_document(demo_rlm):

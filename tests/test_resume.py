@@ -32,6 +32,10 @@ async def interrupted_after(rlm, server, prompts, answered: int, **options):
             break
         await asyncio.sleep(0.01)
     assert lines_kept(rlm.cache_dir) == answered
+    # Every request in flight has reached the server, so none of this run's arrives
+    # after the test has reset the server's record for the re-run.
+    sent = min(len(prompts), rlm.max_concurrency)
+    assert await asyncio.to_thread(server.wait_for, lambda: len(server.requests) >= sent, 30)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

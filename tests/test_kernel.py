@@ -485,7 +485,9 @@ def _mixed_batch(kernel: Kernel, server, label: str) -> None:
         "[f'slow {i}' for i in range(4)])", ready)
     # The 4 answered calls keep their tokens; the 4 cut off are counted as cancelled.
     assert usage == {"calls": 8, "input_tokens": 40, "errors": 0, "cancelled": 4}, usage
-    assert server.completed == 4 and server.cancelled == 4
+    # Every slow call was cut at the server. (Not `completed == 4`: on a loaded machine
+    # an earlier test's call in this kernel may still finish after the server's reset.)
+    assert server.cancelled == 4 and server.completed >= 4
 
 
 def test_interrupt_batch_in_rlm_kernel(rlm_kernel, server):

@@ -69,7 +69,9 @@ async def test_usage_is_counted_when_the_provider_leaves_it_out_of_the_stream(rl
 
 
 async def test_the_status_line_shows_the_turn_as_it_streams_in(server):
-    server.token_delay = 0.02
+    # About 2 s of streaming: the line is read a few words in, long before the end
+    # even if the loop is held up for a second.
+    server.token_delay = 0.05
     server.script("root-model", ["Thinking about the question first. " + prose(40)
                                  + "\nFINAL(done)"])
     rlm = make_rlm(server)

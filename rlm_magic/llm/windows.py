@@ -77,18 +77,18 @@ def is_context_error(exc: BaseException | None) -> bool:
 
 def window_in_error(exc: BaseException | None) -> int | None:
     """The window a provider's context-length error names, if it names one."""
-    for error in _chain(exc):
-        for pattern in _WINDOW_IN_MESSAGE:
-            match = pattern.search(str(error))
-            if match:
-                return int(match.group(1).replace(",", ""))
-    return None
+    return _number_in_error(exc, _WINDOW_IN_MESSAGE)
 
 
 def prompt_in_error(exc: BaseException | None) -> int | None:
     """The prompt's tokens as a provider's context-length error counts them."""
+    return _number_in_error(exc, _PROMPT_IN_MESSAGE)
+
+
+def _number_in_error(exc: BaseException | None, patterns) -> int | None:
+    """The first number one of ``patterns`` finds in the error or its causes."""
     for error in _chain(exc):
-        for pattern in _PROMPT_IN_MESSAGE:
+        for pattern in patterns:
             match = pattern.search(str(error))
             if match:
                 return int(match.group(1).replace(",", ""))

@@ -29,9 +29,13 @@ SLOW_MARKERS = ("kernel", "proxy", "slow")
 
 
 def pytest_addoption(parser):
-    parser.addoption("--fast", action="store_true",
-                     help="leave out the slow tier: tests marked " + ", ".join(SLOW_MARKERS)
-                     + ", and the notebooks")
+    parser.addoption(
+        "--fast",
+        action="store_true",
+        help="leave out the slow tier: tests marked "
+        + ", ".join(SLOW_MARKERS)
+        + ", and the notebooks",
+    )
 
 
 # Tests that share a kernel, a terminal, the LiteLLM Proxy or one attack run (module- or
@@ -39,8 +43,12 @@ def pytest_addoption(parser):
 # together, so each is started once; a notebook's cells run in order in one kernel.
 # Everything else is spread one test at a time. (xdist's own `--dist loadgroup` relies
 # on a node id attribute that pytest 9.2 no longer reads.)
-SHARED_FIXTURE_MODULES = ("tests/test_kernel.py", "tests/test_terminal.py",
-                          "tests/test_proxy.py", "tests/test_sandbox_attacks.py")
+SHARED_FIXTURE_MODULES = (
+    "tests/test_kernel.py",
+    "tests/test_terminal.py",
+    "tests/test_proxy.py",
+    "tests/test_sandbox_attacks.py",
+)
 ON_THEIR_OWN = ("tests/test_kernel.py::test_example_notebook_",)  # a kernel each
 
 
@@ -71,7 +79,8 @@ def pytest_collection_modifyitems(config, items):
     kept, left_out = [], []
     for item in items:
         slow = item.path.suffix == ".ipynb" or any(
-            item.get_closest_marker(name) for name in SLOW_MARKERS)
+            item.get_closest_marker(name) for name in SLOW_MARKERS
+        )
         (left_out if slow else kept).append(item)
     if left_out:
         config.hook.pytest_deselected(items=left_out)
@@ -88,6 +97,7 @@ def pytest_configure(config):
     install_python3(prefix=str(prefix))  # else nbval may find another Python's python3
     data_dir = str(prefix / "share" / "jupyter")
     os.environ["JUPYTER_PATH"] = os.pathsep.join(
-        p for p in (data_dir, os.environ.get("JUPYTER_PATH")) if p)
+        p for p in (data_dir, os.environ.get("JUPYTER_PATH")) if p
+    )
     config.rlm_kernel_prefix = prefix
     config.add_cleanup(lambda: shutil.rmtree(prefix, ignore_errors=True))

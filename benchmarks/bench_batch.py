@@ -4,8 +4,9 @@ Run from the repo root:  python benchmarks/bench_batch.py [--quick] [--latency 0
 
 Every method sends N chat requests (model "openai/bench") to the local fake
 OpenAI-compatible server of ``tests/llm_server.py``, in its own process (it answers
-after ``--latency`` seconds), and the wall time of the whole batch is measured. Each method is warmed up
-once first (imports, connection pools), then each cell is the median of --reps runs.
+after ``--latency`` seconds), and the wall time of the whole batch is measured. Each
+method is warmed up once first (imports, connection pools), then each cell is the median
+of --reps runs.
 All async methods share one event loop, as in a notebook kernel. At the end, a 10 ms
 heartbeat task on that loop measures how long the loop stalls during N=256 batches at
 concurrency 64 (bare litellm gather vs llm_query_batch).
@@ -64,7 +65,10 @@ class ServerProcess:
         self.latency = latency
         self.process = subprocess.Popen(
             [sys.executable, "-m", "tests.llm_server", "--latency", str(latency)],
-            cwd=ROOT, stdout=subprocess.PIPE, text=True)
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         self.base_url = self.process.stdout.readline().strip()
         if not self.base_url.startswith("http"):
             raise RuntimeError("the benchmark server did not start")
@@ -105,8 +109,9 @@ class Bench:
     def __init__(self, server: ServerProcess):
         self.server = server
         self.base_url = server.base_url
-        self.litellm_args = dict(model=MODEL, api_base=self.base_url, api_key=API_KEY,
-                                 max_retries=0)
+        self.litellm_args = dict(
+            model=MODEL, api_base=self.base_url, api_key=API_KEY, max_retries=0
+        )
         self.loop = asyncio.new_event_loop()
         asyncio.set_event_loop(self.loop)
         self.pool = ThreadPoolExecutor(THREADS)
@@ -120,23 +125,28 @@ class Bench:
                 await self.aiohttp_session.close()
             if self.openai_client is not None:
                 await self.openai_client.close()
+
         self.loop.run_until_complete(shutdown())
         self.pool.shutdown()
         self.loop.close()
 
     # -- sync methods (run with the loop idle) ------------------------------------------
     def sequential(self, n: int) -> list:
-        return [text_of(litellm.completion(messages=messages_for(p), **self.litellm_args))
-                for p in prompts_for(n)]
+        return [
+            text_of(litellm.completion(messages=messages_for(p), **self.litellm_args))
+            for p in prompts_for(n)
+        ]
 
     def thread_pool(self, n: int) -> list:
         def one(p):
             return text_of(litellm.completion(messages=messages_for(p), **self.litellm_args))
+
         return list(self.pool.map(one, prompts_for(n)))
 
     def batch_completion(self, n: int) -> list:
         responses = litellm.batch_completion(
-            messages=[messages_for(p) for p in prompts_for(n)], **self.litellm_args)
+            messages=[messages_for(p) for p in prompts_for(n)], **self.litellm_args
+        )
         return [text_of(r) for r in responses]
 
     # -- async methods (on self.loop) ----------------------------------------------------
@@ -145,45 +155,59 @@ class Bench:
 
         async def one(p):
             async with semaphore:
-                return text_of(await litellm.acompletion(messages=messages_for(p),
-                                                         **self.litellm_args))
+                return text_of(
+                    await litellm.acompletion(messages=messages_for(p), **self.litellm_args)
+                )
+
         return await asyncio.gather(*(one(p) for p in prompts_for(n)))
 
     async def openai_gather(self, n: int) -> list:
         if self.openai_client is None:
-            self.openai_client = openai.AsyncOpenAI(base_url=self.base_url, api_key=API_KEY,
-                                                    max_retries=0)
+            self.openai_client = openai.AsyncOpenAI(
+                base_url=self.base_url, api_key=API_KEY, max_retries=0
+            )
         client, semaphore = self.openai_client, asyncio.Semaphore(n)
 
         async def one(p):
             async with semaphore:
                 response = await client.chat.completions.create(
-                    model="bench", messages=messages_for(p))
+                    model="bench", messages=messages_for(p)
+                )
                 return text_of(response)
+
         return await asyncio.gather(*(one(p) for p in prompts_for(n)))
 
     async def aiohttp_gather(self, n: int) -> list:
         if self.aiohttp_session is None:
             self.aiohttp_session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=0),
-                headers={"Authorization": f"Bearer {API_KEY}"})
+                headers={"Authorization": f"Bearer {API_KEY}"},
+            )
         session, semaphore = self.aiohttp_session, asyncio.Semaphore(n)
         url = self.base_url + "/chat/completions"
 
         async def one(p):
             async with semaphore:
-                async with session.post(url, json={"model": "bench",
-                                                   "messages": messages_for(p)}) as reply:
+                async with session.post(
+                    url, json={"model": "bench", "messages": messages_for(p)}
+                ) as reply:
                     reply.raise_for_status()
                     body = await reply.json()
                 return body["choices"][0]["message"]["content"]
+
         return await asyncio.gather(*(one(p) for p in prompts_for(n)))
 
     def rlm(self, concurrency: int) -> rlm_magic.RLM:
         if concurrency not in self.rlms:
             self.rlms[concurrency] = rlm_magic.RLM(
-                model=MODEL, sub_model=MODEL, api_base=self.base_url, api_key=API_KEY,
-                max_concurrency=concurrency, progress=False, max_retries=0)
+                model=MODEL,
+                sub_model=MODEL,
+                api_base=self.base_url,
+                api_key=API_KEY,
+                max_concurrency=concurrency,
+                progress=False,
+                max_retries=0,
+            )
         return self.rlms[concurrency]
 
     async def llm_query_batch(self, n: int, concurrency: int | None = None) -> list:
@@ -199,18 +223,19 @@ class Bench:
         """Run the tasks a batch left behind (litellm schedules its success logging as
         background tasks, which a bare gather returns before running), so they are not
         billed to the next measurement. Not timed."""
+
         def finite(task) -> bool:  # litellm's LoggingWorker._worker_loop never ends
             return not getattr(task.get_coro(), "__qualname__", "").endswith("_worker_loop")
 
         async def drain():
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline:
-                pending = {t for t in asyncio.all_tasks() - {asyncio.current_task()}
-                           if finite(t)}
+                pending = {t for t in asyncio.all_tasks() - {asyncio.current_task()} if finite(t)}
                 if not pending:
                     return
                 await asyncio.wait(pending, timeout=1.0)
             await asyncio.sleep(0.05)
+
         self.loop.run_until_complete(drain())
 
     def time(self, name: str, method, n: int, reps: int) -> float:
@@ -228,6 +253,7 @@ class Bench:
 
     def heartbeat(self, method, n: int, concurrency: int) -> float:
         """Largest lateness (s) of a 10 ms sleep loop running beside one batch."""
+
         async def go():
             worst = 0.0
             stop = asyncio.Event()
@@ -248,6 +274,7 @@ class Bench:
                 await beater
             check(answers, n, method.__name__)
             return worst
+
         self.server.reset()
         try:
             return self.loop.run_until_complete(go())
@@ -267,31 +294,44 @@ COLUMNS = [  # (header, method name, largest N it runs for)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true",
-                        help="N = 4, 16, 64 and one run per cell")
-    parser.add_argument("--latency", type=float, default=0.3,
-                        help="seconds the fake server waits before answering (0.3)")
-    parser.add_argument("--reps", type=int, default=None,
-                        help="runs per cell, median taken (3; 1 with --quick)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="N = 4, 16, 64 and one run per cell")
+    parser.add_argument(
+        "--latency",
+        type=float,
+        default=0.3,
+        help="seconds the fake server waits before answering (0.3)",
+    )
+    parser.add_argument(
+        "--reps", type=int, default=None, help="runs per cell, median taken (3; 1 with --quick)"
+    )
     args = parser.parse_args()
     sizes = [4, 16, 64] if args.quick else [4, 16, 64, 256]
     reps = args.reps or (1 if args.quick else 3)
     total_started = time.perf_counter()
 
     print("# rlm-magic batch benchmark\n")
-    print(f"Wall seconds to get N answers from a local OpenAI-compatible server "
-          f"(tests/llm_server.py) answering after {args.latency:g} s; median of {reps} "
-          f"run(s) per cell (cells slower than {SLOW_CELL_S:g} s: 1 run), each method "
-          f"warmed up once. Concurrency = N for the gathers and llm_query_batch.\n")
-    print(f"- Python {platform.python_version()} ({platform.python_implementation()}), "
-          f"{platform.system()} {platform.machine()}, CPUs: {os.cpu_count()}")
-    versions = ", ".join(f"{pkg} {importlib.metadata.version(pkg)}"
-                         for pkg in ("litellm", "openai", "httpx", "aiohttp"))
+    print(
+        f"Wall seconds to get N answers from a local OpenAI-compatible server "
+        f"(tests/llm_server.py) answering after {args.latency:g} s; median of {reps} "
+        f"run(s) per cell (cells slower than {SLOW_CELL_S:g} s: 1 run), each method "
+        f"warmed up once. Concurrency = N for the gathers and llm_query_batch.\n"
+    )
+    print(
+        f"- Python {platform.python_version()} ({platform.python_implementation()}), "
+        f"{platform.system()} {platform.machine()}, CPUs: {os.cpu_count()}"
+    )
+    versions = ", ".join(
+        f"{pkg} {importlib.metadata.version(pkg)}"
+        for pkg in ("litellm", "openai", "httpx", "aiohttp")
+    )
     print(f"- {versions}, rlm-magic {rlm_magic.__version__}")
-    print(f"- litellm calls: model={MODEL}, api_base=<local>, max_retries=0; "
-          f"llm_query_batch: RLM(max_concurrency=N, progress=False, max_retries=0)\n")
+    print(
+        f"- litellm calls: model={MODEL}, api_base=<local>, max_retries=0; "
+        f"llm_query_batch: RLM(max_concurrency=N, progress=False, max_retries=0)\n"
+    )
 
     server = ServerProcess(args.latency)
     bench = Bench(server)
@@ -318,9 +358,16 @@ def main() -> None:
         print("| N | " + " | ".join(header for header, _, _ in COLUMNS) + " |")
         print("|---:|" + "---:|" * len(COLUMNS))
         for n in sizes:
-            cells = [("" if (name, n) not in table else "failed*"
-                      if table[name, n] != table[name, n] else f"{table[name, n]:.2f}")
-                     for _, name, _ in COLUMNS]
+            cells = [
+                (
+                    ""
+                    if (name, n) not in table
+                    else "failed*"
+                    if table[name, n] != table[name, n]
+                    else f"{table[name, n]:.2f}"
+                )
+                for _, name, _ in COLUMNS
+            ]
             print(f"| {n} | " + " | ".join(cells) + " |")
         if notes:
             print("\n*" + "\n".join(notes))
@@ -330,22 +377,30 @@ def main() -> None:
         print("|---:|---:|---:|")
         for n in [s for s in sizes if s >= 64]:
             ours = table["llm_query_batch", n]
-            print(f"| {n} | {ours / table['litellm_gather', n]:.2f}x | "
-                  f"{ours / table['aiohttp_gather', n]:.2f}x |")
+            print(
+                f"| {n} | {ours / table['litellm_gather', n]:.2f}x | "
+                f"{ours / table['aiohttp_gather', n]:.2f}x |"
+            )
 
         hb_n = HEARTBEAT_N if not args.quick else 64
-        print(f"\n## Loop stalls: largest lateness of a 10 ms heartbeat during N={hb_n} "
-              f"batches at concurrency {HEARTBEAT_CONCURRENCY} ({reps} run(s) each)\n")
+        print(
+            f"\n## Loop stalls: largest lateness of a 10 ms heartbeat during N={hb_n} "
+            f"batches at concurrency {HEARTBEAT_CONCURRENCY} ({reps} run(s) each)\n"
+        )
         print("| method | worst (ms) | each run (ms) |")
         print("|---|---:|---|")
-        for label, name in (("gather `acompletion` (semaphore 64)", "litellm_gather"),
-                            ("`llm_query_batch` (max_concurrency=64)", "llm_query_batch")):
+        for label, name in (
+            ("gather `acompletion` (semaphore 64)", "litellm_gather"),
+            ("`llm_query_batch` (max_concurrency=64)", "llm_query_batch"),
+        ):
             method = getattr(bench, name)
             bench.heartbeat(method, 16, HEARTBEAT_CONCURRENCY)  # warm this concurrency
-            delays = [bench.heartbeat(method, hb_n, HEARTBEAT_CONCURRENCY) * 1000
-                      for _ in range(reps)]
-            print(f"| {label} | {max(delays):.0f} | "
-                  + ", ".join(f"{d:.0f}" for d in delays) + " |")
+            delays = [
+                bench.heartbeat(method, hb_n, HEARTBEAT_CONCURRENCY) * 1000 for _ in range(reps)
+            ]
+            print(
+                f"| {label} | {max(delays):.0f} | " + ", ".join(f"{d:.0f}" for d in delays) + " |"
+            )
     finally:
         bench.close()
         server.stop()

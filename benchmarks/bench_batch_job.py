@@ -51,10 +51,15 @@ async def main(n: int, chars: int) -> None:
     server = ServerProcess(latency=0.0)
     try:
         with tempfile.TemporaryDirectory() as cache:
-            rlm = RLM(model="openai/bench", sub_model="openai/gpt-4o-mini",
-                      api_base=server.base_url, api_key="sk-bench", progress=False,
-                      cache_dir=cache)
-            filler = ("The delivery was late but the product works well enough. " * 20)
+            rlm = RLM(
+                model="openai/bench",
+                sub_model="openai/gpt-4o-mini",
+                api_base=server.base_url,
+                api_key="sk-bench",
+                progress=False,
+                cache_dir=cache,
+            )
+            filler = "The delivery was late but the product works well enough. " * 20
             prompts = [f"Sentiment of review {i}: {filler[:chars]}" for i in range(n)]
             await asyncio.sleep(0.1)
             before = peak_rss_mb()
@@ -69,9 +74,11 @@ async def main(n: int, chars: int) -> None:
             usage = rlm.client.ledger.summary()
             stalls.sort()
             print(f"{n:,} requests of ~{chars} characters as one batch job: {elapsed:.1f} s")
-            print(f"loop stall: max {stalls[-1][0] * 1000:.1f} ms (at {stalls[-1][1]:.1f} s), "
-                  f"p99 {stalls[int(len(stalls) * 0.99)][0] * 1000:.1f} ms over "
-                  f"{len(stalls):,} beats")
+            print(
+                f"loop stall: max {stalls[-1][0] * 1000:.1f} ms (at {stalls[-1][1]:.1f} s), "
+                f"p99 {stalls[int(len(stalls) * 0.99)][0] * 1000:.1f} ms over "
+                f"{len(stalls):,} beats"
+            )
             print(f"peak RSS grew by {grown:.0f} MB during the job")
             print(f"cost at batch prices: ${usage.cost_usd:.4f} for {usage.calls:,} calls")
     finally:

@@ -50,18 +50,30 @@ async def run(server: FakeLLMServer, scale: float, stream: bool, wire: bool) -> 
     server.reply_with("local-model", answer)
     server.usage = None  # counted by the server's tokenizer: one piece, one token
     server.chars_per_token = len(answer) / ANSWER_TOKENS
-    rlm = RLM(model="openai/local-model", sub_model="openai/local-model",
-              api_base=server.base_url, api_key="sk-local", progress=False,
-              timeout=120 * scale, retry_backoff=0.5 * scale, stream=stream,
-              wire_transport=wire)
+    rlm = RLM(
+        model="openai/local-model",
+        sub_model="openai/local-model",
+        api_base=server.base_url,
+        api_key="sk-local",
+        progress=False,
+        timeout=120 * scale,
+        retry_backoff=0.5 * scale,
+        stream=stream,
+        wire_transport=wire,
+    )
     started = time.perf_counter()
     answers = await rlm.helpers.llm_query_batch(
-        [f"Summarise log part {i}" for i in range(PROMPTS)], return_exceptions=True)
+        [f"Summarise log part {i}" for i in range(PROMPTS)], return_exceptions=True
+    )
     elapsed = time.perf_counter() - started
     whole = sum(isinstance(a, str) and len(a.split()) == ANSWER_TOKENS for a in answers)
-    return {"answers": whole, "generated": server.tokens_generated,
-            "kept": sum(len(a.split()) for a in answers if isinstance(a, str)),
-            "ledger": rlm.usage().output_tokens, "elapsed": elapsed}
+    return {
+        "answers": whole,
+        "generated": server.tokens_generated,
+        "kept": sum(len(a.split()) for a in answers if isinstance(a, str)),
+        "ledger": rlm.usage().output_tokens,
+        "elapsed": elapsed,
+    }
 
 
 async def main(scale: float, wire: bool) -> None:
@@ -70,25 +82,36 @@ async def main(scale: float, wire: bool) -> None:
         from rlm_magic.llm.client import load_litellm
 
         await load_litellm()
-        print(f"{PROMPTS} prompts, {ANSWER_TOKENS:,}-token answers at 20 tokens/s, "
-              f"timeout 120 s, max_retries 2; times scaled by {scale:g}; "
-              f"{'wire' if wire else 'litellm'} transport")
-        print(f"{'':12} {'answers':>8} {'generated':>10} {'in answers':>11} "
-              f"{'ledger out':>11} {'wall (s)':>9} {'unscaled':>9}")
+        print(
+            f"{PROMPTS} prompts, {ANSWER_TOKENS:,}-token answers at 20 tokens/s, "
+            f"timeout 120 s, max_retries 2; times scaled by {scale:g}; "
+            f"{'wire' if wire else 'litellm'} transport"
+        )
+        print(
+            f"{'':12} {'answers':>8} {'generated':>10} {'in answers':>11} "
+            f"{'ledger out':>11} {'wall (s)':>9} {'unscaled':>9}"
+        )
         for name, stream in (("streamed", True), ("unstreamed", False)):
             row = await run(server, scale, stream, wire)
-            print(f"{name:12} {row['answers']:>5} / {PROMPTS} {row['generated']:>10,} "
-                  f"{row['kept']:>11,} {row['ledger']:>11,} {row['elapsed']:>9.1f} "
-                  f"{row['elapsed'] / scale:>9.0f}")
+            print(
+                f"{name:12} {row['answers']:>5} / {PROMPTS} {row['generated']:>10,} "
+                f"{row['kept']:>11,} {row['ledger']:>11,} {row['elapsed']:>9.1f} "
+                f"{row['elapsed'] / scale:>9.0f}"
+            )
     finally:
         server.stop()
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scale", type=float, default=0.25,
-                        help="every time of the case times this (1: the real case)")
-    parser.add_argument("--litellm", action="store_true",
-                        help="send through litellm, not the wire transport")
+    parser.add_argument(
+        "--scale",
+        type=float,
+        default=0.25,
+        help="every time of the case times this (1: the real case)",
+    )
+    parser.add_argument(
+        "--litellm", action="store_true", help="send through litellm, not the wire transport"
+    )
     args = parser.parse_args()
     asyncio.run(main(args.scale, not args.litellm))

@@ -66,24 +66,64 @@ class Scenario:
 
 
 SCENARIOS = [
-    Scenario("50 requests/s, burst 50; 300 prompts at concurrency 64", 300, 40, 64,
-             {"rps": 50, "burst": 50}),
-    Scenario("50 requests/s, burst 50; 300 prompts at the default concurrency 16", 300,
-             40, 16, {"rps": 50, "burst": 50}),
-    Scenario("20k tokens/s; 60 prompts of 2,000 tokens at the default concurrency", 60,
-             8000, 16, {"tps": 20_000, "token_burst": 20_000}),
-    Scenario("50 requests/s, no rate-limit headers at all; 300 prompts at 64", 300, 40, 64,
-             {"rps": 50, "burst": 50, "headers": "none"}),
-    Scenario("50 requests/s, retry-after only; 300 prompts at 64", 300, 40, 64,
-             {"rps": 50, "burst": 50, "headers": "retry-after"}),
-    Scenario("quantized: 50 requests/s enforced (burst 50), headers announcing 3,000/min; "
-             "300 prompts at the default concurrency 16", 300, 40, 16,
-             {"rps": 50, "burst": 50, "announce_rpm": 3000}),
-    Scenario("quantized, as above; 300 prompts at concurrency 64", 300, 40, 64,
-             {"rps": 50, "burst": 50, "announce_rpm": 3000}),
-    Scenario("quantized: 20k tokens/s enforced, headers announcing 1.2M/min; 60 prompts "
-             "of 2,000 tokens at the default concurrency", 60, 8000, 16,
-             {"tps": 20_000, "token_burst": 20_000, "announce_tpm": 1_200_000}),
+    Scenario(
+        "50 requests/s, burst 50; 300 prompts at concurrency 64",
+        300,
+        40,
+        64,
+        {"rps": 50, "burst": 50},
+    ),
+    Scenario(
+        "50 requests/s, burst 50; 300 prompts at the default concurrency 16",
+        300,
+        40,
+        16,
+        {"rps": 50, "burst": 50},
+    ),
+    Scenario(
+        "20k tokens/s; 60 prompts of 2,000 tokens at the default concurrency",
+        60,
+        8000,
+        16,
+        {"tps": 20_000, "token_burst": 20_000},
+    ),
+    Scenario(
+        "50 requests/s, no rate-limit headers at all; 300 prompts at 64",
+        300,
+        40,
+        64,
+        {"rps": 50, "burst": 50, "headers": "none"},
+    ),
+    Scenario(
+        "50 requests/s, retry-after only; 300 prompts at 64",
+        300,
+        40,
+        64,
+        {"rps": 50, "burst": 50, "headers": "retry-after"},
+    ),
+    Scenario(
+        "quantized: 50 requests/s enforced (burst 50), headers announcing 3,000/min; "
+        "300 prompts at the default concurrency 16",
+        300,
+        40,
+        16,
+        {"rps": 50, "burst": 50, "announce_rpm": 3000},
+    ),
+    Scenario(
+        "quantized, as above; 300 prompts at concurrency 64",
+        300,
+        40,
+        64,
+        {"rps": 50, "burst": 50, "announce_rpm": 3000},
+    ),
+    Scenario(
+        "quantized: 20k tokens/s enforced, headers announcing 1.2M/min; 60 prompts "
+        "of 2,000 tokens at the default concurrency",
+        60,
+        8000,
+        16,
+        {"tps": 20_000, "token_burst": 20_000, "announce_tpm": 1_200_000},
+    ),
 ]
 
 
@@ -94,8 +134,9 @@ class ServerProcess:
         args = [sys.executable, "-m", "tests.llm_server", "--latency", str(LATENCY)]
         for name, value in limit.items():
             args += [f"--{name.replace('_', '-')}", str(value)]
-        self.process = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE,
-                                        stdin=subprocess.PIPE, text=True)
+        self.process = subprocess.Popen(
+            args, cwd=ROOT, stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True
+        )
         self.base_url = self.process.stdout.readline().strip()
 
     def rejected(self) -> int:
@@ -110,8 +151,13 @@ class ServerProcess:
 
 async def run_once(server: ServerProcess, scenario: Scenario) -> tuple[float, int, int]:
     before = server.rejected()
-    rlm = RLM(model="openai/bench", api_base=server.base_url, api_key="sk-bench",
-              progress=False, max_concurrency=scenario.max_concurrency)
+    rlm = RLM(
+        model="openai/bench",
+        api_base=server.base_url,
+        api_key="sk-bench",
+        progress=False,
+        max_concurrency=scenario.max_concurrency,
+    )
     body = "x" * (scenario.prompt_chars - 8)
     prompts = [f"{i:06d} {body}" for i in range(scenario.prompts)]
     started = time.perf_counter()
@@ -150,11 +196,17 @@ def main() -> None:
         ideal = scenario.ideal_s()
         walls = [w for w, _, _ in runs]
         print(scenario.name)
-        print(f"  ideal {ideal:.2f}s | wall " + " / ".join(f"{w:.2f}s" for w in walls)
-              + f" | ratio {statistics.median(walls) / ideal:.2f}x (median)")
-        print("  failed " + " / ".join(str(f) for _, f, _ in runs)
-              + " | rejected " + " / ".join(f"{r} ({r / scenario.prompts:.0%})"
-                                             for _, _, r in runs))
+        print(
+            f"  ideal {ideal:.2f}s | wall "
+            + " / ".join(f"{w:.2f}s" for w in walls)
+            + f" | ratio {statistics.median(walls) / ideal:.2f}x (median)"
+        )
+        print(
+            "  failed "
+            + " / ".join(str(f) for _, f, _ in runs)
+            + " | rejected "
+            + " / ".join(f"{r} ({r / scenario.prompts:.0%})" for _, _, r in runs)
+        )
 
 
 if __name__ == "__main__":

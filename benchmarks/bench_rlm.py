@@ -34,8 +34,14 @@ STYLES = {
 
 
 async def one_run(server: FakeLLMServer, code: str) -> float:
-    rlm = RLM(model="openai/root", sub_model="openai/sub", api_base=server.base_url,
-              api_key="sk-bench", progress=False, max_concurrency=64)
+    rlm = RLM(
+        model="openai/root",
+        sub_model="openai/sub",
+        api_base=server.base_url,
+        api_key="sk-bench",
+        progress=False,
+        max_concurrency=64,
+    )
     server.script("root", [f"```repl\n{code}\n```", "FINAL_VAR(answers)"])
     started = time.perf_counter()
     result = await rlm.arun("bench", context="x")
@@ -58,9 +64,11 @@ async def main() -> None:
         await one_run(server, STYLES["batch, await"].format(n=2))  # warm-up (imports)
         ideal = 2 * args.root + args.sub
         print(f"# Two-iteration RLM run, {args.n}-prompt batch\n")
-        print(f"root latency {args.root:g} s, sub latency {args.sub:g} s; ideal = 2 x root "
-              f"+ 1 x sub = {ideal:.2f} s; sequential = 2 x root + {args.n} x sub = "
-              f"{2 * args.root + args.n * args.sub:.2f} s; median of {args.reps}\n")
+        print(
+            f"root latency {args.root:g} s, sub latency {args.sub:g} s; ideal = 2 x root "
+            f"+ 1 x sub = {ideal:.2f} s; sequential = 2 x root + {args.n} x sub = "
+            f"{2 * args.root + args.n * args.sub:.2f} s; median of {args.reps}\n"
+        )
         print("| model code | wall (s) | / ideal | peak requests in flight |")
         print("|---|---:|---:|---:|")
         for label, template in STYLES.items():

@@ -66,10 +66,22 @@ async def step_cost(repl, code: str, steps: int = 300) -> float:
 
 
 async def batch_step(server, sandbox: str, n: int = 64) -> float:
-    rlm = RLM(model="openai/root", sub_model="openai/sub", api_base=server.base_url,
-              api_key="sk-bench", progress=False, max_concurrency=n, sandbox=sandbox)
-    server.script("root", [f"```repl\nanswers = llm_query_batch([f'part {{i}}' for i in "
-                           f"range({n})])\n```", "FINAL_VAR(answers)"])
+    rlm = RLM(
+        model="openai/root",
+        sub_model="openai/sub",
+        api_base=server.base_url,
+        api_key="sk-bench",
+        progress=False,
+        max_concurrency=n,
+        sandbox=sandbox,
+    )
+    server.script(
+        "root",
+        [
+            f"```repl\nanswers = llm_query_batch([f'part {{i}}' for i in range({n})])\n```",
+            "FINAL_VAR(answers)",
+        ],
+    )
     result = await rlm.arun("bench", context="x")
     assert result.success, result
     return result.trajectory[0].code[0].elapsed_s
@@ -114,13 +126,13 @@ async def main() -> None:
     sandboxed = SandboxREPL("c", HELPERS)
     await sandboxed.start()
     in_process = AsyncREPL({"__builtins__": repl_builtins()}, HELPERS)
-    for name, code in (("trivial step", "x = 1"),
-                       ("step with one llm_query and 20 kB printed",
-                        "print(llm_query('a') * 2000)")):
+    for name, code in (
+        ("trivial step", "x = 1"),
+        ("step with one llm_query and 20 kB printed", "print(llm_query('a') * 2000)"),
+    ):
         remote = await step_cost(sandboxed, code)
         local = await step_cost(in_process, code)
-        row(f"{name}: sandbox / in-process",
-            f"{remote * 1000:.2f} ms / {local * 1000:.2f} ms", "")
+        row(f"{name}: sandbox / in-process", f"{remote * 1000:.2f} ms / {local * 1000:.2f} ms", "")
         row(f"{name}: per-step overhead", f"{(remote - local) * 1000:.2f} ms", "<= 20 ms")
     await sandboxed.aclose()
     in_process.close()
@@ -142,40 +154,51 @@ async def main() -> None:
             ratios.append(boxed[-1] / plain[-1])
         row("64-item batch step, in-process", _span(plain), "")
         row("64-item batch step, sandbox", _span(boxed), "")
-        row("64-item batch, sandbox / in-process", f"{statistics.median(ratios):.3f}x "
-            f"({min(ratios):.3f}-{max(ratios):.3f})", "<= 1.05x")
+        row(
+            "64-item batch, sandbox / in-process",
+            f"{statistics.median(ratios):.3f}x ({min(ratios):.3f}-{max(ratios):.3f})",
+            "<= 1.05x",
+        )
     finally:
         server.stop()
 
     sigint = [await stop_time("time.sleep(30)") for _ in range(reps)]
     row("interrupt -> step stopped (SIGINT)", _span(sigint), "<= 1 s")
-    killed = [await stop_time("signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
-                              "while True:\n    pass") for _ in range(reps)]
+    killed = [
+        await stop_time("signal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass")
+        for _ in range(reps)
+    ]
     row("interrupt -> step stopped (ignores SIGINT: SIGKILL)", _span(killed), "<= 1 s")
 
     for name, code in HOSTILE.items():
         growth, stall = await hostile(code)
-        row(f"sandbox sends {name}: kernel memory growth / longest loop stall",
-            f"{growth:.1f} MB / {stall * 1000:.0f} ms", "<= 64 MB / <= 100 ms")
+        row(
+            f"sandbox sends {name}: kernel memory growth / longest loop stall",
+            f"{growth:.1f} MB / {stall * 1000:.0f} ms",
+            "<= 64 MB / <= 100 ms",
+        )
 
 
-_RAW = ("import os, sys, struct, time\nbody = {body}\n"
-        "os.write(int(sys.argv[1]), struct.pack('>cQ', b'J', len(body)) + body)\n"
-        "time.sleep(3)")
+_RAW = (
+    "import os, sys, struct, time\nbody = {body}\n"
+    "os.write(int(sys.argv[1]), struct.pack('>cQ', b'J', len(body)) + body)\n"
+    "time.sleep(3)"
+)
 HOSTILE = {
-    "llm_query_batch([''] * 10_000_000)":
-        "try:\n    llm_query_batch([''] * 10_000_000)\nexcept ValueError:\n    pass",
+    "llm_query_batch([''] * 10_000_000)": (
+        "try:\n    llm_query_batch([''] * 10_000_000)\nexcept ValueError:\n    pass"
+    ),
     "an 8 MB frame of empty objects": _RAW.format(
-        body="b'{\"op\": \"call\", \"args\": [' + b'{},' * 2_700_000 + b'{}]}'"),
+        body="b'{\"op\": \"call\", \"args\": [' + b'{},' * 2_700_000 + b'{}]}'"
+    ),
     # Accepted, and as costly to decode as a frame may be: 98,000 values, and a text
     # that one escaped emoji makes 4 bytes a character once decoded.
     "an 8 MB frame at the limits (98,000 values, 7.5 MB of 4-byte text)": _RAW.format(
-        body="b'{\"op\": \"x\", \"a\": [' + b'{},' * 48_999 + b'{}], \"t\": \"' "
-             "+ b'a' * 7_500_000 + bytes([92]) + b'ud83d' + bytes([92]) + b'ude00\"}'"),
-    "an 8 MB FINAL_VAR text (the largest answer)":
-        "x = 'a' * 8_000_000\nFINAL_TEXT = x",
-    "six 16 MB variables (result.variables)":
-        "\n".join(f"v{i} = 'x' * 2**24" for i in range(6)),
+        body='b\'{"op": "x", "a": [\' + b\'{},\' * 48_999 + b\'{}], "t": "\' '
+        "+ b'a' * 7_500_000 + bytes([92]) + b'ud83d' + bytes([92]) + b'ude00\"}'"
+    ),
+    "an 8 MB FINAL_VAR text (the largest answer)": "x = 'a' * 8_000_000\nFINAL_TEXT = x",
+    "six 16 MB variables (result.variables)": "\n".join(f"v{i} = 'x' * 2**24" for i in range(6)),
 }
 
 
@@ -223,8 +246,10 @@ def _peak_mb() -> float:
 
 
 def _span(values: list[float]) -> str:
-    return (f"{statistics.median(values) * 1000:.1f} ms "
-            f"({min(values) * 1000:.1f}-{max(values) * 1000:.1f})")
+    return (
+        f"{statistics.median(values) * 1000:.1f} ms "
+        f"({min(values) * 1000:.1f}-{max(values) * 1000:.1f})"
+    )
 
 
 if __name__ == "__main__":

@@ -42,17 +42,24 @@ SUB = "sub-model"
 def reply_for(turn: int, iterations: int) -> str:
     if turn >= iterations - 1:
         return "I have what I need.\nFINAL_VAR(summary)"
-    after = " ".join([f"Chunk {turn} looks consistent with the earlier ones, so next I "
-                      "check the following slice in the same way."] * 3)
-    return (f"Step {turn}: I read slice {turn} of the context and ask about its parts.\n"
-            "```repl\n"
-            f"part = context[{turn * 2000}:{(turn + 1) * 2000}]\n"
-            f"answers = llm_query_batch([f'Summarise part {{i}} of slice {turn}' "
-            "for i in range(4)])\n"
-            "summary = ' / '.join(answers)\n"
-            "print(part)\n"
-            "```\n"
-            f"{after}\n")
+    after = " ".join(
+        [
+            f"Chunk {turn} looks consistent with the earlier ones, so next I "
+            "check the following slice in the same way."
+        ]
+        * 3
+    )
+    return (
+        f"Step {turn}: I read slice {turn} of the context and ask about its parts.\n"
+        "```repl\n"
+        f"part = context[{turn * 2000}:{(turn + 1) * 2000}]\n"
+        f"answers = llm_query_batch([f'Summarise part {{i}} of slice {turn}' "
+        "for i in range(4)])\n"
+        "summary = ' / '.join(answers)\n"
+        "print(part)\n"
+        "```\n"
+        f"{after}\n"
+    )
 
 
 def turn_of(body: dict) -> int:
@@ -66,8 +73,9 @@ async def heartbeat(lags: list[float], period: float = 0.01) -> None:
         lags.append(time.perf_counter() - before - period)
 
 
-async def one_run(server: FakeLLMServer, iterations: int, rate: float, *, stream: bool,
-                  early: bool, caching: bool):
+async def one_run(
+    server: FakeLLMServer, iterations: int, rate: float, *, stream: bool, early: bool, caching: bool
+):
     server.reset()
     server.usage = None  # ~4 characters a token, as the provider would count
     server.token_delay = 1 / rate
@@ -84,11 +92,20 @@ async def one_run(server: FakeLLMServer, iterations: int, rate: float, *, stream
 
     server.reply_with(SERVED, reply)
     server.latency_for = generation_time
-    rlm = RLM(model=MODEL, sub_model=f"openai/{SUB}", api_base=server.anthropic_base,
-              api_key="sk-bench", progress=False, stream=stream, early_execution=early,
-              prompt_caching=caching, max_iterations=iterations + 2)
-    context = "".join(f"line {i}: some log text about service {i % 7}\n"
-                      for i in range(iterations * 60))
+    rlm = RLM(
+        model=MODEL,
+        sub_model=f"openai/{SUB}",
+        api_base=server.anthropic_base,
+        api_key="sk-bench",
+        progress=False,
+        stream=stream,
+        early_execution=early,
+        prompt_caching=caching,
+        max_iterations=iterations + 2,
+    )
+    context = "".join(
+        f"line {i}: some log text about service {i % 7}\n" for i in range(iterations * 60)
+    )
     lags: list[float] = []
     beat = asyncio.ensure_future(heartbeat(lags))
     started = time.perf_counter()
@@ -107,9 +124,14 @@ async def cpu_per_chunk(words: int = 2000) -> tuple[float, float, int]:
     not, against a server in another process (so its CPU is not counted)."""
     import subprocess
 
-    server = subprocess.Popen([sys.executable, str(ROOT / "tests" / "llm_server.py")],
-                              stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True,
-                              cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    server = subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "llm_server.py")],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     try:
         base_url = server.stdout.readline().strip()
         rlm = RLM(model="openai/cpu", api_base=base_url, api_key="sk-bench", progress=False)
@@ -118,8 +140,9 @@ async def cpu_per_chunk(words: int = 2000) -> tuple[float, float, int]:
         results = {}
         for stream in (False, True, False, True):  # the first of each warms up
             before = time.process_time()
-            await rlm.client.complete([{"role": "user", "content": prompt}],
-                                      stream=stream, on_text=seen.append)
+            await rlm.client.complete(
+                [{"role": "user", "content": prompt}], stream=stream, on_text=seen.append
+            )
             results[stream] = time.process_time() - before
         chunks = len(seen) // 2
         return results[False], results[True], chunks
@@ -144,44 +167,59 @@ async def main() -> None:
 
     litellm = await client.load_litellm()
     try:
-        print(f"# {args.iterations}-iteration RLM run, replies generated at "
-              f"{args.rate:g} tokens/s, sub-calls {args.sub:g} s\n")
+        print(
+            f"# {args.iterations}-iteration RLM run, replies generated at "
+            f"{args.rate:g} tokens/s, sub-calls {args.sub:g} s\n"
+        )
         info = litellm.get_model_info(MODEL)
-        print(f"{MODEL} at litellm's prices: input ${info['input_cost_per_token'] * 1e6:.2f}"
-              f"/M, cache read ${info['cache_read_input_token_cost'] * 1e6:.2f}/M, cache "
-              f"write ${info['cache_creation_input_token_cost'] * 1e6:.2f}/M\n")
+        print(
+            f"{MODEL} at litellm's prices: input ${info['input_cost_per_token'] * 1e6:.2f}"
+            f"/M, cache read ${info['cache_read_input_token_cost'] * 1e6:.2f}/M, cache "
+            f"write ${info['cache_creation_input_token_cost'] * 1e6:.2f}/M\n"
+        )
         await one_run(server, 2, 1000, stream=True, early=False, caching=True)  # warm-up
         rows = []
         for label, stream, early, caching in (
-                ("streaming off", False, False, True),
-                ("streaming on", True, False, True),
-                ("streaming on, early execution", True, True, True),
-                ("streaming on, prompt caching off", True, False, False)):
-            wall, lag, usage, result = await one_run(server, args.iterations, args.rate,
-                                                     stream=stream, early=early,
-                                                     caching=caching)
+            ("streaming off", False, False, True),
+            ("streaming on", True, False, True),
+            ("streaming on, early execution", True, True, True),
+            ("streaming on, prompt caching off", True, False, False),
+        ):
+            wall, lag, usage, result = await one_run(
+                server, args.iterations, args.rate, stream=stream, early=early, caching=caching
+            )
             billed, uncached = input_cost(litellm, usage)
             early_blocks = sum(i.early_blocks for i in result.trajectory)
             rows.append((label, wall, lag, usage, billed, uncached, early_blocks))
-        print("| run | wall (s) | worst loop lag (ms) | blocks started early | input tokens "
-              "| cached input | cache writes | input cost | cost of the run |")
+        print(
+            "| run | wall (s) | worst loop lag (ms) | blocks started early | input tokens "
+            "| cached input | cache writes | input cost | cost of the run |"
+        )
         print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-        for label, wall, lag, usage, billed, uncached, early_blocks in rows:
-            print(f"| {label} | {wall:.1f} | {lag * 1000:.0f} | {early_blocks} | "
-                  f"{usage.input_tokens:,} | {usage.cached_input_tokens:,} | "
-                  f"{usage.cache_write_tokens:,} | ${billed:.4f} | ${usage.cost_usd:.4f} |")
+        for label, wall, lag, usage, billed, _uncached, early_blocks in rows:
+            print(
+                f"| {label} | {wall:.1f} | {lag * 1000:.0f} | {early_blocks} | "
+                f"{usage.input_tokens:,} | {usage.cached_input_tokens:,} | "
+                f"{usage.cache_write_tokens:,} | ${billed:.4f} | ${usage.cost_usd:.4f} |"
+            )
         plain_cpu, stream_cpu, chunks = await cpu_per_chunk()
-        print(f"\nCPU of one {chunks:,}-token answer in this process: {plain_cpu * 1000:.0f} ms "
-              f"unstreamed, {stream_cpu * 1000:.0f} ms streamed: "
-              f"{(stream_cpu - plain_cpu) / chunks * 1e6:.0f} us more per chunk.")
+        print(
+            f"\nCPU of one {chunks:,}-token answer in this process: {plain_cpu * 1000:.0f} ms "
+            f"unstreamed, {stream_cpu * 1000:.0f} ms streamed: "
+            f"{(stream_cpu - plain_cpu) / chunks * 1e6:.0f} us more per chunk."
+        )
         cached, plain = rows[1], rows[3]
-        print(f"\nPrompt caching: input cost ${cached[4]:.4f} against ${plain[4]:.4f} "
-              f"uncached ({1 - cached[4] / plain[4]:.0%} less); the ledger says caching "
-              f"saved ${cached[3].cache_saved_usd:.4f}.")
+        print(
+            f"\nPrompt caching: input cost ${cached[4]:.4f} against ${plain[4]:.4f} "
+            f"uncached ({1 - cached[4] / plain[4]:.0%} less); the ledger says caching "
+            f"saved ${cached[3].cache_saved_usd:.4f}."
+        )
         off, on, early = rows[0][1], rows[1][1], rows[2][1]
-        print(f"Early execution: {early:.1f} s against {on:.1f} s streamed "
-              f"({1 - early / on:.0%} less); streaming alone: {on:.1f} s against "
-              f"{off:.1f} s unstreamed.")
+        print(
+            f"Early execution: {early:.1f} s against {on:.1f} s streamed "
+            f"({1 - early / on:.0%} less); streaming alone: {on:.1f} s against "
+            f"{off:.1f} s unstreamed."
+        )
     finally:
         server.stop()
 

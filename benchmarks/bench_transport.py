@@ -52,8 +52,12 @@ class Server:
 
     def __init__(self, *args: str):
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.llm_server", *args], cwd=ROOT,
-            stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True)
+            [sys.executable, "-m", "tests.llm_server", *args],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stdin=subprocess.PIPE,
+            text=True,
+        )
         self.base_url = self.process.stdout.readline().strip()
         if not self.base_url.startswith("http"):
             raise RuntimeError("the benchmark server did not start")
@@ -76,16 +80,22 @@ def check(answers: list, n: int, method: str) -> None:
 
 # -- 1. client CPU per call ---------------------------------------------------------------
 
+
 async def raw_aiohttp(base_url: str, n: int, concurrency: int) -> list:
     semaphore = asyncio.Semaphore(concurrency)
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
-                                     headers={"Authorization": f"Bearer {API_KEY}"}) as s:
+    async with aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0), headers={"Authorization": f"Bearer {API_KEY}"}
+    ) as s:
+
         async def one(p):
             async with semaphore:
-                async with s.post(base_url + "/chat/completions", json={
-                        "model": "bench", "messages": [{"role": "user", "content": p}]}) as r:
+                async with s.post(
+                    base_url + "/chat/completions",
+                    json={"model": "bench", "messages": [{"role": "user", "content": p}]},
+                ) as r:
                     r.raise_for_status()
                     return (await r.json())["choices"][0]["message"]["content"]
+
         return await asyncio.gather(*(one(p) for p in prompts(n)))
 
 
@@ -95,11 +105,14 @@ async def openai_sdk(base_url: str, n: int, concurrency: int) -> list:
     semaphore = asyncio.Semaphore(concurrency)
     client = openai.AsyncOpenAI(base_url=base_url, api_key=API_KEY, max_retries=0)
     try:
+
         async def one(p):
             async with semaphore:
                 r = await client.chat.completions.create(
-                    model="bench", messages=[{"role": "user", "content": p}])
+                    model="bench", messages=[{"role": "user", "content": p}]
+                )
                 return r.choices[0].message.content
+
         return await asyncio.gather(*(one(p) for p in prompts(n)))
     finally:
         await client.close()
@@ -110,19 +123,31 @@ async def bare_litellm(base_url: str, n: int, concurrency: int) -> list:
 
     async def one(p):
         async with semaphore:
-            r = await litellm.acompletion(model="openai/bench", api_base=base_url,
-                                          api_key=API_KEY, max_retries=0,
-                                          messages=[{"role": "user", "content": p}])
+            r = await litellm.acompletion(
+                model="openai/bench",
+                api_base=base_url,
+                api_key=API_KEY,
+                max_retries=0,
+                messages=[{"role": "user", "content": p}],
+            )
             return r.choices[0].message.content
+
     return await asyncio.gather(*(one(p) for p in prompts(n)))
 
 
 def batch(wire: bool, progress: bool):
     async def run(base_url: str, n: int, concurrency: int) -> list:
-        rlm = rlm_magic.RLM(model="openai/bench", api_base=base_url, api_key=API_KEY,
-                            max_concurrency=concurrency, progress=progress,
-                            wire_transport=wire, max_retries=0)
+        rlm = rlm_magic.RLM(
+            model="openai/bench",
+            api_base=base_url,
+            api_key=API_KEY,
+            max_concurrency=concurrency,
+            progress=progress,
+            wire_transport=wire,
+            max_retries=0,
+        )
         return await rlm.helpers.llm_query_batch(prompts(n))
+
     return run
 
 
@@ -140,8 +165,11 @@ METHODS = [
 async def settle() -> None:
     """Let background tasks a method left (litellm's logging) finish, untimed."""
     for _ in range(50):
-        pending = [t for t in asyncio.all_tasks() - {asyncio.current_task()}
-                   if not getattr(t.get_coro(), "__qualname__", "").endswith("_worker_loop")]
+        pending = [
+            t
+            for t in asyncio.all_tasks() - {asyncio.current_task()}
+            if not getattr(t.get_coro(), "__qualname__", "").endswith("_worker_loop")
+        ]
         if not pending:
             break
         await asyncio.wait(pending, timeout=0.2)
@@ -169,6 +197,7 @@ async def cpu_per_call(base_url: str, calls: int, reps: int) -> list[tuple]:
 
 # -- 2. loop lag ----------------------------------------------------------------------------
 
+
 async def loop_lag(base_url: str, wire: bool, n: int = 256) -> float:
     worst, stop = 0.0, asyncio.Event()
 
@@ -192,16 +221,19 @@ async def loop_lag(base_url: str, wire: bool, n: int = 256) -> float:
 
 # -- 3. a streamed chunk ----------------------------------------------------------------
 
+
 async def chunk_cpu(base_url: str, wire: bool, words: int = 2000) -> tuple[float, float]:
-    rlm = rlm_magic.RLM(model="openai/cpu", api_base=base_url, api_key=API_KEY,
-                        progress=False, wire_transport=wire)
+    rlm = rlm_magic.RLM(
+        model="openai/cpu", api_base=base_url, api_key=API_KEY, progress=False, wire_transport=wire
+    )
     prompt = " ".join(f"w{i}" for i in range(words))  # echoed back, a chunk per word
     seen: list = []
     figures = {}
     for stream in (False, True, False, True):  # the first of each warms up
         before = time.process_time()
-        await rlm.client.complete([{"role": "user", "content": prompt}], stream=stream,
-                                  on_text=seen.append)
+        await rlm.client.complete(
+            [{"role": "user", "content": prompt}], stream=stream, on_text=seen.append
+        )
         figures[stream] = time.process_time() - before
     chunks = len(seen) // 2
     await settle()
@@ -210,16 +242,26 @@ async def chunk_cpu(base_url: str, wire: bool, words: int = 2000) -> tuple[float
 
 # -- 4. streamed against unstreamed ---------------------------------------------------
 
+
 async def streamed_vs_plain(base_url: str, wire: bool) -> tuple[float, float]:
-    rlm = rlm_magic.RLM(model="openai/gen", api_base=base_url, api_key=API_KEY,
-                        progress=False, wire_transport=wire, max_concurrency=16)
+    rlm = rlm_magic.RLM(
+        model="openai/gen",
+        api_base=base_url,
+        api_key=API_KEY,
+        progress=False,
+        wire_transport=wire,
+        max_concurrency=16,
+    )
     prompt = " ".join(f"t{i}" for i in range(300))
     walls = {}
     for stream in (False, True):
         started = time.perf_counter()
-        await asyncio.gather(*(rlm.client.complete(
-            [{"role": "user", "content": f"{i} {prompt}"}], stream=stream)
-            for i in range(16)))
+        await asyncio.gather(
+            *(
+                rlm.client.complete([{"role": "user", "content": f"{i} {prompt}"}], stream=stream)
+                for i in range(16)
+            )
+        )
         walls[stream] = time.perf_counter() - started
     await settle()
     return walls[False], walls[True]
@@ -227,10 +269,19 @@ async def streamed_vs_plain(base_url: str, wire: bool) -> tuple[float, float]:
 
 # -- 5. a scripted RLM run ---------------------------------------------------------------
 
+
 async def rlm_run(base_url: str, wire: bool, root_s: float, sub_s: float) -> float:
-    rlm = rlm_magic.RLM(model="openai/root", sub_model="openai/sub", api_base=base_url,
-                        api_key=API_KEY, progress=False, wire_transport=wire,
-                        max_concurrency=64, stream=True, sandbox="process")
+    rlm = rlm_magic.RLM(
+        model="openai/root",
+        sub_model="openai/sub",
+        api_base=base_url,
+        api_key=API_KEY,
+        progress=False,
+        wire_transport=wire,
+        max_concurrency=64,
+        stream=True,
+        sandbox="process",
+    )
     context = "".join(f"line {i}: some log text about service {i % 7}\n" for i in range(4000))
     started = time.perf_counter()
     result = await rlm.arun("Summarise the log", context=context)
@@ -245,28 +296,40 @@ async def main(args) -> None:
     fast = Server("--latency", "0")
     slow = Server("--latency", "0.3")
     generating = Server("--tokens-per-second", "100")
-    scripted = Server("--rlm-root", "root", "--model-latency", f"root={args.root}",
-                      "--model-latency", f"sub={args.sub}")
+    scripted = Server(
+        "--rlm-root",
+        "root",
+        "--model-latency",
+        f"root={args.root}",
+        "--model-latency",
+        f"sub={args.sub}",
+    )
     try:
         print("# rlm-magic transports\n")
-        print(f"{os.cpu_count()} CPUs; the servers run in processes of their own; "
-              f"medians of {reps} run(s)\n")
-        print(f"## Client CPU per call: {args.calls:,} calls at concurrency 64, answered "
-              "at once\n")
+        print(
+            f"{os.cpu_count()} CPUs; the servers run in processes of their own; "
+            f"medians of {reps} run(s)\n"
+        )
+        print(f"## Client CPU per call: {args.calls:,} calls at concurrency 64, answered at once\n")
         print("| client | calls/s | client CPU per call (ms) |")
         print("|---|---:|---:|")
         for label, rate, cpu in await cpu_per_call(fast.base_url, args.calls, reps):
             print(f"| {label} | {rate:,.0f} | {cpu:.3f} |")
 
-        print("\n## Loop lag: worst lateness of a 10 ms heartbeat, 256 prompts at "
-              "concurrency 64, 0.3 s answers\n")
+        print(
+            "\n## Loop lag: worst lateness of a 10 ms heartbeat, 256 prompts at "
+            "concurrency 64, 0.3 s answers\n"
+        )
         print("| transport | worst lag (ms), each run |")
         print("|---|---|")
         for wire in (True, False):
             await loop_lag(slow.base_url, wire, 64)  # warm up
             lags = [await loop_lag(slow.base_url, wire) for _ in range(max(reps, 2))]
-            print(f"| {'wire' if wire else 'litellm'} | "
-                  + ", ".join(f"{lag:.0f}" for lag in lags) + " |")
+            print(
+                f"| {'wire' if wire else 'litellm'} | "
+                + ", ".join(f"{lag:.0f}" for lag in lags)
+                + " |"
+            )
 
         print("\n## A streamed chunk: loop CPU per chunk of a 2,000-token answer\n")
         print("| transport | CPU per chunk (ms) | the whole answer unstreamed (ms) |")
@@ -280,21 +343,27 @@ async def main(args) -> None:
         print("|---|---:|---:|---:|")
         for wire in (True, False):
             plain, streamed = await streamed_vs_plain(generating.base_url, wire)
-            print(f"| {'wire' if wire else 'litellm'} | {plain:.2f} | {streamed:.2f} | "
-                  f"{streamed / plain:.3f}x |")
+            print(
+                f"| {'wire' if wire else 'litellm'} | {plain:.2f} | {streamed:.2f} | "
+                f"{streamed / plain:.3f}x |"
+            )
 
         ideal = 2 * args.root + args.sub
-        print(f"\n## A scripted RLM run: chunk a context, one batch of 64 sub-calls at "
-              f"{args.sub:g} s, finish; streamed, sandbox on; root turns {args.root:g} s "
-              f"each; ideal {ideal:.2f} s\n")
+        print(
+            f"\n## A scripted RLM run: chunk a context, one batch of 64 sub-calls at "
+            f"{args.sub:g} s, finish; streamed, sandbox on; root turns {args.root:g} s "
+            f"each; ideal {ideal:.2f} s\n"
+        )
         print("| transport | wall (s), each run | best / ideal |")
         print("|---|---|---:|")
         for wire in (True, False):
             await rlm_run(scripted.base_url, wire, args.root, args.sub)  # warm up
-            walls = [await rlm_run(scripted.base_url, wire, args.root, args.sub)
-                     for _ in range(3)]
-            print(f"| {'wire' if wire else 'litellm'} | "
-                  + ", ".join(f"{w:.2f}" for w in walls) + f" | {min(walls) / ideal:.3f}x |")
+            walls = [await rlm_run(scripted.base_url, wire, args.root, args.sub) for _ in range(3)]
+            print(
+                f"| {'wire' if wire else 'litellm'} | "
+                + ", ".join(f"{w:.2f}" for w in walls)
+                + f" | {min(walls) / ideal:.3f}x |"
+            )
     finally:
         await close_loop_clients()
         for server in (fast, slow, generating, scripted):

@@ -51,7 +51,8 @@ async def cpu_per_call(rlm: RLM, n: int, typed: bool) -> float:
     prompts = [f"Sentiment of review {i}: it works" for i in range(n)]
     started = time.process_time()
     answers = await rlm.helpers.llm_query_batch(
-        prompts, response_format=Label if typed else None, resume=False)
+        prompts, response_format=Label if typed else None, resume=False
+    )
     spent = time.process_time() - started
     assert len(answers) == n and (isinstance(answers[0], Label) == typed)
     return spent / n * 1000
@@ -59,12 +60,19 @@ async def cpu_per_call(rlm: RLM, n: int, typed: bool) -> float:
 
 async def main(n: int, reps: int) -> None:
     _import_litellm()
-    server = subprocess.Popen([sys.executable, "-c", SERVER], cwd=ROOT,
-                              stdout=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        [sys.executable, "-c", SERVER], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
     try:
         base_url = server.stdout.readline().strip()
-        rlm = RLM(model="openai/bench", sub_model="openai/bench", api_base=base_url,
-                  api_key="sk-bench", progress=False, max_concurrency=64)
+        rlm = RLM(
+            model="openai/bench",
+            sub_model="openai/bench",
+            api_base=base_url,
+            api_key="sk-bench",
+            progress=False,
+            max_concurrency=64,
+        )
         await cpu_per_call(rlm, 64, False)  # warm up: imports, connections
         await cpu_per_call(rlm, 64, True)
         plain, typed = [], []
@@ -72,8 +80,10 @@ async def main(n: int, reps: int) -> None:
             plain.append(await cpu_per_call(rlm, n, False))
             typed.append(await cpu_per_call(rlm, n, True))
         p, t = statistics.median(plain), statistics.median(typed)
-        print(f"{n:,} calls, median of {reps}: plain {p:.2f} ms CPU per call, "
-              f"typed {t:.2f} ms ({(t / p - 1) * 100:+.1f}%)")
+        print(
+            f"{n:,} calls, median of {reps}: plain {p:.2f} ms CPU per call, "
+            f"typed {t:.2f} ms ({(t / p - 1) * 100:+.1f}%)"
+        )
     finally:
         server.terminate()
         server.wait(10)

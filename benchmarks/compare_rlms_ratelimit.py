@@ -37,17 +37,29 @@ def main() -> None:
 
     for concurrency in args.concurrency:
         server = subprocess.Popen(
-            [args.server_python, "-m", "tests.llm_server", "--latency", "0.3",
-             "--rps", "50", "--burst", "50"],
-            cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            [
+                args.server_python,
+                "-m",
+                "tests.llm_server",
+                "--latency",
+                "0.3",
+                "--rps",
+                "50",
+                "--burst",
+                "50",
+            ],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         try:
             base_url = server.stdout.readline().strip()
             client = OpenAIClient(api_key="sk-bench", model_name="bench", base_url=base_url)
             handler = LMHandler(client, batch_max_concurrent=concurrency)
             prompts = [f"{i:06d} question" for i in range(args.prompts)]
             started = time.perf_counter()
-            response = LMRequestHandler._handle_batched(
-                None, LMRequest(prompts=prompts), handler)
+            response = LMRequestHandler._handle_batched(None, LMRequest(prompts=prompts), handler)
             wall = time.perf_counter() - started
             failed = sum(c.error is not None for c in response.chat_completions)
             server.stdin.write("stats\n")
@@ -56,10 +68,12 @@ def main() -> None:
         finally:
             server.kill()
         ideal = (args.prompts - 50) / 50 + 0.3
-        print(f"rlms {_version()} batch_max_concurrent={concurrency}: wall {wall:.2f}s "
-              f"({wall / ideal:.2f}x the {ideal:.2f}s the limit allows) | "
-              f"failed {failed} of {args.prompts} | rejected {stats['rejected']} "
-              f"({stats['rejected'] / args.prompts:.0%})")
+        print(
+            f"rlms {_version()} batch_max_concurrent={concurrency}: wall {wall:.2f}s "
+            f"({wall / ideal:.2f}x the {ideal:.2f}s the limit allows) | "
+            f"failed {failed} of {args.prompts} | rejected {stats['rejected']} "
+            f"({stats['rejected'] / args.prompts:.0%})"
+        )
 
 
 def _version() -> str:

@@ -16,10 +16,25 @@ from .rlm.session import RLMSession
 
 __version__ = "0.1.0"
 __all__ = [
-    "RLM", "RLMResult", "RLMRunError", "RLMSession", "Iteration", "CodeRun", "Compaction",
-    "RLMError", "ConfigError", "LLMQueryError", "PromptTooLongError", "BatchError",
-    "UsageLedger", "UsageSummary", "CallRecord", "usage", "interrupted_batch",
-    "load_ipython_extension", "unload_ipython_extension",
+    "RLM",
+    "RLMResult",
+    "RLMRunError",
+    "RLMSession",
+    "Iteration",
+    "CodeRun",
+    "Compaction",
+    "RLMError",
+    "ConfigError",
+    "LLMQueryError",
+    "PromptTooLongError",
+    "BatchError",
+    "UsageLedger",
+    "UsageSummary",
+    "CallRecord",
+    "usage",
+    "interrupted_batch",
+    "load_ipython_extension",
+    "unload_ipython_extension",
 ]
 
 

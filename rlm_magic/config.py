@@ -15,9 +15,20 @@ from traitlets import Bool, Dict, Float, Int, List, TraitError, Unicode, default
 from traitlets.config import Configurable
 
 # Keys of litellm_kwargs that rlm-magic sets itself; passing them would silently fight it.
-_OWNED_KWARGS = {"model", "messages", "stream", "stream_options", "api_key", "api_base",
-                 "base_url", "timeout", "max_retries", "num_retries", "max_tokens",
-                 "caching"}
+_OWNED_KWARGS = {
+    "model",
+    "messages",
+    "stream",
+    "stream_options",
+    "api_key",
+    "api_base",
+    "base_url",
+    "timeout",
+    "max_retries",
+    "num_retries",
+    "max_tokens",
+    "caching",
+}
 
 
 def default_cache_dir() -> str:
@@ -31,6 +42,7 @@ def _at_least(minimum):
         if value < minimum:
             raise TraitError(f"RLM.{proposal['trait'].name} must be >= {minimum}, got {value!r}")
         return value
+
     return check
 
 
@@ -45,119 +57,184 @@ class RLMConfig(Configurable):
     """Settings shared by the notebook helpers and the ``%%rlm`` engine."""
 
     # -- models and provider ------------------------------------------------------------
-    model = Unicode(help="Root model: any litellm model string, e.g. 'gpt-4o-mini', "
-                         "'anthropic/claude-sonnet-4-5', 'ollama/llama3'. "
-                         "Default: $RLM_MODEL, else 'gpt-4o-mini'.").tag(config=True)
-    sub_model = Unicode(help="Model for llm_query sub-calls. Default: $RLM_SUB_MODEL, "
-                             "else the root model.").tag(config=True)
-    api_base = Unicode(None, allow_none=True,
-                       help="Provider base URL, e.g. 'http://localhost:11434'. "
-                            "Default: litellm's usual environment variables.").tag(config=True)
-    api_key = Unicode(None, allow_none=True,
-                      help="API key. Default: litellm's usual environment variables "
-                           "(OPENAI_API_KEY, ANTHROPIC_API_KEY, ...).").tag(config=True)
-    litellm_kwargs = Dict(help="Extra keyword arguments for litellm.acompletion, "
-                               "e.g. {'temperature': 0}.").tag(config=True)
-    model_list = List(help="A LiteLLM Router model list: [{'model_name': 'sub', "
-                           "'litellm_params': {'model': ..., 'api_key': ...}}, ...]. When "
-                           "set, calls go through the Router and model / sub_model name its "
-                           "groups.").tag(config=True)
-    router_settings = Dict(help="Keyword arguments for the Router, e.g. "
-                                "{'routing_strategy': 'simple-shuffle', 'fallbacks': [...]}."
-                           ).tag(config=True)
+    model = Unicode(
+        help="Root model: any litellm model string, e.g. 'gpt-4o-mini', "
+        "'anthropic/claude-sonnet-4-5', 'ollama/llama3'. "
+        "Default: $RLM_MODEL, else 'gpt-4o-mini'."
+    ).tag(config=True)
+    sub_model = Unicode(
+        help="Model for llm_query sub-calls. Default: $RLM_SUB_MODEL, else the root model."
+    ).tag(config=True)
+    api_base = Unicode(
+        None,
+        allow_none=True,
+        help="Provider base URL, e.g. 'http://localhost:11434'. "
+        "Default: litellm's usual environment variables.",
+    ).tag(config=True)
+    api_key = Unicode(
+        None,
+        allow_none=True,
+        help="API key. Default: litellm's usual environment variables "
+        "(OPENAI_API_KEY, ANTHROPIC_API_KEY, ...).",
+    ).tag(config=True)
+    litellm_kwargs = Dict(
+        help="Extra keyword arguments for litellm.acompletion, e.g. {'temperature': 0}."
+    ).tag(config=True)
+    model_list = List(
+        help="A LiteLLM Router model list: [{'model_name': 'sub', "
+        "'litellm_params': {'model': ..., 'api_key': ...}}, ...]. When "
+        "set, calls go through the Router and model / sub_model name its "
+        "groups."
+    ).tag(config=True)
+    router_settings = Dict(
+        help="Keyword arguments for the Router, e.g. "
+        "{'routing_strategy': 'simple-shuffle', 'fallbacks': [...]}."
+    ).tag(config=True)
 
     # -- calls --------------------------------------------------------------------------
     max_concurrency = Int(16, help="Most model requests in flight at once.").tag(config=True)
-    timeout = Float(120.0, help="Seconds per model call attempt; for a streamed call, "
-                                "seconds without a new token.").tag(config=True)
-    max_retries = Int(2, help="Retries on 408/409, 5xx, timeouts and connection errors, "
-                              "with exponential backoff and jitter (429s are waited "
-                              "out instead, within rate_limit_wait).").tag(config=True)
-    retry_backoff = Float(0.5, help="Seconds before the first retry; doubles each "
-                                    "retry, with full jitter.").tag(config=True)
+    timeout = Float(
+        120.0,
+        help="Seconds per model call attempt; for a streamed call, seconds without a new token.",
+    ).tag(config=True)
+    max_retries = Int(
+        2,
+        help="Retries on 408/409, 5xx, timeouts and connection errors, "
+        "with exponential backoff and jitter (429s are waited "
+        "out instead, within rate_limit_wait).",
+    ).tag(config=True)
+    retry_backoff = Float(
+        0.5, help="Seconds before the first retry; doubles each retry, with full jitter."
+    ).tag(config=True)
     max_tokens = Int(4096, help="Most output tokens per sub-call.").tag(config=True)
-    rate_limit_wait = Float(600.0, help="Seconds one call may spend waiting out the "
-                                        "provider's rate limits (429s) before it "
-                                        "fails; these waits use no retries.").tag(config=True)
-    rpm = Float(None, allow_none=True,
-                help="Requests per minute the provider allows, if you know your tier: "
-                     "paced from the first request. Default: learned from the provider's "
-                     "rate-limit headers and 429s.").tag(config=True)
-    tpm = Float(None, allow_none=True,
-                help="Input tokens per minute the provider allows (as rpm).").tag(config=True)
+    rate_limit_wait = Float(
+        600.0,
+        help="Seconds one call may spend waiting out the "
+        "provider's rate limits (429s) before it "
+        "fails; these waits use no retries.",
+    ).tag(config=True)
+    rpm = Float(
+        None,
+        allow_none=True,
+        help="Requests per minute the provider allows, if you know your tier: "
+        "paced from the first request. Default: learned from the provider's "
+        "rate-limit headers and 429s.",
+    ).tag(config=True)
+    tpm = Float(
+        None, allow_none=True, help="Input tokens per minute the provider allows (as rpm)."
+    ).tag(config=True)
     progress = Bool(True, help="Show progress bars and status panels.").tag(config=True)
-    wire_transport = Bool(True, help="Send requests to OpenAI-compatible endpoints "
-                                     "(openai/, hosted_vllm/, litellm_proxy/, a local "
-                                     "server's /v1) straight over HTTP, at a fifteenth "
-                                     "of litellm's CPU per call; False: every call goes "
-                                     "through litellm.").tag(config=True)
-    cache = Bool(False, help="Answer identical requests from an on-disk cache that "
-                             "survives kernel restarts.").tag(config=True)
-    cache_dir = Unicode(help="Where the cache lives. Default: "
-                             "~/.cache/rlm-magic (or $XDG_CACHE_HOME/rlm-magic).").tag(config=True)
+    wire_transport = Bool(
+        True,
+        help="Send requests to OpenAI-compatible endpoints "
+        "(openai/, hosted_vllm/, litellm_proxy/, a local "
+        "server's /v1) straight over HTTP, at a fifteenth "
+        "of litellm's CPU per call; False: every call goes "
+        "through litellm.",
+    ).tag(config=True)
+    cache = Bool(
+        False, help="Answer identical requests from an on-disk cache that survives kernel restarts."
+    ).tag(config=True)
+    cache_dir = Unicode(
+        help="Where the cache lives. Default: ~/.cache/rlm-magic (or $XDG_CACHE_HOME/rlm-magic)."
+    ).tag(config=True)
 
     # -- streaming and prompt caching (issue 12) ----------------------------------------
-    stream = Bool(True, help="Stream every call (root turns, sub-calls, batch items): the "
-                             "status panel shows the text as it arrives, and `timeout` "
-                             "then limits a stall (no new tokens), not the whole answer. "
-                             "Turned off by itself for a provider that cannot stream."
-                  ).tag(config=True)
-    early_execution = Bool(True, help="Start a ```repl block as soon as its closing "
-                                      "fence has streamed in, while the model still "
-                                      "writes (streamed turns only). Blocks still run "
-                                      "in order, and the model sees the same.").tag(config=True)
-    prompt_caching = Bool(True, help="Mark the root conversation's stable prefix for "
-                                     "providers whose prompt cache needs explicit "
-                                     "cache_control markers (Anthropic).").tag(config=True)
+    stream = Bool(
+        True,
+        help="Stream every call (root turns, sub-calls, batch items): the "
+        "status panel shows the text as it arrives, and `timeout` "
+        "then limits a stall (no new tokens), not the whole answer. "
+        "Turned off by itself for a provider that cannot stream.",
+    ).tag(config=True)
+    early_execution = Bool(
+        True,
+        help="Start a ```repl block as soon as its closing "
+        "fence has streamed in, while the model still "
+        "writes (streamed turns only). Blocks still run "
+        "in order, and the model sees the same.",
+    ).tag(config=True)
+    prompt_caching = Bool(
+        True,
+        help="Mark the root conversation's stable prefix for "
+        "providers whose prompt cache needs explicit "
+        "cache_control markers (Anthropic).",
+    ).tag(config=True)
 
     # -- the RLM loop ---------------------------------------------------------------------
     max_iterations = Int(30, help="Most root-model turns per run.").tag(config=True)
-    max_depth = Int(1, help="How deep rlm_query may nest child RLMs; 0 makes rlm_query "
-                            "a plain llm_query.").tag(config=True)
-    max_sub_calls = Int(500, help="Most sub-calls per run; past it they return an "
-                                  "error string and send nothing.").tag(config=True)
-    max_cost_usd = Float(None, allow_none=True,
-                         help="Stop a run once its known cost passes this many dollars. "
-                              "Default: no limit.").tag(config=True)
-    step_timeout = Float(300.0, help="Seconds one REPL step may run before it is "
-                                     "stopped; its sub-calls end in time (their timeouts "
-                                     "and retries shrink to fit).").tag(config=True)
-    context_window = Int(None, allow_none=True,
-                         help="Input tokens of a model litellm has no entry for (a local "
-                              "server, a Router group). Default: litellm's model info, "
-                              "else what the provider's context-length error says."
-                         ).tag(config=True)
-    compact_at = Float(0.85, help="Compact the root model's conversation (it summarises "
-                                  "its progress; the full history stays in the REPL "
-                                  "variable `history`) before a turn would pass this "
-                                  "share of its window.").tag(config=True)
-    max_output_chars = Int(20_000, help="Most characters of REPL output shown to the "
-                                        "model per step.").tag(config=True)
-    system_prompt = Unicode(None, allow_none=True,
-                            help="Replace the built-in RLM system prompt. It is "
-                                 "formatted with {context_type}, {context_length}, "
-                                 "{context_preview}, {max_depth}, {depth_left}, "
-                                 "{max_output_chars}.").tag(config=True)
+    max_depth = Int(
+        1, help="How deep rlm_query may nest child RLMs; 0 makes rlm_query a plain llm_query."
+    ).tag(config=True)
+    max_sub_calls = Int(
+        500, help="Most sub-calls per run; past it they return an error string and send nothing."
+    ).tag(config=True)
+    max_cost_usd = Float(
+        None,
+        allow_none=True,
+        help="Stop a run once its known cost passes this many dollars. Default: no limit.",
+    ).tag(config=True)
+    step_timeout = Float(
+        300.0,
+        help="Seconds one REPL step may run before it is "
+        "stopped; its sub-calls end in time (their timeouts "
+        "and retries shrink to fit).",
+    ).tag(config=True)
+    context_window = Int(
+        None,
+        allow_none=True,
+        help="Input tokens of a model litellm has no entry for (a local "
+        "server, a Router group). Default: litellm's model info, "
+        "else what the provider's context-length error says.",
+    ).tag(config=True)
+    compact_at = Float(
+        0.85,
+        help="Compact the root model's conversation (it summarises "
+        "its progress; the full history stays in the REPL "
+        "variable `history`) before a turn would pass this "
+        "share of its window.",
+    ).tag(config=True)
+    max_output_chars = Int(
+        20_000, help="Most characters of REPL output shown to the model per step."
+    ).tag(config=True)
+    system_prompt = Unicode(
+        None,
+        allow_none=True,
+        help="Replace the built-in RLM system prompt. It is "
+        "formatted with {context_type}, {context_length}, "
+        "{context_preview}, {max_depth}, {depth_left}, "
+        "{max_output_chars}.",
+    ).tag(config=True)
 
     # -- where the model's code runs ------------------------------------------------------
-    sandbox = Unicode(help="Where the model's code runs: 'process' (a sandbox process per "
-                           "run, served over a bridge; the default on Linux and macOS) or "
-                           "'none' (threads of this kernel; the default on Windows)."
-                      ).tag(config=True)
-    sandbox_memory_mb = Int(4096, help="Address-space limit of a sandbox process, in "
-                                       "MB.").tag(config=True)
-    sandbox_disk_mb = Int(512, help="Size of the sandbox's working folder (a tmpfs: it "
-                                    "holds RAM while files are in it), in MB.").tag(config=True)
-    sandbox_max_processes = Int(128, help="Most processes and threads in the sandbox at "
-                                         "once.").tag(config=True)
-    sandbox_env = List(Unicode(), help="Names of environment variables the sandbox may "
-                                       "see besides locale and time zone (values holding "
-                                       "a configured secret are still left out)."
-                       ).tag(config=True)
-    sandbox_require_isolation = Bool(False, help="Refuse to start a sandbox unless every "
-                                                 "isolation layer holds (user, pid, "
-                                                 "filesystem, network, syscalls, processes)."
-                                     ).tag(config=True)
+    sandbox = Unicode(
+        help="Where the model's code runs: 'process' (a sandbox process per "
+        "run, served over a bridge; the default on Linux and macOS) or "
+        "'none' (threads of this kernel; the default on Windows)."
+    ).tag(config=True)
+    sandbox_memory_mb = Int(4096, help="Address-space limit of a sandbox process, in MB.").tag(
+        config=True
+    )
+    sandbox_disk_mb = Int(
+        512,
+        help="Size of the sandbox's working folder (a tmpfs: it "
+        "holds RAM while files are in it), in MB.",
+    ).tag(config=True)
+    sandbox_max_processes = Int(128, help="Most processes and threads in the sandbox at once.").tag(
+        config=True
+    )
+    sandbox_env = List(
+        Unicode(),
+        help="Names of environment variables the sandbox may "
+        "see besides locale and time zone (values holding "
+        "a configured secret are still left out).",
+    ).tag(config=True)
+    sandbox_require_isolation = Bool(
+        False,
+        help="Refuse to start a sandbox unless every "
+        "isolation layer holds (user, pid, "
+        "filesystem, network, syscalls, processes).",
+    ).tag(config=True)
 
     @default("model")
     def _default_model(self):
@@ -179,8 +256,9 @@ class RLMConfig(Configurable):
     def _check_model(self, proposal):
         value = proposal["value"].strip()
         if not value:
-            raise TraitError("RLM.model must be a non-empty litellm model string, "
-                             "e.g. 'gpt-4o-mini'")
+            raise TraitError(
+                "RLM.model must be a non-empty litellm model string, e.g. 'gpt-4o-mini'"
+            )
         return value
 
     @validate("sub_model")
@@ -208,7 +286,8 @@ class RLMConfig(Configurable):
         if clash:
             raise TraitError(
                 f"RLM.litellm_kwargs may not set {', '.join(clash)}: "
-                "use the RLM setting of that name instead")
+                "use the RLM setting of that name instead"
+            )
         return value
 
     _check_concurrency = validate("max_concurrency")(_at_least(1))
@@ -224,8 +303,7 @@ class RLMConfig(Configurable):
     def _check_sandbox(self, proposal):
         value = proposal["value"].strip().lower()
         if value not in ("process", "none"):
-            raise TraitError(f"RLM.sandbox must be 'process' or 'none', got "
-                             f"{proposal['value']!r}")
+            raise TraitError(f"RLM.sandbox must be 'process' or 'none', got {proposal['value']!r}")
         return value
 
     @validate("model_list")
@@ -248,8 +326,9 @@ class RLMConfig(Configurable):
     def _check_rate(self, proposal):
         value = proposal["value"]
         if value is not None and not value > 0:
-            raise TraitError(f"RLM.{proposal['trait'].name} must be > 0 or None "
-                             f"(learned), got {value!r}")
+            raise TraitError(
+                f"RLM.{proposal['trait'].name} must be > 0 or None (learned), got {value!r}"
+            )
         return value
 
     @validate("max_cost_usd")
@@ -294,12 +373,18 @@ class RLMConfig(Configurable):
                     walk(item, secret)
             elif secret and isinstance(value, str) and value:
                 if value.startswith("os.environ/"):
-                    value = os.environ.get(value[len("os.environ/"):], "")
+                    value = os.environ.get(value[len("os.environ/") :], "")
                 if value:
                     found.append(value)
 
-        walk({"api_key": self.api_key, "litellm_kwargs": self.litellm_kwargs,
-              "model_list": self.model_list, "router_settings": self.router_settings})
+        walk(
+            {
+                "api_key": self.api_key,
+                "litellm_kwargs": self.litellm_kwargs,
+                "model_list": self.model_list,
+                "router_settings": self.router_settings,
+            }
+        )
         return found
 
     def settings(self, *, mask_secrets: bool = True) -> dict:
@@ -310,7 +395,8 @@ class RLMConfig(Configurable):
             values["api_key"] = mask_secret(values["api_key"])
             values["litellm_kwargs"] = {
                 k: (mask_secret(v) if looks_secret(k) else v)
-                for k, v in values["litellm_kwargs"].items()}
+                for k, v in values["litellm_kwargs"].items()
+            }
             if values["model_list"]:
                 from .llm.routing import masked
 
@@ -318,8 +404,7 @@ class RLMConfig(Configurable):
         return values
 
 
-_SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL",
-                   "AUTHORIZATION")
+_SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTHORIZATION")
 
 
 def looks_secret(name: str) -> bool:

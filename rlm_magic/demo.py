@@ -33,6 +33,7 @@ PRETEND_PRICES = {"input_cost_per_token": 0.15e-6, "output_cost_per_token": 0.60
 
 # -- the HTTP server ---------------------------------------------------------------------
 
+
 class LocalChatServer:
     """A minimal OpenAI-compatible ``/v1/chat/completions`` server in a background
     thread with its own event loop. Subclasses implement ``answer``."""
@@ -57,8 +58,9 @@ class LocalChatServer:
     def start(self):
         ready = threading.Event()
         failure: list[BaseException] = []
-        self._thread = threading.Thread(target=self._serve, args=(ready, failure),
-                                        daemon=True, name=type(self).__name__)
+        self._thread = threading.Thread(
+            target=self._serve, args=(ready, failure), daemon=True, name=type(self).__name__
+        )
         self._thread.start()
         if not ready.wait(10) or failure:
             raise RuntimeError(f"{type(self).__name__} did not start: {failure[:1]}")
@@ -99,7 +101,7 @@ class LocalChatServer:
         self.batch_jobs.add_routes(router)
 
     @property
-    def batch_jobs(self) -> "BatchJobsAPI":
+    def batch_jobs(self) -> BatchJobsAPI:
         """The Files + Batches API (a provider's batch jobs), answering through ``answer``."""
         if getattr(self, "_batch_jobs", None) is None:
             self._batch_jobs = BatchJobsAPI(self)
@@ -112,25 +114,33 @@ class LocalChatServer:
         try:
             text = await self.answer(body)
         except HTTPError as error:
-            return web.json_response({"error": {"message": error.message,
-                                                "type": error.kind}}, status=error.status,
-                                     headers=error.headers)
+            return web.json_response(
+                {"error": {"message": error.message, "type": error.kind}},
+                status=error.status,
+                headers=error.headers,
+            )
         usage = self.usage_for(body, text)
         if body.get("stream"):
             return await self._stream_chat(request, body, text, usage)
-        return web.json_response(completion_json(body, text, usage, self),
-                                 headers=self.response_headers(body))
+        return web.json_response(
+            completion_json(body, text, usage, self), headers=self.response_headers(body)
+        )
 
     async def _stream_chat(self, request, body: dict, text: str, usage: tuple[int, int]):
         """The answer as OpenAI's server-sent events: one chunk per word, ``chunk_delay``
         apart, and usage in a last chunk when the client asked for it."""
         from aiohttp import web
 
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                               **(self.response_headers(body) or {})})
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", **(self.response_headers(body) or {})}
+        )
         await response.prepare(request)
-        head = {"id": "chatcmpl-stream", "object": "chat.completion.chunk",
-                "created": int(time.time()), "model": body.get("model", "unknown")}
+        head = {
+            "id": "chatcmpl-stream",
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": body.get("model", "unknown"),
+        }
 
         async def send(payload) -> None:
             data = payload if isinstance(payload, str) else json.dumps({**head, **payload})
@@ -141,10 +151,20 @@ class LocalChatServer:
                 delay = self.chunk_delay(body, index)
                 if delay:
                     await asyncio.sleep(delay)
-                await send({"choices": [{"index": 0, "finish_reason": None,
-                                         "delta": {"role": "assistant", "content": piece}}]})
-            await send({"choices": [{"index": 0, "delta": {},
-                                     "finish_reason": self.finish_reason(body)}]})
+                await send(
+                    {
+                        "choices": [
+                            {
+                                "index": 0,
+                                "finish_reason": None,
+                                "delta": {"role": "assistant", "content": piece},
+                            }
+                        ]
+                    }
+                )
+            await send(
+                {"choices": [{"index": 0, "delta": {}, "finish_reason": self.finish_reason(body)}]}
+            )
             if (body.get("stream_options") or {}).get("include_usage") and self.stream_usage:
                 await send({"choices": [], "usage": usage_json(body, usage, self)})
             await send("[DONE]")
@@ -180,8 +200,13 @@ class LocalChatServer:
 
 
 class HTTPError(Exception):
-    def __init__(self, status: int, message: str, kind: str = "server_error",
-                 headers: dict[str, str] | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        kind: str = "server_error",
+        headers: dict[str, str] | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.kind = status, message, kind
         self.headers = headers
@@ -194,8 +219,11 @@ def split_tokens(text: str) -> list[str]:
 
 def usage_json(body: dict, usage: tuple[int, int], server=None) -> dict:
     prompt_tokens, completion_tokens = usage
-    data = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    data = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
     cached = server.cached_tokens(body) if server is not None else 0
     if cached:
         data["prompt_tokens_details"] = {"cached_tokens": cached}
@@ -208,14 +236,19 @@ def completion_json(body: dict, text: str, usage: tuple[int, int], server=None) 
         "object": "chat.completion",
         "created": int(time.time()),
         "model": body.get("model", "unknown"),
-        "choices": [{"index": 0, "finish_reason": server.finish_reason(body)
-                     if server is not None else "stop",
-                     "message": {"role": "assistant", "content": text}}],
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": server.finish_reason(body) if server is not None else "stop",
+                "message": {"role": "assistant", "content": text},
+            }
+        ],
         "usage": usage_json(body, usage, server),
     }
 
 
 # -- batch jobs: OpenAI's Files and Batches APIs ------------------------------------------
+
 
 class BatchJobsAPI:
     """A provider's batch jobs, played on the server's own loop: a JSONL file of requests
@@ -275,9 +308,15 @@ class BatchJobsAPI:
         return f"{prefix}-{self._ids[prefix]}"
 
     def _add_file(self, data: bytes, filename: str, purpose: str) -> dict:
-        meta = {"id": self._new_id("file"), "object": "file", "bytes": len(data),
-                "created_at": int(time.time()), "filename": filename, "purpose": purpose,
-                "status": "processed"}
+        meta = {
+            "id": self._new_id("file"),
+            "object": "file",
+            "bytes": len(data),
+            "created_at": int(time.time()),
+            "filename": filename,
+            "purpose": purpose,
+            "status": "processed",
+        }
         self.files[meta["id"]] = {"meta": meta, "data": data}
         return meta
 
@@ -288,15 +327,15 @@ class BatchJobsAPI:
         upload = form.get("file")
         if upload is None or not hasattr(upload, "file"):
             return _error(web, 400, "missing file")
-        return web.json_response(self._add_file(upload.file.read(), upload.filename or "",
-                                                str(form.get("purpose", ""))))
+        return web.json_response(
+            self._add_file(upload.file.read(), upload.filename or "", str(form.get("purpose", "")))
+        )
 
     async def _file(self, request):
         from aiohttp import web
 
         found = self.files.get(request.match_info["id"])
-        return (web.json_response(found["meta"]) if found
-                else _error(web, 404, "No such file"))
+        return web.json_response(found["meta"]) if found else _error(web, 404, "No such file")
 
     async def _content(self, request):
         from aiohttp import web
@@ -310,22 +349,35 @@ class BatchJobsAPI:
         from aiohttp import web
 
         body = await request.json()
-        while not self.hold_create.is_set():
+        # A threading.Event, set from a test's thread: polled, as no asyncio.Event could be.
+        while not self.hold_create.is_set():  # noqa: ASYNC110
             await asyncio.sleep(0.01)
         source = self.files.get(body.get("input_file_id", ""))
         if source is None:
             return _error(web, 400, f"No file {body.get('input_file_id')!r}")
         now = int(time.time())
-        batch = {"id": self._new_id("batch"), "object": "batch",
-                 "endpoint": body.get("endpoint"), "errors": None,
-                 "input_file_id": body["input_file_id"],
-                 "completion_window": body.get("completion_window", "24h"),
-                 "status": "validating", "output_file_id": None, "error_file_id": None,
-                 "created_at": now, "in_progress_at": None, "expires_at": now + 86400,
-                 "finalizing_at": None, "completed_at": None, "failed_at": None,
-                 "expired_at": None, "cancelling_at": None, "cancelled_at": None,
-                 "request_counts": {"total": 0, "completed": 0, "failed": 0},
-                 "metadata": body.get("metadata")}
+        batch = {
+            "id": self._new_id("batch"),
+            "object": "batch",
+            "endpoint": body.get("endpoint"),
+            "errors": None,
+            "input_file_id": body["input_file_id"],
+            "completion_window": body.get("completion_window", "24h"),
+            "status": "validating",
+            "output_file_id": None,
+            "error_file_id": None,
+            "created_at": now,
+            "in_progress_at": None,
+            "expires_at": now + 86400,
+            "finalizing_at": None,
+            "completed_at": None,
+            "failed_at": None,
+            "expired_at": None,
+            "cancelling_at": None,
+            "cancelled_at": None,
+            "request_counts": {"total": 0, "completed": 0, "failed": 0},
+            "metadata": body.get("metadata"),
+        }
         self.batches[batch["id"]] = batch
         task = asyncio.ensure_future(self._run(batch, source["data"]))
         self._tasks.add(task)
@@ -347,8 +399,9 @@ class BatchJobsAPI:
     async def _list(self, request):
         from aiohttp import web
 
-        return web.json_response({"object": "list", "data": list(self.batches.values()),
-                                  "has_more": False})
+        return web.json_response(
+            {"object": "list", "data": list(self.batches.values()), "has_more": False}
+        )
 
     async def _cancel(self, request):
         from aiohttp import web
@@ -373,8 +426,11 @@ class BatchJobsAPI:
         try:
             lines = [json.loads(line) for line in data.splitlines() if line.strip()]
         except ValueError as exc:
-            batch.update(status="failed", failed_at=int(time.time()), errors={
-                "object": "list", "data": [{"code": "invalid_json", "message": str(exc)}]})
+            batch.update(
+                status="failed",
+                failed_at=int(time.time()),
+                errors={"object": "list", "data": [{"code": "invalid_json", "message": str(exc)}]},
+            )
             return
         counts = batch["request_counts"]
         counts["total"] = len(lines)
@@ -386,24 +442,33 @@ class BatchJobsAPI:
 
         async def one(line: dict) -> None:
             async with slots:
-                while self._held(line) and batch["status"] == "in_progress":
+                # Held by threading.Events a test sets from its own thread: polled.
+                while self._held(line) and batch["status"] == "in_progress":  # noqa: ASYNC110
                     await asyncio.sleep(0.01)
                 if batch["status"] != "in_progress":
                     return
                 body = dict(line.get("body") or {})
-                record = {"id": self._new_id("batch_req"), "custom_id": line.get("custom_id"),
-                          "error": None}
+                record = {
+                    "id": self._new_id("batch_req"),
+                    "custom_id": line.get("custom_id"),
+                    "error": None,
+                }
                 try:
                     text = await self.server.answer(body)
                 except HTTPError as error:
-                    record["response"] = {"status_code": error.status, "body": {"error": {
-                        "message": error.message, "type": error.kind}}}
+                    record["response"] = {
+                        "status_code": error.status,
+                        "body": {"error": {"message": error.message, "type": error.kind}},
+                    }
                     errors.append(json.dumps(record).encode())
                     counts["failed"] += 1
                     return
                 usage = self.server.usage_for(body, text)
-                record["response"] = {"status_code": 200, "request_id": record["id"],
-                                      "body": completion_json(body, text, usage, self.server)}
+                record["response"] = {
+                    "status_code": 200,
+                    "request_id": record["id"],
+                    "body": completion_json(body, text, usage, self.server),
+                }
                 outputs.append(json.dumps(record).encode())
                 counts["completed"] += 1
 
@@ -412,11 +477,13 @@ class BatchJobsAPI:
             batch.update(status="finalizing", finalizing_at=int(time.time()))
             await asyncio.sleep(self.step_s)
         if outputs:
-            batch["output_file_id"] = self._add_file(b"\n".join(outputs) + b"\n",
-                                                     "output.jsonl", "batch_output")["id"]
+            batch["output_file_id"] = self._add_file(
+                b"\n".join(outputs) + b"\n", "output.jsonl", "batch_output"
+            )["id"]
         if errors:
-            batch["error_file_id"] = self._add_file(b"\n".join(errors) + b"\n",
-                                                    "errors.jsonl", "batch_output")["id"]
+            batch["error_file_id"] = self._add_file(
+                b"\n".join(errors) + b"\n", "errors.jsonl", "batch_output"
+            )["id"]
         if batch["status"] == "cancelling":
             batch.update(status="cancelled", cancelled_at=int(time.time()))
         else:
@@ -424,11 +491,13 @@ class BatchJobsAPI:
 
 
 def _error(web, status: int, message: str):
-    return web.json_response({"error": {"message": message, "type": "invalid_request_error"}},
-                             status=status)
+    return web.json_response(
+        {"error": {"message": message, "type": "invalid_request_error"}}, status=status
+    )
 
 
 # -- the demo model ------------------------------------------------------------------
+
 
 class DemoServer(LocalChatServer):
     """Serves the demo root and sub models, with deterministic latency."""
@@ -443,11 +512,13 @@ class DemoServer(LocalChatServer):
         if not self.prices_registered.is_set():
             # litellm prices a response when it arrives: answer only once it knows the
             # pretend prices (registered in the background by start()).
-            await asyncio.get_running_loop().run_in_executor(
-                None, self.prices_registered.wait, 60)
+            await asyncio.get_running_loop().run_in_executor(None, self.prices_registered.wait, 60)
         messages = body.get("messages") or []
-        is_rlm_turn = bool(messages) and messages[0].get("role") == "system" and \
-            "Python REPL" in (messages[0].get("content") or "")
+        is_rlm_turn = (
+            bool(messages)
+            and messages[0].get("role") == "system"
+            and "Python REPL" in (messages[0].get("content") or "")
+        )
         schema = typed_schema(body)
         if is_rlm_turn:
             text = root_reply(messages)
@@ -472,8 +543,9 @@ class DemoServer(LocalChatServer):
     def usage_for(self, body: dict, text: str) -> tuple[int, int]:
         # A typed request costs the same in JSON mode (the schema in the prompt) as in
         # structured-output mode, so a notebook's figures do not depend on which was used.
-        prompt = sum(len(_JSON_MODE.sub("", m.get("content") or ""))
-                     for m in body.get("messages", []))
+        prompt = sum(
+            len(_JSON_MODE.sub("", m.get("content") or "")) for m in body.get("messages", [])
+        )
         return max(1, prompt // 4), max(1, len(text) // 4)
 
 
@@ -483,10 +555,39 @@ _JSON_MODE = re.compile(r"\n\nAnswer with JSON only, matching this JSON schema: 
 # Sub-model rules -------------------------------------------------------------------
 
 _COUNT = re.compile(r"Count the lines that contain '([^']+)'(?:, grouped by '([^']+)')?")
-_POSITIVE = {"good", "great", "love", "excellent", "fast", "happy", "recommend", "works",
-             "perfect", "nice", "easy", "helpful", "amazing", "best"}
-_NEGATIVE = {"bad", "slow", "broke", "broken", "hate", "terrible", "poor", "refund",
-             "worst", "awful", "crash", "crashes", "late", "disappointed", "useless"}
+_POSITIVE = {
+    "good",
+    "great",
+    "love",
+    "excellent",
+    "fast",
+    "happy",
+    "recommend",
+    "works",
+    "perfect",
+    "nice",
+    "easy",
+    "helpful",
+    "amazing",
+    "best",
+}
+_NEGATIVE = {
+    "bad",
+    "slow",
+    "broke",
+    "broken",
+    "hate",
+    "terrible",
+    "poor",
+    "refund",
+    "worst",
+    "awful",
+    "crash",
+    "crashes",
+    "late",
+    "disappointed",
+    "useless",
+}
 
 
 def sub_reply(prompt: str) -> str:
@@ -494,7 +595,7 @@ def sub_reply(prompt: str) -> str:
     count = _COUNT.search(prompt)
     if count:
         term, field = count.group(1).lower(), count.group(2)
-        text = prompt[count.end():]
+        text = prompt[count.end() :]
         lines = [line for line in text.splitlines() if term in line.lower()]
         if not field:
             return json.dumps({"count": len(lines)})
@@ -510,8 +611,10 @@ def sub_reply(prompt: str) -> str:
         score = sum(w in _POSITIVE for w in words) - sum(w in _NEGATIVE for w in words)
         return "positive" if score > 0 else "negative" if score < 0 else "neutral"
     words = len(prompt.split())
-    return (f"[demo model] I only answer counting and sentiment prompts; yours had "
-            f"{words} word{'' if words == 1 else 's'}.")
+    return (
+        f"[demo model] I only answer counting and sentiment prompts; yours had "
+        f"{words} word{'' if words == 1 else 's'}."
+    )
 
 
 def typed_schema(body: dict) -> dict | None:
@@ -520,8 +623,11 @@ def typed_schema(body: dict) -> dict | None:
     response_format = body.get("response_format") or {}
     schema = (response_format.get("json_schema") or {}).get("schema")
     if schema is None and response_format.get("type") == "json_object":
-        found = re.search(r"matching this JSON schema: (\{.*\})\s*$",
-                          (body.get("messages") or [{}])[-1].get("content") or "", re.DOTALL)
+        found = re.search(
+            r"matching this JSON schema: (\{.*\})\s*$",
+            (body.get("messages") or [{}])[-1].get("content") or "",
+            re.DOTALL,
+        )
         schema = json.loads(found.group(1)) if found else None
     return schema
 
@@ -565,6 +671,7 @@ def typed_reply(prompt: str, schema: dict) -> str:
 
 # Root-model strategy ---------------------------------------------------------------
 
+
 def _question(messages: list[dict]) -> str:
     first_user = next((m["content"] for m in messages if m.get("role") == "user"), "")
     match = re.search(r"Question: (.*?)\n\nThe data is in", first_user, re.DOTALL)
@@ -575,15 +682,16 @@ def _task(question: str) -> tuple[str | None, str | None]:
     """(term, field) for questions like: Which service has the most "timeout" lines?"""
     term = re.search(r"[\"“']([^\"”']+)[\"”']", question)
     field = re.search(r"\b(?:which|per|by)\s+([a-z_]+?)(?:es|s)?\b", question, re.I)
-    return (term.group(1) if term else None,
-            field.group(1).lower() if field else None)
+    return (term.group(1) if term else None, field.group(1).lower() if field else None)
 
 
 def _earlier_totals(messages: list[dict]) -> bool:
     """Whether an earlier question of this session left its counts in `totals`."""
     first_user = next((m["content"] for m in messages if m.get("role") == "user"), "")
-    return "Earlier questions in this session" in first_user and \
-        re.search(r"^Variables in the REPL:.*\btotals\b", first_user, re.M) is not None
+    return (
+        "Earlier questions in this session" in first_user
+        and re.search(r"^Variables in the REPL:.*\btotals\b", first_user, re.M) is not None
+    )
 
 
 def root_reply(messages: list[dict]) -> str:
@@ -595,53 +703,70 @@ def root_reply(messages: list[dict]) -> str:
     if term is None:
         # Refused as a provider refuses a request, so the run fails visibly: an answer
         # saying "I cannot answer" would be shown as a success.
-        raise HTTPError(400, "[demo model] the demo answers counting questions that "
-                        "quote the term to count, e.g. Which service has the most "
-                        "\"timeout\" lines? It is a scripted stand-in: use a real model "
-                        "for other questions.", "invalid_request_error")
+        raise HTTPError(
+            400,
+            "[demo model] the demo answers counting questions that "
+            "quote the term to count, e.g. Which service has the most "
+            '"timeout" lines? It is a scripted stand-in: use a real model '
+            "for other questions.",
+            "invalid_request_error",
+        )
     if turn == 0 and _earlier_totals(messages):
         # A follow-up in a session: the counts of the earlier question are in `totals`.
-        pick = "ranked[-1]" if re.search(r"\b(?:fewest|least)\b", question, re.I) \
-            else "ranked[0]"
-        return ("The earlier question's counts are still in `totals`: no new sub-calls "
-                f"needed.\n```repl\nranked = totals.most_common()\nname, count = {pick}\n"
-                f"result = f'{{name}}: {{count}} \"{term}\" lines'\nprint(result)\n```\n"
-                "FINAL_VAR(result)")
+        pick = "ranked[-1]" if re.search(r"\b(?:fewest|least)\b", question, re.I) else "ranked[0]"
+        return (
+            "The earlier question's counts are still in `totals`: no new sub-calls "
+            f"needed.\n```repl\nranked = totals.most_common()\nname, count = {pick}\n"
+            f"result = f'{{name}}: {{count}} \"{term}\" lines'\nprint(result)\n```\n"
+            "FINAL_VAR(result)"
+        )
     if turn == 0:
-        return ("First I look at the context: its type, size and a sample.\n"
-                "```repl\nprint(type(context).__name__, len(context))\n"
-                "sample = list(context)[:3] if isinstance(context, dict) else context[:300]\n"
-                "print(sample)\n```")
+        return (
+            "First I look at the context: its type, size and a sample.\n"
+            "```repl\nprint(type(context).__name__, len(context))\n"
+            "sample = list(context)[:3] if isinstance(context, dict) else context[:300]\n"
+            "print(sample)\n```"
+        )
     if dict_context and turn == 1:
         # One child RLM per document: each runs this same strategy on its part.
-        return ("The context is a set of documents: I give each to a child RLM, "
-                "concurrently.\n```repl\nnames = list(context)\n"
-                f"answers = rlm_query_batch([{question!r}] * len(names), "
-                "[context[n] for n in names])\n"
-                "per_document = dict(zip(names, answers))\nprint(per_document)\n```")
+        return (
+            "The context is a set of documents: I give each to a child RLM, "
+            "concurrently.\n```repl\nnames = list(context)\n"
+            f"answers = rlm_query_batch([{question!r}] * len(names), "
+            "[context[n] for n in names])\n"
+            "per_document = dict(zip(names, answers))\nprint(per_document)\n```"
+        )
     if dict_context:
-        return ("Each document has its answer.\n```repl\nresult = '; '.join(f'{n}: {a}' "
-                "for n, a in per_document.items())\nprint(result)\n```\nFINAL_VAR(result)")
+        return (
+            "Each document has its answer.\n```repl\nresult = '; '.join(f'{n}: {a}' "
+            "for n, a in per_document.items())\nprint(result)\n```\nFINAL_VAR(result)"
+        )
     grouped = f", grouped by '{field}'" if field else ""
     if turn == 1:
-        return ("I split the lines into chunks and count in every chunk at once.\n"
-                "```repl\nlines = context.splitlines() if isinstance(context, str) "
-                "else [str(row) for row in context]\n"
-                "size = max(1, min(2000, -(-len(lines) // 16)))\n"
-                "chunks = ['\\n'.join(lines[i:i + size]) for i in range(0, len(lines), size)]\n"
-                f"prompt = \"Count the lines that contain '{term}'{grouped}. Answer in JSON.\"\n"
-                "answers = llm_query_batch([prompt + '\\n\\n' + chunk for chunk in chunks])\n"
-                "print(len(chunks), 'chunks;', 'first answers:', answers[:2])\n```")
-    return ("Now I add up the chunk answers.\n```repl\nfrom collections import Counter\n"
-            "totals = Counter()\nfailed = 0\nfor a in answers:\n"
-            "    if a.startswith('Error:'):\n        failed += 1\n        continue\n"
-            "    totals.update(json.loads(a))\n"
-            + (f"ranked = totals.most_common()\nresult = ', '.join(f'{{k}}: {{v}}' for k, v "
-               f"in ranked)\nresult = f'Most \"{term}\" lines by {field}: ' + result\n"
-               if field else
-               f"result = f'{{totals[\"count\"]}} lines contain \"{term}\"'\n")
-            + "if failed:\n    result += f' ({failed} chunks failed)'\nprint(result)\n```\n"
-            "FINAL_VAR(result)")
+        return (
+            "I split the lines into chunks and count in every chunk at once.\n"
+            "```repl\nlines = context.splitlines() if isinstance(context, str) "
+            "else [str(row) for row in context]\n"
+            "size = max(1, min(2000, -(-len(lines) // 16)))\n"
+            "chunks = ['\\n'.join(lines[i:i + size]) for i in range(0, len(lines), size)]\n"
+            f"prompt = \"Count the lines that contain '{term}'{grouped}. Answer in JSON.\"\n"
+            "answers = llm_query_batch([prompt + '\\n\\n' + chunk for chunk in chunks])\n"
+            "print(len(chunks), 'chunks;', 'first answers:', answers[:2])\n```"
+        )
+    return (
+        "Now I add up the chunk answers.\n```repl\nfrom collections import Counter\n"
+        "totals = Counter()\nfailed = 0\nfor a in answers:\n"
+        "    if a.startswith('Error:'):\n        failed += 1\n        continue\n"
+        "    totals.update(json.loads(a))\n"
+        + (
+            f"ranked = totals.most_common()\nresult = ', '.join(f'{{k}}: {{v}}' for k, v "
+            f"in ranked)\nresult = f'Most \"{term}\" lines by {field}: ' + result\n"
+            if field
+            else f'result = f\'{{totals["count"]}} lines contain "{term}"\'\n'
+        )
+        + "if failed:\n    result += f' ({failed} chunks failed)'\nprint(result)\n```\n"
+        "FINAL_VAR(result)"
+    )
 
 
 # -- starting it from a notebook -------------------------------------------------------
@@ -656,19 +781,24 @@ def register_pretend_prices() -> None:
     from .llm.client import _import_litellm
 
     litellm = _import_litellm()
-    litellm.register_model({name: {**PRETEND_PRICES, "cache_read_input_token_cost": 0.0,
-                                   "cache_creation_input_token_cost": 0.0,
-                                   # Batch jobs at half price, as the big providers do.
-                                   "input_cost_per_token_batches":
-                                       PRETEND_PRICES["input_cost_per_token"] / 2,
-                                   "output_cost_per_token_batches":
-                                       PRETEND_PRICES["output_cost_per_token"] / 2,
-                                   "supports_response_schema": True,
-                                   "litellm_provider": "openai",
-                                   "mode": "chat", "max_tokens": 4096,
-                                   "max_input_tokens": 128000}
-                            for name in (ROOT_MODEL, SUB_MODEL,
-                                         f"openai/{ROOT_MODEL}", f"openai/{SUB_MODEL}")})
+    litellm.register_model(
+        {
+            name: {
+                **PRETEND_PRICES,
+                "cache_read_input_token_cost": 0.0,
+                "cache_creation_input_token_cost": 0.0,
+                # Batch jobs at half price, as the big providers do.
+                "input_cost_per_token_batches": PRETEND_PRICES["input_cost_per_token"] / 2,
+                "output_cost_per_token_batches": PRETEND_PRICES["output_cost_per_token"] / 2,
+                "supports_response_schema": True,
+                "litellm_provider": "openai",
+                "mode": "chat",
+                "max_tokens": 4096,
+                "max_input_tokens": 128000,
+            }
+            for name in (ROOT_MODEL, SUB_MODEL, f"openai/{ROOT_MODEL}", f"openai/{SUB_MODEL}")
+        }
+    )
 
 
 def start(rlm=None, **latency) -> DemoServer:
@@ -684,8 +814,9 @@ def start(rlm=None, **latency) -> DemoServer:
     if not _server.prices_registered.is_set():
         # Registering the prices imports litellm (seconds, the first time): do it in the
         # background, so `%rlm demo` returns at once.
-        threading.Thread(target=_register_prices, args=(_server,), daemon=True,
-                         name="rlm-demo-prices").start()
+        threading.Thread(
+            target=_register_prices, args=(_server,), daemon=True, name="rlm-demo-prices"
+        ).start()
     return _server
 
 

@@ -38,18 +38,31 @@ class LLMQueryError(RLMError):
 class PromptTooLongError(LLMQueryError):
     """A prompt cannot fit the model's input window; it was not sent."""
 
-    def __init__(self, model: str, tokens: int, room: int, *, window: int | None = None,
-                 max_tokens: int | None = None, chars_per_token: float = 4.0):
+    def __init__(
+        self,
+        model: str,
+        tokens: int,
+        room: int,
+        *,
+        window: int | None = None,
+        max_tokens: int | None = None,
+        chars_per_token: float = 4.0,
+    ):
         self.tokens, self.room = tokens, room
         self.window, self.max_tokens = window, max_tokens
         # Which to cut, with numbers: max_tokens already gave way to the shortest
         # answer (see windows.fit_answer), so the prompt is what must shrink.
-        left = (f" (its {window:,}-token window less {window - room:,} for the answer)"
-                if window else "")
+        left = (
+            f" (its {window:,}-token window less {window - room:,} for the answer)"
+            if window
+            else ""
+        )
         cut = tokens - room
-        self.reason = (f"prompt is about {tokens:,} tokens, the model takes {room:,}{left}: "
-                       f"cut the prompt by ~{cut:,} tokens (~{int(cut * chars_per_token):,} "
-                       "characters); split it")
+        self.reason = (
+            f"prompt is about {tokens:,} tokens, the model takes {room:,}{left}: "
+            f"cut the prompt by ~{cut:,} tokens (~{int(cut * chars_per_token):,} "
+            "characters); split it"
+        )
         super().__init__(model, self.reason)
         self.args = (f"{self.reason} (not sent to {model!r})",)
 
@@ -68,8 +81,9 @@ class BatchError(RLMError):
         self.results = results
         self.errors = errors
         if not errors:
-            super().__init__(f"{sum(r is not None for r in results)} of {len(results)} "
-                             "batch items finished")
+            super().__init__(
+                f"{sum(r is not None for r in results)} of {len(results)} batch items finished"
+            )
             return
         first = min(errors)
         super().__init__(
@@ -120,8 +134,12 @@ def describe_exception(exc: BaseException, api_base: str | None = None) -> str:
 
 _KIND_PREFIX = re.compile(r"^(?:litellm\.)?[A-Z]\w*(?:Error|Exception)\s*(?::|-)\s*")
 _ERRNO = re.compile(r"^\[Errno -?\d+\]\s*")
-_CONNECTION_FAILURES = {"APIConnectionError", "ConnectError", "ClientConnectorError",
-                        "ClientConnectorDNSError"}
+_CONNECTION_FAILURES = {
+    "APIConnectionError",
+    "ConnectError",
+    "ClientConnectorError",
+    "ClientConnectorDNSError",
+}
 
 
 def _one_line(text: str) -> str:

@@ -18,12 +18,17 @@ from pathlib import Path
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("notebook", type=Path)
-    parser.add_argument("--out", type=Path, help="where to write the executed copy "
-                        "(default: build/notebooks/NAME.ipynb, outside the test paths)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="where to write the executed copy "
+        "(default: build/notebooks/NAME.ipynb, outside the test paths)",
+    )
     parser.add_argument("--kernel", help="kernel name (default: the notebook's own)")
     parser.add_argument("--timeout", type=int, default=300, help="seconds per cell")
-    parser.add_argument("--summary", action="store_true",
-                        help="print the output of the cells tagged 'summary'")
+    parser.add_argument(
+        "--summary", action="store_true", help="print the output of the cells tagged 'summary'"
+    )
     args = parser.parse_args()
 
     import nbformat
@@ -34,22 +39,29 @@ def main() -> int:
     # Not beside the notebook: pytest collects every notebook under notebooks/ (nbval).
     out = args.out or Path(__file__).parent.parent / "build" / "notebooks" / args.notebook.name
     out.parent.mkdir(parents=True, exist_ok=True)
-    client = NotebookClient(notebook, timeout=args.timeout,
-                            kernel_name=args.kernel or notebook.metadata.kernelspec.name,
-                            resources={"metadata": {"path": str(args.notebook.parent)}})
+    client = NotebookClient(
+        notebook,
+        timeout=args.timeout,
+        kernel_name=args.kernel or notebook.metadata.kernelspec.name,
+        resources={"metadata": {"path": str(args.notebook.parent)}},
+    )
     started = time.perf_counter()
     try:
         client.execute()
     except CellExecutionError as error:
         nbformat.write(notebook, out)
-        print(f"A cell failed; the partly executed notebook is at {out.resolve()}\n{error}",
-              file=sys.stderr)
+        print(
+            f"A cell failed; the partly executed notebook is at {out.resolve()}\n{error}",
+            file=sys.stderr,
+        )
         return 1
     nbformat.write(notebook, out)
     if args.summary:
         print(summary(notebook, args.notebook.name))
-    print(f"Executed {args.notebook} in {time.perf_counter() - started:.1f}s.\n"
-          f"Executed copy: {out.resolve()}")
+    print(
+        f"Executed {args.notebook} in {time.perf_counter() - started:.1f}s.\n"
+        f"Executed copy: {out.resolve()}"
+    )
     return 0
 
 

@@ -68,8 +68,15 @@ def server(llm_server, litellm_imported):
 
 
 def make_rlm(server, **settings) -> RLM:
-    defaults = dict(model=ROOT, sub_model=SUB, api_base=server.base_url, api_key="sk-test",
-                    retry_backoff=0.01, progress=False, timeout=10)
+    defaults = dict(
+        model=ROOT,
+        sub_model=SUB,
+        api_base=server.base_url,
+        api_key="sk-test",
+        retry_backoff=0.01,
+        progress=False,
+        timeout=10,
+    )
     return RLM(**{**defaults, **settings})
 
 
@@ -94,9 +101,15 @@ def shell(ipython_shell, server):
 
     rlm = session_rlm(ipython_shell)
     saved = {name: getattr(rlm, name) for name in rlm.class_trait_names(config=True)}
-    for name, value in dict(model=ROOT, sub_model=SUB, api_base=server.base_url,
-                            api_key="sk-test", retry_backoff=0.01, progress=False,
-                            timeout=10).items():
+    for name, value in dict(
+        model=ROOT,
+        sub_model=SUB,
+        api_base=server.base_url,
+        api_key="sk-test",
+        retry_backoff=0.01,
+        progress=False,
+        timeout=10,
+    ).items():
         setattr(rlm, name, value)
     yield ipython_shell
     for name, value in saved.items():

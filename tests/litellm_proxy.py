@@ -32,17 +32,27 @@ GROUPS = {
 def _config(upstream: str) -> str:
     lines = ["model_list:"]
     for group, params in GROUPS.items():
-        lines += [f"  - model_name: {group}", "    litellm_params:",
-                  f"      api_base: {upstream}", "      api_key: sk-upstream"]
+        lines += [
+            f"  - model_name: {group}",
+            "    litellm_params:",
+            f"      api_base: {upstream}",
+            "      api_key: sk-upstream",
+        ]
         lines += [f"      {name}: {value}" for name, value in params.items()]
-    lines += ["general_settings:", f"  master_key: {MASTER_KEY}",
-              # The proxy's own retries would hold a request while it waits; the
-              # client's rate gate is what is under test.
-              "router_settings:", "  num_retries: 0",
-              # Where the proxy's Files and Batches endpoints send batch jobs (no database
-              # needed for that).
-              "files_settings:", "  - custom_llm_provider: openai", f"    api_base: {upstream}",
-              "    api_key: sk-upstream"]
+    lines += [
+        "general_settings:",
+        f"  master_key: {MASTER_KEY}",
+        # The proxy's own retries would hold a request while it waits; the
+        # client's rate gate is what is under test.
+        "router_settings:",
+        "  num_retries: 0",
+        # Where the proxy's Files and Batches endpoints send batch jobs (no database
+        # needed for that).
+        "files_settings:",
+        "  - custom_llm_provider: openai",
+        f"    api_base: {upstream}",
+        "    api_key: sk-upstream",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -62,9 +72,20 @@ class LiteLLMProxy:
         executable = Path(sys.executable).with_name("litellm")
         env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
         self.process = subprocess.Popen(
-            [str(executable), "--config", str(config), "--host", "127.0.0.1",
-             "--port", str(self.port)],
-            cwd=workdir, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+            [
+                str(executable),
+                "--config",
+                str(config),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+            ],
+            cwd=workdir,
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
 
     def wait_ready(self, timeout: float = 90) -> None:
         deadline = time.monotonic() + timeout
@@ -72,8 +93,9 @@ class LiteLLMProxy:
             if self.process.poll() is not None:
                 raise RuntimeError(f"the LiteLLM Proxy exited: see {self.log.name}")
             try:
-                with urllib.request.urlopen(f"{self.base_url}/health/liveliness",
-                                            timeout=1) as answer:
+                with urllib.request.urlopen(
+                    f"{self.base_url}/health/liveliness", timeout=1
+                ) as answer:
                     if answer.status == 200:
                         return
             except OSError:

@@ -24,28 +24,41 @@ import math
 import threading
 import time
 from collections import defaultdict, deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Union
 
 from rlm_magic.demo import HTTPError, LocalChatServer, completion_json, split_tokens
 
-Reply = Union[str, Callable[[dict], str]]
+Reply = str | Callable[[dict], str]
 
 _FAILURES = {
     "500": (500, "injected server error", "server_error"),
     "429": (429, "injected rate limit", "rate_limit_error"),
     "401": (401, "injected bad API key", "invalid_request_error"),
     # A provider whose refusal quotes the key it was sent (ECHOED_KEY: use it as api_key)
-    "401-echo": (401, "Incorrect API key provided: Bearer sk-echoed-0123456789abcdef",
-                 "invalid_request_error"),
+    "401-echo": (
+        401,
+        "Incorrect API key provided: Bearer sk-echoed-0123456789abcdef",
+        "invalid_request_error",
+    ),
     # llama.cpp's answer to a prompt over its context size
-    "context": (400, "request (23009 tokens) exceeds the available context size (4096 "
-                "tokens), try increasing it", "exceed_context_size_error"),
+    "context": (
+        400,
+        "request (23009 tokens) exceeds the available context size (4096 "
+        "tokens), try increasing it",
+        "exceed_context_size_error",
+    ),
     # A provider that knows no prompt-cache markers, in the words such servers use.
-    "400-stream": (400, "stream: streaming is not supported by this model",
-                   "invalid_request_error"),
-    "400-markers": (400, "messages.0.content: cache_control: Extra inputs are not "
-                         "permitted", "invalid_request_error"),
+    "400-stream": (
+        400,
+        "stream: streaming is not supported by this model",
+        "invalid_request_error",
+    ),
+    "400-markers": (
+        400,
+        "messages.0.content: cache_control: Extra inputs are not permitted",
+        "invalid_request_error",
+    ),
 }
 
 
@@ -98,10 +111,11 @@ class TokenBucket:
         ``announced``: a quantized limit, which names the minute's budget while the
         remaining count and the reset are the small bucket's."""
         reset = (self.capacity - self.level) / self.rate
-        return {f"x-ratelimit-limit-{kind}": str(int(announced or self.capacity)),
-                f"x-ratelimit-remaining-{kind}": str(max(0, int(self.level))),
-                f"x-ratelimit-reset-{kind}": f"{reset * 1000:.0f}ms" if reset < 1
-                else f"{reset:.3f}s"}
+        return {
+            f"x-ratelimit-limit-{kind}": str(int(announced or self.capacity)),
+            f"x-ratelimit-remaining-{kind}": str(max(0, int(self.level))),
+            f"x-ratelimit-reset-{kind}": f"{reset * 1000:.0f}ms" if reset < 1 else f"{reset:.3f}s",
+        }
 
 
 @dataclass
@@ -194,17 +208,29 @@ class FakeLLMServer(LocalChatServer):
         """The reply for every request to ``model`` once its script is used up."""
         self.model_replies[model] = reply
 
-    def fail(self, kind: str, times: int = 1, model: str | None = None,
-             match: str | None = None, after: int = 0,
-             headers: dict[str, str] | None = None) -> None:
+    def fail(
+        self,
+        kind: str,
+        times: int = 1,
+        model: str | None = None,
+        match: str | None = None,
+        after: int = 0,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         assert kind in (*_FAILURES, "hang")
         with self._lock:
             self.failures.append(Failure(kind, times, model, match, after, headers))
 
-    def limit_rate(self, rps: float | None = None, burst: float | None = None,
-                   tps: float | None = None, token_burst: float | None = None,
-                   headers: str = "all", announce_rpm: float | None = None,
-                   announce_tpm: float | None = None) -> None:
+    def limit_rate(
+        self,
+        rps: float | None = None,
+        burst: float | None = None,
+        tps: float | None = None,
+        token_burst: float | None = None,
+        headers: str = "all",
+        announce_rpm: float | None = None,
+        announce_tpm: float | None = None,
+    ) -> None:
         """Enforce requests and/or tokens (prompt tokens, ~4 characters each) per second,
         as token buckets; ``headers`` is "all", "retry-after" or "none".
 
@@ -212,13 +238,18 @@ class FakeLLMServer(LocalChatServer):
         Azure's may be: the headers announce this budget per minute while the small
         bucket is what is enforced (and what ``remaining`` counts)."""
         assert headers in ("all", "retry-after", "none")
-        announced = {kind: value for kind, value in
-                     (("requests", announce_rpm), ("tokens", announce_tpm)) if value}
+        announced = {
+            kind: value
+            for kind, value in (("requests", announce_rpm), ("tokens", announce_tpm))
+            if value
+        }
         with self._lock:
             self.rate_limit = RateLimit(
                 TokenBucket(rps, burst or rps) if rps else None,
-                TokenBucket(tps, token_burst or tps) if tps else None, headers,
-                announced or None)
+                TokenBucket(tps, token_burst or tps) if tps else None,
+                headers,
+                announced or None,
+            )
 
     @property
     def rejected(self) -> int:
@@ -228,8 +259,9 @@ class FakeLLMServer(LocalChatServer):
     def index_of(self, content: str) -> int:
         """Index (in ``requests`` and ``arrivals``) of the first request whose last
         message is ``content``."""
-        return next(i for i, r in enumerate(self.requests)
-                    if r["messages"][-1]["content"] == content)
+        return next(
+            i for i, r in enumerate(self.requests) if r["messages"][-1]["content"] == content
+        )
 
     def requests_for(self, model: str) -> list[dict]:
         return [r for r in self.requests if r.get("model") == model]
@@ -253,15 +285,20 @@ class FakeLLMServer(LocalChatServer):
                 if not admitted:
                     self.rejected_at.append(time.monotonic())
                     # Rejected at once, as providers do: it never counts as in flight.
-                    raise HTTPError(429, "Rate limit reached for requests",
-                                    "rate_limit_error", headers=headers)
+                    raise HTTPError(
+                        429, "Rate limit reached for requests", "rate_limit_error", headers=headers
+                    )
             tokens = self.count_prompt(body)
             if self.context_window is not None and tokens > self.context_window:
                 self.context_errors += 1
-                raise HTTPError(400, f"This model's maximum context length is "
-                                f"{self.context_window} tokens. However, your messages "
-                                f"resulted in {tokens} tokens. Please reduce the length "
-                                "of the messages.", "invalid_request_error")
+                raise HTTPError(
+                    400,
+                    f"This model's maximum context length is "
+                    f"{self.context_window} tokens. However, your messages "
+                    f"resulted in {tokens} tokens. Please reduce the length "
+                    "of the messages.",
+                    "invalid_request_error",
+                )
             self._refuse_as_vllm_would(body, tokens)
             self.in_flight += 1
             self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
@@ -269,8 +306,11 @@ class FakeLLMServer(LocalChatServer):
         try:
             if failure is not None and failure.kind == "hang":
                 await asyncio.sleep(3600)
-            delay = (self.latency_for(body) if self.latency_for else
-                     self.model_latency.get(body.get("model"), self.latency))
+            delay = (
+                self.latency_for(body)
+                if self.latency_for
+                else self.model_latency.get(body.get("model"), self.latency)
+            )
             if delay:
                 await asyncio.sleep(delay)
             if failure is not None:
@@ -283,7 +323,7 @@ class FakeLLMServer(LocalChatServer):
                 await self._generate_unstreamed(text)
             limit = body.get("max_tokens")
             if self.enforce_max_tokens and isinstance(limit, int) and len(text) > 4 * limit:
-                text = text[:4 * limit]
+                text = text[: 4 * limit]
                 with self._lock:
                     self._cut.add(id(body))
             if not body.get("stream"):  # a stream is complete when its last chunk went
@@ -312,8 +352,7 @@ class FakeLLMServer(LocalChatServer):
         if self.sse_body is not None or self.ignores_stream:
             return await self._scripted_stream(request, body, text, usage)
         try:
-            return await self._counted_stream(super()._stream_chat(request, body, text,
-                                                                   usage))
+            return await self._counted_stream(super()._stream_chat(request, body, text, usage))
         finally:
             self._stream_starts.pop(id(body), None)
 
@@ -383,17 +422,26 @@ class FakeLLMServer(LocalChatServer):
         from aiohttp import web
 
         if self.ollama_default and path == "/api/show":
-            return web.json_response({"parameters": "temperature 0.7",
-                                      "model_info": {"gemma3.context_length": 32768}})
+            return web.json_response(
+                {"parameters": "temperature 0.7", "model_info": {"gemma3.context_length": 32768}}
+            )
         if self.ollama_default and path == "/api/ps":
             loaded = self.ollama_loaded
-            return web.json_response({"models": [] if loaded is None else [
-                {"name": name, "context_length": loaded}
-                for name in ("sub-model", "root-model")]})
+            return web.json_response(
+                {
+                    "models": []
+                    if loaded is None
+                    else [
+                        {"name": name, "context_length": loaded}
+                        for name in ("sub-model", "root-model")
+                    ]
+                }
+            )
         if self.props_size and path == "/props":
             padding = "x" * self.props_size
-            return web.json_response({"default_generation_settings": {"n_ctx": 2048},
-                                      "padding": padding})
+            return web.json_response(
+                {"default_generation_settings": {"n_ctx": 2048}, "padding": padding}
+            )
         return None
 
     def count_prompt(self, body: dict) -> int:
@@ -403,14 +451,22 @@ class FakeLLMServer(LocalChatServer):
 
     def _refuse_as_vllm_would(self, body: dict, tokens: int) -> None:
         limit = body.get("max_tokens")
-        if self.counts_max_tokens and self.context_window and isinstance(limit, int) \
-                and tokens + limit > self.context_window:
+        if (
+            self.counts_max_tokens
+            and self.context_window
+            and isinstance(limit, int)
+            and tokens + limit > self.context_window
+        ):
             self.context_errors += 1
-            raise HTTPError(400, f"This model's maximum context length is "
-                            f"{self.context_window} tokens. However, you requested "
-                            f"{tokens + limit} tokens ({tokens} in the messages, {limit} "
-                            "in the completion). Please reduce the length of the messages "
-                            "or completion.", "BadRequestError")
+            raise HTTPError(
+                400,
+                f"This model's maximum context length is "
+                f"{self.context_window} tokens. However, you requested "
+                f"{tokens + limit} tokens ({tokens} in the messages, {limit} "
+                "in the completion). Please reduce the length of the messages "
+                "or completion.",
+                "BadRequestError",
+            )
 
     async def _generate_unstreamed(self, text: str) -> None:
         """An unstreamed answer takes as long to generate as a streamed one."""
@@ -441,17 +497,28 @@ class FakeLLMServer(LocalChatServer):
         if special is not None:
             return special
         if kind == "llama.cpp" and path == "/props":
-            return web.json_response({"default_generation_settings": {"n_ctx": size},
-                                      "total_slots": 8})
+            return web.json_response(
+                {"default_generation_settings": {"n_ctx": size}, "total_slots": 8}
+            )
         if kind == "llama.cpp" and path == "/slots":
             return web.json_response([{"id": i, "n_ctx": size} for i in range(8)])
         if kind == "vllm" and path == "/v1/models":
-            return web.json_response({"object": "list", "data": [
-                {"id": "sub-model", "object": "model", "max_model_len": size},
-                {"id": "root-model", "object": "model", "max_model_len": size}]})
+            return web.json_response(
+                {
+                    "object": "list",
+                    "data": [
+                        {"id": "sub-model", "object": "model", "max_model_len": size},
+                        {"id": "root-model", "object": "model", "max_model_len": size},
+                    ],
+                }
+            )
         if kind == "ollama" and path == "/api/show":
-            return web.json_response({"parameters": f"num_ctx                        {size}",
-                                      "model_info": {"gemma3.context_length": 32768}})
+            return web.json_response(
+                {
+                    "parameters": f"num_ctx                        {size}",
+                    "model_info": {"gemma3.context_length": 32768},
+                }
+            )
         if kind == "ollama" and path == "/api/ps":
             return web.json_response({"models": []})
         return web.json_response({"error": "not found"}, status=404)
@@ -504,8 +571,7 @@ class FakeLLMServer(LocalChatServer):
 
         with self._lock:
             self.redirected.append(dict(request.headers))
-        return web.json_response(completion_json(await request.json(), "redirected",
-                                                 (1, 1), self))
+        return web.json_response(completion_json(await request.json(), "redirected", (1, 1), self))
 
     def cached_tokens(self, body: dict) -> int:
         """OpenAI's automatic cache: the longest run of leading messages seen before."""
@@ -544,30 +610,47 @@ class FakeLLMServer(LocalChatServer):
         system = body.get("system")
         messages = ([{"role": "system", "content": _text_of(system)}] if system else []) + [
             {"role": m["role"], "content": _text_of(m.get("content"))}
-            for m in body.get("messages", [])]
-        flat = {"model": body.get("model"), "messages": messages,
-                "stream": bool(body.get("stream"))}
+            for m in body.get("messages", [])
+        ]
+        flat = {
+            "model": body.get("model"),
+            "messages": messages,
+            "stream": bool(body.get("stream")),
+        }
         try:
             text = await self.answer(flat)
         except HTTPError as error:
-            return web.json_response({"type": "error", "error": {
-                "type": error.kind, "message": error.message}}, status=error.status,
-                headers=error.headers)
+            return web.json_response(
+                {"type": "error", "error": {"type": error.kind, "message": error.message}},
+                status=error.status,
+                headers=error.headers,
+            )
         prompt, output = self.usage_for(flat, text)
         read, written = self._anthropic_cache(body)
         # Anthropic's input_tokens excludes the cached and cache-written parts.
-        usage = {"input_tokens": max(0, prompt - read - written), "output_tokens": output,
-                 "cache_read_input_tokens": read, "cache_creation_input_tokens": written}
-        message = {"id": "msg_test", "type": "message", "role": "assistant",
-                   "model": body.get("model"), "stop_reason": "end_turn",
-                   "stop_sequence": None}
+        usage = {
+            "input_tokens": max(0, prompt - read - written),
+            "output_tokens": output,
+            "cache_read_input_tokens": read,
+            "cache_creation_input_tokens": written,
+        }
+        message = {
+            "id": "msg_test",
+            "type": "message",
+            "role": "assistant",
+            "model": body.get("model"),
+            "stop_reason": "end_turn",
+            "stop_sequence": None,
+        }
         if not body.get("stream"):
             with self._lock:
                 self.completed += 1
-            return web.json_response({**message, "content": [{"type": "text", "text": text}],
-                                      "usage": usage})
-        return await self._counted_stream(self._stream_messages(request, flat, message,
-                                                                usage, text, output))
+            return web.json_response(
+                {**message, "content": [{"type": "text", "text": text}], "usage": usage}
+            )
+        return await self._counted_stream(
+            self._stream_messages(request, flat, message, usage, text, output)
+        )
 
     async def _stream_messages(self, request, flat, message, usage, text, output):
         from aiohttp import web
@@ -578,21 +661,47 @@ class FakeLLMServer(LocalChatServer):
         async def send(event: str, data: dict) -> None:
             await response.write(f"event: {event}\ndata: {json.dumps(data)}\n\n".encode())
 
-        await send("message_start", {"type": "message_start", "message": {
-            **message, "content": [], "stop_reason": None,
-            "usage": {**usage, "output_tokens": 1}}})
-        await send("content_block_start", {"type": "content_block_start", "index": 0,
-                                           "content_block": {"type": "text", "text": ""}})
+        await send(
+            "message_start",
+            {
+                "type": "message_start",
+                "message": {
+                    **message,
+                    "content": [],
+                    "stop_reason": None,
+                    "usage": {**usage, "output_tokens": 1},
+                },
+            },
+        )
+        await send(
+            "content_block_start",
+            {
+                "type": "content_block_start",
+                "index": 0,
+                "content_block": {"type": "text", "text": ""},
+            },
+        )
         for index, piece in enumerate(split_tokens(text)):
             delay = self.chunk_delay(flat, index)
             if delay:
                 await asyncio.sleep(delay)
-            await send("content_block_delta", {"type": "content_block_delta", "index": 0,
-                                               "delta": {"type": "text_delta", "text": piece}})
+            await send(
+                "content_block_delta",
+                {
+                    "type": "content_block_delta",
+                    "index": 0,
+                    "delta": {"type": "text_delta", "text": piece},
+                },
+            )
         await send("content_block_stop", {"type": "content_block_stop", "index": 0})
-        await send("message_delta", {"type": "message_delta", "delta": {
-            "stop_reason": "end_turn", "stop_sequence": None},
-            "usage": {"output_tokens": output}})
+        await send(
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                "usage": {"output_tokens": output},
+            },
+        )
         await send("message_stop", {"type": "message_stop"})
         await response.write_eof()
         return response
@@ -603,12 +712,16 @@ class FakeLLMServer(LocalChatServer):
         its end; this request reads the longest such prefix and writes its own
         breakpoints past it."""
         blocks = _blocks(body.get("system")) + [
-            block for m in body.get("messages", []) for block in _blocks(m.get("content"))]
+            block for m in body.get("messages", []) for block in _blocks(m.get("content"))
+        ]
         digest, size, read, written_to = hashlib.sha1(), 0, 0, 0
         marks = []
         for block in blocks:
-            digest.update(json.dumps({k: v for k, v in block.items()
-                                      if k != "cache_control"}, sort_keys=True).encode())
+            digest.update(
+                json.dumps(
+                    {k: v for k, v in block.items() if k != "cache_control"}, sort_keys=True
+                ).encode()
+            )
             size += len(block.get("text", "")) // 4
             key = digest.hexdigest()
             with self._lock:
@@ -626,10 +739,16 @@ class FakeLLMServer(LocalChatServer):
     @property
     def cache_markers(self) -> list[int]:
         """How many ``cache_control`` breakpoints each Messages API request carried."""
-        return [sum(1 for block in _blocks(b.get("system")) if block.get("cache_control"))
-                + sum(1 for m in b.get("messages", []) for block in _blocks(m.get("content"))
-                      if block.get("cache_control"))
-                for b in self.anthropic_requests]
+        return [
+            sum(1 for block in _blocks(b.get("system")) if block.get("cache_control"))
+            + sum(
+                1
+                for m in b.get("messages", [])
+                for block in _blocks(m.get("content"))
+                if block.get("cache_control")
+            )
+            for b in self.anthropic_requests
+        ]
 
     def _take_failure(self, body: dict) -> Failure | None:
         for failure in self.failures:
@@ -675,21 +794,35 @@ def main() -> None:
     parser.add_argument("--tps", type=float, help="prompt tokens/s allowed")
     parser.add_argument("--token-burst", type=float)
     parser.add_argument("--headers", default="all", choices=["all", "retry-after", "none"])
-    parser.add_argument("--token-delay", type=float, default=0.0,
-                        help="seconds between streamed chunks")
-    parser.add_argument("--announce-rpm", type=float,
-                        help="quantized: the requests/minute the headers announce")
-    parser.add_argument("--announce-tpm", type=float,
-                        help="quantized: the tokens/minute the headers announce")
-    parser.add_argument("--tokens-per-second", type=float,
-                        help="generate answers at this rate: streamed, chunk by chunk; "
-                             "unstreamed, whole when the last token is made")
-    parser.add_argument("--model-latency", action="append", default=[],
-                        metavar="MODEL=SECONDS", help="a model's own latency")
-    parser.add_argument("--rlm-root", metavar="MODEL",
-                        help="MODEL plays a 2-turn RLM root: it chunks the context into "
-                             "64 parts, asks the sub-model about each in one batch, then "
-                             "finishes with FINAL_VAR(answers)")
+    parser.add_argument(
+        "--token-delay", type=float, default=0.0, help="seconds between streamed chunks"
+    )
+    parser.add_argument(
+        "--announce-rpm", type=float, help="quantized: the requests/minute the headers announce"
+    )
+    parser.add_argument(
+        "--announce-tpm", type=float, help="quantized: the tokens/minute the headers announce"
+    )
+    parser.add_argument(
+        "--tokens-per-second",
+        type=float,
+        help="generate answers at this rate: streamed, chunk by chunk; "
+        "unstreamed, whole when the last token is made",
+    )
+    parser.add_argument(
+        "--model-latency",
+        action="append",
+        default=[],
+        metavar="MODEL=SECONDS",
+        help="a model's own latency",
+    )
+    parser.add_argument(
+        "--rlm-root",
+        metavar="MODEL",
+        help="MODEL plays a 2-turn RLM root: it chunks the context into "
+        "64 parts, asks the sub-model about each in one batch, then "
+        "finishes with FINAL_VAR(answers)",
+    )
     args = parser.parse_args()
     server = FakeLLMServer(port=args.port).start()
     server.latency = args.latency
@@ -700,20 +833,36 @@ def main() -> None:
     if args.tokens_per_second:
         rate = args.tokens_per_second
         server.token_delay = 1 / rate
-        server.latency_for = lambda body: 0.0 if body.get("stream") else \
-            len(split_tokens(echo(body))) / rate
+        server.latency_for = lambda body: (
+            0.0 if body.get("stream") else len(split_tokens(echo(body))) / rate
+        )
     if args.rlm_root:
         server.reply_with(args.rlm_root, _rlm_root_turn)
     server.usage = None  # count prompt tokens as a token limit does
     server.requests = _Discard()  # a long benchmark must not grow memory
     if args.rps or args.tps:
-        server.limit_rate(args.rps, args.burst, args.tps, args.token_burst, args.headers,
-                          args.announce_rpm, args.announce_tpm)
+        server.limit_rate(
+            args.rps,
+            args.burst,
+            args.tps,
+            args.token_burst,
+            args.headers,
+            args.announce_rpm,
+            args.announce_tpm,
+        )
     print(server.base_url, flush=True)
     for line in sys.stdin:
         if line.strip() == "stats":
-            print(json.dumps({"completed": server.completed, "rejected": server.rejected,
-                              "peak_in_flight": server.peak_in_flight}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "completed": server.completed,
+                        "rejected": server.rejected,
+                        "peak_in_flight": server.peak_in_flight,
+                    }
+                ),
+                flush=True,
+            )
     threading.Event().wait()
 
 
@@ -721,11 +870,13 @@ def _rlm_root_turn(body: dict) -> str:
     """A scripted root model's turn: chunk and fan out, then finish."""
     if any(m["role"] == "assistant" for m in body["messages"]):
         return "The parts are summarised.\nFINAL_VAR(answers)"
-    return ("I split the context into 64 parts and ask about each.\n```repl\n"
-            "size = len(context) // 64 + 1\n"
-            "parts = [context[i:i + size] for i in range(0, len(context), size)]\n"
-            "answers = llm_query_batch([f'Summarise: {p[:200]}' for p in parts])\n"
-            "print(len(answers))\n```")
+    return (
+        "I split the context into 64 parts and ask about each.\n```repl\n"
+        "size = len(context) // 64 + 1\n"
+        "parts = [context[i:i + size] for i in range(0, len(context), size)]\n"
+        "answers = llm_query_batch([f'Summarise: {p[:200]}' for p in parts])\n"
+        "print(len(answers))\n```"
+    )
 
 
 class _Discard(list):

@@ -23,8 +23,7 @@ async def test_an_error_string_as_final_answer_is_not_success(server):
     result = await rlm.arun("q", context="c")
     assert result.final_answer.startswith("Error: ")
     assert not result.success and result.stop_reason == "error"
-    assert result.error.startswith("the final answer is an error message, not an answer: "
-                                   "Error: ")
+    assert result.error.startswith("the final answer is an error message, not an answer: Error: ")
 
 
 async def test_final_naming_a_repl_variable_answers_with_its_value(server):
@@ -32,8 +31,8 @@ async def test_final_naming_a_repl_variable_answers_with_its_value(server):
     result = await make_rlm(server).arun("q", context="c")
     assert result.success and result.final_answer == "42"
     assert result.trajectory[-1].notes == [
-        "FINAL(random_number) names a REPL variable: answered with its value, as "
-        "FINAL_VAR would"]
+        "FINAL(random_number) names a REPL variable: answered with its value, as FINAL_VAR would"
+    ]
     assert "names a REPL variable" in result._repr_html_()
 
 
@@ -47,9 +46,16 @@ async def test_answers_cut_at_max_tokens_are_counted_for_the_model_and_the_ledge
     server.enforce_max_tokens = True
     server.reply_with("sub-model", lambda body: "word " * 400)  # ~500 tokens
     rlm = make_rlm(server, max_tokens=50)
-    server.script("root-model", [
-        repl("a = llm_query_batch(['one', 'two', 'three'])\nb = llm_query('four')\n"
-             "print([len(x) for x in a], len(b))"), "FINAL(done)"])
+    server.script(
+        "root-model",
+        [
+            repl(
+                "a = llm_query_batch(['one', 'two', 'three'])\nb = llm_query('four')\n"
+                "print([len(x) for x in a], len(b))"
+            ),
+            "FINAL(done)",
+        ],
+    )
     result = await rlm.arun("q", context="c")
     seen = result.trajectory[0].code[0].output
     assert seen.startswith("[200, 200, 200] 200")  # the answers themselves are unchanged
@@ -69,6 +75,7 @@ async def test_whole_answers_are_not_counted_as_cut(server):
 
 
 # -- cut answers in the response cache ------------------------------------------------------
+
 
 async def test_an_answer_cut_at_max_tokens_comes_from_the_cache_cut_off(server, tmp_path):
     server.enforce_max_tokens = True

@@ -25,8 +25,12 @@ asyncio.run(main())
 
 
 def test_the_first_batch_says_it_is_loading_litellm_not_that_calls_are_in_flight(server):
-    done = subprocess.run([sys.executable, "-c", FIRST_BATCH, server.base_url],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", FIRST_BATCH, server.base_url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "['echo: a', 'echo: b']"
     # The progress line, as rewritten in place on stderr, one state per rewrite (text

@@ -34,17 +34,24 @@ def demo_rlm():
 
 
 def test_sub_model_counts_lines_by_rule():
-    prompt = ("Count the lines that contain 'timeout', grouped by 'service'. Answer in JSON.\n\n"
-              "service=a timeout\nservice=b ok\nservice=a TIMEOUT again\nservice=b timeout")
+    prompt = (
+        "Count the lines that contain 'timeout', grouped by 'service'. Answer in JSON.\n\n"
+        "service=a timeout\nservice=b ok\nservice=a TIMEOUT again\nservice=b timeout"
+    )
     assert json.loads(demo.sub_reply(prompt)) == {"a": 2, "b": 1}
-    assert json.loads(demo.sub_reply("Count the lines that contain 'ok'.\n\nok\nno")) == {"count": 1}
+    assert json.loads(demo.sub_reply("Count the lines that contain 'ok'.\n\nok\nno")) == {
+        "count": 1
+    }
 
 
-@pytest.mark.parametrize("review, label", [
-    ("I love it, works great", "positive"),
-    ("Terrible, it broke after a day", "negative"),
-    ("It is a phone", "neutral"),
-])
+@pytest.mark.parametrize(
+    "review, label",
+    [
+        ("I love it, works great", "positive"),
+        ("Terrible, it broke after a day", "negative"),
+        ("It is a phone", "neutral"),
+    ],
+)
 def test_sub_model_classifies_sentiment(review, label):
     assert demo.sub_reply(f"Classify the sentiment of this review: {review}") == label
 
@@ -76,8 +83,13 @@ def test_starting_the_demo_does_not_wait_for_litellm():
         print(round(time.perf_counter() - started, 3))  # litellm's import is in this one
         print(rlm.usage().cost_usd > 0)  # the pretend prices were registered in time
     """
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
+    )
     assert done.returncode == 0, done.stderr
     starting, first_call, priced = done.stdout.split()
     # Side by side, so a loaded machine slows both: starting is a fraction of the first
@@ -88,8 +100,9 @@ def test_starting_the_demo_does_not_wait_for_litellm():
 async def test_demo_root_answers_a_counting_question_over_a_long_document(demo_rlm):
     logs = make_logs()
     result = await demo_rlm.arun('Which service has the most "timeout" lines?', context=logs)
-    truth = Counter(line.split()[1].split("=")[1] for line in logs.splitlines()
-                    if "timeout" in line)
+    truth = Counter(
+        line.split()[1].split("=")[1] for line in logs.splitlines() if "timeout" in line
+    )
     top, count = truth.most_common(1)[0]
     assert result.success
     assert result.final_answer.startswith(f'Most "timeout" lines by service: {top}: {count}')
@@ -100,13 +113,15 @@ async def test_demo_root_answers_a_counting_question_over_a_long_document(demo_r
 
 async def test_demo_root_uses_child_rlms_for_a_dict_of_documents(demo_rlm):
     docs = {"monday": make_logs(300), "tuesday": make_logs(600)}
-    result = await demo_rlm.arun('How many "timeout" lines are in each document?',
-                                 context=docs)
+    result = await demo_rlm.arun('How many "timeout" lines are in each document?', context=docs)
     assert result.success and result.trajectory[1].sub_calls == 2
-    expected = {day: sum("timeout" in line for line in text.splitlines())
-                for day, text in docs.items()}
-    assert result.final_answer == (f'monday: {expected["monday"]} lines contain "timeout"; '
-                                   f'tuesday: {expected["tuesday"]} lines contain "timeout"')
+    expected = {
+        day: sum("timeout" in line for line in text.splitlines()) for day, text in docs.items()
+    }
+    assert result.final_answer == (
+        f'monday: {expected["monday"]} lines contain "timeout"; '
+        f'tuesday: {expected["tuesday"]} lines contain "timeout"'
+    )
 
 
 async def test_demo_is_deterministic(demo_rlm):
@@ -125,7 +140,8 @@ async def test_rlm_demo_magic_points_settings_at_it_and_stop_restores(shell, cap
     shell.run_line_magic("rlm", "demo")
     assert "not a language model" in capsys.readouterr().out
     assert rlm.model == "openai/rlm-demo-root" and rlm.api_base.startswith("http://127.0.0.1:")
-    assert await run_cell(shell, "await llm_query('Classify the sentiment: I love it')") \
-        == "positive"
+    assert (
+        await run_cell(shell, "await llm_query('Classify the sentiment: I love it')") == "positive"
+    )
     shell.run_line_magic("rlm", "demo stop")
     assert rlm.model == before

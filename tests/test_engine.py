@@ -43,6 +43,7 @@ def repl_kind(request) -> str:
 
 # -- finishing -----------------------------------------------------------------------
 
+
 async def test_final_on_its_own_line_ends_the_run(rlm, server):
     server.script("root-model", ["I know it.\nFINAL(forty-two)"])
     result = await rlm.arun("What is the answer?", context="ctx")
@@ -76,9 +77,13 @@ async def test_answer_dict_protocol_ends_the_run(rlm, server):
 
 
 async def test_final_in_printed_data_a_comment_or_mid_sentence_is_not_an_answer(rlm, server):
-    server.script("root-model", [
-        repl('print(context)\n# FINAL(nor this)') + "I will call FINAL(x) later.",
-        "FINAL(the real one)"])
+    server.script(
+        "root-model",
+        [
+            repl("print(context)\n# FINAL(nor this)") + "I will call FINAL(x) later.",
+            "FINAL(the real one)",
+        ],
+    )
     result = await rlm.arun("q", context="FINAL(not this)\n")
     assert result.final_answer == "the real one" and result.iterations == 2
 
@@ -89,6 +94,7 @@ async def test_multiline_final(rlm, server):
 
 
 # -- the REPL ------------------------------------------------------------------------
+
 
 async def test_code_output_errors_and_last_value_go_back_to_the_model(rlm, server, repl_kind):
     rlm.sandbox = repl_kind
@@ -101,8 +107,10 @@ async def test_code_output_errors_and_last_value_go_back_to_the_model(rlm, serve
 
 
 async def test_python_fences_run_too_and_state_persists(rlm, server):
-    server.script("root-model", ["```python\nx = 3\n```\n```repl\ny = x * 2\ny\n```",
-                                 repl("x + y"), "FINAL(ok)"])
+    server.script(
+        "root-model",
+        ["```python\nx = 3\n```\n```repl\ny = x * 2\ny\n```", repl("x + y"), "FINAL(ok)"],
+    )
     result = await rlm.arun("q", context="c")
     assert result.trajectory[0].code[1].output == "6"
     assert result.trajectory[1].code[0].output == "9"
@@ -118,17 +126,32 @@ async def test_long_output_is_cut_with_a_note(server, repl_kind):
     assert len(seen) < 200
 
 
-@pytest.mark.parametrize("style, code", [
-    ("await", "answers = await llm_query_batch([f'q{i}' for i in range(8)])"),
-    ("no-await", "answers = llm_query_batch([f'q{i}' for i in range(8)])"),
-    ("inside-def", "def ask(n):\n    return llm_query_batch([f'q{i}' for i in range(n)])\n"
-                   "answers = ask(8)"),
-    ("async-def-gather", "async def one(p):\n    return await llm_query(p)\n"
-                         "answers = await asyncio.gather(*[one(f'q{i}') for i in range(8)])"),
-    ("gather-of-calls", "answers = await asyncio.gather(*[llm_query(f'q{i}') for i in range(8)])"),
-    ("comprehension", "answers = [a for batch in [llm_query_batch([f'q{i}' for i in range(8)])]"
-                      " for a in batch]"),
-])
+@pytest.mark.parametrize(
+    "style, code",
+    [
+        ("await", "answers = await llm_query_batch([f'q{i}' for i in range(8)])"),
+        ("no-await", "answers = llm_query_batch([f'q{i}' for i in range(8)])"),
+        (
+            "inside-def",
+            "def ask(n):\n    return llm_query_batch([f'q{i}' for i in range(n)])\n"
+            "answers = ask(8)",
+        ),
+        (
+            "async-def-gather",
+            "async def one(p):\n    return await llm_query(p)\n"
+            "answers = await asyncio.gather(*[one(f'q{i}') for i in range(8)])",
+        ),
+        (
+            "gather-of-calls",
+            "answers = await asyncio.gather(*[llm_query(f'q{i}') for i in range(8)])",
+        ),
+        (
+            "comprehension",
+            "answers = [a for batch in [llm_query_batch([f'q{i}' for i in range(8)])]"
+            " for a in batch]",
+        ),
+    ],
+)
 async def test_batches_run_concurrently_in_every_style(rlm, server, style, code, repl_kind):
     rlm.sandbox = repl_kind
     server.model_latency = {"sub-model": 0.4}
@@ -158,11 +181,19 @@ async def test_blocking_model_code_does_not_block_the_loop(rlm, server, repl_kin
 
 # -- errors as values, pinning, recursion --------------------------------------------
 
+
 async def test_failed_sub_calls_are_error_strings_and_the_rest_survive(rlm, server):
     server.fail("500", times=10, model="sub-model", match="bad")
-    server.script("root-model", [repl("out = llm_query_batch(['ok', 'bad', 'fine'])\n"
-                                      "one = llm_query('bad')\nprint(out)\nprint(one)"),
-                                 "FINAL(ok)"])
+    server.script(
+        "root-model",
+        [
+            repl(
+                "out = llm_query_batch(['ok', 'bad', 'fine'])\n"
+                "one = llm_query('bad')\nprint(out)\nprint(one)"
+            ),
+            "FINAL(ok)",
+        ],
+    )
     rlm.max_retries = 0
     result = await rlm.arun("q", context="c")
     seen = result.trajectory[0].code[0].output
@@ -173,15 +204,22 @@ async def test_failed_sub_calls_are_error_strings_and_the_rest_survive(rlm, serv
 
 
 async def test_model_code_cannot_switch_models(rlm, server):
-    server.script("root-model", [repl("llm_query('a', model='gpt-4-32k')\n"
-                                      "llm_query_batch(['b'], model='o1-pro')"), "FINAL(ok)"])
+    server.script(
+        "root-model",
+        [
+            repl("llm_query('a', model='gpt-4-32k')\nllm_query_batch(['b'], model='o1-pro')"),
+            "FINAL(ok)",
+        ],
+    )
     await rlm.arun("q", context="c")
     assert {r["model"] for r in server.requests} == {"root-model", "sub-model"}
 
 
 async def test_rlm_query_runs_a_child_rlm_on_the_sub_model(rlm, server):
-    server.script("root-model", [repl("r = rlm_query('count it', context=[1, 2, 3])\nprint(r)"),
-                                 "FINAL(parent done)"])
+    server.script(
+        "root-model",
+        [repl("r = rlm_query('count it', context=[1, 2, 3])\nprint(r)"), "FINAL(parent done)"],
+    )
     # The child RLM's root model is the sub-model.
     server.script("sub-model", [repl("n = len(context)"), "FINAL_VAR(n)"])
     result = await rlm.arun("q", context="c")
@@ -220,8 +258,7 @@ async def test_children_fall_back_to_llm_query_at_the_depth_limit(rlm, server):
 
 async def test_rlm_query_batch_runs_children_concurrently(rlm, server):
     server.model_latency = {"sub-model": 0.3}
-    server.script("root-model", [repl("print(rlm_query_batch(['a', 'b', 'c', 'd']))"),
-                                 "FINAL(ok)"])
+    server.script("root-model", [repl("print(rlm_query_batch(['a', 'b', 'c', 'd']))"), "FINAL(ok)"])
     server.reply_with("sub-model", "FINAL(child)")
     result = await rlm.arun("q", context="c")
     assert result.trajectory[0].code[0].output == str(["child"] * 4)
@@ -229,6 +266,7 @@ async def test_rlm_query_batch_runs_children_concurrently(rlm, server):
 
 
 # -- limits --------------------------------------------------------------------------
+
 
 async def test_at_max_iterations_the_model_is_asked_once_for_its_answer(server):
     rlm = make_rlm(server, max_iterations=2)
@@ -250,9 +288,16 @@ async def test_no_answer_at_max_iterations_is_a_failure_with_the_last_reply(serv
 
 async def test_max_sub_calls_stops_requests_with_error_strings(server):
     rlm = make_rlm(server, max_sub_calls=3)
-    server.script("root-model", [repl("out = llm_query_batch(['a', 'b', 'c', 'd', 'e'])\n"
-                                      "print(out[2]); print(out[3]); print(llm_query('f'))"),
-                                 "FINAL(ok)"])
+    server.script(
+        "root-model",
+        [
+            repl(
+                "out = llm_query_batch(['a', 'b', 'c', 'd', 'e'])\n"
+                "print(out[2]); print(out[3]); print(llm_query('f'))"
+            ),
+            "FINAL(ok)",
+        ],
+    )
     result = await rlm.arun("q", context="c")
     lines = result.trajectory[0].code[0].output.splitlines()
     assert lines[0] == "echo: c"
@@ -275,8 +320,10 @@ async def test_max_cost_usd_stops_the_run_with_a_partial_result(server):
 async def test_sub_calls_past_the_budget_send_nothing(server):
     rlm = make_rlm(server, sub_model="openai/gpt-4o", max_cost_usd=0.001)
     server.usage = (100_000, 1_000)
-    server.script("root-model", [repl("a = llm_query('first')\nb = llm_query('second')\nprint(b)"),
-                                 "FINAL(x)"])
+    server.script(
+        "root-model",
+        [repl("a = llm_query('first')\nb = llm_query('second')\nprint(b)"), "FINAL(x)"],
+    )
     result = await rlm.arun("q", context="c")
     assert "cost budget max_cost_usd=$0.001 is spent" in result.trajectory[0].code[0].output
     assert len(server.requests_for("gpt-4o")) == 1
@@ -304,6 +351,7 @@ async def test_a_failing_root_model_fails_the_run_cleanly(server):
 
 # -- isolation, concurrency, secrets --------------------------------------------------
 
+
 @pytest.mark.parametrize("sandbox", ["process", "none"])
 async def test_each_run_has_a_fresh_namespace(rlm, server, sandbox):
     server.script("root-model", [repl("seen = 1"), "FINAL(ok)"])
@@ -322,12 +370,15 @@ async def test_in_process_the_context_is_not_copied(rlm, server):
 
 async def test_concurrent_runs_on_one_rlm_do_not_mix_output_or_state(rlm, server, repl_kind):
     rlm.sandbox = repl_kind
+
     def root(body):
         turn = sum(1 for m in body["messages"] if m["role"] == "assistant")
         tag = body["messages"][1]["content"].split()[1]
         if turn == 0:
-            return repl(f"mine = '{tag}'\nfor i in range(50):\n    print('{tag}', i)\n"
-                        "import time; time.sleep(0.001)")
+            return repl(
+                f"mine = '{tag}'\nfor i in range(50):\n    print('{tag}', i)\n"
+                "import time; time.sleep(0.001)"
+            )
         return "FINAL_VAR(mine)"
 
     server.reply_with("root-model", root)
@@ -353,6 +404,7 @@ async def test_secrets_never_reach_the_model(rlm, server, monkeypatch, repl_kind
 
 # -- results -------------------------------------------------------------------------
 
+
 async def test_result_is_json_safe_and_saves_as_jsonl(rlm, server, tmp_path):
     server.script("root-model", [repl("print(llm_query('x'))"), "FINAL(ok)"])
     result = await rlm.arun("q", context="c")
@@ -367,8 +419,9 @@ async def test_result_is_json_safe_and_saves_as_jsonl(rlm, server, tmp_path):
 
 
 async def test_result_text_is_short_and_html_shows_answer_and_code(rlm, server):
-    server.script("root-model", [repl("first_step = 6 * 7"), repl("second_step = 1"),
-                                 "FINAL(forty-two)"])
+    server.script(
+        "root-model", [repl("first_step = 6 * 7"), repl("second_step = 1"), "FINAL(forty-two)"]
+    )
     result = await rlm.arun("q", context="c")
     assert repr(result) == "RLMResult(ok, iterations=3, sub-calls=0): forty-two"
     page = result._repr_html_()
@@ -387,15 +440,19 @@ def test_run_wraps_arun_outside_a_loop(server):
 
 def test_blocking_runs_leave_no_connections_open(server):
     def sockets() -> int:
-        return sum(os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
-                   for fd in os.listdir("/proc/self/fd") if os.path.exists(f"/proc/self/fd/{fd}"))
+        return sum(
+            os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+            for fd in os.listdir("/proc/self/fd")
+            if os.path.exists(f"/proc/self/fd/{fd}")
+        )
 
     rlm = make_rlm(server, sandbox="none")
     rlm.run("warm-up", context="c")  # litellm's first import opens what it keeps
     before = sockets()
     for _ in range(5):  # each run is an asyncio.run of its own, with its own pools
-        server.script("root-model", [repl("x = llm_query_batch(['a', 'b', 'c', 'd'])"),
-                                     "FINAL(done)"])
+        server.script(
+            "root-model", [repl("x = llm_query_batch(['a', 'b', 'c', 'd'])"), "FINAL(done)"]
+        )
         assert rlm.run("q", context="c").final_answer == "done"
     # (the in-process server closes its side of each connection a moment later)
     assert server.wait_for(lambda: sockets() <= before + 2, timeout=5)
@@ -414,8 +471,7 @@ async def test_a_custom_system_prompt_replaces_the_built_in_one(server):
     rlm = make_rlm(server, system_prompt="Context is a {context_type}; keep {braces}.")
     server.script("root-model", ["FINAL(ok)"])
     await rlm.arun("q", context=[1, 2])
-    assert root_requests(server)[0]["messages"][0]["content"] == \
-        "Context is a list; keep {braces}."
+    assert root_requests(server)[0]["messages"][0]["content"] == "Context is a list; keep {braces}."
 
 
 async def test_show_vars_lists_the_models_variables(rlm, server):
@@ -426,12 +482,20 @@ async def test_show_vars_lists_the_models_variables(rlm, server):
 
 # -- what the review found: stopped steps stay stopped, nothing is lost ------------------
 
+
 async def test_a_stopped_step_sends_nothing_more_even_if_it_swallows_the_stop(server, repl_kind):
     rlm = make_rlm(server, step_timeout=0.5, sandbox=repl_kind)
-    server.script("root-model", [
-        repl("import time\nwhile True:\n    try:\n        time.sleep(0.05)\n"
-             "        llm_query('zombie')\n    except:\n        pass"),
-        repl("x = 1"), "FINAL(ok)"])
+    server.script(
+        "root-model",
+        [
+            repl(
+                "import time\nwhile True:\n    try:\n        time.sleep(0.05)\n"
+                "        llm_query('zombie')\n    except:\n        pass"
+            ),
+            repl("x = 1"),
+            "FINAL(ok)",
+        ],
+    )
     result = await rlm.arun("q", context="c")
     assert result.success
     sent = len(sub_requests(server))
@@ -452,8 +516,10 @@ async def test_the_models_variables_survive_a_failed_run(server, repl_kind):
 
 async def test_an_interrupted_step_keeps_its_output_in_the_trajectory(rlm, server, repl_kind):
     rlm.sandbox = repl_kind
-    server.script("root-model", [repl("print('before the wait')\nllm_query('started')\n"
-                                      "import time\ntime.sleep(30)")])
+    server.script(
+        "root-model",
+        [repl("print('before the wait')\nllm_query('started')\nimport time\ntime.sleep(30)")],
+    )
     run = rlm.start("q", context="c")
     task = asyncio.ensure_future(run.execute())
     # The root turn and the step's sub-call are done: the step has printed.
@@ -468,9 +534,16 @@ async def test_an_interrupted_step_keeps_its_output_in_the_trajectory(rlm, serve
 
 async def test_gathering_a_list_of_helper_calls_runs_them_concurrently(rlm, server):
     server.model_latency = {"sub-model": 0.4}
-    server.script("root-model", [repl(
-        "coros = [llm_query(f'q{i}') for i in range(8)]\n"
-        "answers = await asyncio.gather(*coros)\nprint(answers[7])"), "FINAL(ok)"])
+    server.script(
+        "root-model",
+        [
+            repl(
+                "coros = [llm_query(f'q{i}') for i in range(8)]\n"
+                "answers = await asyncio.gather(*coros)\nprint(answers[7])"
+            ),
+            "FINAL(ok)",
+        ],
+    )
     result = await rlm.arun("q", context="c")
     assert result.trajectory[0].code[0].output == "echo: q7"
     assert server.peak_in_flight == 8
@@ -485,8 +558,13 @@ async def test_model_code_cannot_reach_the_notebook_through_get_ipython(rlm, ser
 async def test_escaped_secrets_are_redacted_too(rlm, server, monkeypatch):
     secret = "pa'ss\\wo\"rd-99-é"
     monkeypatch.setenv("MY_PASSWORD", secret)
-    server.script("root-model", [repl("print(repr(context))\nimport json\n"
-                                      "print(json.dumps(context))\ncontext"), "FINAL(ok)"])
+    server.script(
+        "root-model",
+        [
+            repl("print(repr(context))\nimport json\nprint(json.dumps(context))\ncontext"),
+            "FINAL(ok)",
+        ],
+    )
     await rlm.arun("q", context=secret)
     sent = json.dumps(server.requests, ensure_ascii=False)
     for spelling in (secret, repr(secret)[1:-1], json.dumps(secret)[1:-1]):
@@ -507,14 +585,21 @@ async def test_a_secret_at_the_cut_is_removed_whole(server, monkeypatch):
 async def test_thread_pool_code_in_the_models_hands_works_concurrently(rlm, server, repl_kind):
     rlm.sandbox = repl_kind
     server.model_latency = {"sub-model": 0.3}
-    server.script("root-model", [repl(
-        "import concurrent.futures\n"
-        "with concurrent.futures.ThreadPoolExecutor(4) as pool:\n"
-        "    futures = []\n"
-        "    for i in range(4):\n"
-        "        futures.append(pool.submit(lambda i=i: llm_query(f'q{i}')))\n"
-        "    concurrent.futures.wait(futures)\n"
-        "print([f.result() for f in futures])"), "FINAL(ok)"])
+    server.script(
+        "root-model",
+        [
+            repl(
+                "import concurrent.futures\n"
+                "with concurrent.futures.ThreadPoolExecutor(4) as pool:\n"
+                "    futures = []\n"
+                "    for i in range(4):\n"
+                "        futures.append(pool.submit(lambda i=i: llm_query(f'q{i}')))\n"
+                "    concurrent.futures.wait(futures)\n"
+                "print([f.result() for f in futures])"
+            ),
+            "FINAL(ok)",
+        ],
+    )
     result = await rlm.arun("q", context="c")
     assert result.trajectory[0].code[0].output == str([f"echo: q{i}" for i in range(4)])
     assert server.peak_in_flight == 4
@@ -523,17 +608,25 @@ async def test_thread_pool_code_in_the_models_hands_works_concurrently(rlm, serv
 async def test_threads_the_model_started_stop_with_their_step(server, repl_kind):
     rlm = make_rlm(server, step_timeout=0.5, sandbox=repl_kind)
     server.model_latency = {"sub-model": 0.05}
-    server.script("root-model", [
-        repl("import concurrent.futures, time\n"
-             "pool = concurrent.futures.ThreadPoolExecutor(2)\n"
-             "jobs = [pool.submit(lambda: (time.sleep(0.1), llm_query('from step 1')))"
-             " for _ in range(40)]\n"
-             "pool.shutdown(wait=True)"),
-        repl("import time\ntime.sleep(1.5)"), "FINAL(ok)"])
+    server.script(
+        "root-model",
+        [
+            repl(
+                "import concurrent.futures, time\n"
+                "pool = concurrent.futures.ThreadPoolExecutor(2)\n"
+                "jobs = [pool.submit(lambda: (time.sleep(0.1), llm_query('from step 1')))"
+                " for _ in range(40)]\n"
+                "pool.shutdown(wait=True)"
+            ),
+            repl("import time\ntime.sleep(1.5)"),
+            "FINAL(ok)",
+        ],
+    )
     result = await rlm.arun("q", context="c")
     assert result.success
-    from_step_one = [r for r in sub_requests(server)
-                     if r["messages"][-1]["content"] == "from step 1"]
+    from_step_one = [
+        r for r in sub_requests(server) if r["messages"][-1]["content"] == "from step 1"
+    ]
     # Step 1 ran for 0.5 s with 2 threads sleeping 0.1 s per call: about 10 calls, and
     # none once it was stopped (step 2 then blocks 0.5 s more: room for 10 more).
     assert len(from_step_one) <= 12, len(from_step_one)
@@ -541,11 +634,20 @@ async def test_threads_the_model_started_stop_with_their_step(server, repl_kind)
 
 async def test_a_thread_pool_made_in_one_step_serves_the_next(rlm, server, repl_kind):
     rlm.sandbox = repl_kind
-    server.script("root-model", [
-        repl("import concurrent.futures\npool = concurrent.futures.ThreadPoolExecutor(2)\n"
-             "print(pool.submit(llm_query, 'one').result())"),
-        repl("jobs = [pool.submit(lambda p: print(llm_query(p)), p) for p in ('two', 'three')]\n"
-             "concurrent.futures.wait(jobs)\npool.shutdown()"), "FINAL(ok)"])
+    server.script(
+        "root-model",
+        [
+            repl(
+                "import concurrent.futures\npool = concurrent.futures.ThreadPoolExecutor(2)\n"
+                "print(pool.submit(llm_query, 'one').result())"
+            ),
+            repl(
+                "jobs = [pool.submit(lambda p: print(llm_query(p)), p) for p in ('two', 'three')]\n"
+                "concurrent.futures.wait(jobs)\npool.shutdown()"
+            ),
+            "FINAL(ok)",
+        ],
+    )
     result = await rlm.arun("q", context="c")
     first, second = (it.code[0].output for it in result.trajectory[:2])
     assert first == "echo: one"
@@ -560,15 +662,24 @@ async def test_a_budget_that_cannot_see_some_costs_says_so(server):
     assert result.success
 
 
-async def test_threads_the_model_starts_print_to_the_model_not_the_cell(rlm, server, capsys, repl_kind):
+async def test_threads_the_model_starts_print_to_the_model_not_the_cell(
+    rlm, server, capsys, repl_kind
+):
     rlm.sandbox = repl_kind
-    server.script("root-model", [repl(
-        "import threading\n"
-        "t = threading.Thread(target=lambda: print('from a thread'))\n"
-        "t.start(); t.join()\n"
-        "import concurrent.futures\n"
-        "with concurrent.futures.ThreadPoolExecutor(2) as pool:\n"
-        "    pool.submit(print, 'from a pool')"), "FINAL(ok)"])
+    server.script(
+        "root-model",
+        [
+            repl(
+                "import threading\n"
+                "t = threading.Thread(target=lambda: print('from a thread'))\n"
+                "t.start(); t.join()\n"
+                "import concurrent.futures\n"
+                "with concurrent.futures.ThreadPoolExecutor(2) as pool:\n"
+                "    pool.submit(print, 'from a pool')"
+            ),
+            "FINAL(ok)",
+        ],
+    )
     result = await rlm.arun("q", context="c")
     assert result.trajectory[0].code[0].output == "from a thread\nfrom a pool"
     assert "from a" not in capsys.readouterr().out

@@ -58,7 +58,8 @@ async def job_in_progress(server) -> str:
 
 
 async def test_a_batch_job_goes_through_the_providers_states_and_answers_in_order(
-        rlm, batch_server):
+    rlm, batch_server
+):
     batch_server.batch_jobs.hold.clear()  # kept in progress until the client has seen it
     batch_server.batch_jobs.step_s = 0.3  # validating and finalizing last a few polls
     seen = Seen()
@@ -92,7 +93,8 @@ async def test_usage_is_priced_at_the_providers_batch_prices(batch_server, tmp_p
     # litellm's price map: $0.075 / $0.30 per million tokens in a batch (half of $0.15 / $0.60).
     assert records[0].cost_usd == pytest.approx(10 * 0.075e-6 + 5 * 0.30e-6)
     assert JobStore(str(tmp_path)).all()[0].cost_usd == pytest.approx(
-        2 * (10 * 0.075e-6 + 5 * 0.30e-6))
+        2 * (10 * 0.075e-6 + 5 * 0.30e-6)
+    )
 
 
 async def test_running_the_same_map_again_reattaches_to_the_job(rlm, batch_server):
@@ -105,8 +107,9 @@ async def test_running_the_same_map_again_reattaches_to_the_job(rlm, batch_serve
         await first
     assert batch_server.batch_jobs.states(job_id) == "in_progress"
     batch_server.batch_jobs.hold.set()
-    assert await rlm.helpers.llm_query_batch(prompts, batch_job=True) == \
-        [f"echo: {p}" for p in prompts]
+    assert await rlm.helpers.llm_query_batch(prompts, batch_job=True) == [
+        f"echo: {p}" for p in prompts
+    ]
     assert list(batch_server.batch_jobs.batches) == [job_id]  # nothing submitted twice
     # A third run reads the finished job again: its answers are not counted as paid twice.
     before = rlm.client.ledger.cost_usd
@@ -115,8 +118,9 @@ async def test_running_the_same_map_again_reattaches_to_the_job(rlm, batch_serve
 
 
 @pytest.mark.slow  # a fresh interpreter importing litellm
-async def test_a_new_process_reattaches_to_a_job_an_interrupted_one_left(rlm, batch_server,
-                                                                        tmp_path):
+async def test_a_new_process_reattaches_to_a_job_an_interrupted_one_left(
+    rlm, batch_server, tmp_path
+):
     batch_server.batch_jobs.hold.clear()
     prompts = ["r0", "r1", "r2"]
     first = asyncio.ensure_future(rlm.helpers.llm_query_batch(prompts, batch_job=True))
@@ -137,8 +141,9 @@ async def test_a_new_process_reattaches_to_a_job_an_interrupted_one_left(rlm, ba
             return await rlm.helpers.llm_query_batch({prompts!r}, batch_job=True)
         print(json.dumps(asyncio.run(main())))
     """)
-    done = await asyncio.to_thread(subprocess.run, [sys.executable, "-c", script],
-                                   capture_output=True, text=True, timeout=120)
+    done = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout.splitlines()[-1]) == [f"echo: {p}" for p in prompts]
     assert list(batch_server.batch_jobs.batches) == [job_id]
@@ -154,15 +159,17 @@ def sigint_as_in_a_kernel():
     signal.signal(signal.SIGINT, previous)
 
 
-async def test_an_interrupt_says_how_to_reattach_or_cancel(shell, batch_server, tmp_path,
-                                                            sigint_as_in_a_kernel):
+async def test_an_interrupt_says_how_to_reattach_or_cancel(
+    shell, batch_server, tmp_path, sigint_as_in_a_kernel
+):
     session_rlm(shell).cache_dir = str(tmp_path)
     batch_server.batch_jobs.hold.clear()
     code = "await llm_query_batch(['s1', 's2'], batch_job=True)"
     # The cell's error is read from its result: a KeyboardInterrupt raised out of a task
     # would escape the test's event loop.
-    cell = asyncio.ensure_future(shell.run_cell_async(code,
-                                                      transformed_cell=shell.transform_cell(code)))
+    cell = asyncio.ensure_future(
+        shell.run_cell_async(code, transformed_cell=shell.transform_cell(code))
+    )
     job_id = await job_in_progress(batch_server)
     await asyncio.to_thread(batch_server.wait_for, lambda: JobStore(str(tmp_path)).all())
     signal.raise_signal(signal.SIGINT)
@@ -170,7 +177,8 @@ async def test_an_interrupt_says_how_to_reattach_or_cancel(shell, batch_server, 
     assert isinstance(error, KeyboardInterrupt)
     assert str(error) == (
         f"llm_query_batch interrupted; batch job {job_id} keeps running at the provider: "
-        f"re-run the cell to reattach, or `%rlm jobs cancel {job_id}` to cancel it")
+        f"re-run the cell to reattach, or `%rlm jobs cancel {job_id}` to cancel it"
+    )
     assert batch_server.batch_jobs.states(job_id) == "in_progress"
 
 
@@ -194,8 +202,11 @@ async def test_rlm_jobs_lists_jobs_and_cancels_one(shell, batch_server, tmp_path
 
 async def test_a_provider_without_batch_jobs_gets_a_one_line_error(batch_server, tmp_path):
     rlm = make_rlm(batch_server, cache_dir=str(tmp_path), sub_model="anthropic/claude-x")
-    with pytest.raises(ConfigError, match=r"^batch_job: anthropic cannot run batch jobs "
-                                          r"through litellm .*providers that can: openai"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^batch_job: anthropic cannot run batch jobs "
+        r"through litellm .*providers that can: openai",
+    ):
         await rlm.helpers.llm_query_batch(["a"], batch_job=True)
     assert batch_server.batch_jobs.batches == {}
 
@@ -208,25 +219,34 @@ async def test_a_job_the_provider_has_forgotten_is_submitted_anew(rlm, batch_ser
 
 
 @pytest.mark.proxy
-async def test_a_batch_job_runs_through_a_real_litellm_proxy(litellm_proxy, batch_server,
-                                                             tmp_path):
+async def test_a_batch_job_runs_through_a_real_litellm_proxy(litellm_proxy, batch_server, tmp_path):
     from .litellm_proxy import MASTER_KEY
 
-    rlm = make_rlm(batch_server, model="litellm_proxy/root", sub_model="litellm_proxy/sub",
-                   api_base=litellm_proxy.base_url, api_key=MASTER_KEY,
-                   cache_dir=str(tmp_path), timeout=30)
-    assert await rlm.helpers.llm_query_batch(["x1", "x2"], batch_job=True) == \
-        ["echo: x1", "echo: x2"]
+    rlm = make_rlm(
+        batch_server,
+        model="litellm_proxy/root",
+        sub_model="litellm_proxy/sub",
+        api_base=litellm_proxy.base_url,
+        api_key=MASTER_KEY,
+        cache_dir=str(tmp_path),
+        timeout=30,
+    )
+    assert await rlm.helpers.llm_query_batch(["x1", "x2"], batch_job=True) == [
+        "echo: x1",
+        "echo: x2",
+    ]
     assert len(batch_server.batch_jobs.batches) == 1  # the proxy passed the job upstream
 
 
-async def test_the_progress_line_shows_the_jobs_state_and_counts(shell, batch_server,
-                                                                 tmp_path, capsys):
+async def test_the_progress_line_shows_the_jobs_state_and_counts(
+    shell, batch_server, tmp_path, capsys
+):
     rlm = session_rlm(shell)
     rlm.cache_dir, rlm.progress = str(tmp_path), True
     batch_server.batch_jobs.hold.clear()
-    cell = asyncio.ensure_future(run_cell(
-        shell, "await llm_query_batch(['l1', 'l2', 'l3'], batch_job=True)"))
+    cell = asyncio.ensure_future(
+        run_cell(shell, "await llm_query_batch(['l1', 'l2', 'l3'], batch_job=True)")
+    )
     job_id = await job_in_progress(batch_server)
     written = ""
     for _ in range(200):  # the line is rewritten 4 times a second: wait for the state
@@ -250,8 +270,7 @@ async def cancelled_half_way(rlm, batch_server) -> str:
     batch_server.batch_jobs.hold.clear()  # the fast lines are answered, the slow one waits
     first = asyncio.ensure_future(rlm.helpers.llm_query_batch(HALF_DONE, batch_job=True))
     job_id = await job_in_progress(batch_server)
-    assert await asyncio.to_thread(batch_server.wait_for,
-                                   lambda: batch_server.completed == 2, 30)
+    assert await asyncio.to_thread(batch_server.wait_for, lambda: batch_server.completed == 2, 30)
     await asyncio.to_thread(jobs.cancel, rlm.cache_dir, job_id, rlm)
     with pytest.raises(BatchError) as caught:
         await first
@@ -260,15 +279,18 @@ async def cancelled_half_way(rlm, batch_server) -> str:
     return job_id
 
 
-async def test_a_job_cancelled_half_way_is_rerun_only_for_its_missing_prompts(rlm,
-                                                                            batch_server):
+async def test_a_job_cancelled_half_way_is_rerun_only_for_its_missing_prompts(rlm, batch_server):
     job_id = await cancelled_half_way(rlm, batch_server)
     prompts = HALF_DONE
-    assert await rlm.helpers.llm_query_batch(prompts, batch_job=True) == \
-        [f"echo: {p}" for p in prompts]
+    assert await rlm.helpers.llm_query_batch(prompts, batch_job=True) == [
+        f"echo: {p}" for p in prompts
+    ]
     # The second job held only the prompt the first left: no answer was paid for twice.
-    assert [r["messages"][-1]["content"] for r in batch_server.requests] == \
-        ["fast 1", "fast 2", "slow 1"]
+    assert [r["messages"][-1]["content"] for r in batch_server.requests] == [
+        "fast 1",
+        "fast 2",
+        "slow 1",
+    ]
     assert sum(not r.cached for r in rlm.client.ledger.records) == 3
     assert len(batch_server.batch_jobs.batches) == 2
     listed = {r.id: r.state for r in JobStore(rlm.cache_dir).all()}
@@ -283,64 +305,73 @@ def test_cancel_takes_the_whole_id_or_a_prefix_only_one_job_has(tmp_path):
     assert store.find("batch_1").key == "b"  # exact, though batch_12 is older
     assert store.find("batch_7").key == "c" and store.find("batch_12").key == "a"
     assert store.find("batch_9") is None
-    with pytest.raises(ConfigError, match=r"^'batch_' matches 3 batch jobs: batch_12, "
-                                          r"batch_1, batch_7; give the whole id$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^'batch_' matches 3 batch jobs: batch_12, "
+        r"batch_1, batch_7; give the whole id$",
+    ):
         store.find("batch_")
 
 
 async def test_a_wait_outlasts_a_few_failed_polls(rlm, batch_server):
     batch_server.batch_jobs.failing_retrieves = 3
-    assert await rlm.helpers.llm_query_batch(["w1", "w2"], batch_job=True) == \
-        ["echo: w1", "echo: w2"]
+    assert await rlm.helpers.llm_query_batch(["w1", "w2"], batch_job=True) == [
+        "echo: w1",
+        "echo: w2",
+    ]
     assert batch_server.batch_jobs.failing_retrieves == 0
 
 
 async def test_a_provider_out_of_reach_ends_the_wait_with_one_line_naming_the_job(
-        rlm, batch_server):
+    rlm, batch_server
+):
     batch_server.batch_jobs.failing_retrieves = 1000
     with pytest.raises(LLMQueryError) as caught:
         await rlm.helpers.llm_query_batch(["u1"], batch_job=True)
     [job_id] = batch_server.batch_jobs.batches
     message = str(caught.value)
     assert "\n" not in message and f"checking on batch job {job_id} failed" in message
-    assert message.endswith("the job may still be running at the provider: re-run the "
-                            "cell to reattach")
+    assert message.endswith(
+        "the job may still be running at the provider: re-run the cell to reattach"
+    )
     batch_server.batch_jobs.failing_retrieves = 0
     assert await rlm.helpers.llm_query_batch(["u1"], batch_job=True) == ["echo: u1"]
     assert list(batch_server.batch_jobs.batches) == [job_id]
 
 
-async def test_a_job_whose_creation_went_unanswered_is_found_not_submitted_again(
-        rlm, batch_server):
+async def test_a_job_whose_creation_went_unanswered_is_found_not_submitted_again(rlm, batch_server):
     batch_server.batch_jobs.lose_created = True  # the provider made it; the answer was lost
     with pytest.raises(LLMQueryError, match="creating the batch job failed"):
         await rlm.helpers.llm_query_batch(["n1", "n2"], batch_job=True)
     [job_id] = batch_server.batch_jobs.batches
     # Re-run once the job has ended (a user back later): found ended, it is never polled,
     # so its answers are read from what the lookup saw.
-    assert await asyncio.to_thread(batch_server.wait_for, lambda: batch_server.batch_jobs
-                                   .states(job_id) == "completed", 30)
-    assert await rlm.helpers.llm_query_batch(["n1", "n2"], batch_job=True) == \
-        ["echo: n1", "echo: n2"]
+    assert await asyncio.to_thread(
+        batch_server.wait_for, lambda: batch_server.batch_jobs.states(job_id) == "completed", 30
+    )
+    assert await rlm.helpers.llm_query_batch(["n1", "n2"], batch_job=True) == [
+        "echo: n1",
+        "echo: n2",
+    ]
     assert list(batch_server.batch_jobs.batches) == [job_id]
     assert [r.id for r in JobStore(rlm.cache_dir).all()] == [job_id]
 
 
 async def test_a_job_seen_ended_whose_answers_were_never_read_is_read_then_completed(
-        rlm, batch_server):
+    rlm, batch_server
+):
     batch_server.batch_jobs.hold_match = "slow"
     batch_server.batch_jobs.hold.clear()
     first = asyncio.ensure_future(rlm.helpers.llm_query_batch(HALF_DONE, batch_job=True))
     job_id = await job_in_progress(batch_server)
-    assert await asyncio.to_thread(batch_server.wait_for,
-                                   lambda: batch_server.completed == 2, 30)
+    assert await asyncio.to_thread(batch_server.wait_for, lambda: batch_server.completed == 2, 30)
     first.cancel()  # interrupted while waiting: the job runs on
     with pytest.raises(asyncio.CancelledError):
         await first
     await asyncio.to_thread(jobs.cancel, rlm.cache_dir, job_id, rlm)
-    assert await asyncio.to_thread(batch_server.wait_for,
-                                   lambda: batch_server.batch_jobs.states(job_id) ==
-                                   "cancelled", 30)
+    assert await asyncio.to_thread(
+        batch_server.wait_for, lambda: batch_server.batch_jobs.states(job_id) == "cancelled", 30
+    )
     # As a poll that saw it end would leave the record, had the run stopped right after.
     store = JobStore(rlm.cache_dir)
     [record] = store.all()
@@ -348,32 +379,40 @@ async def test_a_job_seen_ended_whose_answers_were_never_read_is_read_then_compl
     record.output_file_id = batch_server.batch_jobs.batches[job_id]["output_file_id"]
     store.put(record)
     batch_server.batch_jobs.hold.set()
-    assert await rlm.helpers.llm_query_batch(HALF_DONE, batch_job=True) == \
-        [f"echo: {p}" for p in HALF_DONE]
-    assert [r["messages"][-1]["content"] for r in batch_server.requests] == \
-        ["fast 1", "fast 2", "slow 1"]
+    assert await rlm.helpers.llm_query_batch(HALF_DONE, batch_job=True) == [
+        f"echo: {p}" for p in HALF_DONE
+    ]
+    assert [r["messages"][-1]["content"] for r in batch_server.requests] == [
+        "fast 1",
+        "fast 2",
+        "slow 1",
+    ]
     assert sum(not r.cached for r in rlm.client.ledger.records) == 3
 
 
 async def test_a_lost_creation_is_found_by_its_own_file_not_by_an_earlier_job_of_the_map(
-        rlm, batch_server):
+    rlm, batch_server
+):
     await cancelled_half_way(rlm, batch_server)
     batch_server.batch_jobs.lose_created = True
     with pytest.raises(LLMQueryError, match="creating the batch job failed"):
         await rlm.helpers.llm_query_batch(HALF_DONE, batch_job=True)
-    assert await rlm.helpers.llm_query_batch(HALF_DONE, batch_job=True) == \
-        [f"echo: {p}" for p in HALF_DONE]
+    assert await rlm.helpers.llm_query_batch(HALF_DONE, batch_job=True) == [
+        f"echo: {p}" for p in HALF_DONE
+    ]
     assert len(batch_server.batch_jobs.batches) == 2
     assert sum(not r.cached for r in rlm.client.ledger.records) == 3
 
 
 async def test_an_interrupt_while_the_job_is_created_says_how_to_reattach(
-        shell, batch_server, tmp_path, sigint_as_in_a_kernel):
+    shell, batch_server, tmp_path, sigint_as_in_a_kernel
+):
     session_rlm(shell).cache_dir = str(tmp_path)
     batch_server.batch_jobs.hold_create.clear()
     code = "await llm_query_batch(['i1', 'i2'], batch_job=True)"
-    cell = asyncio.ensure_future(shell.run_cell_async(code,
-                                                      transformed_cell=shell.transform_cell(code)))
+    cell = asyncio.ensure_future(
+        shell.run_cell_async(code, transformed_cell=shell.transform_cell(code))
+    )
     store = JobStore(str(tmp_path))
     assert await asyncio.to_thread(batch_server.wait_for, lambda: store.all(), 30)
     signal.raise_signal(signal.SIGINT)
@@ -383,20 +422,23 @@ async def test_an_interrupt_while_the_job_is_created_says_how_to_reattach(
     assert str(error) == (
         f"llm_query_batch interrupted while its batch job was being created (input file "
         f"{record.input_file_id}); the job may be running at the provider: re-run the cell "
-        f"to reattach (it is looked up before anything is submitted)")
+        f"to reattach (it is looked up before anything is submitted)"
+    )
     batch_server.batch_jobs.hold_create.set()
     # The creation went on, shielded, and its job is recorded: the re-run reattaches.
-    assert await session_rlm(shell).helpers.llm_query_batch(['i1', 'i2'], batch_job=True) \
-        == ["echo: i1", "echo: i2"]
+    assert await session_rlm(shell).helpers.llm_query_batch(["i1", "i2"], batch_job=True) == [
+        "echo: i1",
+        "echo: i2",
+    ]
     assert len(batch_server.batch_jobs.batches) == 1
 
 
 async def test_an_interrupt_while_the_ledger_is_told_never_bills_the_job_twice(
-        rlm, batch_server, monkeypatch):
+    rlm, batch_server, monkeypatch
+):
     monkeypatch.setattr(jobs, "RECORD_SLICE", 1)  # an interrupt can land between records
     ledger = rlm.client.ledger
-    task = asyncio.ensure_future(rlm.helpers.llm_query_batch(["b1", "b2", "b3"],
-                                                             batch_job=True))
+    task = asyncio.ensure_future(rlm.helpers.llm_query_batch(["b1", "b2", "b3"], batch_job=True))
     record = ledger.record
 
     def interrupted_after_the_first(call):
@@ -407,6 +449,9 @@ async def test_an_interrupt_while_the_ledger_is_told_never_bills_the_job_twice(
     monkeypatch.setattr(ledger, "record", interrupted_after_the_first)
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert await rlm.helpers.llm_query_batch(["b1", "b2", "b3"], batch_job=True) == \
-        ["echo: b1", "echo: b2", "echo: b3"]
+    assert await rlm.helpers.llm_query_batch(["b1", "b2", "b3"], batch_job=True) == [
+        "echo: b1",
+        "echo: b2",
+        "echo: b3",
+    ]
     assert sum(not r.cached for r in ledger.records) == 3

@@ -43,8 +43,9 @@ INTERRUPT_LIMIT_S = 2.0
 
 # -- kernel specs --------------------------------------------------------------------
 def _run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True,
-                          timeout=60, env=env)
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, timeout=60, env=env
+    )
 
 
 def _kernel_dir(prefix: Path) -> Path:
@@ -90,27 +91,38 @@ def test_installed_spec(kernel_prefix, kernel_specs):
     assert spec.language == "python"
     assert spec.interrupt_mode == "signal"
     assert spec.metadata == {"debugger": True}
-    assert spec.argv == [sys.executable, "-m", "rlm_magic.jupyter.kernel", "-f", "{connection_file}"]
+    assert spec.argv == [
+        sys.executable,
+        "-m",
+        "rlm_magic.jupyter.kernel",
+        "-f",
+        "{connection_file}",
+    ]
     for logo in ("logo-32x32.png", "logo-64x64.png"):
         assert (Path(spec.resource_dir) / logo).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert Path(_kernelspec_list(kernel_prefix)["rlm"]["resource_dir"]) == \
-        _kernel_dir(kernel_prefix) / "rlm"
+    assert (
+        Path(_kernelspec_list(kernel_prefix)["rlm"]["resource_dir"])
+        == _kernel_dir(kernel_prefix) / "rlm"
+    )
 
 
 def test_install_list_uninstall(tmp_path):
     prefix = tmp_path / "prefix"
     assert "rlm2" not in _kernelspec_list(prefix)
-    done = _run("-m", "rlm_magic.jupyter.kernelspec", "install", "--prefix", str(prefix),
-                "--name", "rlm2")
+    done = _run(
+        "-m", "rlm_magic.jupyter.kernelspec", "install", "--prefix", str(prefix), "--name", "rlm2"
+    )
     assert done.returncode == 0, done.stderr
     assert "rlm2" in _kernelspec_list(prefix)
-    done = _run("-m", "rlm_magic.jupyter.kernelspec", "uninstall", "--prefix", str(prefix),
-                "--name", "rlm2")
+    done = _run(
+        "-m", "rlm_magic.jupyter.kernelspec", "uninstall", "--prefix", str(prefix), "--name", "rlm2"
+    )
     assert done.returncode == 0, done.stderr
     assert "Removed" in done.stdout
     assert "rlm2" not in _kernelspec_list(prefix)
-    done = _run("-m", "rlm_magic.jupyter.kernelspec", "uninstall", "--prefix", str(prefix),
-                "--name", "rlm2")
+    done = _run(
+        "-m", "rlm_magic.jupyter.kernelspec", "uninstall", "--prefix", str(prefix), "--name", "rlm2"
+    )
     assert done.returncode == 1
     assert done.stderr.startswith("error: no kernel spec 'rlm2'")
     assert len(done.stderr.strip().splitlines()) == 1
@@ -136,9 +148,18 @@ class Kernel:
     def submit(self, code: str) -> str:
         """Send an execute_request as a notebook frontend does: naming the cell (as
         JupyterLab and Notebook 7 do), which tells the kernel widgets are rendered."""
-        msg = self.kc.session.msg("execute_request", {
-            "code": code, "silent": False, "store_history": True, "user_expressions": {},
-            "allow_stdin": True, "stop_on_error": True}, metadata={"cellId": uuid.uuid4().hex})
+        msg = self.kc.session.msg(
+            "execute_request",
+            {
+                "code": code,
+                "silent": False,
+                "store_history": True,
+                "user_expressions": {},
+                "allow_stdin": True,
+                "stop_on_error": True,
+            },
+            metadata={"cellId": uuid.uuid4().hex},
+        )
         self.kc.shell_channel.send(msg)
         return msg["header"]["msg_id"]
 
@@ -158,12 +179,18 @@ class Kernel:
             self.iopub.append((time.perf_counter(), msg))
 
     def messages(self, msg_id: str, msg_type: str | None = None) -> list[tuple[float, dict]]:
-        return [(t, m) for t, m in self.iopub if m["parent_header"].get("msg_id") == msg_id
-                and (msg_type is None or m["msg_type"] == msg_type)]
+        return [
+            (t, m)
+            for t, m in self.iopub
+            if m["parent_header"].get("msg_id") == msg_id
+            and (msg_type is None or m["msg_type"] == msg_type)
+        ]
 
     def _idle(self, msg_id: str) -> bool:
-        return any(m["content"].get("execution_state") == "idle"
-                   for _, m in self.messages(msg_id, "status"))
+        return any(
+            m["content"].get("execution_state") == "idle"
+            for _, m in self.messages(msg_id, "status")
+        )
 
     def wait(self, msg_id: str, timeout: float = 60) -> tuple[dict, float]:
         """The execute_reply of ``msg_id`` and when it arrived; then drains its iopub."""
@@ -185,9 +212,10 @@ class Kernel:
         """Run a cell that must succeed; returns its text output (stdout + result)."""
         msg_id = self.submit(code)
         reply, _ = self.wait(msg_id, timeout)
-        assert reply["status"] == "ok", (f"{code!r} failed: {reply.get('ename')}: "
-                                         f"{reply.get('evalue')}\n" +
-                                         "\n".join(reply.get("traceback", [])))
+        assert reply["status"] == "ok", (
+            f"{code!r} failed: {reply.get('ename')}: "
+            f"{reply.get('evalue')}\n" + "\n".join(reply.get("traceback", []))
+        )
         out = []
         for _, msg in self.messages(msg_id):
             if msg["msg_type"] == "stream":
@@ -201,14 +229,18 @@ class Kernel:
 
 
 def configure(kernel: Kernel, server) -> None:
-    kernel.run("\n".join([
-        f'%config RLM.api_base = "{server.base_url}"',
-        '%config RLM.model = "openai/root-model"',
-        '%config RLM.sub_model = "openai/sub-model"',
-        '%config RLM.api_key = "sk-test"',
-        "%config RLM.retry_backoff = 0.01",
-        "%config RLM.timeout = 60.0",
-    ]))
+    kernel.run(
+        "\n".join(
+            [
+                f'%config RLM.api_base = "{server.base_url}"',
+                '%config RLM.model = "openai/root-model"',
+                '%config RLM.sub_model = "openai/sub-model"',
+                '%config RLM.api_key = "sk-test"',
+                "%config RLM.retry_backoff = 0.01",
+                "%config RLM.timeout = 60.0",
+            ]
+        )
+    )
 
 
 def warm_up(kernel: Kernel) -> None:
@@ -246,8 +278,7 @@ def rlm_kernel(kernel_specs, kernel_env, llm_server):
 def stock_kernel(kernel_specs, kernel_env, llm_server):
     """The venv's own stock "python3" kernel, after %load_ext rlm_magic."""
     assert kernel_specs.get_kernel_spec("python3").argv[0] == sys.executable
-    with ready_kernel("python3", kernel_specs, kernel_env, llm_server,
-                      load_ext=True) as kernel:
+    with ready_kernel("python3", kernel_specs, kernel_env, llm_server, load_ext=True) as kernel:
         yield kernel
 
 
@@ -271,11 +302,15 @@ def execute_notebook(cells, kernel_name: str, kernel_specs, kernel_env, tmp_path
     """Run code cells with nbclient, as papermill and nbconvert do; the executed copy."""
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
     spec = kernel_specs.get_kernel_spec(kernel_name)
-    nb.metadata["kernelspec"] = {"name": kernel_name, "display_name": spec.display_name,
-                                 "language": "python"}
+    nb.metadata["kernelspec"] = {
+        "name": kernel_name,
+        "display_name": spec.display_name,
+        "language": "python",
+    }
     km = AsyncKernelManager(kernel_name=kernel_name, kernel_spec_manager=kernel_specs)
-    client = nbclient.NotebookClient(nb, km=km, timeout=90,
-                                     resources={"metadata": {"path": str(tmp_path)}})
+    client = nbclient.NotebookClient(
+        nb, km=km, timeout=90, resources={"metadata": {"path": str(tmp_path)}}
+    )
     try:
         client.execute(env=kernel_env)
     finally:  # nbclient leaves a kernel it did not create running
@@ -285,20 +320,33 @@ def execute_notebook(cells, kernel_name: str, kernel_specs, kernel_env, tmp_path
 
 
 def configure_cell(server) -> str:
-    return "\n".join([f'%config RLM.api_base = "{server.base_url}"',
-                      '%config RLM.model = "openai/root-model"',
-                      '%config RLM.sub_model = "openai/sub-model"',
-                      '%config RLM.api_key = "sk-test"'])
+    return "\n".join(
+        [
+            f'%config RLM.api_base = "{server.base_url}"',
+            '%config RLM.model = "openai/root-model"',
+            '%config RLM.sub_model = "openai/sub-model"',
+            '%config RLM.api_key = "sk-test"',
+        ]
+    )
 
 
 def test_notebook_runs_in_rlm_kernel(kernel_specs, kernel_env, server, tmp_path):
-    server.script(ROOT, ["Let me look.\n```repl\nprint(context.upper())\n```",
-                         "The context shouts.\nFINAL(it says HELLO WORLD)"])
+    server.script(
+        ROOT,
+        [
+            "Let me look.\n```repl\nprint(context.upper())\n```",
+            "The context shouts.\nFINAL(it says HELLO WORLD)",
+        ],
+    )
     cells = [
-        "\n".join([f'%config RLM.api_base = "{server.base_url}"',
-                   '%config RLM.model = "openai/root-model"',
-                   '%config RLM.sub_model = "openai/sub-model"',
-                   '%config RLM.api_key = "sk-test"']),
+        "\n".join(
+            [
+                f'%config RLM.api_base = "{server.base_url}"',
+                '%config RLM.model = "openai/root-model"',
+                '%config RLM.sub_model = "openai/sub-model"',
+                '%config RLM.api_key = "sk-test"',
+            ]
+        ),
         "answer = await llm_query('ping')\nprint(answer)",
         "await llm_query_batch(['x', 'y', 'z'])",
         "data = 'hello world'",
@@ -309,9 +357,11 @@ def test_notebook_runs_in_rlm_kernel(kernel_specs, kernel_env, server, tmp_path)
 
     def text(index):
         # stream and results only: progress widgets come as display_data
-        return "".join(o["text"] if o.output_type == "stream" else o.data["text/plain"]
-                       for o in nb.cells[index].outputs
-                       if o.output_type in ("stream", "execute_result"))
+        return "".join(
+            o["text"] if o.output_type == "stream" else o.data["text/plain"]
+            for o in nb.cells[index].outputs
+            if o.output_type in ("stream", "execute_result")
+        )
 
     assert text(1) == "echo: ping\n"
     assert text(2) == "['echo: x', 'echo: y', 'echo: z']"
@@ -319,21 +369,30 @@ def test_notebook_runs_in_rlm_kernel(kernel_specs, kernel_env, server, tmp_path)
     root_requests = server.requests_for(ROOT)
     assert len(root_requests) == 2
     assert "What does 'hello world' say?" in root_requests[0]["messages"][-1]["content"]
-    assert "HELLO WORLD" in root_requests[1]["messages"][-2]["content"] + \
-        root_requests[1]["messages"][-1]["content"]
+    assert (
+        "HELLO WORLD"
+        in root_requests[1]["messages"][-2]["content"] + root_requests[1]["messages"][-1]["content"]
+    )
 
 
-def test_saved_text_beside_progress_widgets_shows_how_the_work_ended(kernel_specs,
-                                                                     kernel_env, server,
-                                                                     tmp_path):
+def test_saved_text_beside_progress_widgets_shows_how_the_work_ended(
+    kernel_specs, kernel_env, server, tmp_path
+):
     server.script(ROOT, ["```repl\nprint(llm_query_batch(['a', 'b']))\n```", "FINAL(two)"])
-    cells = [configure_cell(server), "_ = await llm_query_batch(['x', 'y', 'z'])",
-             "data = 'abc'", "%%rlm -c data\nWhat is it?"]
+    cells = [
+        configure_cell(server),
+        "_ = await llm_query_batch(['x', 'y', 'z'])",
+        "data = 'abc'",
+        "%%rlm -c data\nWhat is it?",
+    ]
     nb = execute_notebook(cells, "rlm", kernel_specs, kernel_env, tmp_path)
 
     def widget_texts(index):  # what GitHub, nbviewer or VS Code without widgets show
-        return [o.data["text/plain"] for o in nb.cells[index].outputs
-                if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+        return [
+            o.data["text/plain"]
+            for o in nb.cells[index].outputs
+            if "application/vnd.jupyter.widget-view+json" in o.get("data", {})
+        ]
 
     [batch] = widget_texts(1)
     assert batch.startswith("llm_query_batch: 3/3 done | ") and "in flight" not in batch
@@ -345,9 +404,9 @@ EXAMPLES = sorted((Path(__file__).parent.parent / "notebooks").glob("[0-9]*.ipyn
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
-def test_example_notebook_runs_under_papermill_in_the_rlm_kernel(path, kernel_specs,
-                                                                kernel_env, tmp_path,
-                                                                monkeypatch):
+def test_example_notebook_runs_under_papermill_in_the_rlm_kernel(
+    path, kernel_specs, kernel_env, tmp_path, monkeypatch
+):
     # nbval runs them in the stock python3 kernel they name; here papermill (stricter:
     # any error output fails it, tagged `raises-exception` or not) in the rlm kernel,
     # where their `%load_ext rlm_magic` finds the extension already loaded.
@@ -357,8 +416,14 @@ def test_example_notebook_runs_under_papermill_in_the_rlm_kernel(path, kernel_sp
     monkeypatch.setenv("IPYTHONDIR", kernel_env["IPYTHONDIR"])  # no user config
     km = AsyncKernelManager(kernel_name="rlm", kernel_spec_manager=kernel_specs)
     try:
-        papermill.execute_notebook(str(path), str(tmp_path / path.name), kernel_name="rlm",
-                                   km=km, cwd=str(path.parent), progress_bar=False)
+        papermill.execute_notebook(
+            str(path),
+            str(tmp_path / path.name),
+            kernel_name="rlm",
+            km=km,
+            cwd=str(path.parent),
+            progress_bar=False,
+        )
     finally:  # a kernel manager handed in is the caller's to shut down
         if km.has_kernel:
             run_sync(km.shutdown_kernel)(now=True)
@@ -377,27 +442,34 @@ def test_widget_updates_stream_while_batch_runs(rlm_kernel, server):
     assert reply["status"] == "ok"
     assert server.peak_in_flight == 4
     duration = replied - started
-    updates = [(t, m) for t, m in rlm_kernel.messages(msg_id, "comm_msg")
-               if m["content"]["data"].get("method") == "update"]
+    updates = [
+        (t, m)
+        for t, m in rlm_kernel.messages(msg_id, "comm_msg")
+        if m["content"]["data"].get("method") == "update"
+    ]
     during = [t for t, _ in updates if t < replied - 0.5]
     # Live: updates kept coming while requests were still running.
     assert len(during) >= 4, f"only {len(during)} updates before the batch ended"
     assert any(t < started + 1.4 for t in during), "no update during the first wave"
     # Throttled: progress ticks at 4 Hz; allow the opening and closing messages.
     limit = 4 * duration + 8
-    bar_values = [m["content"]["data"]["state"]["value"] for _, m in updates
-                  if "value" in m["content"]["data"]["state"]
-                  and isinstance(m["content"]["data"]["state"]["value"], int)]
+    bar_values = [
+        m["content"]["data"]["state"]["value"]
+        for _, m in updates
+        if "value" in m["content"]["data"]["state"]
+        and isinstance(m["content"]["data"]["state"]["value"], int)
+    ]
     MEASURED["widget updates"] = len(updates)
-    print(f"\n[widgets] {len(updates)} comm_msg updates over {duration:.2f}s "
-          f"({len(during)} before the end; limit {limit:.0f}); bar values {bar_values}")
+    print(
+        f"\n[widgets] {len(updates)} comm_msg updates over {duration:.2f}s "
+        f"({len(during)} before the end; limit {limit:.0f}); bar values {bar_values}"
+    )
     assert len(updates) <= limit, f"{len(updates)} updates in {duration:.2f}s"
     assert bar_values and bar_values[-1] == 8
     assert rlm_kernel.value("_r") == [f"echo: p{i}" for i in range(8)]
 
 
-def test_status_widget_shows_the_root_turn_before_the_server_finished_it(rlm_kernel,
-                                                                         server):
+def test_status_widget_shows_the_root_turn_before_the_server_finished_it(rlm_kernel, server):
     rlm_kernel.run("%config RLM.progress = True\nlive_ctx = 'some context'")
     server.token_delay = 0.03
     words = " ".join(f"w{i}" for i in range(60))
@@ -411,8 +483,9 @@ def test_status_widget_shows_the_root_turn_before_the_server_finished_it(rlm_ker
                 return value
         return None
 
-    assert rlm_kernel.pump(lambda: live_text() is not None, timeout=30), \
+    assert rlm_kernel.pump(lambda: live_text() is not None, timeout=30), (
         "the status widget never showed the streaming turn"
+    )
     streams_done_then = server.completed
     shown = live_text()
     reply, _ = rlm_kernel.wait(msg_id, timeout=60)
@@ -434,58 +507,71 @@ def interrupt_timed(kernel: Kernel, msg_id: str, label: str) -> tuple[dict, floa
     return reply, elapsed
 
 
-def interrupt_and_check(kernel: Kernel, server, label: str, code: str, ready,
-                        ready_timeout: float = 30) -> dict:
+def interrupt_and_check(
+    kernel: Kernel, server, label: str, code: str, ready, ready_timeout: float = 30
+) -> dict:
     """Run ``code``, interrupt it once ``ready(msg_id)``, and check the kernel stopped
     it at once and cleanly. Returns the usage delta of the cell, as seen in the kernel."""
-    kernel.run("import signal, rlm_magic, rlm_magic.jupyter.interrupts\n"
-               "_sigint_before = signal.getsignal(signal.SIGINT)\n"
-               "_usage_before = rlm_magic.usage()")
+    kernel.run(
+        "import signal, rlm_magic, rlm_magic.jupyter.interrupts\n"
+        "_sigint_before = signal.getsignal(signal.SIGINT)\n"
+        "_usage_before = rlm_magic.usage()"
+    )
     msg_id = kernel.submit(code)
-    assert kernel.pump(lambda: ready(msg_id), timeout=ready_timeout), \
-        f"[{label}] the cell never got going (server: {len(server.requests)} requests, " \
+    assert kernel.pump(lambda: ready(msg_id), timeout=ready_timeout), (
+        f"[{label}] the cell never got going (server: {len(server.requests)} requests, "
         f"{server.in_flight} in flight)"
+    )
     in_flight = server.in_flight
     reply, elapsed = interrupt_timed(kernel, msg_id, label)
-    print(f"\n[{label}] interrupt -> execute_reply: {elapsed:.3f}s "
-          f"({in_flight} requests were in flight)")
+    print(
+        f"\n[{label}] interrupt -> execute_reply: {elapsed:.3f}s "
+        f"({in_flight} requests were in flight)"
+    )
     assert reply["status"] == "error", f"[{label}] cell finished {reply['status']!r}"
-    assert reply["ename"] == "KeyboardInterrupt", f"[{label}] {reply['ename']}: " \
-        f"{reply['evalue']}"
+    assert reply["ename"] == "KeyboardInterrupt", f"[{label}] {reply['ename']}: {reply['evalue']}"
     # One clear line, like any interrupted cell: no frames of rlm-magic's internals, and
     # not the rewritten line a %%rlm cell runs as.
     assert len(reply["traceback"]) == 1, "\n".join(reply["traceback"])
     assert reply["traceback"][0] == f"KeyboardInterrupt: {reply['evalue']}"
     assert " interrupted" in reply["evalue"], reply["evalue"]
-    assert server.wait_for(lambda: server.in_flight == 0, timeout=10), \
+    assert server.wait_for(lambda: server.in_flight == 0, timeout=10), (
         f"[{label}] {server.in_flight} requests still open after the interrupt"
+    )
     assert kernel.value("1 + 1") == 2
     assert kernel.value("signal.getsignal(signal.SIGINT) is _sigint_before") is True
-    assert kernel.value("(rlm_magic.jupyter.interrupts._guarded, "
-                        "rlm_magic.jupyter.interrupts._previous_handler)") == ({}, None)
-    return kernel.value("_u = rlm_magic.usage(); {'calls': _u.calls - _usage_before.calls, "
-                        "'input_tokens': _u.input_tokens - _usage_before.input_tokens, "
-                        "'errors': _u.total.errors - _usage_before.total.errors, "
-                        "'cancelled': _u.total.cancelled - _usage_before.total.cancelled}")
+    assert kernel.value(
+        "(rlm_magic.jupyter.interrupts._guarded, rlm_magic.jupyter.interrupts._previous_handler)"
+    ) == ({}, None)
+    return kernel.value(
+        "_u = rlm_magic.usage(); {'calls': _u.calls - _usage_before.calls, "
+        "'input_tokens': _u.input_tokens - _usage_before.input_tokens, "
+        "'errors': _u.total.errors - _usage_before.total.errors, "
+        "'cancelled': _u.total.cancelled - _usage_before.total.cancelled}"
+    )
 
 
 def _mixed_batch(kernel: Kernel, server, label: str) -> None:
     """8 prompts: 4 answer at once, 4 take 30 s; interrupt once the fast 4 are counted
     in the kernel (the progress bar shows 4) and the slow 4 are at the server."""
     kernel.run("%config RLM.progress = True")
-    server.latency_for = lambda body: (0.0 if "fast" in body["messages"][-1]["content"]
-                                       else 30.0)
+    server.latency_for = lambda body: 0.0 if "fast" in body["messages"][-1]["content"] else 30.0
 
     def ready(msg_id):
-        shown = [m["content"]["data"]["state"].get("value")
-                 for _, m in kernel.messages(msg_id, "comm_msg")
-                 if m["content"]["data"].get("method") == "update"]
+        shown = [
+            m["content"]["data"]["state"].get("value")
+            for _, m in kernel.messages(msg_id, "comm_msg")
+            if m["content"]["data"].get("method") == "update"
+        ]
         return 4 in shown and server.in_flight == 4
 
     usage = interrupt_and_check(
-        kernel, server, label,
-        "await llm_query_batch([f'fast {i}' for i in range(4)] + "
-        "[f'slow {i}' for i in range(4)])", ready)
+        kernel,
+        server,
+        label,
+        "await llm_query_batch([f'fast {i}' for i in range(4)] + [f'slow {i}' for i in range(4)])",
+        ready,
+    )
     # The 4 answered calls keep their tokens; the 4 cut off are counted as cancelled.
     assert usage == {"calls": 8, "input_tokens": 40, "errors": 0, "cancelled": 4}, usage
     # Every slow call was cut at the server. (Not `completed == 4`: on a loaded machine
@@ -504,8 +590,13 @@ def test_interrupt_batch_in_stock_kernel(stock_kernel, server):
 def test_interrupt_rlm_blocking_step(rlm_kernel, server):
     # The model's code makes one sub-call (so we can see the step has started), then
     # blocks its thread in time.sleep.
-    server.script(ROOT, ["I will wait.\n```repl\nprint(llm_query('step started'))\n"
-                         "import time\ntime.sleep(30)\n```"])
+    server.script(
+        ROOT,
+        [
+            "I will wait.\n```repl\nprint(llm_query('step started'))\n"
+            "import time\ntime.sleep(30)\n```"
+        ],
+    )
     rlm_kernel.run("data = 'some context'")
 
     def ready(msg_id):
@@ -519,23 +610,34 @@ def test_interrupt_rlm_blocking_step(rlm_kernel, server):
         time.sleep(0.3)
         return True
 
-    usage = interrupt_and_check(rlm_kernel, server, "c: %%rlm --no-sandbox, blocking step",
-                                "%%rlm --no-sandbox -c data\nWhat is in the data?",
-                                ready_and_sleeping)
+    usage = interrupt_and_check(
+        rlm_kernel,
+        server,
+        "c: %%rlm --no-sandbox, blocking step",
+        "%%rlm --no-sandbox -c data\nWhat is in the data?",
+        ready_and_sleeping,
+    )
     assert usage["calls"] == 2 and usage["errors"] == usage["cancelled"] == 0, usage
     assert rlm_kernel.value("_rlm.stop_reason, _rlm.success") == ("interrupted", False)
     assert rlm_kernel.value("len(_rlm.trajectory)") == 1
 
 
-@pytest.mark.parametrize("label, code", [
-    ("f: %%rlm --sandbox, sleeping step", "time.sleep(30)"),
-    ("g: %%rlm --sandbox, step ignoring SIGINT",
-     "signal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass")])
+@pytest.mark.parametrize(
+    "label, code",
+    [
+        ("f: %%rlm --sandbox, sleeping step", "time.sleep(30)"),
+        (
+            "g: %%rlm --sandbox, step ignoring SIGINT",
+            "signal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass",
+        ),
+    ],
+)
 def test_interrupt_a_sandboxed_step(rlm_kernel, server, label, code):
     # SIGINT stops a step that takes it (its namespace is kept until the run closes);
     # one that ignores it is killed after the grace period. Either way within 1 s.
-    server.script(ROOT, ["```repl\nimport os, signal, time\nprint(llm_query(str(os.getpid())))"
-                         f"\n{code}\n```"])
+    server.script(
+        ROOT, [f"```repl\nimport os, signal, time\nprint(llm_query(str(os.getpid())))\n{code}\n```"]
+    )
     rlm_kernel.run("data = 'some context'")
 
     def ready_and_running(msg_id):
@@ -544,28 +646,45 @@ def test_interrupt_a_sandboxed_step(rlm_kernel, server, label, code):
         time.sleep(0.3)  # past the sub-call, into the step's last statement
         return True
 
-    usage = interrupt_and_check(rlm_kernel, server, label,
-                                "%%rlm --sandbox -c data\nWhat is in the data?",
-                                ready_and_running)
+    usage = interrupt_and_check(
+        rlm_kernel,
+        server,
+        label,
+        "%%rlm --sandbox -c data\nWhat is in the data?",
+        ready_and_running,
+    )
     assert usage["calls"] == 2, usage
     assert rlm_kernel.value("_rlm.sandbox, _rlm.stop_reason") == ("process", "interrupted")
     # Model code has a PID namespace of its own (its pid means nothing here): no child
     # of the kernel may be left running.
-    assert rlm_kernel.value(
-        "import glob, os\n_left = 0\nfor _p in glob.glob('/proc/[0-9]*/stat'):\n"
-        "    try:\n        _f = open(_p).read().rsplit(')', 1)[1].split()\n"
-        "    except OSError:\n        continue\n"
-        "    _left += _f[1] == str(os.getpid()) and _f[0] not in 'ZX'\n_left") == 0
+    assert (
+        rlm_kernel.value(
+            "import glob, os\n_left = 0\nfor _p in glob.glob('/proc/[0-9]*/stat'):\n"
+            "    try:\n        _f = open(_p).read().rsplit(')', 1)[1].split()\n"
+            "    except OSError:\n        continue\n"
+            "    _left += _f[1] == str(os.getpid()) and _f[0] not in 'ZX'\n_left"
+        )
+        == 0
+    )
 
 
 def test_interrupt_rlm_step_awaiting_batch(rlm_kernel, server):
-    server.script(ROOT, ["Fan out.\n```repl\nanswers = await llm_query_batch("
-                         "[f'part {i}' for i in range(8)])\nprint(len(answers))\n```"])
+    server.script(
+        ROOT,
+        [
+            "Fan out.\n```repl\nanswers = await llm_query_batch("
+            "[f'part {i}' for i in range(8)])\nprint(len(answers))\n```"
+        ],
+    )
     server.model_latency[SUB] = 30.0
     rlm_kernel.run("data = 'some context'")
-    usage = interrupt_and_check(rlm_kernel, server, "d: %%rlm, step awaiting a batch",
-                                "%%rlm -c data --out res_d\nSummarise the data.",
-                                lambda msg_id: server.in_flight == 8)
+    usage = interrupt_and_check(
+        rlm_kernel,
+        server,
+        "d: %%rlm, step awaiting a batch",
+        "%%rlm -c data --out res_d\nSummarise the data.",
+        lambda msg_id: server.in_flight == 8,
+    )
     assert usage["calls"] == 9 and usage["input_tokens"] == 10, usage  # root answered
     assert usage["cancelled"] == 8 and usage["errors"] == 0, usage
     assert server.cancelled == 8
@@ -577,8 +696,9 @@ def test_interrupt_stops_a_cell_whose_batch_runs_in_the_background(rlm_kernel, s
     # batch and the cell must stop.
     server.latency = 30.0
     rlm_kernel.run("import asyncio")
-    msg_id = rlm_kernel.submit("_bg = asyncio.ensure_future(llm_query_batch(['a', 'b']))\n"
-                               "await asyncio.sleep(60)")
+    msg_id = rlm_kernel.submit(
+        "_bg = asyncio.ensure_future(llm_query_batch(['a', 'b']))\nawait asyncio.sleep(60)"
+    )
     assert rlm_kernel.pump(lambda: server.in_flight == 2, timeout=30)
     reply, _ = interrupt_timed(rlm_kernel, msg_id, "e: background batch, cell sleeping")
     assert reply["status"] == "error"
@@ -589,12 +709,12 @@ def test_interrupt_stops_a_cell_whose_batch_runs_in_the_background(rlm_kernel, s
 
 def test_interrupt_leaves_another_cells_background_batch_running(rlm_kernel, server):
     server.latency = 30.0
-    rlm_kernel.run("import asyncio\n"
-                   "_bg = asyncio.ensure_future(llm_query_batch(['bg 1', 'bg 2']))")
+    rlm_kernel.run("import asyncio\n_bg = asyncio.ensure_future(llm_query_batch(['bg 1', 'bg 2']))")
     msg_id = rlm_kernel.submit("await llm_query_batch(['fg 1', 'fg 2'])")
     assert rlm_kernel.pump(lambda: server.in_flight == 4, timeout=30)
-    reply, _ = interrupt_timed(rlm_kernel, msg_id,
-                               "f: batch, another cell's batch in the background")
+    reply, _ = interrupt_timed(
+        rlm_kernel, msg_id, "f: batch, another cell's batch in the background"
+    )
     assert reply["ename"] == "KeyboardInterrupt"
     assert server.wait_for(lambda: server.in_flight == 2, timeout=10)
     assert rlm_kernel.value("_bg.done()") is False  # the earlier cell's work goes on
@@ -607,9 +727,13 @@ def test_interrupt_during_a_streamed_root_turn_closes_the_stream(rlm_kernel, ser
     server.token_delay = 0.1
     server.script(ROOT, ["Let me think at length. " + " ".join(f"w{i}" for i in range(300))])
     rlm_kernel.run("data = 'some context'")
-    usage = interrupt_and_check(rlm_kernel, server, "g: %%rlm, root turn streaming",
-                                "%%rlm -c data --out res_f\nThink it over.",
-                                lambda msg_id: server.chunks_sent >= 6)
+    usage = interrupt_and_check(
+        rlm_kernel,
+        server,
+        "g: %%rlm, root turn streaming",
+        "%%rlm -c data --out res_f\nThink it over.",
+        lambda msg_id: server.chunks_sent >= 6,
+    )
     assert server.wait_for(lambda: server.cancelled == 1, timeout=10), "the stream stayed open"
     assert usage["calls"] == 1 and usage["errors"] == 0 and usage["cancelled"] == 1, usage
     assert rlm_kernel.value("res_f.stop_reason") == "interrupted"

@@ -117,7 +117,8 @@ async def test_an_error_names_the_kind_and_the_providers_sentence_once(rlm, serv
         await rlm.helpers.llm_query("x")
     assert str(caught.value) == (
         "LLM call to 'openai/sub-model' failed: ContextWindowExceededError: request (23009 "
-        "tokens) exceeds the available context size (4096 tokens), try increasing it")
+        "tokens) exceeds the available context size (4096 tokens), try increasing it"
+    )
 
 
 async def test_an_unreachable_endpoint_is_named(server):
@@ -129,8 +130,9 @@ async def test_an_unreachable_endpoint_is_named(server):
     with pytest.raises(LLMQueryError) as caught:
         await rlm.helpers.llm_query("x")
     message = str(caught.value)
-    assert message.startswith(f"LLM call to 'openai/sub-model' failed: could not reach "
-                              f"{endpoint} (")
+    assert message.startswith(
+        f"LLM call to 'openai/sub-model' failed: could not reach {endpoint} ("
+    )
     assert "InternalServerError" not in message and len(message.splitlines()) == 1
 
 
@@ -142,8 +144,10 @@ async def test_an_unpriced_model_whose_calls_all_failed_shows_an_unknown_cost(rl
     assert row.split()[:6] == ["openai/sub-model", "1", "0", "0", "0", "?"]  # cost: not $0
 
 
-@pytest.mark.parametrize("cost, shown", [
-    (0.0, "$0.0000"), (0.00003, "<$0.0001"), (0.00012, "$0.0001"), (1234.5, "$1,234.50")])
+@pytest.mark.parametrize(
+    "cost, shown",
+    [(0.0, "$0.0000"), (0.00003, "<$0.0001"), (0.00012, "$0.0001"), (1234.5, "$1,234.50")],
+)
 def test_costs_are_shown_without_rounding_a_paid_call_to_zero(cost, shown):
     from rlm_magic.llm.usage import format_cost
 
@@ -178,8 +182,11 @@ async def test_cancelling_a_batch_leaves_nothing_in_flight(rlm, server):
         await task
     assert await asyncio.to_thread(server.wait_for, lambda: server.in_flight == 0)
     assert server.cancelled == 8
-    leftover = [t for t in asyncio.all_tasks() - {asyncio.current_task()}
-                if not t.done() and t in tasks_before]
+    leftover = [
+        t
+        for t in asyncio.all_tasks() - {asyncio.current_task()}
+        if not t.done() and t in tasks_before
+    ]
     assert leftover == []
 
 
@@ -297,4 +304,5 @@ def test_errors_render_as_one_line_in_ipython():
     assert ConfigError("bad value")._render_traceback_() == ["ConfigError: bad value"]
     error = LLMQueryError("openai/m", TimeoutError("slow"))
     assert error._render_traceback_() == [
-        "LLMQueryError: LLM call to 'openai/m' failed: TimeoutError: slow"]
+        "LLMQueryError: LLM call to 'openai/m' failed: TimeoutError: slow"
+    ]

@@ -48,8 +48,10 @@ def long_answer(body: dict) -> str:
 
 # -- nothing generated is thrown away ---------------------------------------------------
 
+
 async def test_a_batch_of_answers_longer_than_the_timeout_all_arrive_generated_once(
-        server, transport):
+    server, transport
+):
     # 400 tokens at 100/s: four seconds an answer, twice the (stall) timeout, which
     # leaves a loaded machine (litellm parses each chunk on the loop) room for a pause.
     server.generation_rate = 100
@@ -67,8 +69,10 @@ async def test_a_batch_of_answers_longer_than_the_timeout_all_arrive_generated_o
 async def test_batch_items_in_a_repl_step_stream_past_the_timeout(server):
     server.generation_rate = 200
     server.reply_with("sub-model", long_answer)
-    root = [repl("out = llm_query_batch(['a', 'b', 'c'])\nprint([len(o.split()) for o in out])"),
-            "FINAL(done)"]
+    root = [
+        repl("out = llm_query_batch(['a', 'b', 'c'])\nprint([len(o.split()) for o in out])"),
+        "FINAL(done)",
+    ]
     server.script("root-model", list(root))
     rlm = make_rlm(server, timeout=1.0, sandbox="none")
     result = await rlm.arun("q", context="c")
@@ -90,8 +94,7 @@ async def test_an_answer_whose_server_went_away_keeps_its_text(server, transport
 async def test_a_sub_call_cut_by_the_step_deadline_keeps_its_text(server, transport):
     server.generation_rate = 100
     server.reply_with("sub-model", long_answer)  # four seconds
-    server.script("root-model", [repl("part = llm_query('q')\nprint(part[-120:])"),
-                                 "FINAL(done)"])
+    server.script("root-model", [repl("part = llm_query('q')\nprint(part[-120:])"), "FINAL(done)"])
     rlm = make_rlm(server, step_timeout=2.5, sandbox="none", **transport)
     result = await rlm.arun("q", context="c")
     seen = result.trajectory[0].code[0].output
@@ -101,8 +104,10 @@ async def test_a_sub_call_cut_by_the_step_deadline_keeps_its_text(server, transp
 
 # -- the window the server really has ---------------------------------------------------
 
-@pytest.mark.parametrize("kind,path", [("llama.cpp", "/props"), ("vllm", "/v1/models"),
-                                       ("ollama", "/api/show")])
+
+@pytest.mark.parametrize(
+    "kind,path", [("llama.cpp", "/props"), ("vllm", "/v1/models"), ("ollama", "/api/show")]
+)
 async def test_a_local_servers_window_is_known_before_the_first_call(server, kind, path):
     server.reports_window = (kind, 4096)
     server.script("root-model", ["FINAL(ok)"])
@@ -156,6 +161,7 @@ async def test_ollamas_default_is_advice_and_the_server_is_asked_again(server, m
 async def test_a_host_off_the_local_network_is_asked_only_its_model_list(server, monkeypatch):
     async def not_local(host):  # the test server is on 127.0.0.1: play a remote host
         return False
+
     monkeypatch.setattr(local_servers, "is_local", not_local)
     server.reports_window = ("llama.cpp", 4096)
     rlm = make_rlm(server)
@@ -165,8 +171,15 @@ async def test_a_host_off_the_local_network_is_asked_only_its_model_list(server,
 
 
 async def test_loopback_private_and_link_local_hosts_are_local_and_others_not():
-    for host in ("127.0.0.1", "::1", "localhost", "10.1.2.3", "192.168.0.9",
-                 "169.254.1.1", "fe80::1"):
+    for host in (
+        "127.0.0.1",
+        "::1",
+        "localhost",
+        "10.1.2.3",
+        "192.168.0.9",
+        "169.254.1.1",
+        "fe80::1",
+    ):
         assert await local_servers.is_local(host), host
     for host in ("8.8.8.8", "2001:4860:4860::8888", "", None):
         assert not await local_servers.is_local(host), host
@@ -237,8 +250,9 @@ async def test_a_refusal_of_prompt_and_max_tokens_says_to_lower_max_tokens(serve
     rlm = make_rlm(server, sandbox="none", max_tokens=1000)
     result = await rlm.arun("q", context="c")
     seen = result.trajectory[0].code[0].output
-    assert seen.startswith("Error: the provider counts the prompt at 3,500 tokens and "
-                           "max_tokens=1,000 does not fit")
+    assert seen.startswith(
+        "Error: the provider counts the prompt at 3,500 tokens and max_tokens=1,000 does not fit"
+    )
     assert "ask with max_tokens <= 596, or cut the prompt" in seen
 
 
@@ -254,6 +268,7 @@ async def test_a_window_learned_mid_run_updates_the_chunk_advice(server):
 
 # -- compaction on a small root window --------------------------------------------------
 
+
 def chatty_root(turns: int):
     """A root model printing ~2,400 characters a turn for ``turns`` turns; asked for a
     summary, it writes a long one (as Gemma did)."""
@@ -267,6 +282,7 @@ def chatty_root(turns: int):
         if state["turns"] <= turns:
             return repl("print(context[:2400])")
         return repl("FINAL('finished')")
+
     return reply
 
 
@@ -281,8 +297,11 @@ async def test_a_run_on_a_4096_token_root_window_compacts_and_finishes(server):
     assert result.success, result.error
     assert result.final_answer == "finished"
     assert result.compactions and server.context_errors == 0
-    summaries = [r for r in server.requests_for("root-model")
-                 if "about to be compacted" in r["messages"][-1]["content"]]
+    summaries = [
+        r
+        for r in server.requests_for("root-model")
+        if "about to be compacted" in r["messages"][-1]["content"]
+    ]
     assert summaries and all(r["stream"] for r in summaries)
     assert all(r["max_tokens"] <= 1024 for r in summaries)  # a quarter of the window
     for record in result.compactions:
@@ -291,16 +310,17 @@ async def test_a_run_on_a_4096_token_root_window_compacts_and_finishes(server):
 
 async def test_a_window_too_small_for_the_question_fails_with_its_own_message(server):
     server.reply_with("root-model", chatty_root(50))
-    rlm = make_rlm(server, sandbox="none", context_window=1200, max_tokens=300,
-                   max_iterations=6)
+    rlm = make_rlm(server, sandbox="none", context_window=1200, max_tokens=300, max_iterations=6)
     result = await rlm.arun("why? " * 400, context="c" * 100)  # a 2,000-character question
     assert not result.success
-    assert "could not be compacted" in result.error or "cannot hold its system prompt" \
-        in result.error
+    assert (
+        "could not be compacted" in result.error or "cannot hold its system prompt" in result.error
+    )
     assert "split it" not in result.error
 
 
 # -- what counts as an answer, and the minor items --------------------------------------
+
 
 async def test_an_answer_made_only_of_error_strings_is_not_a_success(server):
     server.fail("500", times=99, model="sub-model")
@@ -324,8 +344,9 @@ def test_a_cache_saving_at_no_known_price_reads_unknown():
     from rlm_magic.llm.usage import CallRecord, UsageLedger
 
     ledger = UsageLedger()
-    ledger.record(CallRecord("openai/local", 100, 10, None, cached_input_tokens=80,
-                             cache_saved_usd=None))
+    ledger.record(
+        CallRecord("openai/local", 100, 10, None, cached_input_tokens=80, cache_saved_usd=None)
+    )
     table = repr(ledger.summary())
     assert "$0.0000" not in table
     assert table.splitlines()[-1].split()[-1] == "?"
@@ -337,8 +358,8 @@ async def test_litellms_logging_worker_does_not_stay_on_the_loop(server):
 
     def workers():
         return [t for t in asyncio.all_tasks() if "_worker_loop" in repr(t.get_coro())]
+
     deadline = time.monotonic() + 10
     while workers() and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     assert workers() == []
-

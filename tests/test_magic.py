@@ -24,11 +24,18 @@ from .test_engine import repl
 
 # -- loading ---------------------------------------------------------------------------
 
+
 def test_loading_puts_awaitable_helpers_in_the_namespace(shell):
     import inspect
 
-    for name in ("llm_query", "llm_query_batch", "llm_query_batched", "rlm_query",
-                 "rlm_query_batch", "rlm_query_batched"):
+    for name in (
+        "llm_query",
+        "llm_query_batch",
+        "llm_query_batched",
+        "rlm_query",
+        "rlm_query_batch",
+        "rlm_query_batched",
+    ):
         assert inspect.iscoroutinefunction(shell.user_ns[name]), name
 
 
@@ -37,8 +44,7 @@ def test_loading_twice_is_harmless_and_unload_removes_everything(shell):
     shell.run_line_magic("load_ext", "rlm_magic")
     rlm_magic.load_ipython_extension(shell)
     assert session_rlm(shell) is rlm
-    assert shell.input_transformers_cleanup.count(
-        rlm_magic.jupyter.magics.transform_rlm_cell) == 1
+    assert shell.input_transformers_cleanup.count(rlm_magic.jupyter.magics.transform_rlm_cell) == 1
     shell.run_line_magic("unload_ext", "rlm_magic")
     try:
         assert "llm_query" not in shell.user_ns
@@ -53,12 +59,15 @@ def test_loading_does_not_import_litellm():
     import subprocess
     import sys
 
-    code = ("import sys, time\nfrom IPython.testing.globalipapp import start_ipython\n"
-            "shell = start_ipython()\nt = time.perf_counter()\n"
-            "shell.run_line_magic('load_ext', 'rlm_magic')\n"
-            "print(time.perf_counter() - t, 'litellm' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True).stdout.split()
+    code = (
+        "import sys, time\nfrom IPython.testing.globalipapp import start_ipython\n"
+        "shell = start_ipython()\nt = time.perf_counter()\n"
+        "shell.run_line_magic('load_ext', 'rlm_magic')\n"
+        "print(time.perf_counter() - t, 'litellm' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split()
     assert out[1] == "False"
     assert float(out[0]) < 1.0
 
@@ -74,7 +83,9 @@ async def test_forgetting_await_shows_a_hint_and_no_warning(shell, recwarn):
     await run_cell(shell, "pending = llm_query('x')")
     coro = shell.user_ns.pop("pending")
     text = shell.display_formatter.format(coro)[0]["text/plain"]
-    assert text == "<llm_query(...) was not run: add `await`, as in `result = await llm_query(...)`>"
+    assert (
+        text == "<llm_query(...) was not run: add `await`, as in `result = await llm_query(...)`>"
+    )
     del coro
     gc.collect()
     assert not [w for w in recwarn if "never awaited" in str(w.message)]
@@ -91,6 +102,7 @@ async def test_usage_is_shown_per_model(shell, server):
 
 
 # -- configuration ---------------------------------------------------------------------
+
 
 def test_config_magic_sets_the_session_rlm(shell):
     shell.run_line_magic("config", "RLM.max_concurrency = 7")
@@ -129,24 +141,27 @@ def test_ipython_config_file_settings_apply():
     assert rlm.max_retries == 5 and rlm.litellm_kwargs == {"temperature": 0}
 
 
-@pytest.mark.parametrize("name, good, bad, message", [
-    ("model", "openai/gpt-4o", "  ", "non-empty"),
-    ("api_base", "http://localhost:8000/v1", "localhost:8000", "http(s) URL"),
-    ("max_concurrency", 1, 0, ">= 1"),
-    ("timeout", 0.5, 0, "> 0"),
-    ("max_retries", 0, -1, ">= 0"),
-    ("retry_backoff", 0.0, -1.0, ">= 0"),
-    ("max_tokens", 1, 0, ">= 1"),
-    ("litellm_kwargs", {"temperature": 0.2}, {"stream": True}, "may not set stream"),
-    ("max_iterations", 1, 0, ">= 1"),
-    ("max_depth", 0, -1, ">= 0"),
-    ("max_sub_calls", 0, -5, ">= 0"),
-    ("max_cost_usd", 0.5, -1.0, ">= 0"),
-    ("step_timeout", 1.0, -1.0, "> 0"),
-    ("max_output_chars", 10, 0, ">= 1"),
-    ("sandbox", "process", "docker", "'process' or 'none'"),
-    ("sandbox_memory_mb", 256, 100, ">= 256"),
-])
+@pytest.mark.parametrize(
+    "name, good, bad, message",
+    [
+        ("model", "openai/gpt-4o", "  ", "non-empty"),
+        ("api_base", "http://localhost:8000/v1", "localhost:8000", "http(s) URL"),
+        ("max_concurrency", 1, 0, ">= 1"),
+        ("timeout", 0.5, 0, "> 0"),
+        ("max_retries", 0, -1, ">= 0"),
+        ("retry_backoff", 0.0, -1.0, ">= 0"),
+        ("max_tokens", 1, 0, ">= 1"),
+        ("litellm_kwargs", {"temperature": 0.2}, {"stream": True}, "may not set stream"),
+        ("max_iterations", 1, 0, ">= 1"),
+        ("max_depth", 0, -1, ">= 0"),
+        ("max_sub_calls", 0, -5, ">= 0"),
+        ("max_cost_usd", 0.5, -1.0, ">= 0"),
+        ("step_timeout", 1.0, -1.0, "> 0"),
+        ("max_output_chars", 10, 0, ">= 1"),
+        ("sandbox", "process", "docker", "'process' or 'none'"),
+        ("sandbox_memory_mb", 256, 100, ">= 256"),
+    ],
+)
 def test_every_trait_validates(name, good, bad, message):
     rlm = rlm_magic.RLM()
     setattr(rlm, name, good)
@@ -157,13 +172,25 @@ def test_every_trait_validates(name, good, bad, message):
 
 
 def test_plain_traits_take_their_values(tmp_path):
-    rlm = rlm_magic.RLM(progress=False, cache=True, cache_dir=str(tmp_path),
-                        api_key="k", sub_model="openai/s", system_prompt="Be {context_type}")
-    assert (rlm.progress, rlm.cache, rlm.cache_dir, rlm.api_key) == (False, True, str(tmp_path), "k")
+    rlm = rlm_magic.RLM(
+        progress=False,
+        cache=True,
+        cache_dir=str(tmp_path),
+        api_key="k",
+        sub_model="openai/s",
+        system_prompt="Be {context_type}",
+    )
+    assert (rlm.progress, rlm.cache, rlm.cache_dir, rlm.api_key) == (
+        False,
+        True,
+        str(tmp_path),
+        "k",
+    )
     assert rlm.effective_sub_model == "openai/s"
 
 
 # -- %%rlm -----------------------------------------------------------------------------
+
 
 async def test_rlm_cell_answers_stores_and_displays(shell, server):
     shell.user_ns["logs"] = "timeout at svc-a\ntimeout at svc-a\nok at svc-b"
@@ -191,8 +218,11 @@ async def test_no_interpolate_sends_the_query_as_written(shell, server):
 
 async def test_model_options_override_for_one_run(shell, server):
     server.script("other-root", [repl("print(llm_query('x'))"), "FINAL(ok)"])
-    await run_cell(shell, "%%rlm --model openai/other-root --sub-model openai/other-sub "
-                          "--max-iterations 3 --max-depth 0 -q\nq")
+    await run_cell(
+        shell,
+        "%%rlm --model openai/other-root --sub-model openai/other-sub "
+        "--max-iterations 3 --max-depth 0 -q\nq",
+    )
     assert {r["model"] for r in server.requests} == {"other-root", "other-sub"}
     assert session_rlm(shell).model == "openai/root-model"  # the session is unchanged
 
@@ -223,11 +253,16 @@ async def test_live_runs_in_the_notebook_namespace_and_restores_helpers(shell, s
     assert inspect.iscoroutinefunction(shell.user_ns["llm_query"])
 
 
-@pytest.mark.parametrize("option, default, where", [
-    ("--sandbox", "none", "process"), ("--no-sandbox", "process", "none"), ("", "none", "none"),
-    ("", "process", "process")])
-async def test_sandbox_options_choose_where_the_code_runs(shell, server, option, default,
-                                                          where):
+@pytest.mark.parametrize(
+    "option, default, where",
+    [
+        ("--sandbox", "none", "process"),
+        ("--no-sandbox", "process", "none"),
+        ("", "none", "none"),
+        ("", "process", "process"),
+    ],
+)
+async def test_sandbox_options_choose_where_the_code_runs(shell, server, option, default, where):
     session_rlm(shell).sandbox = default
     server.script("root-model", [repl("import os\npid = os.getpid()"), "FINAL(ok)"])
     await run_cell(shell, f"%%rlm -q {option}\nq")
@@ -267,30 +302,35 @@ async def test_a_failed_run_fails_the_cell_and_keeps_the_partial_result(shell, s
     assert shell.user_ns["partial"].success is False
 
 
-async def test_no_raise_prints_the_failed_runs_error_and_lets_the_cell_succeed(shell, server,
-                                                                           capsys):
+async def test_no_raise_prints_the_failed_runs_error_and_lets_the_cell_succeed(
+    shell, server, capsys
+):
     # For papermill and schedulers, which stop a notebook at its first failing cell.
     server.script("root-model", [repl("x = 1"), "no answer"])
     await run_cell(shell, "%%rlm --max-iterations 1 --no-raise -q -o partial\nq")
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         "RLMRunError: RLM run max_iterations: no FINAL answer within max_iterations=1; "
-        "final_answer holds the model's last reply")
+        "final_answer holds the model's last reply"
+    )
     assert shell.user_ns["partial"].stop_reason == "max_iterations"
 
 
-@pytest.mark.parametrize("cell, message", [
-    ("%%rlm --bogus\nq", "unrecognized arguments: --bogus"),
-    ("%%rlm --max-iterations many\nq", "invalid int value: 'many'"),
-    ("%%rlm --max-iterations 0\nq", "--max-iterations must be >= 1"),
-    ("%%rlm --max-depth -1\nq", "--max-depth must be >= 0"),
-    ("%%rlm --out 1bad\nq", "--out needs a variable name"),
-    ("%%rlm --context missing_var\nq", "no variable named 'missing_var'"),
-    ("%%rlm\nabout {missing_var}", "no variable named 'missing_var'"),
-    ("%%rlm\nunmatched } brace", "literal braces"),
-    ("%%rlm\n   \n", "needs a question"),
-    ("%%rlm --model ''\nq", "--model needs a model name"),
-    ("%%rlm --live --sandbox\nq", "--live runs the model's code in the notebook's namespace"),
-])
+@pytest.mark.parametrize(
+    "cell, message",
+    [
+        ("%%rlm --bogus\nq", "unrecognized arguments: --bogus"),
+        ("%%rlm --max-iterations many\nq", "invalid int value: 'many'"),
+        ("%%rlm --max-iterations 0\nq", "--max-iterations must be >= 1"),
+        ("%%rlm --max-depth -1\nq", "--max-depth must be >= 0"),
+        ("%%rlm --out 1bad\nq", "--out needs a variable name"),
+        ("%%rlm --context missing_var\nq", "no variable named 'missing_var'"),
+        ("%%rlm\nabout {missing_var}", "no variable named 'missing_var'"),
+        ("%%rlm\nunmatched } brace", "literal braces"),
+        ("%%rlm\n   \n", "needs a question"),
+        ("%%rlm --model ''\nq", "--model needs a model name"),
+        ("%%rlm --live --sandbox\nq", "--live runs the model's code in the notebook's namespace"),
+    ],
+)
 async def test_bad_input_is_one_clear_line(shell, server, cell, message):
     with pytest.raises(UsageError) as caught:
         await run_cell(shell, cell)
@@ -304,11 +344,14 @@ def test_rlm_cell_help_is_available(shell):
     assert "--context" in doc and "--live" in doc and "--out" in doc
 
 
-@pytest.mark.parametrize("typed, status", [
-    ("%%rlm --context logs\n", ("incomplete", 0)),
-    ("%%rlm --context logs\nWhich service times out most?\n", ("incomplete", 0)),
-    ("%%rlm --context logs\nWhich service times out most?\n\n", ("complete", None)),
-])
+@pytest.mark.parametrize(
+    "typed, status",
+    [
+        ("%%rlm --context logs\n", ("incomplete", 0)),
+        ("%%rlm --context logs\nWhich service times out most?\n", ("incomplete", 0)),
+        ("%%rlm --context logs\nWhich service times out most?\n\n", ("complete", None)),
+    ],
+)
 def test_an_rlm_cell_is_incomplete_until_a_blank_line(shell, typed, status):
     # What terminal IPython and jupyter console ask before running what was typed.
     assert shell.input_transformer_manager.check_complete(typed) == status
@@ -324,8 +367,9 @@ def test_help_cells_are_not_rewritten():
 
 async def test_rlm_cell_runs_sub_calls_concurrently_on_the_shells_loop(shell, server):
     server.model_latency = {"sub-model": 0.5}
-    server.script("root-model", [repl("a = llm_query_batch([str(i) for i in range(16)])"),
-                                 "FINAL(ok)"])
+    server.script(
+        "root-model", [repl("a = llm_query_batch([str(i) for i in range(16)])"), "FINAL(ok)"]
+    )
     started = time.perf_counter()
     await run_cell(shell, "%%rlm -q\nq")
     assert time.perf_counter() - started < 3
@@ -339,13 +383,17 @@ async def test_unknown_line_subcommand_is_one_line(shell):
 
 # -- progress without a widget frontend --------------------------------------------------
 
-@pytest.mark.parametrize("client, request_, terminal", [
-    # execute_request shapes as measured (jupyter console, nbclient) and as JupyterLab's
-    # cells send them (metadata.cellId)
-    ("jupyter console", {"content": {"allow_stdin": True}, "metadata": {}}, True),
-    ("JupyterLab", {"content": {"allow_stdin": True}, "metadata": {"cellId": "c1"}}, False),
-    ("nbclient", {"content": {"allow_stdin": False}, "metadata": {}}, False),
-])
+
+@pytest.mark.parametrize(
+    "client, request_, terminal",
+    [
+        # execute_request shapes as measured (jupyter console, nbclient) and as JupyterLab's
+        # cells send them (metadata.cellId)
+        ("jupyter console", {"content": {"allow_stdin": True}, "metadata": {}}, True),
+        ("JupyterLab", {"content": {"allow_stdin": True}, "metadata": {"cellId": "c1"}}, False),
+        ("nbclient", {"content": {"allow_stdin": False}, "metadata": {}}, False),
+    ],
+)
 def test_terminal_clients_are_told_apart_from_notebooks(client, request_, terminal):
     from rlm_magic.jupyter.progress import from_a_terminal_client
 
@@ -382,8 +430,7 @@ async def test_rlm_runs_show_a_text_status_line_on_stderr(shell, server, capsys)
     assert "RLM openai/root-model | done | iteration 2/30 | sub-calls 2 done" in last
 
 
-async def test_an_interrupted_batch_counts_its_unfinished_calls_as_cancelled(shell, server,
-                                                                           capsys):
+async def test_an_interrupted_batch_counts_its_unfinished_calls_as_cancelled(shell, server, capsys):
     rlm = session_rlm(shell)
     rlm.progress = True
     server.latency_for = lambda body: 0.0 if "fast" in body["messages"][-1]["content"] else 30
@@ -402,8 +449,9 @@ async def test_an_interrupted_batch_counts_its_unfinished_calls_as_cancelled(she
     assert "in flight" not in last
 
 
-async def test_an_interrupted_run_counts_its_unfinished_sub_calls_as_cancelled(shell, server,
-                                                                              capsys):
+async def test_an_interrupted_run_counts_its_unfinished_sub_calls_as_cancelled(
+    shell, server, capsys
+):
     session_rlm(shell).progress = True
     server.script("root-model", [repl("llm_query_batch(['a', 'b'])")])
     server.model_latency["sub-model"] = 30

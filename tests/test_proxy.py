@@ -17,9 +17,15 @@ pytestmark = pytest.mark.proxy
 
 
 def through(proxy, **settings) -> RLM:
-    defaults = dict(model="litellm_proxy/root", sub_model="litellm_proxy/sub",
-                    api_base=proxy.base_url, api_key=MASTER_KEY, progress=False,
-                    retry_backoff=0.01, timeout=30)
+    defaults = dict(
+        model="litellm_proxy/root",
+        sub_model="litellm_proxy/sub",
+        api_base=proxy.base_url,
+        api_key=MASTER_KEY,
+        progress=False,
+        retry_backoff=0.01,
+        timeout=30,
+    )
     return RLM(**{**defaults, **settings})
 
 
@@ -34,8 +40,10 @@ async def test_a_batch_goes_through_the_proxy(litellm_proxy, server):
 
 async def test_a_run_goes_through_the_proxy(litellm_proxy, server):
     rlm = through(litellm_proxy)
-    server.script("root-model", [
-        "```repl\nanswers = llm_query_batch(['a', 'b', 'c'])\n```", "FINAL_VAR(answers)"])
+    server.script(
+        "root-model",
+        ["```repl\nanswers = llm_query_batch(['a', 'b', 'c'])\n```", "FINAL_VAR(answers)"],
+    )
     result = await rlm.arun("q", context="ctx")
     assert result.success and result.final_answer == str(["echo: a", "echo: b", "echo: c"])
     assert len(server.requests_for("root-model")) == 2
@@ -73,9 +81,11 @@ async def test_a_wrong_key_is_one_clear_line(litellm_proxy, server):
     with pytest.raises(LLMQueryError) as caught:
         await rlm.helpers.llm_query("x")
     message = str(caught.value)
-    assert message == ("LLM call to 'litellm_proxy/sub' failed: the LiteLLM Proxy rejected "
-                       "the API key: it is not the proxy's master key, and the proxy has no "
-                       "database to look other keys up in")
+    assert message == (
+        "LLM call to 'litellm_proxy/sub' failed: the LiteLLM Proxy rejected "
+        "the API key: it is not the proxy's master key, and the proxy has no "
+        "database to look other keys up in"
+    )
     assert not server.requests
 
 
@@ -87,29 +97,47 @@ async def test_the_proxy_s_reported_cost_reaches_the_ledger(litellm_proxy, serve
     assert record.cost_usd == pytest.approx(10 * 0.15e-6 + 5 * 0.6e-6)
 
 
-def test_two_kernels_sharing_the_proxy_lose_no_item(litellm_proxy, llm_server,  # noqa: F811
-                                                     kernel_specs, kernel_env):
+def test_two_kernels_sharing_the_proxy_lose_no_item(
+    litellm_proxy,
+    llm_server,  # noqa: F811
+    kernel_specs,  # noqa: F811
+    kernel_env,  # noqa: F811
+):
     kernels = [Kernel("rlm", kernel_specs, kernel_env) for _ in range(2)]
     try:
         for kernel in kernels:
-            kernel.run("\n".join([
-                "import rlm_magic",
-                f'%config RLM.api_base = "{litellm_proxy.base_url}"',
-                '%config RLM.sub_model = "litellm_proxy/limited"',
-                f'%config RLM.api_key = "{MASTER_KEY}"',
-                "%config RLM.max_concurrency = 16"]))
+            kernel.run(
+                "\n".join(
+                    [
+                        "import rlm_magic",
+                        f'%config RLM.api_base = "{litellm_proxy.base_url}"',
+                        '%config RLM.sub_model = "litellm_proxy/limited"',
+                        f'%config RLM.api_key = "{MASTER_KEY}"',
+                        "%config RLM.max_concurrency = 16",
+                    ]
+                )
+            )
         llm_server.reset()
         llm_server.latency = 0.2
-        cells = [kernel.submit(f"_a = await llm_query_batch([f'k{n}-{{i}}' for i in range(16)])\n"
-                               "print(sum(a.startswith('echo: ') for a in _a), "
-                               "rlm_magic.usage().total.rate_limited)")
-                 for n, kernel in enumerate(kernels)]
+        cells = [
+            kernel.submit(
+                f"_a = await llm_query_batch([f'k{n}-{{i}}' for i in range(16)])\n"
+                "print(sum(a.startswith('echo: ') for a in _a), "
+                "rlm_magic.usage().total.rate_limited)"
+            )
+            for n, kernel in enumerate(kernels)
+        ]
         outputs = []
         for kernel, msg_id in zip(kernels, cells):
             reply, _ = kernel.wait(msg_id, timeout=120)
             assert reply["status"] == "ok", reply.get("evalue")
-            outputs.append("".join(m["content"]["text"] for _, m in kernel.messages(msg_id)
-                                   if m["msg_type"] == "stream").split())
+            outputs.append(
+                "".join(
+                    m["content"]["text"]
+                    for _, m in kernel.messages(msg_id)
+                    if m["msg_type"] == "stream"
+                ).split()
+            )
         assert [answered for answered, _ in outputs] == ["16", "16"]
         assert sum(int(limited) for _, limited in outputs) > 0  # the limit was met
         assert len(llm_server.requests_for("sub-model")) == 32

@@ -162,9 +162,13 @@ async def test_a_run_s_root_and_sub_calls_wait_out_rate_limits(server):
     rlm = make_rlm(server, max_retries=0)
     server.fail("429", times=2, model="root-model", headers={"retry-after-ms": "50"})
     server.fail("429", times=3, model="sub-model", headers={"retry-after-ms": "50"})
-    server.script("root-model", [
-        "```repl\nanswers = llm_query_batch(['a', 'b', 'c'])\nprint(answers)\n```",
-        "FINAL_VAR(answers)"])
+    server.script(
+        "root-model",
+        [
+            "```repl\nanswers = llm_query_batch(['a', 'b', 'c'])\nprint(answers)\n```",
+            "FINAL_VAR(answers)",
+        ],
+    )
     result = await rlm.arun("q", context="ctx")
     assert result.success and result.final_answer == str(["echo: a", "echo: b", "echo: c"])
     assert result.usage.total.rate_limited == 5
@@ -193,39 +197,65 @@ async def test_usage_shows_rate_limited_responses_only_once_there_are_some(serve
 
 # -- reading the provider's headers ------------------------------------------------------
 
-@pytest.mark.parametrize("text, seconds", [
-    ("1s", 1.0), ("6m0s", 360.0), ("120ms", 0.12), ("1h2m3s", 3723.0), ("0.5", 0.5),
-    ("17", 17.0), ("soon", None), (None, None),
-])
+
+@pytest.mark.parametrize(
+    "text, seconds",
+    [
+        ("1s", 1.0),
+        ("6m0s", 360.0),
+        ("120ms", 0.12),
+        ("1h2m3s", 3723.0),
+        ("0.5", 0.5),
+        ("17", 17.0),
+        ("soon", None),
+        (None, None),
+    ],
+)
 def test_reset_durations_in_openai_s_spelling(text, seconds):
-    assert parse_duration(text) == pytest.approx(seconds) if seconds is not None \
+    assert (
+        parse_duration(text) == pytest.approx(seconds)
+        if seconds is not None
         else parse_duration(text) is None
+    )
 
 
 def test_headers_through_litellm_s_prefix_and_anthropic_s_spelling():
-    openai = read_headers({"llm_provider-x-ratelimit-limit-requests": "500",
-                           "x-ratelimit-remaining-requests": "100",
-                           "llm_provider-x-ratelimit-reset-requests": "48s",
-                           "retry-after-ms": "250"})
+    openai = read_headers(
+        {
+            "llm_provider-x-ratelimit-limit-requests": "500",
+            "x-ratelimit-remaining-requests": "100",
+            "llm_provider-x-ratelimit-reset-requests": "48s",
+            "retry-after-ms": "250",
+        }
+    )
     assert openai.requests.limit == 500 and openai.requests.remaining == 100
     assert openai.requests.rate == pytest.approx(399.5 / 48)  # about 500 a minute
     assert openai.retry_after_s == 0.25
-    anthropic = read_headers({"anthropic-ratelimit-input-tokens-limit": "40000",
-                              "anthropic-ratelimit-input-tokens-remaining": "1000",
-                              "retry-after": "7"})
+    anthropic = read_headers(
+        {
+            "anthropic-ratelimit-input-tokens-limit": "40000",
+            "anthropic-ratelimit-input-tokens-remaining": "1000",
+            "retry-after": "7",
+        }
+    )
     assert anthropic.tokens.limit == 40000 and anthropic.tokens.remaining == 1000
     assert anthropic.retry_after_s == 7
     assert not read_headers({"content-type": "json"}).any_limits
 
 
 def test_a_nearly_full_bucket_teaches_no_rate():
-    reading = read_headers({"x-ratelimit-limit-requests": "500",
-                            "x-ratelimit-remaining-requests": "499",
-                            "x-ratelimit-reset-requests": "120ms"}).requests
+    reading = read_headers(
+        {
+            "x-ratelimit-limit-requests": "500",
+            "x-ratelimit-remaining-requests": "499",
+            "x-ratelimit-reset-requests": "120ms",
+        }
+    ).requests
     assert reading.rate is None  # one unit of rounding would make it 2x off
 
 
 # -- quantized limits: the headers announce the minute, a small bucket is enforced ------------
+
 
 async def test_a_quantized_request_limit_is_paced_by_what_the_server_accepts(server):
     rlm = make_rlm(server, max_concurrency=32, max_retries=0)
@@ -257,15 +287,22 @@ def test_a_429_whose_retry_after_belies_the_headers_is_believed_at_once():
     from rlm_magic.llm.ratelimit import Ticket
 
     gate = RateGate("openai/q")
-    quantized = {"x-ratelimit-limit-requests": "3000", "x-ratelimit-remaining-requests": "0",
-                 "x-ratelimit-reset-requests": "1s", "retry-after-ms": "20"}
+    quantized = {
+        "x-ratelimit-limit-requests": "3000",
+        "x-ratelimit-remaining-requests": "0",
+        "x-ratelimit-reset-requests": "1s",
+        "retry-after-ms": "20",
+    }
     gate.rate_limited_by(Ticket(1.0, time.monotonic()), quantized)
     assert gate.requests.distrusted
     assert 40 <= gate.requests.rate <= 50  # one request per 20 ms, less a margin
     # Answers that repeat the minute's budget do not raise the pace back to it.
-    gate.answered(Ticket(1.0, time.monotonic()), {**quantized, "retry-after-ms": None,
-                                                  "x-ratelimit-remaining-requests": "10"},
-                  None, 0)
+    gate.answered(
+        Ticket(1.0, time.monotonic()),
+        {**quantized, "retry-after-ms": None, "x-ratelimit-remaining-requests": "10"},
+        None,
+        0,
+    )
     assert gate.requests.rate <= 51
 
 
@@ -273,8 +310,12 @@ def test_honest_headers_are_still_believed():
     from rlm_magic.llm.ratelimit import Ticket
 
     gate = RateGate("openai/h")
-    honest = {"x-ratelimit-limit-requests": "50", "x-ratelimit-remaining-requests": "0",
-              "x-ratelimit-reset-requests": "1s", "retry-after-ms": "20"}
+    honest = {
+        "x-ratelimit-limit-requests": "50",
+        "x-ratelimit-remaining-requests": "0",
+        "x-ratelimit-reset-requests": "1s",
+        "retry-after-ms": "20",
+    }
     gate.rate_limited_by(Ticket(1.0, time.monotonic()), honest)
     assert not gate.requests.distrusted
     assert gate.requests.rate == pytest.approx(49.5)

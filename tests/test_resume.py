@@ -49,8 +49,9 @@ async def test_a_rerun_after_an_interrupt_sends_only_the_missing_prompts(server,
     server.reset()
     # A new RLM, as after a kernel restart: only the disk remembers.
     again = make_rlm(server, cache_dir=str(tmp_path))
-    assert await again.helpers.llm_query_batch(prompts, resume=True) == \
-        [f"echo: {p}" for p in prompts]
+    assert await again.helpers.llm_query_batch(prompts, resume=True) == [
+        f"echo: {p}" for p in prompts
+    ]
     assert sorted(r["messages"][-1]["content"] for r in server.requests) == ["slow 1", "slow 2"]
     # The kept answers cost nothing this time: they count as cache hits.
     assert again.client.ledger.summary().total.cache_hits == 3
@@ -61,8 +62,7 @@ async def test_answers_are_kept_as_json_lines_under_the_cache_folder(server, tmp
     server.latency_for = lambda body: 30 if "slow" in body["messages"][-1]["content"] else 0
     await interrupted_after(rlm, server, ["kept", "slow"], 1, resume=True)
     [path] = maps_in(tmp_path)
-    assert [json.loads(line)["text"] for line in path.read_text().splitlines()] == \
-        ["echo: kept"]
+    assert [json.loads(line)["text"] for line in path.read_text().splitlines()] == ["echo: kept"]
 
 
 async def test_a_finished_map_leaves_no_file_behind(server, tmp_path):
@@ -77,13 +77,16 @@ async def test_only_the_failed_prompts_are_asked_again(server, tmp_path):
     with pytest.raises(BatchError):
         await rlm.helpers.llm_query_batch(["ok", "bad"], resume=True)
     server.reset()
-    assert await rlm.helpers.llm_query_batch(["ok", "bad"], resume=True) == \
-        ["echo: ok", "echo: bad"]
+    assert await rlm.helpers.llm_query_batch(["ok", "bad"], resume=True) == [
+        "echo: ok",
+        "echo: bad",
+    ]
     assert [r["messages"][-1]["content"] for r in server.requests] == ["bad"]
 
 
 async def test_maps_of_100_prompts_or_more_resume_by_default_and_smaller_ones_do_not(
-        server, tmp_path):
+    server, tmp_path
+):
     rlm = make_rlm(server, cache_dir=str(tmp_path), max_retries=0)
     server.fail("500", times=2, match="bad")
     with pytest.raises(BatchError):
@@ -99,8 +102,7 @@ async def test_a_cache_folder_that_cannot_be_written_costs_no_answer(server, tmp
     blocked.write_text("a file where the cache folder should be")
     rlm = make_rlm(server, cache_dir=str(blocked))
     with pytest.warns(RuntimeWarning, match="cannot keep this map's answers on disk"):
-        assert await rlm.helpers.llm_query_batch(["a", "b"], resume=True) == \
-            ["echo: a", "echo: b"]
+        assert await rlm.helpers.llm_query_batch(["a", "b"], resume=True) == ["echo: a", "echo: b"]
 
 
 def slow_when_asked(server):
@@ -109,8 +111,13 @@ def slow_when_asked(server):
 
 async def test_a_rerun_with_another_max_tokens_asks_every_prompt_again(server, tmp_path):
     slow_when_asked(server)
-    await interrupted_after(make_rlm(server, cache_dir=str(tmp_path), max_tokens=100),
-                            server, ["kept", "slow"], 1, resume=True)
+    await interrupted_after(
+        make_rlm(server, cache_dir=str(tmp_path), max_tokens=100),
+        server,
+        ["kept", "slow"],
+        1,
+        resume=True,
+    )
     server.reset()
     # The same call (max_tokens=None), but RLM.max_tokens, what is sent, has changed.
     again = make_rlm(server, cache_dir=str(tmp_path), max_tokens=200)
@@ -119,21 +126,33 @@ async def test_a_rerun_with_another_max_tokens_asks_every_prompt_again(server, t
     assert {r["max_tokens"] for r in server.requests} == {200}
 
 
-async def test_a_rerun_through_another_routing_setup_asks_every_prompt_again(server,
-                                                                            tmp_path):
+async def test_a_rerun_through_another_routing_setup_asks_every_prompt_again(server, tmp_path):
     def routed(model: str) -> RLM:
-        return RLM(model="root", sub_model="sub", progress=False, cache_dir=str(tmp_path),
-                   model_list=[{"model_name": "sub", "litellm_params": {
-                       "model": model, "api_base": server.base_url, "api_key": "sk-1"}}])
+        return RLM(
+            model="root",
+            sub_model="sub",
+            progress=False,
+            cache_dir=str(tmp_path),
+            model_list=[
+                {
+                    "model_name": "sub",
+                    "litellm_params": {
+                        "model": model,
+                        "api_base": server.base_url,
+                        "api_key": "sk-1",
+                    },
+                }
+            ],
+        )
 
     slow_when_asked(server)
-    await interrupted_after(routed("openai/sub-model"), server, ["kept", "slow"], 1,
-                            resume=True)
+    await interrupted_after(routed("openai/sub-model"), server, ["kept", "slow"], 1, resume=True)
     server.reset()
-    await routed("openai/other-model").helpers.llm_query_batch(["kept", "slow"],
-                                                               resume=True)
-    assert sorted((r["model"], r["messages"][-1]["content"]) for r in server.requests) == \
-        [("other-model", "kept"), ("other-model", "slow")]
+    await routed("openai/other-model").helpers.llm_query_batch(["kept", "slow"], resume=True)
+    assert sorted((r["model"], r["messages"][-1]["content"]) for r in server.requests) == [
+        ("other-model", "kept"),
+        ("other-model", "slow"),
+    ]
 
 
 class Count(BaseModel):
@@ -151,36 +170,38 @@ class SmallCount(BaseModel):  # the same schema, a stricter check
         return n
 
 
-async def test_a_kept_typed_answer_that_no_longer_validates_is_asked_again(server,
-                                                                         tmp_path):
+async def test_a_kept_typed_answer_that_no_longer_validates_is_asked_again(server, tmp_path):
     answers = {"kept": '{"n": 42}', "slow": '{"n": 7}'}
-    server.reply_with("sub-model", lambda body: answers[
-        body["messages"][0]["content"].split("\n")[0]])
+    server.reply_with(
+        "sub-model", lambda body: answers[body["messages"][0]["content"].split("\n")[0]]
+    )
     slow_when_asked(server)
     SmallCount.__name__ = Count.__name__  # nothing in the resume key tells them apart
     rlm = make_rlm(server, cache_dir=str(tmp_path))
-    await interrupted_after(rlm, server, ["kept", "slow"], 1, resume=True,
-                            response_format=Count)
+    await interrupted_after(rlm, server, ["kept", "slow"], 1, resume=True, response_format=Count)
     server.reset()
     server.reply_with("sub-model", lambda body: '{"n": 3}')
-    assert await rlm.helpers.llm_query_batch(["kept", "slow"], resume=True,
-                                             response_format=SmallCount) == \
-        [SmallCount(n=3), SmallCount(n=3)]
+    assert await rlm.helpers.llm_query_batch(
+        ["kept", "slow"], resume=True, response_format=SmallCount
+    ) == [SmallCount(n=3), SmallCount(n=3)]
     assert len(server.requests) == 2
 
 
 async def test_an_answer_that_broke_off_is_asked_again_by_a_rerun(server, tmp_path):
     rlm = make_rlm(server, cache_dir=str(tmp_path))
     words = " ".join(f"w{i}" for i in range(20))
-    server.default_reply = lambda body: words if "long" in body["messages"][-1]["content"] \
-        else "short answer"
+    server.default_reply = lambda body: (
+        words if "long" in body["messages"][-1]["content"] else "short answer"
+    )
     server.drop_at = 10  # the long answer's server goes away midway
     first = await rlm.helpers.llm_query_batch(["short", "long"], resume=True)
     assert first[0] == "short answer" and "[answer cut off: " in first[1]
     server.reset()
     server.default_reply = lambda body: words
     again = make_rlm(server, cache_dir=str(tmp_path))
-    assert (await again.helpers.llm_query_batch(["short", "long"], resume=True)) == \
-        ["short answer", words]
+    assert (await again.helpers.llm_query_batch(["short", "long"], resume=True)) == [
+        "short answer",
+        words,
+    ]
     assert [r["messages"][-1]["content"] for r in server.requests] == ["long"]
     assert maps_in(tmp_path) == []  # every answer whole: the file goes

@@ -18,13 +18,21 @@ DEAD = "http://127.0.0.1:9/v1"  # nothing listens on the discard port
 
 
 def deployment(group: str, model: str, api_base: str, api_key: str = "sk-deploy-1234567890"):
-    return {"model_name": group,
-            "litellm_params": {"model": model, "api_base": api_base, "api_key": api_key}}
+    return {
+        "model_name": group,
+        "litellm_params": {"model": model, "api_base": api_base, "api_key": api_key},
+    }
 
 
 def routed(model_list, **settings) -> RLM:
-    defaults = dict(model="root", sub_model="sub", model_list=model_list, progress=False,
-                    retry_backoff=0.01, timeout=10)
+    defaults = dict(
+        model="root",
+        sub_model="sub",
+        model_list=model_list,
+        progress=False,
+        retry_backoff=0.01,
+        timeout=10,
+    )
     return RLM(**{**defaults, **settings})
 
 
@@ -47,17 +55,23 @@ async def test_calls_go_through_the_router_to_the_group_s_deployment(server):
 
 async def test_a_router_leaves_unpriced_models_unpriced_for_everyone(server):
     routed([deployment("sub", "openai/sub-model", server.base_url)]).client._router(
-        await load_litellm())
+        await load_litellm()
+    )
     direct = make_rlm(server)  # the same model, not routed
     await direct.helpers.llm_query("x")
     assert direct.usage().total.cost_usd is None
 
 
 async def test_root_and_sub_model_on_two_endpoints(server, second_server):
-    rlm = routed([deployment("root", "openai/root-model", second_server.base_url),
-                  deployment("sub", "openai/sub-model", server.base_url)])
-    second_server.script("root-model", [
-        "```repl\nanswers = llm_query_batch(['a', 'b'])\n```", "FINAL_VAR(answers)"])
+    rlm = routed(
+        [
+            deployment("root", "openai/root-model", second_server.base_url),
+            deployment("sub", "openai/sub-model", server.base_url),
+        ]
+    )
+    second_server.script(
+        "root-model", ["```repl\nanswers = llm_query_batch(['a', 'b'])\n```", "FINAL_VAR(answers)"]
+    )
     result = await rlm.arun("q", context="ctx")
     assert result.success and result.final_answer == str(["echo: a", "echo: b"])
     assert {r["model"] for r in second_server.requests} == {"root-model"}
@@ -65,8 +79,13 @@ async def test_root_and_sub_model_on_two_endpoints(server, second_server):
 
 
 async def test_a_group_with_a_dead_deployment_loses_no_item(server):
-    rlm = routed([deployment("sub", "openai/sub-model", server.base_url),
-                  deployment("sub", "openai/sub-model", DEAD)], max_concurrency=16)
+    rlm = routed(
+        [
+            deployment("sub", "openai/sub-model", server.base_url),
+            deployment("sub", "openai/sub-model", DEAD),
+        ],
+        max_concurrency=16,
+    )
     answers = await rlm.helpers.llm_query_batch([f"p{i}" for i in range(32)])
     assert answers == [f"echo: p{i}" for i in range(32)]
 
@@ -90,8 +109,7 @@ async def test_an_unknown_group_is_one_clear_line(server):
     rlm = routed([deployment("sub", "openai/sub-model", server.base_url)])
     with pytest.raises(LLMQueryError) as caught:
         await rlm.helpers.llm_query("x", model="gpt-5")
-    assert "'gpt-5' is not a model group of RLM.model_list (its groups: sub)" in \
-        str(caught.value)
+    assert "'gpt-5' is not a model group of RLM.model_list (its groups: sub)" in str(caught.value)
     assert "\n" not in str(caught.value) and not server.requests
 
 
@@ -117,17 +135,27 @@ async def test_keys_in_the_model_list_never_reach_a_model(server):
 
 def test_configured_secrets_include_nested_headers_and_environment_references(monkeypatch):
     monkeypatch.setenv("DEPLOY_KEY_VAR", "sk-from-the-environment-123")
-    rlm = routed([{"model_name": "sub", "litellm_params": {
-        "model": "openai/x", "api_key": "os.environ/DEPLOY_KEY_VAR"}}],
-        litellm_kwargs={"extra_headers": {"Authorization": "Bearer tok-header-789"},
-                        "temperature": 0})
-    assert set(rlm.configured_secrets()) == {"sk-from-the-environment-123",
-                                             "Bearer tok-header-789"}
+    rlm = routed(
+        [
+            {
+                "model_name": "sub",
+                "litellm_params": {"model": "openai/x", "api_key": "os.environ/DEPLOY_KEY_VAR"},
+            }
+        ],
+        litellm_kwargs={
+            "extra_headers": {"Authorization": "Bearer tok-header-789"},
+            "temperature": 0,
+        },
+    )
+    assert set(rlm.configured_secrets()) == {"sk-from-the-environment-123", "Bearer tok-header-789"}
 
 
 async def test_the_cache_answers_a_routed_call_again_at_no_cost(server, tmp_path):
-    rlm = routed([deployment("sub", "openai/sub-model", server.base_url)], cache=True,
-                 cache_dir=str(tmp_path))
+    rlm = routed(
+        [deployment("sub", "openai/sub-model", server.base_url)],
+        cache=True,
+        cache_dir=str(tmp_path),
+    )
     await rlm.helpers.llm_query("same")
     await rlm.helpers.llm_query("same")
     assert len(server.requests) == 1 and rlm.usage().total.cache_hits == 1
@@ -154,7 +182,8 @@ def test_a_cost_the_proxy_reports_prices_a_model_litellm_cannot():
         def completion_cost(completion_response):
             raise ValueError("model not mapped")
 
-    reported = SimpleNamespace(_hidden_params={"additional_headers": {
-        "llm_provider-x-litellm-response-cost": "0.0042"}})
+    reported = SimpleNamespace(
+        _hidden_params={"additional_headers": {"llm_provider-x-litellm-response-cost": "0.0042"}}
+    )
     assert _cost_of(reported, Unpriced) == 0.0042
     assert _cost_of(SimpleNamespace(_hidden_params={}), Unpriced) is None

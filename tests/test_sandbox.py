@@ -68,9 +68,16 @@ def _parent(pid: int) -> int | None:
 
 # -- a process of its own, for the whole run --------------------------------------------
 
+
 async def test_model_code_runs_in_a_process_of_its_own_that_keeps_its_namespace(rlm, server):
-    server.script("root-model", [repl("import os\npid = os.getpid()\nx = 41"),
-                                 repl("x += 1\nprint(os.getpid() == pid, x)"), "FINAL_VAR(x)"])
+    server.script(
+        "root-model",
+        [
+            repl("import os\npid = os.getpid()\nx = 41"),
+            repl("x += 1\nprint(os.getpid() == pid, x)"),
+            "FINAL_VAR(x)",
+        ],
+    )
     result = await rlm.arun("q", context="c")
     assert result.success and result.final_answer == "42"
     assert outputs(result)[1] == "True 42"
@@ -88,8 +95,9 @@ async def test_the_sandbox_process_ends_with_its_run_however_it_ends(rlm, server
     assert workers() == []
 
     server.reset()
-    server.script("root-model", [repl("import os, time\nprint(os.getpid(), flush=True)\n"
-                                      "time.sleep(30)")])
+    server.script(
+        "root-model", [repl("import os, time\nprint(os.getpid(), flush=True)\ntime.sleep(30)")]
+    )
     run = rlm.start("q", context="c")
     task = asyncio.ensure_future(run.execute())
     assert await _eventually(lambda: getattr(run, "repl", None) and run.repl._step)
@@ -104,10 +112,17 @@ async def test_processes_the_model_starts_end_with_the_sandbox(rlm, server):
     # The step waits on its sub-call while the test looks (an instant answer could end
     # the run, and the sleep with it, before the test has looked).
     server.model_latency = {"sub-model": 2.0}
-    server.script("root-model", [repl("import subprocess\n"
-                                      "subprocess.Popen(['sleep', '60.101'])\n"
-                                      "print(len(llm_query('started')))"),
-                                 "FINAL(ok)"])
+    server.script(
+        "root-model",
+        [
+            repl(
+                "import subprocess\n"
+                "subprocess.Popen(['sleep', '60.101'])\n"
+                "print(len(llm_query('started')))"
+            ),
+            "FINAL(ok)",
+        ],
+    )
     run = asyncio.ensure_future(rlm.arun("q", context="c"))
     assert await _eventually(lambda: server.requests_for("sub-model"))
     assert running("60.101")  # it did start
@@ -117,13 +132,20 @@ async def test_processes_the_model_starts_end_with_the_sandbox(rlm, server):
 
     # Also when the sandbox crashed first, leaving them behind, and those that left
     # the process group.
-    server.script("root-model", [repl("import os, subprocess\n"
-                                      "subprocess.Popen(['sleep', '60.102'])\n"
-                                      "subprocess.Popen(['setsid', 'sleep', '60.103'])\n"
-                                      "os._exit(1)"), "FINAL(ok)"])
+    server.script(
+        "root-model",
+        [
+            repl(
+                "import os, subprocess\n"
+                "subprocess.Popen(['sleep', '60.102'])\n"
+                "subprocess.Popen(['setsid', 'sleep', '60.103'])\n"
+                "os._exit(1)"
+            ),
+            "FINAL(ok)",
+        ],
+    )
     assert (await rlm.arun("q", context="c")).success
-    assert await _eventually(lambda: not running("60.102") and not running("60.103"),
-                             timeout=5)
+    assert await _eventually(lambda: not running("60.102") and not running("60.103"), timeout=5)
 
 
 async def test_child_runs_get_sandboxes_of_their_own(rlm, server):
@@ -133,36 +155,62 @@ async def test_child_runs_get_sandboxes_of_their_own(rlm, server):
 
     server.reply_with("root-model", root)
     server.reply_with("sub-model", root)
-    server.script("root-model", [repl("import os\nprint(os.getcwd())\n"
-                                      "print(rlm_query('child?'))"), "FINAL(ok)"])
+    server.script(
+        "root-model",
+        [repl("import os\nprint(os.getcwd())\nprint(rlm_query('child?'))"), "FINAL(ok)"],
+    )
     result = await rlm.arun("q", context="c")
     root_folder = outputs(result)[0].splitlines()[0]
-    child_folder = (server.requests_for("sub-model")[-1]["messages"][-1]["content"]
-                    .split("Output of block 1:\n")[1].splitlines()[0])
+    child_folder = (
+        server.requests_for("sub-model")[-1]["messages"][-1]["content"]
+        .split("Output of block 1:\n")[1]
+        .splitlines()[0]
+    )
     assert result.success and "rlm-sandbox-" in child_folder
     assert len({root_folder, child_folder, os.getcwd()}) == 3
 
 
 async def test_the_worker_loads_neither_litellm_nor_the_package(rlm, server):
-    server.script("root-model", [repl("import sys\nprint(sorted(m for m in sys.modules if "
-                                      "m.startswith(('litellm', 'rlm_magic', 'IPython', "
-                                      "'traitlets'))))"), "FINAL(ok)"])
+    server.script(
+        "root-model",
+        [
+            repl(
+                "import sys\nprint(sorted(m for m in sys.modules if "
+                "m.startswith(('litellm', 'rlm_magic', 'IPython', "
+                "'traitlets'))))"
+            ),
+            "FINAL(ok)",
+        ],
+    )
     result = await rlm.arun("q", context="c")
-    assert outputs(result)[0] == str(["rlm_magic", "rlm_magic.repl", "rlm_magic.repl.bridge",
-                                      "rlm_magic.repl.capture", "rlm_magic.repl.isolation",
-                                      "rlm_magic.repl.steps"])
+    assert outputs(result)[0] == str(
+        [
+            "rlm_magic",
+            "rlm_magic.repl",
+            "rlm_magic.repl.bridge",
+            "rlm_magic.repl.capture",
+            "rlm_magic.repl.isolation",
+            "rlm_magic.repl.steps",
+        ]
+    )
 
 
 # -- the model cannot tell the difference ----------------------------------------------
+
 
 @pytest.mark.parametrize("sandbox", ["process", "none"])
 async def test_batches_reach_the_same_peak_concurrency_in_both_repls(server, sandbox):
     rlm = make_rlm(server, sandbox=sandbox, max_concurrency=16)
     server.model_latency = {"sub-model": 0.3}
-    server.script("root-model", [
-        repl("a = llm_query_batch([f'p{i}' for i in range(16)])"),
-        repl("b = await asyncio.gather(*[llm_query(f'q{i}') for i in range(16)])"),
-        repl("print(len(a), len(b), a[3], b[3])"), "FINAL(ok)"])
+    server.script(
+        "root-model",
+        [
+            repl("a = llm_query_batch([f'p{i}' for i in range(16)])"),
+            repl("b = await asyncio.gather(*[llm_query(f'q{i}') for i in range(16)])"),
+            repl("print(len(a), len(b), a[3], b[3])"),
+            "FINAL(ok)",
+        ],
+    )
     result = await rlm.arun("q", context="c")
     assert outputs(result)[2] == "16 16 echo: p3 echo: q3"
     assert server.peak_in_flight == 16
@@ -172,11 +220,17 @@ async def test_batches_reach_the_same_peak_concurrency_in_both_repls(server, san
 async def test_a_call_the_code_stops_waiting_for_is_cancelled_in_both_repls(server, sandbox):
     rlm = make_rlm(server, sandbox=sandbox)
     server.model_latency = {"sub-model": 5.0}
-    server.script("root-model", [
-        repl("try:\n    await asyncio.wait_for(llm_query('slow'), 0.2)\n"
-             "except asyncio.TimeoutError:\n    print('gave up')"),
-        repl("import time\ntime.sleep(1)"),  # the run goes on a while after
-        "FINAL(ok)"])
+    server.script(
+        "root-model",
+        [
+            repl(
+                "try:\n    await asyncio.wait_for(llm_query('slow'), 0.2)\n"
+                "except asyncio.TimeoutError:\n    print('gave up')"
+            ),
+            repl("import time\ntime.sleep(1)"),  # the run goes on a while after
+            "FINAL(ok)",
+        ],
+    )
     result = await rlm.arun("q", context="c")
     assert outputs(result)[0] == "gave up"
     [call] = rlm.client.ledger.records[1:2]  # after the first root turn
@@ -185,31 +239,52 @@ async def test_a_call_the_code_stops_waiting_for_is_cancelled_in_both_repls(serv
 
 
 async def test_helper_arguments_json_cannot_carry_arrive_as_in_process(rlm, server):
-    server.script("root-model", [repl(
-        "print(llm_query_batch(p for p in ('a', 'b')))\nprint(llm_query_batch({'c'}))\n"
-        "class Note:\n    def __str__(self): return 'a note'\nprint(llm_query(Note()))"),
-        "FINAL(ok)"])
+    server.script(
+        "root-model",
+        [
+            repl(
+                "print(llm_query_batch(p for p in ('a', 'b')))\nprint(llm_query_batch({'c'}))\n"
+                "class Note:\n    def __str__(self): return 'a note'\nprint(llm_query(Note()))"
+            ),
+            "FINAL(ok)",
+        ],
+    )
     result = await rlm.arun("q", context="c")
     assert outputs(result)[0] == "['echo: a', 'echo: b']\n['echo: c']\necho: a note"
 
 
 async def test_any_text_the_code_prints_crosses_the_bridge(rlm, server):
-    server.script("root-model", [repl("print('caf\u00e9 \u6f22\u5b57', '\\ud800' == '\\ud800')\n"
-                                      "print('\\ud800')"), "FINAL(ok)"])
+    server.script(
+        "root-model",
+        [
+            repl("print('caf\u00e9 \u6f22\u5b57', '\\ud800' == '\\ud800')\nprint('\\ud800')"),
+            "FINAL(ok)",
+        ],
+    )
     result = await rlm.arun("q", context="c")
     assert outputs(result)[0].startswith("caf\u00e9 \u6f22\u5b57 True\n")
 
 
 async def test_a_helper_called_with_wrong_arguments_raises_type_error_in_the_code(rlm, server):
-    server.script("root-model", [repl("try:\n    llm_query()\nexcept TypeError as e:\n"
-                                      "    print('TypeError', 'prompt' in str(e))"), "FINAL(ok)"])
+    server.script(
+        "root-model",
+        [
+            repl(
+                "try:\n    llm_query()\nexcept TypeError as e:\n"
+                "    print('TypeError', 'prompt' in str(e))"
+            ),
+            "FINAL(ok)",
+        ],
+    )
     result = await rlm.arun("q", context="c")
     assert outputs(result)[0] == "TypeError True"
 
 
 async def test_final_var_answer_and_show_vars_work_across_the_bridge(rlm, server):
-    server.script("root-model", [
-        repl("nums = [1, 2, 3]\nSHOW_VARS()"), "FINAL_VAR(missing)", "FINAL_VAR(nums)"])
+    server.script(
+        "root-model",
+        [repl("nums = [1, 2, 3]\nSHOW_VARS()"), "FINAL_VAR(missing)", "FINAL_VAR(nums)"],
+    )
     result = await rlm.arun("q", context="c")
     assert outputs(result)[0] == "nums: list"
     assert "no variable named 'missing'" in root_requests(server)[2]["messages"][-1]["content"]
@@ -220,30 +295,43 @@ async def test_final_var_answer_and_show_vars_work_across_the_bridge(rlm, server
 
 
 async def test_variables_come_back_as_json_data_or_repr_strings(rlm, server):
-    server.script("root-model", [repl(
-        "data = {'a': [1, 2.5, None, 'x']}\nparts = {3, 1}\n"
-        "class Thing:\n    def __repr__(self): return 'Thing()'\nthing = Thing()"),
-        "FINAL(ok)"])
+    server.script(
+        "root-model",
+        [
+            repl(
+                "data = {'a': [1, 2.5, None, 'x']}\nparts = {3, 1}\n"
+                "class Thing:\n    def __repr__(self): return 'Thing()'\nthing = Thing()"
+            ),
+            "FINAL(ok)",
+        ],
+    )
     result = await rlm.arun("q", context="c")
     assert result.variables["data"] == {"a": [1, 2.5, None, "x"]}
     assert result.variables["parts"] == "{1, 3}" and repr(result.variables["parts"]) == "{1, 3}"
     assert isinstance(result.variables["thing"], sandbox_module.SandboxRepr)
-    assert result.to_dict()["variables"] == {"data": "dict", "parts": "set", "Thing": "type",
-                                             "thing": "Thing"}
+    assert result.to_dict()["variables"] == {
+        "data": "dict",
+        "parts": "set",
+        "Thing": "type",
+        "thing": "Thing",
+    }
 
 
 async def test_long_output_is_cut_in_the_sandbox_and_counted(server):
     rlm = make_rlm(server, sandbox="process", max_output_chars=100)
     server.script("root-model", [repl("print('x' * 1_000_000)"), "FINAL(ok)"])
     result = await rlm.arun("q", context="c")
-    assert outputs(result)[0] == "x" * 100 + ("\n... [output cut: 999,901 more characters "
-                                              "not shown; print smaller slices]")
+    assert outputs(result)[0] == "x" * 100 + (
+        "\n... [output cut: 999,901 more characters not shown; print smaller slices]"
+    )
 
 
 async def test_a_100_mb_context_crosses_once(rlm, server):
     context = "y" * 100_000_000
-    server.script("root-model", [repl("print(len(context), context[-3:])"),
-                                 repl("print(len(context))"), "FINAL(ok)"])
+    server.script(
+        "root-model",
+        [repl("print(len(context), context[-3:])"), repl("print(len(context))"), "FINAL(ok)"],
+    )
     started = time.perf_counter()
     result = await rlm.arun("q", context=context)
     assert outputs(result) == ["100000000 yyy", "100000000"]
@@ -272,14 +360,21 @@ async def test_a_context_the_sandbox_cannot_unpickle_fails_the_run_in_one_line(r
 
 # -- the kernel survives whatever the code does ----------------------------------------
 
-@pytest.mark.parametrize("code, reason", [
-    ("import os\nos._exit(3)", "exited (status 3)"),
-    ("import ctypes\nctypes.string_at(0)", "died (SIGSEGV)"),
-])
+
+@pytest.mark.parametrize(
+    "code, reason",
+    [
+        ("import os\nos._exit(3)", "exited (status 3)"),
+        ("import ctypes\nctypes.string_at(0)", "died (SIGSEGV)"),
+    ],
+)
 async def test_a_crash_fails_the_step_and_the_run_goes_on_in_a_fresh_sandbox(
-        rlm, server, code, reason):
-    server.script("root-model", [repl("x = 1"), repl(code),
-                                 repl("print('x' in dir(), len(context))"), "FINAL(ok)"])
+    rlm, server, code, reason
+):
+    server.script(
+        "root-model",
+        [repl("x = 1"), repl(code), repl("print('x' in dir(), len(context))"), "FINAL(ok)"],
+    )
     result = await rlm.arun("q", context="ctx")
     crashed, after = outputs(result)[1:3]
     assert reason in crashed and LOST in crashed
@@ -288,8 +383,9 @@ async def test_a_crash_fails_the_step_and_the_run_goes_on_in_a_fresh_sandbox(
 
 async def test_a_runaway_loop_is_stopped_by_sigint_and_keeps_the_namespace(server):
     rlm = make_rlm(server, sandbox="process", step_timeout=0.5)
-    server.script("root-model", [repl("x = 1\nwhile True:\n    x += 1"),
-                                 repl("print(x > 1)"), "FINAL(ok)"])
+    server.script(
+        "root-model", [repl("x = 1\nwhile True:\n    x += 1"), repl("print(x > 1)"), "FINAL(ok)"]
+    )
     result = await rlm.arun("q", context="c")
     stopped = result.trajectory[0].code[0]
     assert "ran longer than 0.5s" in stopped.output and LOST not in stopped.output
@@ -299,9 +395,16 @@ async def test_a_runaway_loop_is_stopped_by_sigint_and_keeps_the_namespace(serve
 
 async def test_a_step_that_ignores_sigint_is_killed_and_the_model_told(server):
     rlm = make_rlm(server, sandbox="process", step_timeout=0.5)
-    server.script("root-model", [repl("import signal\nsignal.signal(signal.SIGINT, "
-                                      "signal.SIG_IGN)\nwhile True:\n    pass"),
-                                 repl("print('signal' in dir())"), "FINAL(ok)"])
+    server.script(
+        "root-model",
+        [
+            repl(
+                "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass"
+            ),
+            repl("print('signal' in dir())"),
+            "FINAL(ok)",
+        ],
+    )
     result = await rlm.arun("q", context="c")
     killed = result.trajectory[0].code[0]
     assert "ran longer than 0.5s" in killed.output and LOST in killed.output
@@ -311,10 +414,15 @@ async def test_a_step_that_ignores_sigint_is_killed_and_the_model_told(server):
 
 async def test_memory_is_capped_by_an_address_space_limit(server):
     rlm = make_rlm(server, sandbox="process", sandbox_memory_mb=512)
-    server.script("root-model", [
-        repl("kept = 'yes'\nhuge = bytearray(2 * 2**30)"),
-        repl("chunks = []\nwhile True:\n    chunks.append(bytearray(50 * 2**20))"),
-        repl("del chunks\nprint(kept)"), "FINAL(ok)"])
+    server.script(
+        "root-model",
+        [
+            repl("kept = 'yes'\nhuge = bytearray(2 * 2**30)"),
+            repl("chunks = []\nwhile True:\n    chunks.append(bytearray(50 * 2**20))"),
+            repl("del chunks\nprint(kept)"),
+            "FINAL(ok)",
+        ],
+    )
     result = await rlm.arun("q", context="c")
     first, second, third = outputs(result)
     assert first.endswith("MemoryError") and second.endswith("MemoryError")
@@ -322,6 +430,7 @@ async def test_memory_is_capped_by_an_address_space_limit(server):
 
 
 # -- what the sandbox does not hold -----------------------------------------------------
+
 
 async def test_the_environment_is_an_allow_list(rlm, server, monkeypatch):
     monkeypatch.setenv("MY_SERVICE_TOKEN", "tok-very-secret-123")
@@ -332,20 +441,29 @@ async def test_the_environment_is_an_allow_list(rlm, server, monkeypatch):
     monkeypatch.setenv("LANG", "C.UTF-8")
     rlm.api_key = "sk-configured-key-456"
     rlm.sandbox_env = ["PLAIN_SETTING", "DB_URL"]  # asked for; DB_URL still holds the key
-    server.script("root-model", [repl(
-        "import os\nprint(sorted(os.environ))"), "FINAL(ok)"])
+    server.script("root-model", [repl("import os\nprint(sorted(os.environ))"), "FINAL(ok)"])
     result = await rlm.arun("q", context="c")
     seen = set(eval(outputs(result)[0]))
     assert "LANG" in seen
-    assert seen - set(sandbox_module.ENVIRONMENT_ALLOWED) == {"HOME", "PATH", "PLAIN_SETTING",
-                                                             "TMPDIR"}
+    assert seen - set(sandbox_module.ENVIRONMENT_ALLOWED) == {
+        "HOME",
+        "PATH",
+        "PLAIN_SETTING",
+        "TMPDIR",
+    }
 
 
 async def test_the_working_directory_is_a_fresh_folder_removed_afterwards(rlm, server):
-    server.script("root-model", [repl(
-        "import os\nopen('notes.txt', 'w').write('hi')\n"
-        "print(os.getcwd(), sorted(os.listdir()), os.environ['HOME'] == os.getcwd())"),
-        "FINAL(ok)"])
+    server.script(
+        "root-model",
+        [
+            repl(
+                "import os\nopen('notes.txt', 'w').write('hi')\n"
+                "print(os.getcwd(), sorted(os.listdir()), os.environ['HOME'] == os.getcwd())"
+            ),
+            "FINAL(ok)",
+        ],
+    )
     result = await rlm.arun("q", context="c")
     folder, listing, home = outputs(result)[0].rsplit(" ", 2)
     assert os.path.basename(folder).startswith("rlm-sandbox-")
@@ -355,10 +473,17 @@ async def test_the_working_directory_is_a_fresh_folder_removed_afterwards(rlm, s
 
 async def test_the_sandbox_has_no_network(rlm, server):
     host, port = server.base_url.split("//")[1].split("/")[0].split(":")
-    server.script("root-model", [repl(
-        f"import socket\ntry:\n    socket.create_connection(('{host}', {port}), timeout=2)\n"
-        "    print('connected')\nexcept OSError as e:\n    print(type(e).__name__)"),
-        "FINAL(ok)"])
+    server.script(
+        "root-model",
+        [
+            repl(
+                "import socket\ntry:\n"
+                f"    socket.create_connection(('{host}', {port}), timeout=2)\n"
+                "    print('connected')\nexcept OSError as e:\n    print(type(e).__name__)"
+            ),
+            "FINAL(ok)",
+        ],
+    )
     result = await rlm.arun("q", context="c")
     if not result.isolation["network"]:
         pytest.skip(f"no network isolation here: {result.isolation['notes']}")
@@ -367,7 +492,8 @@ async def test_the_sandbox_has_no_network(rlm, server):
 
 
 async def test_without_isolation_the_result_says_so_and_a_warning_says_it_once(
-        rlm, server, monkeypatch):
+    rlm, server, monkeypatch
+):
     monkeypatch.setattr(sandbox_module.SandboxREPL, "isolate", False)
     monkeypatch.setattr(sandbox_module, "_warned_isolation", False)
     server.script("root-model", [repl("x = 1"), "FINAL(a)", repl("x = 2"), "FINAL(b)"])
@@ -376,15 +502,15 @@ async def test_without_isolation_the_result_says_so_and_a_warning_says_it_once(
         first = await rlm.arun("q", context="c")
         second = await rlm.arun("q", context="c")
     assert first.network_isolated is False and second.network_isolated is False
-    assert not any(first.isolation[layer] for layer in ("user", "pid", "filesystem",
-                                                        "network", "syscalls"))
+    assert not any(
+        first.isolation[layer] for layer in ("user", "pid", "filesystem", "network", "syscalls")
+    )
     assert first.isolation["notes"]["user"] == "isolation was turned off"
     [warning] = [w for w in caught if "runs without" in str(w.message)]
     assert "\n" not in str(warning.message) and "To fix:" in str(warning.message)
 
 
-async def test_a_run_that_requires_full_isolation_refuses_to_start_without_it(
-        server, monkeypatch):
+async def test_a_run_that_requires_full_isolation_refuses_to_start_without_it(server, monkeypatch):
     monkeypatch.setattr(sandbox_module.SandboxREPL, "isolate", False)
     rlm = make_rlm(server, sandbox="process", sandbox_require_isolation=True)
     server.script("root-model", [repl("print('ran')"), "FINAL(a)"])
@@ -395,27 +521,28 @@ async def test_a_run_that_requires_full_isolation_refuses_to_start_without_it(
 
 # -- the bridge is a trust boundary ------------------------------------------------------
 
+
 def _send_raw(data: str) -> str:
     """Model code that writes raw bytes to its end of the bridge."""
-    return (f"import os, sys, struct, time\nos.write(int(sys.argv[1]), {data})\n"
-            "time.sleep(5)")
+    return f"import os, sys, struct, time\nos.write(int(sys.argv[1]), {data})\ntime.sleep(5)"
 
 
 def _json_frame(body: bytes) -> str:
     return f"struct.pack('>cQ', b'J', {len(body)}) + {body!r}"
 
 
-@pytest.mark.parametrize("data, complaint", [
-    (_json_frame(b"{not json"), "not JSON"),
-    ("struct.pack('>cQ', b'J', 2**40)", "over the"),
-    (_json_frame(b"[]"), "without an 'op'"),
-    (_json_frame(b'{"op": "variables"}'), "unexpected 'variables'"),
-    (_json_frame(b'{"op": "call", "id": 1, "name": 5}'), "malformed helper call"),
-])
-async def test_a_hostile_message_fails_the_step_and_the_run_goes_on(rlm, server, data,
-                                                                     complaint):
-    server.script("root-model", [repl(_send_raw(data)), repl("print('again')"),
-                                 "FINAL(ok)"])
+@pytest.mark.parametrize(
+    "data, complaint",
+    [
+        (_json_frame(b"{not json"), "not JSON"),
+        ("struct.pack('>cQ', b'J', 2**40)", "over the"),
+        (_json_frame(b"[]"), "without an 'op'"),
+        (_json_frame(b'{"op": "variables"}'), "unexpected 'variables'"),
+        (_json_frame(b'{"op": "call", "id": 1, "name": 5}'), "malformed helper call"),
+    ],
+)
+async def test_a_hostile_message_fails_the_step_and_the_run_goes_on(rlm, server, data, complaint):
+    server.script("root-model", [repl(_send_raw(data)), repl("print('again')"), "FINAL(ok)"])
     result = await rlm.arun("q", context="c")
     broken, after = outputs(result)
     assert "broke the bridge protocol" in broken and complaint in broken and LOST in broken
@@ -424,9 +551,16 @@ async def test_a_hostile_message_fails_the_step_and_the_run_goes_on(rlm, server,
 
 async def test_a_batch_past_the_sub_call_budget_is_cut_before_the_kernel_expands_it(server):
     rlm = make_rlm(server, sandbox="process", max_sub_calls=5)
-    server.script("root-model", [repl(
-        "out = llm_query_batch([str(i) for i in range(40_000)])\n"
-        "print(len(out), out[4], out[5][:30], out[-1] == out[5])"), "FINAL(ok)"])
+    server.script(
+        "root-model",
+        [
+            repl(
+                "out = llm_query_batch([str(i) for i in range(40_000)])\n"
+                "print(len(out), out[4], out[5][:30], out[-1] == out[5])"
+            ),
+            "FINAL(ok)",
+        ],
+    )
     result = await rlm.arun("q", context="c")
     assert outputs(result)[0] == "40000 echo: 4 Error: max_sub_calls=5 reached True"
     assert len(server.requests_for("sub-model")) == 5
@@ -434,9 +568,16 @@ async def test_a_batch_past_the_sub_call_budget_is_cut_before_the_kernel_expands
 
 async def test_a_batch_too_large_for_one_message_goes_in_parts(server):
     rlm = make_rlm(server, sandbox="process")
-    server.script("root-model", [repl(
-        "out = llm_query_batch(['x' * 3_000_000 + str(i) for i in range(4)])\n"
-        "print(len(out), [a[-1] for a in out])"), "FINAL(ok)"])
+    server.script(
+        "root-model",
+        [
+            repl(
+                "out = llm_query_batch(['x' * 3_000_000 + str(i) for i in range(4)])\n"
+                "print(len(out), [a[-1] for a in out])"
+            ),
+            "FINAL(ok)",
+        ],
+    )
     result = await rlm.arun("q", context="c")
     assert outputs(result)[0] == "4 ['0', '1', '2', '3']"  # 12 MB: over one 8 MB frame
 
@@ -444,12 +585,19 @@ async def test_a_batch_too_large_for_one_message_goes_in_parts(server):
 async def test_calls_that_would_hold_too_much_in_the_kernel_are_refused_not_queued(server):
     rlm = make_rlm(server, sandbox="process", max_concurrency=1)
     server.model_latency = {"sub-model": 5.0}  # the first call holds the only slot
-    server.script("root-model", [repl(
-        "big = 'x' * 7_000_000\n"
-        "calls = [asyncio.ensure_future(llm_query(big + str(i))) for i in range(12)]\n"
-        "done, waiting = await asyncio.wait(calls, timeout=1.5)\n"
-        "for call in waiting:\n    call.cancel()\n"
-        "print(len(waiting), {str(c.exception())[:38] for c in done})"), "FINAL(ok)"])
+    server.script(
+        "root-model",
+        [
+            repl(
+                "big = 'x' * 7_000_000\n"
+                "calls = [asyncio.ensure_future(llm_query(big + str(i))) for i in range(12)]\n"
+                "done, waiting = await asyncio.wait(calls, timeout=1.5)\n"
+                "for call in waiting:\n    call.cancel()\n"
+                "print(len(waiting), {str(c.exception())[:38] for c in done})"
+            ),
+            "FINAL(ok)",
+        ],
+    )
     result = await rlm.arun("q", context="c")
     # About 64 MB of them wait; the rest are refused at once.
     waiting, refusals = outputs(result)[0].split(" ", 1)
@@ -464,8 +612,10 @@ async def test_the_kernel_never_unpickles_what_the_sandbox_sends(rlm, server, tm
             return (open, (str(marker), "w"))
 
     data = pickle.dumps(Trap())
-    server.script("root-model", [repl(_send_raw(
-        f"struct.pack('>cQ', b'P', {len(data)}) + {data!r}")), "FINAL(ok)"])
+    server.script(
+        "root-model",
+        [repl(_send_raw(f"struct.pack('>cQ', b'P', {len(data)}) + {data!r}")), "FINAL(ok)"],
+    )
     result = await rlm.arun("q", context="c")
     assert "unexpected frame kind" in outputs(result)[0]
     assert not marker.exists()

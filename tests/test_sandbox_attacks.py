@@ -200,8 +200,14 @@ import time
 time.sleep(10)
 """
 
-ATTACKS = {"processes": PROCESSES, "syscalls": SYSCALLS, "network": NETWORK,
-           "persistence": PERSISTENCE, "secrets": SECRETS, "limits": LIMITS}
+ATTACKS = {
+    "processes": PROCESSES,
+    "syscalls": SYSCALLS,
+    "network": NETWORK,
+    "persistence": PERSISTENCE,
+    "secrets": SECRETS,
+    "limits": LIMITS,
+}
 
 
 # -- the driver: runs as a script, as root or as an unprivileged user --------------------
@@ -226,16 +232,30 @@ async def _attack(victim: Path) -> dict:
     hits = _listen(victim / "runtime" / "kernel.sock")
     server = FakeLLMServer().start()
     try:
-        rlm = RLM(model="openai/root-model", sub_model="openai/sub-model",
-                  api_base=server.base_url, api_key=FAKE_KEY, progress=False, timeout=10,
-                  retry_backoff=0.01, cache=True, cache_dir=str(victim / "cache"),
-                  sandbox="process", sandbox_disk_mb=16, sandbox_max_processes=32,
-                  step_timeout=30)
-        context = {"kernel_pid": os.getpid(), "home": str(victim / "home"),
-                   "notebook": str(victim / "notebook"), "site": str(victim / "lib" /
-                                                                    "site-packages"),
-                   "runtime": str(victim / "runtime"), "cache": str(victim / "cache"),
-                   "tcp_port": hits["port"]}
+        rlm = RLM(
+            model="openai/root-model",
+            sub_model="openai/sub-model",
+            api_base=server.base_url,
+            api_key=FAKE_KEY,
+            progress=False,
+            timeout=10,
+            retry_backoff=0.01,
+            cache=True,
+            cache_dir=str(victim / "cache"),
+            sandbox="process",
+            sandbox_disk_mb=16,
+            sandbox_max_processes=32,
+            step_timeout=30,
+        )
+        context = {
+            "kernel_pid": os.getpid(),
+            "home": str(victim / "home"),
+            "notebook": str(victim / "notebook"),
+            "site": str(victim / "lib" / "site-packages"),
+            "runtime": str(victim / "runtime"),
+            "cache": str(victim / "cache"),
+            "tcp_port": hits["port"],
+        }
         server.script("root-model", [_repl("print(llm_query('warm'))"), "FINAL(warm)"])
         # Each run asks its own question: the cache would answer a repeated root turn.
         await rlm.arun("warm up", context=context)  # litellm imported, the cache written
@@ -261,7 +281,8 @@ async def _attack(victim: Path) -> dict:
             "longest_stall_s": round(max(stalls, default=0.0), 3),
             "batch": [r.output for it in flooded.trajectory for r in it.code][1:2],
             "variables_chars": sum(len(str(v)) for v in flooded.variables.values()),
-            "frame": [r.output for it in framed.trajectory for r in it.code][:1]}
+            "frame": [r.output for it in framed.trajectory for r in it.code][:1],
+        }
         out["listeners_reached"] = hits["count"]
         shared = Path(f"/dev/shm/rlm-attack-{os.getpid()}")
         out["host_dev_shm_written"] = shared.exists()
@@ -326,8 +347,11 @@ if pytest is not None:
         user the attack runs as, and the command that runs it."""
         victim = Path(tempfile.mkdtemp(prefix="rlm-attack-"))
         victim.chmod(0o755)
-        shutil.copytree(_REPO / "rlm_magic", victim / "rlm_magic",
-                        ignore=shutil.ignore_patterns("__pycache__", "kernel_spec"))
+        shutil.copytree(
+            _REPO / "rlm_magic",
+            victim / "rlm_magic",
+            ignore=shutil.ignore_patterns("__pycache__", "kernel_spec"),
+        )
         shutil.copy(_REPO / "tests" / "llm_server.py", victim / "llm_server.py")
         shutil.copy(__file__, victim / "attack.py")
         home = victim / "home"
@@ -348,8 +372,14 @@ if pytest is not None:
             # pass with the wrong one).
             ids = f"{UNPRIVILEGED_ID}:{UNPRIVILEGED_ID}"
             subprocess.run(["chown", "-R", ids, str(victim)], check=True)
-            command = ["setpriv", f"--reuid={UNPRIVILEGED_ID}", f"--regid={UNPRIVILEGED_ID}",
-                       "--clear-groups", _interpreter_for_everyone(), *command[1:]]
+            command = [
+                "setpriv",
+                f"--reuid={UNPRIVILEGED_ID}",
+                f"--regid={UNPRIVILEGED_ID}",
+                "--clear-groups",
+                _interpreter_for_everyone(),
+                *command[1:],
+            ]
         return victim, command
 
     def _packages_for(user: str, victim: Path, command: list[str]) -> tuple[list, list]:
@@ -368,24 +398,41 @@ if pytest is not None:
             target.mkdir()
             binds += [path, str(target)]
             seen.append(str(target))
-        script = ('while [ $# -gt 0 ] && [ "$1" != -- ]; do mount --bind "$1" "$2" || exit 1; '
-                  'shift 2; done; shift; exec "$@"')
-        return (["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
-                 *binds, "--", *command], seen)
+        script = (
+            'while [ $# -gt 0 ] && [ "$1" != -- ]; do mount --bind "$1" "$2" || exit 1; '
+            'shift 2; done; shift; exec "$@"'
+        )
+        return (
+            [
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                script,
+                "sh",
+                *binds,
+                "--",
+                *command,
+            ],
+            seen,
+        )
 
     def _reachable(path: str) -> bool:
         """Whether any user may walk to ``path``."""
-        return all(os.stat(folder).st_mode & 0o001
-                   for folder in (Path(path), *Path(path).parents))
+        return all(os.stat(folder).st_mode & 0o001 for folder in (Path(path), *Path(path).parents))
 
     def _interpreter_for_everyone() -> str:
         """This Python, or the same version elsewhere when this one lives where other
         users cannot go (a venv made from a Python under /root): with this venv's
         packages on PYTHONPATH, it runs the same code."""
+
         def usable(path: str) -> bool:
             parts = Path(os.path.realpath(path)).parents
             return os.stat(path).st_mode & 0o001 and all(
-                os.stat(folder).st_mode & 0o001 for folder in parts)
+                os.stat(folder).st_mode & 0o001 for folder in parts
+            )
 
         if usable(sys.executable):
             return sys.executable
@@ -394,20 +441,35 @@ if pytest is not None:
         return other if other is not None and usable(other) else None
 
     def _run_attacks() -> None:
-        users = ["root", "unprivileged"] if os.geteuid() == 0 and shutil.which("setpriv") \
+        users = (
+            ["root", "unprivileged"]
+            if os.geteuid() == 0 and shutil.which("setpriv")
             else ["this user"]
+        )
         if "unprivileged" in users and _interpreter_for_everyone() is None:
             users.remove("unprivileged")  # no Python that user may run: skipped below
         started = {}
         for user in users:
             victim, command = _victim(user)
             command, packages = _packages_for(user, victim, command)
-            env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-                   "HOME": str(victim / "home"), "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-                   "PYTHONPATH": os.pathsep.join(packages), **FAKE_ENV}
-            started[user] = (victim, subprocess.Popen(
-                command, cwd=victim / "notebook", env=env, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, text=True))
+            env = {
+                "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                "HOME": str(victim / "home"),
+                "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+                "PYTHONPATH": os.pathsep.join(packages),
+                **FAKE_ENV,
+            }
+            started[user] = (
+                victim,
+                subprocess.Popen(
+                    command,
+                    cwd=victim / "notebook",
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                ),
+            )
         for user, (victim, process) in started.items():
             try:
                 out, err = process.communicate(timeout=180)
@@ -423,11 +485,12 @@ if pytest is not None:
 
     def _files(victim: Path) -> dict:
         worker = (victim / "rlm_magic" / "repl" / "worker.py").read_text()
-        return {"bashrc": (victim / "home" / ".bashrc").read_text(),
-                "startup": os.listdir(victim / "home" / ".ipython" / "profile_default"
-                                      / "startup"),
-                "site": os.listdir(victim / "lib" / "site-packages"),
-                "worker_touched": "written by the model" in worker}
+        return {
+            "bashrc": (victim / "home" / ".bashrc").read_text(),
+            "startup": os.listdir(victim / "home" / ".ipython" / "profile_default" / "startup"),
+            "site": os.listdir(victim / "lib" / "site-packages"),
+            "worker_touched": "written by the model" in worker,
+        }
 
     @pytest.fixture(scope="module", params=["root", "unprivileged"])
     def attacked(request):
@@ -443,38 +506,53 @@ if pytest is not None:
 
     def test_every_isolation_layer_is_in_force(attacked):
         layers = attacked["isolation"]
-        assert all(layers[name] for name in ("user", "pid", "filesystem", "network",
-                                              "syscalls", "processes")), layers
+        assert all(
+            layers[name]
+            for name in ("user", "pid", "filesystem", "network", "syscalls", "processes")
+        ), layers
 
     def test_the_kernel_cannot_be_signalled_read_or_seen(attacked):
-        assert attacked["processes"] == {"signal_kernel": "ProcessLookupError",
-                                         "kernel_memory": "FileNotFoundError",
-                                         "environments_with_the_key": 0}
+        assert attacked["processes"] == {
+            "signal_kernel": "ProcessLookupError",
+            "kernel_memory": "FileNotFoundError",
+            "environments_with_the_key": 0,
+        }
 
     def test_ptrace_namespaces_mounts_keyrings_and_new_sockets_are_refused(attacked):
         refused = attacked["syscalls"]
-        assert refused and all(v == "Operation not permitted" for v in refused.values()), \
-            refused
+        assert refused and all(v == "Operation not permitted" for v in refused.values()), refused
 
     def test_no_network_no_unix_socket_no_connection_file(attacked):
-        assert attacked["network"] == {"tcp": "PermissionError",
-                                       "unix_socket": "PermissionError",
-                                       "connection_file": "FileNotFoundError"}
+        assert attacked["network"] == {
+            "tcp": "PermissionError",
+            "unix_socket": "PermissionError",
+            "connection_file": "FileNotFoundError",
+        }
         assert attacked["listeners_reached"] == 0
 
     def test_nothing_outside_the_working_folder_can_be_written(attacked):
         # Not there at all, or read-only (EROFS), or not the sandbox's (as root it is
         # "nobody", and the package belongs to root)
         assert set(attacked["persistence"].values()) <= {
-            "FileNotFoundError", "OSError", "PermissionError"}, attacked["persistence"]
+            "FileNotFoundError",
+            "OSError",
+            "PermissionError",
+        }, attacked["persistence"]
         files = attacked["files"]
-        assert files == {"bashrc": "# the user's\n", "startup": [], "site": [],
-                         "worker_touched": False}
+        assert files == {
+            "bashrc": "# the user's\n",
+            "startup": [],
+            "site": [],
+            "worker_touched": False,
+        }
 
     def test_no_secret_reaches_the_sandbox(attacked):
-        assert attacked["secrets"] == {"variables": [], "fake_values": [],
-                                       "aws_credentials": "FileNotFoundError",
-                                       "dotenv": "FileNotFoundError"}
+        assert attacked["secrets"] == {
+            "variables": [],
+            "fake_values": [],
+            "aws_credentials": "FileNotFoundError",
+            "dotenv": "FileNotFoundError",
+        }
 
     def test_processes_shared_memory_and_disk_are_limited(attacked):
         limits = attacked["limits"]

@@ -34,14 +34,15 @@ async def test_an_old_pickled_cache_is_never_loaded(server, tmp_path):
     old.close()
     rlm = make_rlm(server, cache=True, cache_dir=str(tmp_path))
     assert await rlm.helpers.llm_query("hello") == "echo: hello"
-    assert await make_rlm(server, cache=True, cache_dir=str(tmp_path)).helpers.llm_query("hello") \
+    assert (
+        await make_rlm(server, cache=True, cache_dir=str(tmp_path)).helpers.llm_query("hello")
         == "echo: hello"
+    )
     assert not marker.exists()
     assert len(server.requests_for("sub-model")) == 1  # the second came from the cache
 
 
-async def test_the_cache_stores_json_and_a_row_that_is_not_an_answer_is_a_miss(
-        server, tmp_path):
+async def test_the_cache_stores_json_and_a_row_that_is_not_an_answer_is_a_miss(server, tmp_path):
     rlm = make_rlm(server, cache=True, cache_dir=str(tmp_path))
     await rlm.helpers.llm_query("hello")
     db = sqlite3.connect(tmp_path / FILE_NAME)

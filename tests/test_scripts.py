@@ -13,8 +13,9 @@ EXAMPLES = sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
 
 
 def _run_notebook_script():
-    spec = importlib.util.spec_from_file_location("run_notebook",
-                                                  ROOT / "scripts" / "run_notebook.py")
+    spec = importlib.util.spec_from_file_location(
+        "run_notebook", ROOT / "scripts" / "run_notebook.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -25,10 +25,18 @@ def repl_kind(request) -> str:
 async def test_a_follow_up_reuses_a_variable_with_no_new_sub_calls(server, repl_kind):
     rlm = make_rlm(server, sandbox=repl_kind)
     session = rlm.session("book")
-    server.script("root-model", [
-        repl("summaries = llm_query_batch([c for c in context.split('|')])\n"
-             "print(len(summaries))"), "FINAL(3 parts)",
-        repl("print(summaries[1])"), "FINAL_VAR(summaries)"])
+    server.script(
+        "root-model",
+        [
+            repl(
+                "summaries = llm_query_batch([c for c in context.split('|')])\n"
+                "print(len(summaries))"
+            ),
+            "FINAL(3 parts)",
+            repl("print(summaries[1])"),
+            "FINAL_VAR(summaries)",
+        ],
+    )
     first = await session.arun("Summarise each part", context="a|b|c")
     assert first.success and len(server.requests_for("sub-model")) == 3
     second = await session.arun("What did part two say?")
@@ -45,17 +53,23 @@ async def test_a_follow_up_reuses_a_variable_with_no_new_sub_calls(server, repl_
 async def test_later_contexts_are_numbered_and_context_is_the_latest(server, repl_kind):
     rlm = make_rlm(server, sandbox=repl_kind)
     session = RLMSession(rlm, "s")
-    server.script("root-model", [
-        "FINAL(one)",
-        repl("print(context_0, context_1, context)") + "FINAL(two)",
-        repl("print(context_0, context_1, context)") + "FINAL(three)"])
+    server.script(
+        "root-model",
+        [
+            "FINAL(one)",
+            repl("print(context_0, context_1, context)") + "FINAL(two)",
+            repl("print(context_0, context_1, context)") + "FINAL(three)",
+        ],
+    )
     await session.arun("q1", context="first")
     second = await session.arun("q2", context="second")
     third = await session.arun("q3")  # no new context: the latest stays
     assert second.trajectory[0].code[0].output == "first second second"
     assert third.trajectory[0].code[0].output == "first second second"
-    assert "Earlier contexts of this session: context_0." in \
-        server.requests_for("root-model")[2]["messages"][1]["content"]
+    assert (
+        "Earlier contexts of this session: context_0."
+        in server.requests_for("root-model")[2]["messages"][1]["content"]
+    )
     await session.aclose()
 
 
@@ -69,22 +83,27 @@ async def test_a_session_survives_a_failed_run_with_its_variables(server, repl_k
     server.failures.clear()
     later = await session.arun("q2")
     assert later.success and later.trajectory[0].code[0].output == "42"
-    assert "(the run ended: error)" in \
-        server.requests_for("root-model")[-1]["messages"][1]["content"]
+    assert (
+        "(the run ended: error)" in server.requests_for("root-model")[-1]["messages"][1]["content"]
+    )
     await session.aclose()
 
 
 async def test_a_session_survives_an_interrupted_run(server, repl_kind):
     rlm = make_rlm(server, sandbox=repl_kind)
     session = rlm.session("s")
-    server.script("root-model", [
-        repl("kept = 7\nllm_query('started')\nimport time\n"
-             "for _ in range(300): time.sleep(0.1)"),
-        repl("print(kept)") + "FINAL(ok)"])
+    server.script(
+        "root-model",
+        [
+            repl(
+                "kept = 7\nllm_query('started')\nimport time\nfor _ in range(300): time.sleep(0.1)"
+            ),
+            repl("print(kept)") + "FINAL(ok)",
+        ],
+    )
     task = asyncio.ensure_future(session.arun("q1", context="c"))
     # The step has set `kept` once its sub-call arrives: interrupt it mid-step.
-    assert await asyncio.to_thread(server.wait_for,
-                                   lambda: server.completed >= 2, 10)
+    assert await asyncio.to_thread(server.wait_for, lambda: server.completed >= 2, 10)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -102,20 +121,33 @@ async def test_sessions_report_size_and_cost(server):
     from rlm_magic.rlm.session import SessionsView
 
     text = repr(SessionsView(list(rlm.sessions.values())))
-    assert text.splitlines()[0].split() == ["session", "questions", "contexts", "variables",
-                                            "sandbox", "tokens", "cost"]
+    assert text.splitlines()[0].split() == [
+        "session",
+        "questions",
+        "contexts",
+        "variables",
+        "sandbox",
+        "tokens",
+        "cost",
+    ]
     assert text.splitlines()[1].split()[:5] == ["s", "1", "1", "1", "none"]
     await rlm.forget("s")
 
 
 # -- in the notebook ---------------------------------------------------------------------
 
+
 async def test_rlm_session_cells_carry_on_and_forget_ends_the_session(shell, server):
     from .conftest import run_cell
 
-    server.script("root-model", [
-        repl("parts = llm_query_batch(context.split('|'))"), "FINAL(done)",
-        repl("print(parts[2])") + "FINAL_VAR(parts)"])
+    server.script(
+        "root-model",
+        [
+            repl("parts = llm_query_batch(context.split('|'))"),
+            "FINAL(done)",
+            repl("print(parts[2])") + "FINAL_VAR(parts)",
+        ],
+    )
     shell.user_ns["doc"] = "x|y|z"
     await run_cell(shell, "%%rlm --session notes --context doc -q\nSummarise each part")
     session = shell.magics_manager.registry["RLMMagics"].rlm.sessions["notes"]
@@ -165,8 +197,10 @@ async def test_a_session_keeps_the_repl_kind_it_started_with(shell, server):
 
     server.script("root-model", ["FINAL(ok)"])
     await run_cell(shell, "%%rlm --session kinds --no-sandbox -q\nq")
-    with pytest.raises(UsageError, match="session 'kinds' runs its code in this kernel; "
-                                         "it cannot switch to sandbox='process'"):
+    with pytest.raises(
+        UsageError,
+        match="session 'kinds' runs its code in this kernel; it cannot switch to sandbox='process'",
+    ):
         await run_cell(shell, "%%rlm --session kinds --sandbox -q\nq")
     assert len(server.requests) == 1
     shell.run_line_magic("rlm", "forget kinds")
@@ -174,10 +208,14 @@ async def test_a_session_keeps_the_repl_kind_it_started_with(shell, server):
 
 async def test_a_session_s_sandbox_holds_no_configured_secret(server, monkeypatch):
     monkeypatch.setenv("HEADER_VALUE", "Bearer tok-header-789")
-    rlm = make_rlm(server, sandbox="process",
-                   litellm_kwargs={"extra_headers": {"Authorization": "Bearer tok-header-789"}})
-    server.script("root-model", [repl("import os\nprint('HEADER_VALUE' in os.environ)")
-                                 + "FINAL(ok)"])
+    rlm = make_rlm(
+        server,
+        sandbox="process",
+        litellm_kwargs={"extra_headers": {"Authorization": "Bearer tok-header-789"}},
+    )
+    server.script(
+        "root-model", [repl("import os\nprint('HEADER_VALUE' in os.environ)") + "FINAL(ok)"]
+    )
     result = await rlm.session("s").arun("q", context="c")
     assert result.trajectory[0].code[0].output == "False"
     await rlm.forget("s")

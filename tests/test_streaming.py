@@ -15,7 +15,6 @@ import time
 import pytest
 
 from rlm_magic.demo import split_tokens
-
 from rlm_magic.errors import LLMQueryError
 from rlm_magic.jupyter.progress import RunStatus
 from rlm_magic.llm.prompt_cache import REFUSED
@@ -35,6 +34,7 @@ def prose(words: int) -> str:
 
 # -- streaming root turns ---------------------------------------------------------------
 
+
 async def test_a_streamed_run_records_the_same_trajectory_and_usage_as_a_plain_one(server):
     replies = [repl("x = 6 * 7\nprint(x)", "Let me compute."), "Done.\nFINAL(42)"]
     outcomes = []
@@ -48,21 +48,26 @@ async def test_a_streamed_run_records_the_same_trajectory_and_usage_as_a_plain_o
     assert streamed.final_answer == plain.final_answer == "42"
     assert [i.response for i in streamed.trajectory] == [i.response for i in plain.trajectory]
     assert [c.output for i in streamed.trajectory for c in i.code] == ["42"]
-    assert (streamed.usage.input_tokens, streamed.usage.output_tokens) == \
-        (plain.usage.input_tokens, plain.usage.output_tokens) == (20, 10)
+    assert (
+        (streamed.usage.input_tokens, streamed.usage.output_tokens)
+        == (plain.usage.input_tokens, plain.usage.output_tokens)
+        == (20, 10)
+    )
 
 
 async def test_a_streamed_call_asks_for_usage_in_the_stream(rlm, server):
-    await rlm.client.complete([{"role": "user", "content": "hi"}], model="openai/root-model",
-                              stream=True)
+    await rlm.client.complete(
+        [{"role": "user", "content": "hi"}], model="openai/root-model", stream=True
+    )
     assert server.requests[-1]["stream_options"] == {"include_usage": True}
 
 
 async def test_usage_is_counted_when_the_provider_leaves_it_out_of_the_stream(rlm, server):
     server.stream_usage, server.usage = False, None
     server.default_reply = lambda body: prose(30)
-    done = await rlm.client.complete([{"role": "user", "content": "say thirty words"}],
-                                     model="openai/root-model", stream=True)
+    done = await rlm.client.complete(
+        [{"role": "user", "content": "say thirty words"}], model="openai/root-model", stream=True
+    )
     assert done.text == prose(30)
     assert done.output_tokens >= 30 and done.input_tokens > 0
     assert rlm.client.ledger.records[-1].output_tokens == done.output_tokens
@@ -72,8 +77,9 @@ async def test_the_status_line_shows_the_turn_as_it_streams_in(server):
     # About 2 s of streaming: the line is read a few words in, long before the end
     # even if the loop is held up for a second.
     server.token_delay = 0.05
-    server.script("root-model", ["Thinking about the question first. " + prose(40)
-                                 + "\nFINAL(done)"])
+    server.script(
+        "root-model", ["Thinking about the question first. " + prose(40) + "\nFINAL(done)"]
+    )
     rlm = make_rlm(server)
     run = rlm.start("q", context="c")
     task = asyncio.ensure_future(run.execute())
@@ -91,9 +97,14 @@ async def test_an_interrupt_closes_the_stream_at_once_and_keeps_its_tokens(rlm, 
     server.token_delay, server.usage = 0.2, None
     server.default_reply = lambda body: prose(50)
     pieces = []
-    call = asyncio.ensure_future(rlm.client.complete(
-        [{"role": "user", "content": "long"}], model="openai/root-model", stream=True,
-        on_text=pieces.append))
+    call = asyncio.ensure_future(
+        rlm.client.complete(
+            [{"role": "user", "content": "long"}],
+            model="openai/root-model",
+            stream=True,
+            on_text=pieces.append,
+        )
+    )
     while len(pieces) < 3:
         await asyncio.sleep(0.01)
     cancelled_at = time.perf_counter()
@@ -109,12 +120,14 @@ async def test_an_interrupt_closes_the_stream_at_once_and_keeps_its_tokens(rlm, 
 
 # -- timeouts that fit slow servers ---------------------------------------------------
 
+
 async def test_a_slow_but_steady_stream_is_never_cut_off_by_the_timeout(server):
     rlm = make_rlm(server, timeout=0.5)
     server.token_delay = 0.06
     server.default_reply = lambda body: prose(25)  # 1.5 s in all, 0.06 s per token
-    done = await rlm.client.complete([{"role": "user", "content": "q"}],
-                                     model="openai/root-model", stream=True)
+    done = await rlm.client.complete(
+        [{"role": "user", "content": "q"}], model="openai/root-model", stream=True
+    )
     assert done.text == prose(25) and done.retries == 0
     assert len(server.requests) == 1
 
@@ -124,11 +137,14 @@ async def test_a_stalled_stream_returns_what_it_received_marked_and_bills_it(ser
     server.usage = None
     server.stall_at, server.stall_for = 5, 30
     server.default_reply = lambda body: prose(20)
-    done = await rlm.client.complete([{"role": "user", "content": "q"}],
-                                     model="openai/root-model", stream=True)
+    done = await rlm.client.complete(
+        [{"role": "user", "content": "q"}], model="openai/root-model", stream=True
+    )
     received = "".join(split_tokens(prose(20))[:5])
-    assert done.text == (f"{received}\n[answer cut off: no new tokens for 0.5s after "
-                         f"{len(received)} characters (timeout=0.5s)]")
+    assert done.text == (
+        f"{received}\n[answer cut off: no new tokens for 0.5s after "
+        f"{len(received)} characters (timeout=0.5s)]"
+    )
     assert done.cut_reason and not done.cut_off  # not max_tokens: broke off
     assert len(server.requests) == 1
     record = rlm.client.ledger.records[-1]
@@ -163,15 +179,18 @@ async def test_a_sub_call_answer_that_broke_off_counts_as_cut(server):
     server.script("root-model", [repl("part = llm_query('q')"), "FINAL(done)"])
     result = await make_rlm(server, sandbox="none").arun("q", context="c")
     assert result.trajectory[0].cut_answers == 1
-    assert "1 sub-call answer of this step is cut off" in \
-        server.requests_for("root-model")[1]["messages"][-1]["content"]
+    assert (
+        "1 sub-call answer of this step is cut off"
+        in server.requests_for("root-model")[1]["messages"][-1]["content"]
+    )
 
 
 async def test_calls_in_a_step_end_before_the_step_so_the_model_sees_their_errors(server):
     rlm = make_rlm(server, step_timeout=1.5, timeout=120, max_retries=2)
     server.model_latency["sub-model"] = 60  # a server far slower than the step allows
-    server.script("root-model", [
-        repl("answers = llm_query_batch(['a', 'b'])\nprint(answers)"), "FINAL(over)"])
+    server.script(
+        "root-model", [repl("answers = llm_query_batch(['a', 'b'])\nprint(answers)"), "FINAL(over)"]
+    )
     started = time.perf_counter()
     result = await rlm.arun("q", context="c")
     step = result.trajectory[0].code[0]
@@ -187,19 +206,27 @@ async def test_a_call_made_with_no_time_left_is_not_retried_past_its_deadline(se
     server.fail("500", times=100)
     started = time.monotonic()
     with pytest.raises(LLMQueryError):
-        await rlm.client.complete([{"role": "user", "content": "q"}], model="openai/x",
-                                  deadline=started + 1.0)
+        await rlm.client.complete(
+            [{"role": "user", "content": "q"}], model="openai/x", deadline=started + 1.0
+        )
     assert time.monotonic() - started < 1.0
 
 
 # -- early block execution ----------------------------------------------------------------
 
+
 async def test_an_early_block_starts_while_the_model_still_writes(server):
     rlm = make_rlm(server, early_execution=True)
     server.token_delay = 0.02
-    server.script("root-model", [repl("print(llm_query('ping'))", "First:")
-                                 + "Now some prose after the code. " + prose(40),
-                                 "FINAL(done)"])
+    server.script(
+        "root-model",
+        [
+            repl("print(llm_query('ping'))", "First:")
+            + "Now some prose after the code. "
+            + prose(40),
+            "FINAL(done)",
+        ],
+    )
     result = await rlm.arun("q", context="c")
     assert result.final_answer == "done"
     first_turn = result.trajectory[0]
@@ -208,8 +235,10 @@ async def test_an_early_block_starts_while_the_model_still_writes(server):
     # The sub-call reached the server before the root turn had finished streaming.
     sub_at = server.arrivals[server.index_of("ping")]
     assert sub_at < server.arrivals[0] + 40 * 0.02
-    assert "Output of block 1:\necho: ping" in \
-        server.requests_for("root-model")[1]["messages"][-1]["content"]
+    assert (
+        "Output of block 1:\necho: ping"
+        in server.requests_for("root-model")[1]["messages"][-1]["content"]
+    )
 
 
 async def test_early_execution_keeps_block_order_and_what_the_model_sees(server):
@@ -241,9 +270,11 @@ async def test_a_turn_cut_off_after_its_code_ran_stands_and_the_run_goes_on(serv
 
 # -- prompt caching ---------------------------------------------------------------------
 
+
 def claude_rlm(server, **settings):
-    return make_rlm(server, model=CLAUDE, sub_model=CLAUDE, api_base=server.anthropic_base,
-                    **settings)
+    return make_rlm(
+        server, model=CLAUDE, sub_model=CLAUDE, api_base=server.anthropic_base, **settings
+    )
 
 
 def long_turns(count: int) -> list[str]:
@@ -308,8 +339,13 @@ async def test_an_interrupt_while_an_early_block_runs_stops_both_and_keeps_the_b
     # In-process: the test hands the block a threading.Event as its context.
     rlm = make_rlm(server, early_execution=True, sandbox="none")
     server.token_delay = 0.1
-    server.script("root-model", [repl("print(llm_query('started'))\ncontext.set()\n"
-                                      "import time\ntime.sleep(30)") + prose(100)])
+    server.script(
+        "root-model",
+        [
+            repl("print(llm_query('started'))\ncontext.set()\nimport time\ntime.sleep(30)")
+            + prose(100)
+        ],
+    )
     printed = threading.Event()  # the block sets it once it has printed
     run = rlm.start("q", context=printed)
     task = asyncio.ensure_future(run.execute())
@@ -331,9 +367,14 @@ async def test_a_streamed_answer_teaches_the_rate_gate_the_providers_limits(serv
     rlm = make_rlm(server, api_base=server.base_url + "/")  # a gate of its own
     server.limit_rate(rps=50, burst=20)
     # Enough answers at once that the headers' remaining count says something.
-    await asyncio.gather(*(rlm.client.complete([{"role": "user", "content": f"q{i}"}],
-                                               model="openai/stream-x", stream=True)
-                           for i in range(14)))
+    await asyncio.gather(
+        *(
+            rlm.client.complete(
+                [{"role": "user", "content": f"q{i}"}], model="openai/stream-x", stream=True
+            )
+            for i in range(14)
+        )
+    )
     assert rlm.client.gate("openai/stream-x").requests.capacity == 20  # the burst it said
 
 
@@ -343,11 +384,13 @@ async def test_a_provider_that_cannot_stream_is_asked_plainly_from_then_on(serve
     server.fail("400-stream", times=1)
     try:
         done = await make_rlm(server).client.complete(
-            [{"role": "user", "content": "q"}], model="openai/no-stream", stream=True)
+            [{"role": "user", "content": "q"}], model="openai/no-stream", stream=True
+        )
         assert done.text == "echo: q" and not done.streamed and done.retries == 0
         assert [bool(r.get("stream")) for r in server.requests] == [True, False]
         await make_rlm(server).client.complete(
-            [{"role": "user", "content": "again"}], model="openai/no-stream", stream=True)
+            [{"role": "user", "content": "again"}], model="openai/no-stream", stream=True
+        )
         assert not server.requests[-1].get("stream")
     finally:
         _CANNOT_STREAM.discard("openai/no-stream")
@@ -355,8 +398,9 @@ async def test_a_provider_that_cannot_stream_is_asked_plainly_from_then_on(serve
 
 async def test_a_call_whose_deadline_has_passed_is_not_sent(rlm, server):
     with pytest.raises(LLMQueryError, match="time ran out before it could be sent"):
-        await rlm.client.complete([{"role": "user", "content": "late"}],
-                                  model="openai/x", deadline=time.monotonic() - 0.1)
+        await rlm.client.complete(
+            [{"role": "user", "content": "late"}], model="openai/x", deadline=time.monotonic() - 0.1
+        )
     assert server.requests == []
     assert rlm.client.ledger.records[-1].error
 
@@ -374,6 +418,7 @@ async def test_a_child_run_ends_within_its_parents_step(server):
 
 
 # -- settings -----------------------------------------------------------------------------
+
 
 def test_streaming_early_execution_and_prompt_caching_are_on_by_default():
     from rlm_magic import RLM
@@ -428,8 +473,9 @@ async def test_an_interrupt_that_lands_while_a_stream_closes_is_not_lost():
     async def acompletion(**request):
         return Stream()
 
-    task = asyncio.ensure_future(stream_completion(acompletion, {}, StreamState(None),
-                                                   stall_timeout=5))
+    task = asyncio.ensure_future(
+        stream_completion(acompletion, {}, StreamState(None), stall_timeout=5)
+    )
     await closing.wait()
     task.cancel()  # the user's interrupt, while the finished stream closes
     with pytest.raises(asyncio.CancelledError):

@@ -27,8 +27,9 @@ def labelled(body: dict) -> str:
     prompt = body["messages"][0]["content"].split("\n")[0]  # the question, as first asked
     if "broken" in prompt:
         return "I think it is negative."  # never valid
-    return json.dumps({"sentiment": "positive" if "good" in prompt else "negative",
-                       "score": len(prompt)})
+    return json.dumps(
+        {"sentiment": "positive" if "good" in prompt else "negative", "score": len(prompt)}
+    )
 
 
 @pytest.fixture
@@ -44,7 +45,8 @@ async def test_a_pydantic_model_gives_an_instance_of_it(rlm):
 
 
 async def test_a_model_without_schema_support_gets_json_mode_and_the_schema_in_the_prompt(
-        rlm, server):
+    rlm, server
+):
     await rlm.helpers.llm_query("good", response_format=Label)
     request = server.requests[0]
     assert request["response_format"] == {"type": "json_object"}
@@ -57,23 +59,27 @@ async def test_a_model_litellm_says_takes_schemas_gets_the_schema_itself(server,
     await rlm.helpers.llm_query("good", response_format=Label)
     sent = server.requests[0]["response_format"]
     assert sent["type"] == "json_schema"
-    assert sent["json_schema"]["schema"]["properties"]["sentiment"]["enum"] == \
-        ["positive", "negative", "neutral"]
+    assert sent["json_schema"]["schema"]["properties"]["sentiment"]["enum"] == [
+        "positive",
+        "negative",
+        "neutral",
+    ]
     assert server.requests[0]["messages"][-1]["content"] == "good"
 
 
 async def test_an_invalid_answer_is_asked_again_once_with_the_error(rlm, server):
     server.script("sub-model", ['{"sentiment": "great", "score": 1}'])
-    assert await rlm.helpers.llm_query("good", response_format=Label) == \
-        Label(sentiment="positive", score=4)
+    assert await rlm.helpers.llm_query("good", response_format=Label) == Label(
+        sentiment="positive", score=4
+    )
     retry = server.requests[1]["messages"]
     assert retry[-2] == {"role": "assistant", "content": '{"sentiment": "great", "score": 1}'}
-    assert retry[-1]["content"].startswith("That answer is not valid (sentiment: Input "
-                                           "should be 'positive', 'negative' or 'neutral')")
+    assert retry[-1]["content"].startswith(
+        "That answer is not valid (sentiment: Input should be 'positive', 'negative' or 'neutral')"
+    )
 
 
-async def test_an_answer_invalid_twice_is_that_items_error_and_the_others_are_kept(rlm,
-                                                                                   server):
+async def test_an_answer_invalid_twice_is_that_items_error_and_the_others_are_kept(rlm, server):
     with pytest.raises(BatchError) as caught:
         await rlm.helpers.llm_query_batch(["good", "broken"], response_format=Label)
     assert caught.value.results == [Label(sentiment="positive", score=4), None]
@@ -82,12 +88,13 @@ async def test_an_answer_invalid_twice_is_that_items_error_and_the_others_are_ke
 
 
 async def test_a_json_schema_gives_dicts(rlm):
-    schema = {"type": "object", "properties": {"sentiment": {"type": "string"},
-                                               "score": {"type": "integer"}},
-              "required": ["sentiment", "score"]}
+    schema = {
+        "type": "object",
+        "properties": {"sentiment": {"type": "string"}, "score": {"type": "integer"}},
+        "required": ["sentiment", "score"],
+    }
     answers = await rlm.helpers.llm_query_batch(["good", "bad"], response_format=schema)
-    assert answers == [{"sentiment": "positive", "score": 4},
-                       {"sentiment": "negative", "score": 3}]
+    assert answers == [{"sentiment": "positive", "score": 4}, {"sentiment": "negative", "score": 3}]
 
 
 SCORE = {"type": "object", "required": ["score"], "properties": {"score": {"type": "integer"}}}
@@ -96,15 +103,18 @@ SCORE = {"type": "object", "required": ["score"], "properties": {"score": {"type
 @pytest.mark.parametrize("sandbox", ["process", "none"])
 async def test_model_code_gets_validated_dicts_from_a_json_schema(server, tmp_path, sandbox):
     server.reply_with("sub-model", labelled)
-    server.script("root-model", [
-        "```repl\n"
-        f"schema = {SCORE!r}\n"
-        "one = llm_query('good', response_format=schema)\n"
-        "many = llm_query_batch(['good', 'bad'], response_format=schema)\n"
-        "bad = llm_query('x', response_format={'type': 'no-such-type'})\n"
-        "FINAL(repr((one['score'], [m['score'] for m in many], bad)))\n```"])
-    result = await make_rlm(server, sandbox=sandbox, cache_dir=str(tmp_path)).arun(
-        "q", context="c")
+    server.script(
+        "root-model",
+        [
+            "```repl\n"
+            f"schema = {SCORE!r}\n"
+            "one = llm_query('good', response_format=schema)\n"
+            "many = llm_query_batch(['good', 'bad'], response_format=schema)\n"
+            "bad = llm_query('x', response_format={'type': 'no-such-type'})\n"
+            "FINAL(repr((one['score'], [m['score'] for m in many], bad)))\n```"
+        ],
+    )
+    result = await make_rlm(server, sandbox=sandbox, cache_dir=str(tmp_path)).arun("q", context="c")
     assert result.success, result.error
     score, scores, bad = ast.literal_eval(result.final_answer)
     assert (score, scores) == (4, [4, 3])
@@ -115,19 +125,20 @@ async def test_model_code_gets_validated_dicts_from_a_json_schema(server, tmp_pa
 async def test_a_bad_response_format_is_a_one_line_error(rlm, server):
     with pytest.raises(ConfigError, match="^response_format is not a valid JSON schema: "):
         await rlm.helpers.llm_query("x", response_format={"type": "no-such-type"})
-    with pytest.raises(ConfigError, match="^response_format must be a pydantic model class "
-                                          "or a JSON schema"):
+    with pytest.raises(
+        ConfigError, match="^response_format must be a pydantic model class or a JSON schema"
+    ):
         await rlm.helpers.llm_query_batch(["x"], response_format=str)
     assert server.requests == []
 
 
 async def test_a_batch_job_gives_typed_answers_and_invalid_ones_are_item_errors(
-        rlm, server, monkeypatch):
+    rlm, server, monkeypatch
+):
     server.batch_jobs.reset(step_s=0.01)
     monkeypatch.setattr(jobs, "FIRST_POLL_S", 0.02)
     with pytest.raises(BatchError) as caught:
-        await rlm.helpers.llm_query_batch(["good", "broken"], response_format=Label,
-                                          batch_job=True)
+        await rlm.helpers.llm_query_batch(["good", "broken"], response_format=Label, batch_job=True)
     assert caught.value.results == [Label(sentiment="positive", score=4), None]
     assert "did not match the schema" in str(caught.value.errors[1])
     [line] = {json.dumps(r.get("response_format")) for r in server.requests}
@@ -135,25 +146,33 @@ async def test_a_batch_job_gives_typed_answers_and_invalid_ones_are_item_errors(
 
 
 def test_a_fenced_json_answer_is_read():
-    assert AnswerFormat(Label).parse('```json\n{"sentiment": "neutral", "score": 0}\n```') \
-        == Label(sentiment="neutral", score=0)
+    assert AnswerFormat(Label).parse('```json\n{"sentiment": "neutral", "score": 0}\n```') == Label(
+        sentiment="neutral", score=0
+    )
 
 
 @pytest.mark.parametrize("sandbox", ["process", "none"])
-async def test_a_schema_from_model_code_cannot_make_the_kernel_fetch_a_url(server, tmp_path,
-                                                                        sandbox):
+async def test_a_schema_from_model_code_cannot_make_the_kernel_fetch_a_url(
+    server, tmp_path, sandbox
+):
     # The sandbox has no network; the kernel must not become its proxy (jsonschema
     # would fetch a remote $ref itself), nor run its regular expressions on the loop.
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
     server.reply_with("sub-model", lambda body: '"x"')
-    server.script("root-model", [
-        "```repl\n"
-        f"leak = llm_query('q', response_format={{'$ref': 'http://127.0.0.1:{port}/?d=' + context}})\n"
-        "slow = llm_query('q', response_format={'type': 'string', 'pattern': '^(a+)+$'})\n"
-        "FINAL(leak + ' | ' + slow)\n```"])
+    server.script(
+        "root-model",
+        [
+            "```repl\n"
+            "leak = llm_query('q', response_format="
+            f"{{'$ref': 'http://127.0.0.1:{port}/?d=' + context}})\n"
+            "slow = llm_query('q', response_format={'type': 'string', 'pattern': '^(a+)+$'})\n"
+            "FINAL(leak + ' | ' + slow)\n```"
+        ],
+    )
     result = await make_rlm(server, sandbox=sandbox, cache_dir=str(tmp_path)).arun(
-        "q", context="SECRET")
+        "q", context="SECRET"
+    )
     leak, slow = result.final_answer.split(" | ")
     assert leak.startswith("Error: response_format may refer only to its own definitions")
     assert slow.startswith("Error: response_format from model code may not hold regular")
@@ -165,8 +184,15 @@ async def test_a_schema_from_model_code_cannot_make_the_kernel_fetch_a_url(serve
 
 
 async def test_a_notebook_schema_may_use_patterns_and_its_own_definitions(rlm):
-    schema = {"$defs": {"score": {"type": "integer"}}, "type": "object",
-              "properties": {"sentiment": {"type": "string", "pattern": "^[a-z]+$"},
-                             "score": {"$ref": "#/$defs/score"}}}
+    schema = {
+        "$defs": {"score": {"type": "integer"}},
+        "type": "object",
+        "properties": {
+            "sentiment": {"type": "string", "pattern": "^[a-z]+$"},
+            "score": {"$ref": "#/$defs/score"},
+        },
+    }
     assert await rlm.helpers.llm_query("good", response_format=schema) == {
-        "sentiment": "positive", "score": 4}
+        "sentiment": "positive",
+        "score": 4,
+    }

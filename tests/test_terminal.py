@@ -21,7 +21,7 @@ pexpect = pytest.importorskip("pexpect")
 pytestmark = pytest.mark.kernel
 
 QUESTION = 'Which service has the most "timeout" lines?'
-LOGS = ('logs = "service=a msg=timeout\\nservice=b msg=ok\\nservice=a msg=timeout"')
+LOGS = 'logs = "service=a msg=timeout\\nservice=b msg=ok\\nservice=a msg=timeout"'
 ANSWER = 'Most "timeout" lines by service: a: 2'
 _ANSI = re.compile(r"\x1b(?:\[[0-9;?]*[A-Za-z]|\][^\x07]*\x07)")
 
@@ -37,8 +37,15 @@ class Terminal:
 
     def __init__(self, argv: list[str], env: dict):
         # poll, not select: late in a full run this process holds over 1,024 descriptors.
-        self.child = pexpect.spawn(argv[0], argv[1:], env=env, encoding="utf-8",
-                                   timeout=60, dimensions=(50, 250), use_poll=True)
+        self.child = pexpect.spawn(
+            argv[0],
+            argv[1:],
+            env=env,
+            encoding="utf-8",
+            timeout=60,
+            dimensions=(50, 250),
+            use_poll=True,
+        )
         self.count = 1
         self.child.expect(_prompt(1), timeout=90)
 
@@ -64,17 +71,23 @@ class Terminal:
 
 @pytest.fixture(scope="module")
 def terminal_env(tmp_path_factory) -> dict:
-    return {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "TERM": "xterm",
-            "IPYTHONDIR": str(tmp_path_factory.mktemp("ipython")),  # no user config
-            # prompt_toolkit otherwise waits for a cursor-position answer pexpect never gives
-            "PROMPT_TOOLKIT_NO_CPR": "1"}
+    return {
+        **os.environ,
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "TERM": "xterm",
+        "IPYTHONDIR": str(tmp_path_factory.mktemp("ipython")),  # no user config
+        # prompt_toolkit otherwise waits for a cursor-position answer pexpect never gives
+        "PROMPT_TOOLKIT_NO_CPR": "1",
+    }
 
 
 @pytest.fixture(scope="module")
 def ipython(terminal_env):
     """Terminal IPython with rlm_magic loaded and the demo model started."""
-    terminal = Terminal([sys.executable, "-m", "IPython", "--no-banner", "--colors=nocolor",
-                         "--no-autoindent"], terminal_env)
+    terminal = Terminal(
+        [sys.executable, "-m", "IPython", "--no-banner", "--colors=nocolor", "--no-autoindent"],
+        terminal_env,
+    )
     terminal.type("%load_ext rlm_magic")
     terminal.type("%rlm demo")
     terminal.type(LOGS)
@@ -86,8 +99,7 @@ def ipython(terminal_env):
 def console(terminal_env):
     """``jupyter console --kernel rlm`` (the kernel spec conftest.py installs into a
     temporary prefix on JUPYTER_PATH), with the demo model started."""
-    terminal = Terminal([sys.executable, "-m", "jupyter_console", "--kernel", "rlm"],
-                        terminal_env)
+    terminal = Terminal([sys.executable, "-m", "jupyter_console", "--kernel", "rlm"], terminal_env)
     terminal.type("%rlm demo")
     terminal.type(LOGS)
     yield terminal
@@ -137,8 +149,9 @@ def test_a_run_shows_a_live_line_that_ends_as_a_summary(client, request):
     versions = _status_versions(shown, "RLM openai/rlm-demo-root | ")
     assert len(versions) >= 2, shown
     assert versions[0].startswith("RLM openai/rlm-demo-root | starting | iteration 0/30")
-    assert versions[-1].startswith("RLM openai/rlm-demo-root | done | iteration 3/30 | "
-                                   "sub-calls 3 done | ")
+    assert versions[-1].startswith(
+        "RLM openai/rlm-demo-root | done | iteration 3/30 | sub-calls 3 done | "
+    )
 
 
 @pytest.mark.parametrize("cell", [(BATCH,), RUN], ids=["batch", "run"])

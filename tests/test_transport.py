@@ -21,8 +21,10 @@ CLAUDE = "anthropic/claude-sonnet-4-5"
 
 def transports(server, **settings):
     """The same settings with the wire transport on and off."""
-    return {"wire": make_rlm(server, **settings),
-            "litellm": make_rlm(server, wire_transport=False, **settings)}
+    return {
+        "wire": make_rlm(server, **settings),
+        "litellm": make_rlm(server, wire_transport=False, **settings),
+    }
 
 
 async def forbid_litellm_calls(monkeypatch):
@@ -65,12 +67,20 @@ async def test_the_setting_sends_everything_through_litellm(server):
     assert rlm.client.transport("openai/sub-model").name == "litellm"
 
 
-@pytest.mark.parametrize("model, expected", [
-    ("openai/sub-model", "wire"), ("hosted_vllm/qwen", "wire"),
-    ("litellm_proxy/group", "wire"), ("gpt-4o-mini", "wire"),
-    ("openai/o3-mini", "litellm"),  # litellm rewrites its parameters
-    ("openai/gpt-5", "litellm"), ("ollama_chat/llama3", "litellm"),
-    ("azure/deployment", "litellm"), ("openrouter/openai/gpt-4o", "litellm")])
+@pytest.mark.parametrize(
+    "model, expected",
+    [
+        ("openai/sub-model", "wire"),
+        ("hosted_vllm/qwen", "wire"),
+        ("litellm_proxy/group", "wire"),
+        ("gpt-4o-mini", "wire"),
+        ("openai/o3-mini", "litellm"),  # litellm rewrites its parameters
+        ("openai/gpt-5", "litellm"),
+        ("ollama_chat/llama3", "litellm"),
+        ("azure/deployment", "litellm"),
+        ("openrouter/openai/gpt-4o", "litellm"),
+    ],
+)
 async def test_which_models_go_over_the_wire(server, model, expected):
     await load_litellm()
     assert make_rlm(server).client.transport(model).name == expected
@@ -78,8 +88,9 @@ async def test_which_models_go_over_the_wire(server, model, expected):
 
 async def test_parameters_litellm_would_rewrite_send_the_call_through_litellm(server):
     await load_litellm()
-    plain = make_rlm(server, litellm_kwargs={"temperature": 0.1, "seed": 7,
-                                             "extra_body": {"top_k": 5}})
+    plain = make_rlm(
+        server, litellm_kwargs={"temperature": 0.1, "seed": 7, "extra_body": {"top_k": 5}}
+    )
     odd = make_rlm(server, litellm_kwargs={"drop_params": True})
     assert plain.client.transport("openai/x").name == "wire"
     assert odd.client.transport("openai/x").name == "litellm"
@@ -90,6 +101,7 @@ async def test_parameters_litellm_would_rewrite_send_the_call_through_litellm(se
 
 
 # -- the same behaviour on both transports -----------------------------------------------
+
 
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("kind", ["500", "401", "context", "404"])
@@ -121,8 +133,11 @@ async def test_an_unreachable_endpoint_reads_the_same_on_both_transports(server)
         message = str(caught.value)
         assert len(message.splitlines()) == 1
         heads[name] = message.split(" (")[0]
-    assert heads["wire"] == heads["litellm"] == (
-        f"LLM call to 'openai/sub-model' failed after 2 attempts: could not reach {endpoint}")
+    assert (
+        heads["wire"]
+        == heads["litellm"]
+        == (f"LLM call to 'openai/sub-model' failed after 2 attempts: could not reach {endpoint}")
+    )
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -131,14 +146,21 @@ async def test_usage_and_cost_are_the_same_on_both_transports(server, stream):
     for name, rlm in transports(server, sub_model="openai/gpt-4o-mini").items():
         server.reset()
         server.auto_cache, server.usage = True, None  # cached input is priced apart
-        await rlm.client.complete([{"role": "system", "content": "s" * 400},
-                                   {"role": "user", "content": "a"}], stream=stream)
-        await rlm.client.complete([{"role": "system", "content": "s" * 400},
-                                   {"role": "user", "content": "a"}], stream=stream)
+        await rlm.client.complete(
+            [{"role": "system", "content": "s" * 400}, {"role": "user", "content": "a"}],
+            stream=stream,
+        )
+        await rlm.client.complete(
+            [{"role": "system", "content": "s" * 400}, {"role": "user", "content": "a"}],
+            stream=stream,
+        )
         records[name] = rlm.client.ledger.records
     for wire, plain in zip(records["wire"], records["litellm"]):
-        assert (wire.input_tokens, wire.output_tokens, wire.cached_input_tokens) == \
-            (plain.input_tokens, plain.output_tokens, plain.cached_input_tokens)
+        assert (wire.input_tokens, wire.output_tokens, wire.cached_input_tokens) == (
+            plain.input_tokens,
+            plain.output_tokens,
+            plain.cached_input_tokens,
+        )
         assert wire.cost_usd == pytest.approx(plain.cost_usd, rel=1e-9)
     assert records["wire"][1].cached_input_tokens > 0
 
@@ -146,13 +168,20 @@ async def test_usage_and_cost_are_the_same_on_both_transports(server, stream):
 async def test_a_429_is_waited_out_and_teaches_the_gate_on_both_transports(server):
     for wire in (True, False):
         name = "wire" if wire else "litellm"  # a model (and so a gate) each
-        rlm = make_rlm(server, max_retries=0, wire_transport=wire,
-                       sub_model=f"openai/limited-{name}")
+        rlm = make_rlm(
+            server, max_retries=0, wire_transport=wire, sub_model=f"openai/limited-{name}"
+        )
         server.reset()
-        server.fail("429", times=2, headers={"retry-after-ms": "50",
-                                             "x-ratelimit-limit-requests": "100",
-                                             "x-ratelimit-remaining-requests": "0",
-                                             "x-ratelimit-reset-requests": "2s"})
+        server.fail(
+            "429",
+            times=2,
+            headers={
+                "retry-after-ms": "50",
+                "x-ratelimit-limit-requests": "100",
+                "x-ratelimit-remaining-requests": "0",
+                "x-ratelimit-reset-requests": "2s",
+            },
+        )
         assert await rlm.helpers.llm_query_batch(["x"]) == ["echo: x"], name
         [record] = rlm.client.ledger.records
         assert (record.rate_limited, record.retries, record.error) == (2, 0, None), name
@@ -164,9 +193,12 @@ async def test_a_streamed_answer_over_the_wire_arrives_piece_by_piece(rlm, serve
     server.token_delay = 0.01
     server.default_reply = lambda body: "one two three four"
     pieces = []
-    done = await rlm.client.complete([{"role": "user", "content": "q"}],
-                                     model="openai/root-model", stream=True,
-                                     on_text=pieces.append)
+    done = await rlm.client.complete(
+        [{"role": "user", "content": "q"}],
+        model="openai/root-model",
+        stream=True,
+        on_text=pieces.append,
+    )
     assert pieces == ["one ", "two ", "three ", "four"]
     assert done.text == "one two three four" and done.streamed
     assert (done.input_tokens, done.output_tokens, done.finish_reason) == (10, 5, "stop")
@@ -200,11 +232,14 @@ async def test_a_key_from_the_environment_is_read_again_when_it_changes(monkeypa
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     assert route_for(litellm, "openai/x", base, None) is None  # litellm says what's missing
     monkeypatch.setenv("OPENAI_API_KEY", "sk-first-key")
-    assert route_for(litellm, "openai/x", base, None).headers["Authorization"] == \
-        "Bearer sk-first-key"
+    assert (
+        route_for(litellm, "openai/x", base, None).headers["Authorization"] == "Bearer sk-first-key"
+    )
     monkeypatch.setenv("OPENAI_API_KEY", "sk-second-key")
-    assert route_for(litellm, "openai/x", base, None).headers["Authorization"] == \
-        "Bearer sk-second-key"
+    assert (
+        route_for(litellm, "openai/x", base, None).headers["Authorization"]
+        == "Bearer sk-second-key"
+    )
     # A vLLM server without a key gets litellm's placeholder, resolved once.
     monkeypatch.delenv("HOSTED_VLLM_API_KEY", raising=False)
     vllm = route_for(litellm, "hosted_vllm/q", base, None)
@@ -212,14 +247,20 @@ async def test_a_key_from_the_environment_is_read_again_when_it_changes(monkeypa
     assert vllm.headers["Authorization"] == "Bearer fake-api-key"
 
 
-async def test_a_price_registered_after_the_first_call_prices_the_next(rlm, server,
-                                                                       monkeypatch):
+async def test_a_price_registered_after_the_first_call_prices_the_next(rlm, server, monkeypatch):
     litellm = await load_litellm()
     monkeypatch.delitem(litellm.model_cost, "openai/late-priced", raising=False)
     await rlm.helpers.llm_query_batch(["a"], model="openai/late-priced")
-    monkeypatch.setitem(litellm.model_cost, "openai/late-priced", {
-        "input_cost_per_token": 1e-6, "output_cost_per_token": 2e-6,
-        "litellm_provider": "openai", "mode": "chat"})
+    monkeypatch.setitem(
+        litellm.model_cost,
+        "openai/late-priced",
+        {
+            "input_cost_per_token": 1e-6,
+            "output_cost_per_token": 2e-6,
+            "litellm_provider": "openai",
+            "mode": "chat",
+        },
+    )
     await rlm.helpers.llm_query_batch(["b"], model="openai/late-priced")
     first, second = rlm.client.ledger.records
     assert first.cost_usd is None
@@ -252,13 +293,14 @@ def test_a_script_s_asyncio_run_closes_the_connections_it_opened(server):
 
 USER = [{"role": "user", "content": "x"}]
 # Streamed chunks with text, as OpenAI's stream carries them, and nothing after.
-TEXT_ONLY = (b'data: {"choices": [{"index": 0, "delta": {"content": "half "}}]}\n\n'
-             b'data: {"choices": [{"index": 0, "delta": {"content": "an answer"}}]}\n\n')
+TEXT_ONLY = (
+    b'data: {"choices": [{"index": 0, "delta": {"content": "half "}}]}\n\n'
+    b'data: {"choices": [{"index": 0, "delta": {"content": "an answer"}}]}\n\n'
+)
 
 
 @pytest.mark.parametrize("name", ["wire", "litellm"])
-async def test_a_stream_that_ends_before_its_finish_is_kept_as_cut_off(server, name,
-                                                                       tmp_path):
+async def test_a_stream_that_ends_before_its_finish_is_kept_as_cut_off(server, name, tmp_path):
     rlm = transports(server, cache=True, cache_dir=str(tmp_path))[name]
     server.sse_body = TEXT_ONLY  # no finish_reason, no [DONE]: the server went away
     done = await rlm.client.complete(USER, stream=True)
@@ -285,8 +327,9 @@ async def test_finish_reasons_are_named_as_litellm_names_them(server, word, name
         assert (done.finish_reason, done.cut_off) == (named, named == "length"), name
 
 
-@pytest.mark.parametrize("event", [b"data: {not json\n\n", b"data: 1\n\n",
-                                   b'data: {"choices": 7}\n\n'])
+@pytest.mark.parametrize(
+    "event", [b"data: {not json\n\n", b"data: 1\n\n", b'data: {"choices": 7}\n\n']
+)
 async def test_a_malformed_stream_event_is_retried_on_both_transports(server, event):
     for name, rlm in transports(server, max_retries=1).items():
         server.reset()
@@ -298,9 +341,14 @@ async def test_a_malformed_stream_event_is_retried_on_both_transports(server, ev
 
 
 async def test_an_error_event_mid_stream_reads_as_its_own_error_on_both_transports(server):
-    error = {"error": {"message": "This model's maximum context length is 4096 tokens. "
-                                  "However, your messages resulted in 9000 tokens.",
-                       "type": "invalid_request_error", "code": "context_length_exceeded"}}
+    error = {
+        "error": {
+            "message": "This model's maximum context length is 4096 tokens. "
+            "However, your messages resulted in 9000 tokens.",
+            "type": "invalid_request_error",
+            "code": "context_length_exceeded",
+        }
+    }
     messages = {}
     for name, rlm in transports(server, max_retries=2).items():
         server.reset()
@@ -313,13 +361,13 @@ async def test_an_error_event_mid_stream_reads_as_its_own_error_on_both_transpor
     assert messages["wire"] == messages["litellm"]
 
 
-async def test_a_long_stream_line_is_read_whole_and_one_past_the_limit_is_refused(
-        rlm, server):
+async def test_a_long_stream_line_is_read_whole_and_one_past_the_limit_is_refused(rlm, server):
     from rlm_magic.llm.openai_wire import MAX_LINE
 
     long_text = "w" * 300_000  # one event, arriving in many network reads
-    event = json.dumps({"choices": [{"index": 0, "delta": {"content": long_text},
-                                     "finish_reason": "stop"}]})
+    event = json.dumps(
+        {"choices": [{"index": 0, "delta": {"content": long_text}, "finish_reason": "stop"}]}
+    )
     server.sse_body = f"data: {event}\n\ndata: [DONE]\n\n".encode()
     assert (await rlm.client.complete(USER, stream=True)).text == long_text
     server.sse_body = b"data: " + b"x" * (MAX_LINE + 100_000)  # and no newline
@@ -345,16 +393,22 @@ async def test_litellm_s_own_settings_resolve_the_route_anew(monkeypatch):
     base = "http://127.0.0.1:9/v1"
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     monkeypatch.setattr(litellm, "api_key", "sk-module-key")
-    assert route_for(litellm, "openai/x", base, None).headers["Authorization"] == \
-        "Bearer sk-module-key"
+    assert (
+        route_for(litellm, "openai/x", base, None).headers["Authorization"]
+        == "Bearer sk-module-key"
+    )
     monkeypatch.setattr(litellm, "api_key", "sk-another-key")
-    assert route_for(litellm, "openai/x", base, None).headers["Authorization"] == \
-        "Bearer sk-another-key"
+    assert (
+        route_for(litellm, "openai/x", base, None).headers["Authorization"]
+        == "Bearer sk-another-key"
+    )
     monkeypatch.setenv("OPENAI_ORGANIZATION", "org-later")
     monkeypatch.setenv("OPENAI_PROJECT_ID", "proj-later")
     headers = route_for(litellm, "openai/x", base, None).headers
-    assert (headers["OpenAI-Organization"], headers["OpenAI-Project"]) == \
-        ("org-later", "proj-later")
+    assert (headers["OpenAI-Organization"], headers["OpenAI-Project"]) == (
+        "org-later",
+        "proj-later",
+    )
     monkeypatch.setattr(litellm, "headers", {"x-team": "a"})
     assert route_for(litellm, "openai/x", base, None) is None  # litellm sends those
     monkeypatch.setattr(litellm, "headers", None)
@@ -362,8 +416,7 @@ async def test_litellm_s_own_settings_resolve_the_route_anew(monkeypatch):
     assert route_for(litellm, "openai/x", base, None) is None
 
 
-async def test_a_large_prompt_without_usage_is_counted_off_the_loop(rlm, server,
-                                                                    monkeypatch):
+async def test_a_large_prompt_without_usage_is_counted_off_the_loop(rlm, server, monkeypatch):
     litellm = await load_litellm()
     counted_on = []
     token_counter = litellm.token_counter

@@ -33,8 +33,10 @@ async def test_an_oversized_sub_call_is_refused_in_the_repl_before_sending(serve
     result = await rlm.arun("q", context=PROSE * 400)  # ~6,400 tokens
     seen = result.trajectory[0].code[0].output
     assert seen.startswith("Error: prompt is about ")
-    assert ("tokens, the sub-model takes 1,744 (its 2,000-token window less 256 for the "
-            "answer): cut the prompt by ~4,760 tokens (~19,040 characters); split it") in seen
+    assert (
+        "tokens, the sub-model takes 1,744 (its 2,000-token window less 256 for the "
+        "answer): cut the prompt by ~4,760 tokens (~19,040 characters); split it"
+    ) in seen
     assert server.requests_for("sub-model") == []  # nothing was sent
 
 
@@ -82,8 +84,10 @@ async def test_llama_cpp_context_errors_are_understood(server):
     server.script("root-model", [repl("print(llm_query('hello'))"), "FINAL(done)"])
     result = await rlm.arun("q", context="c")
     seen = result.trajectory[0].code[0].output
-    assert seen == ("Error: the prompt is over the sub-model's window of 4,096 tokens (the "
-                    "provider refused it, counting 23,009 tokens); split it")
+    assert seen == (
+        "Error: the prompt is over the sub-model's window of 4,096 tokens (the "
+        "provider refused it, counting 23,009 tokens); split it"
+    )
 
 
 @pytest.fixture
@@ -117,6 +121,7 @@ def test_near_limit_prompts_are_counted_exactly_and_clear_cases_are_not(known_mo
 
 # -- the root model's conversation fits its window -----------------------------------
 
+
 def long_run(turns: int):
     """A root model that prints ~1,200 characters a turn for ``turns`` turns, then
     answers with how many turns its code counted and whether it can read `history`.
@@ -132,8 +137,8 @@ def long_run(turns: int):
             return repl("steps = [1]\nprint(context[:1200])")
         if state["turns"] <= turns:
             return repl("steps.append(1)\nprint(context[:1200])")
-        return repl("count = f'{len(steps)} {len(history) > 2 * len(steps)}'") + \
-            "FINAL_VAR(count)"
+        return repl("count = f'{len(steps)} {len(history) > 2 * len(steps)}'") + "FINAL_VAR(count)"
+
     return reply
 
 
@@ -146,13 +151,17 @@ async def test_a_run_three_times_its_window_long_is_compacted_and_succeeds(serve
     server.usage = None  # tokens counted as the window is: ~4 characters each
     server.context_window = 4000
     server.reply_with("root-model", long_run(40))
-    rlm = make_rlm(server, context_window=4000, max_tokens=500, max_iterations=45,
-                   sandbox=repl_kind)
+    rlm = make_rlm(
+        server, context_window=4000, max_tokens=500, max_iterations=45, sandbox=repl_kind
+    )
     result = await rlm.arun("How many turns?", context=PROSE * 40)
     assert result.success, result.error
     assert result.final_answer == "40 True"  # every turn counted; history has them all
-    sent = sum(len(m["content"]) // 4 for r in server.requests_for("root-model")
-               for m in r["messages"][-1:])
+    sent = sum(
+        len(m["content"]) // 4
+        for r in server.requests_for("root-model")
+        for m in r["messages"][-1:]
+    )
     assert sent > 3 * 4000  # the outputs add up to over three windows
     assert server.context_errors == 0  # compacted in time, every time
     assert len(result.compactions) >= 3
@@ -179,8 +188,7 @@ async def test_the_html_view_shows_where_the_conversation_was_compacted(server):
     server.usage = None
     server.context_window = 4000
     server.reply_with("root-model", long_run(12))
-    rlm = make_rlm(server, context_window=4000, max_tokens=500, max_iterations=20,
-                   sandbox="none")
+    rlm = make_rlm(server, context_window=4000, max_tokens=500, max_iterations=20, sandbox="none")
     result = await rlm.arun("How many turns?", context=PROSE * 40)
     view = result._repr_html_()
     assert f"{len(result.compactions)} compaction(s)" in view
@@ -190,6 +198,7 @@ async def test_the_html_view_shows_where_the_conversation_was_compacted(server):
 
 
 # -- advice that fits the sub-model ---------------------------------------------------
+
 
 async def test_the_system_prompt_advises_chunks_that_fit_the_sub_model(server):
     rlm = make_rlm(server, context_window=4096)  # a small local model
@@ -262,23 +271,40 @@ def test_the_summary_request_keeps_the_question_and_the_latest_exchanges():
     from rlm_magic.rlm.compaction import _fitted
 
     head = [{"role": "system", "content": "s" * 400}, {"role": "user", "content": "q" * 400}]
-    exchanges = [{"role": role, "content": f"{n}" * 4000}
-                 for n in range(6) for role in ("assistant", "user")]
+    exchanges = [
+        {"role": role, "content": f"{n}" * 4000} for n in range(6) for role in ("assistant", "user")
+    ]
     fitted = _fitted(head + exchanges, 4500)  # room for two exchanges of ~2,000 tokens
     assert fitted[:2] == head
     assert fitted[3]["content"] == "[8 earlier messages are left out here to fit your window]"
     assert [m["content"][0] for m in fitted[4:]] == ["4", "4", "5", "5"]
-    assert [m["role"] for m in fitted] == ["system", "user", "assistant", "user",
-                                           "assistant", "user", "assistant", "user"]
+    assert [m["role"] for m in fitted] == [
+        "system",
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+        "user",
+    ]
 
 
 async def test_a_router_groups_window_is_its_deployments_smallest(server):
-    rlm = make_rlm(server, model_list=[
-        {"model_name": "sub", "litellm_params": {"model": "openai/gpt-4o-mini",
-                                                 "api_base": server.base_url}},
-        {"model_name": "sub", "litellm_params": {"model": "openai/gpt-4",
-                                                 "api_base": server.base_url}}],
-        sub_model="sub")
+    rlm = make_rlm(
+        server,
+        model_list=[
+            {
+                "model_name": "sub",
+                "litellm_params": {"model": "openai/gpt-4o-mini", "api_base": server.base_url},
+            },
+            {
+                "model_name": "sub",
+                "litellm_params": {"model": "openai/gpt-4", "api_base": server.base_url},
+            },
+        ],
+        sub_model="sub",
+    )
     from rlm_magic.llm.client import load_litellm
 
     await load_litellm()
@@ -287,13 +313,22 @@ async def test_a_router_groups_window_is_its_deployments_smallest(server):
 
 # -- a summary that is cut off ----------------------------------------------------------
 
+
 def long_conversation(rlm) -> Conversation:
     async def share(history):
         pass
 
-    conversation = Conversation(rlm.client, model=ROOT, max_tokens=100, compact_at=0.8,
-                                ledger=rlm.client.ledger, deadline=None,
-                                share_history=share, status=lambda _: None, compactions=[])
+    conversation = Conversation(
+        rlm.client,
+        model=ROOT,
+        max_tokens=100,
+        compact_at=0.8,
+        ledger=rlm.client.ledger,
+        deadline=None,
+        share_history=share,
+        status=lambda _: None,
+        compactions=[],
+    )
     conversation.start("system", "question")
     conversation.add(PROSE * 20, PROSE * 20)  # ~500 tokens for the summary to replace
     return conversation

@@ -43,49 +43,61 @@ def _highlight(code: str) -> str:
     return highlight(code, PythonLexer(), HtmlFormatter(noclasses=True, nowrap=False))
 
 
-def _status_line(result: "RLMResult") -> str:
+def _status_line(result: RLMResult) -> str:
     usage = result.usage
     from ..llm.usage import format_cost
 
     status = "answered" if result.success else (result.stop_reason or "failed")
-    compacted = (f"{len(result.compactions)} compaction(s) · "
-                 if result.compactions else "")
-    return (f"{status} · {result.iterations} iteration(s) · {compacted}"
-            f"{sum(i.sub_calls for i in result.trajectory)} sub-call(s) · "
-            f"{usage.total.total_tokens:,} tokens · "
-            f"{format_cost(usage.cost_usd, usage.total.unpriced_calls)} · "
-            f"{result.elapsed_s:.1f}s"
-            + (f" · finished by {result.finished_by}" if result.finished_by else ""))
+    compacted = f"{len(result.compactions)} compaction(s) · " if result.compactions else ""
+    return (
+        f"{status} · {result.iterations} iteration(s) · {compacted}"
+        f"{sum(i.sub_calls for i in result.trajectory)} sub-call(s) · "
+        f"{usage.total.total_tokens:,} tokens · "
+        f"{format_cost(usage.cost_usd, usage.total.unpriced_calls)} · "
+        f"{result.elapsed_s:.1f}s"
+        + (f" · finished by {result.finished_by}" if result.finished_by else "")
+    )
 
 
-def result_html(result: "RLMResult") -> str:
+def result_html(result: RLMResult) -> str:
     answer = result.final_answer if result.final_answer is not None else ""
     parts = [_CSS, f"<div class='rlm-result{'' if result.success else ' rlm-failed'}'>"]
     if not result.success and result.error:
-        parts.append(f"<p><b>{html.escape(result.stop_reason or 'failed')}:</b> "
-                     f"{html.escape(result.error)}</p>")
+        parts.append(
+            f"<p><b>{html.escape(result.stop_reason or 'failed')}:</b> "
+            f"{html.escape(result.error)}</p>"
+        )
     parts.append(f"<div class='rlm-answer'>{html.escape(answer) or '<i>(no answer)</i>'}</div>")
     parts.append(f"<p class='rlm-meta'>{html.escape(_status_line(result))}</p>")
     parts.append(f"<details><summary>Trajectory ({result.iterations} iterations)</summary>")
     for it in result.trajectory:
         if it.compaction is not None:
             parts.append(_compaction_html(it.compaction))
-        parts.append(f"<details><summary>Iteration {it.index} · {len(it.code)} block(s) · "
-                     f"{it.sub_calls} sub-call(s) · {it.elapsed_s:.2f}s</summary>")
-        parts.append(f"<div><b>Model</b><pre>{html.escape(with_code_as_pointers(it.response))}</pre></div>")
+        parts.append(
+            f"<details><summary>Iteration {it.index} · {len(it.code)} block(s) · "
+            f"{it.sub_calls} sub-call(s) · {it.elapsed_s:.2f}s</summary>"
+        )
+        parts.append(
+            f"<div><b>Model</b><pre>{html.escape(with_code_as_pointers(it.response))}</pre></div>"
+        )
         for note in it.notes:
             parts.append(f"<p class='rlm-meta'>{html.escape(note)}</p>")
         if it.cut_answers:
-            parts.append(f"<p class='rlm-meta'>{it.cut_answers} sub-call answer(s) stopped "
-                         "at max_tokens (cut off)</p>")
+            parts.append(
+                f"<p class='rlm-meta'>{it.cut_answers} sub-call answer(s) stopped "
+                "at max_tokens (cut off)</p>"
+            )
         for number, block in enumerate(it.code, 1):
-            parts.append(f"<div><b>Block {number}</b> ({block.elapsed_s:.2f}s)"
-                         f"{_highlight(block.code)}<b>Output</b>"
-                         f"<pre>{html.escape(block.output)}</pre></div>")
+            parts.append(
+                f"<div><b>Block {number}</b> ({block.elapsed_s:.2f}s)"
+                f"{_highlight(block.code)}<b>Output</b>"
+                f"<pre>{html.escape(block.output)}</pre></div>"
+            )
         parts.append("</details>")
     parts.append("</details>")
-    parts.append("<details><summary>Usage</summary>" + result.usage._repr_html_()
-                 + "</details></div>")
+    parts.append(
+        "<details><summary>Usage</summary>" + result.usage._repr_html_() + "</details></div>"
+    )
     return "".join(parts)
 
 
@@ -94,18 +106,22 @@ def compaction_line(compaction) -> str:
     from ..llm.usage import format_cost
 
     cost = format_cost(compaction.cost_usd)
-    return (f"Conversation compacted ({compaction.reason}): ~{compaction.tokens_before:,} "
-            f"→ ~{compaction.tokens_after:,} tokens; the summary cost "
-            f"{compaction.input_tokens:,} + {compaction.output_tokens:,} tokens, {cost}; "
-            "full history in the REPL variable `history`")
+    return (
+        f"Conversation compacted ({compaction.reason}): ~{compaction.tokens_before:,} "
+        f"→ ~{compaction.tokens_after:,} tokens; the summary cost "
+        f"{compaction.input_tokens:,} + {compaction.output_tokens:,} tokens, {cost}; "
+        "full history in the REPL variable `history`"
+    )
 
 
 def _compaction_html(compaction) -> str:
-    return (f"<details class='rlm-compaction'><summary>{html.escape(compaction_line(compaction))}"
-            f"</summary><pre>{html.escape(compaction.summary)}</pre></details>")
+    return (
+        f"<details class='rlm-compaction'><summary>{html.escape(compaction_line(compaction))}"
+        f"</summary><pre>{html.escape(compaction.summary)}</pre></details>"
+    )
 
 
-def result_markdown(result: "RLMResult") -> str:
+def result_markdown(result: RLMResult) -> str:
     answer = result.final_answer if result.final_answer is not None else "*(no answer)*"
     lines = []
     if not result.success and result.error:
@@ -115,10 +131,13 @@ def result_markdown(result: "RLMResult") -> str:
 
 
 def settings_html(settings: dict) -> str:
-    rows = "".join(f"<tr><td><code>RLM.{html.escape(k)}</code></td>"
-                   f"<td><code>{html.escape(repr(v))}</code></td></tr>"
-                   for k, v in settings.items())
-    return f"<table><thead><tr><th>setting</th><th>value</th></tr></thead><tbody>{rows}</tbody></table>"
+    rows = "".join(
+        f"<tr><td><code>RLM.{html.escape(k)}</code></td>"
+        f"<td><code>{html.escape(repr(v))}</code></td></tr>"
+        for k, v in settings.items()
+    )
+    head = "<thead><tr><th>setting</th><th>value</th></tr></thead>"
+    return f"<table>{head}<tbody>{rows}</tbody></table>"
 
 
 class SettingsView:
@@ -130,8 +149,9 @@ class SettingsView:
     def __repr__(self) -> str:
         names = [f"RLM.{k}" for k in self.settings]
         width = max(map(len, names)) + 2  # two spaces after the longest name
-        return "\n".join(name.ljust(width) + repr(v)
-                         for name, v in zip(names, self.settings.values()))
+        return "\n".join(
+            name.ljust(width) + repr(v) for name, v in zip(names, self.settings.values())
+        )
 
     def _repr_html_(self) -> str:
         return settings_html(self.settings)

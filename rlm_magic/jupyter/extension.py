@@ -70,8 +70,10 @@ def unload(shell) -> None:
         shell.configurables.remove(state.rlm)
     plain = shell.display_formatter.formatters["text/plain"]
     plain.type_printers.pop(types.CoroutineType, None)
-    for event, hook in (("pre_run_cell", interrupts.cell_started),
-                        ("post_run_cell", interrupts.cell_ended)):
+    for event, hook in (
+        ("pre_run_cell", interrupts.cell_started),
+        ("post_run_cell", interrupts.cell_ended),
+    ):
         if hook in shell.events.callbacks[event]:
             shell.events.unregister(event, hook)
     delattr(shell, _STATE_ATTR)
@@ -84,5 +86,4 @@ def _coroutine_hint(coro, printer, cycle) -> None:
         printer.text(repr(coro))
         return
     coro.close()  # it will never run: close it, so Python does not warn "never awaited"
-    printer.text(f"<{name}(...) was not run: add `await`, as in "
-                 f"`result = await {name}(...)`>")
+    printer.text(f"<{name}(...) was not run: add `await`, as in `result = await {name}(...)`>")

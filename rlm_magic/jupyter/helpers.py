@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import BatchError, ConfigError, LLMQueryError, interrupt
 from ..llm.batch import BatchOutcome, gather_limited
+from ..llm.messages import as_prompt_list, build_messages, check_max_tokens
 from ..llm.resume import RESUME_AT, KeepingObserver, MapStore
 from ..llm.structured import AnswerFormat, InvalidAnswer, ask, prepare
 from ..llm.usage import CallRecord
-from ..llm.messages import as_prompt_list, build_messages, check_max_tokens
 from .interrupts import run_interruptibly
 from .progress import BatchProgress
 
@@ -28,16 +28,22 @@ if TYPE_CHECKING:
 class NotebookHelpers:
     """The helpers as a user sees them in the notebook, bound to one ``RLM``."""
 
-    def __init__(self, rlm: "RLM"):
+    def __init__(self, rlm: RLM):
         self.rlm = rlm
 
     @property
     def client(self):
         return self.rlm.client
 
-    async def llm_query(self, prompt: str, *, system: str | None = None,
-                        model: str | None = None, max_tokens: int | None = None,
-                        response_format: Any = None) -> Any:
+    async def llm_query(
+        self,
+        prompt: str,
+        *,
+        system: str | None = None,
+        model: str | None = None,
+        max_tokens: int | None = None,
+        response_format: Any = None,
+    ) -> Any:
         """Ask a model one question and return its answer.
 
         Uses ``RLM.sub_model`` unless ``model`` is given. Raises ``LLMQueryError``
@@ -49,22 +55,38 @@ class NotebookHelpers:
         messages = build_messages(prompt, system)
         if response_format is not None:
             answer_format = AnswerFormat(response_format)
-            typed = await run_interruptibly(ask(
-                self.client.complete, messages, answer_format,
-                model or self.rlm.effective_sub_model, model=model, max_tokens=max_tokens,
-                stream=True), "llm_query")
+            typed = await run_interruptibly(
+                ask(
+                    self.client.complete,
+                    messages,
+                    answer_format,
+                    model or self.rlm.effective_sub_model,
+                    model=model,
+                    max_tokens=max_tokens,
+                    stream=True,
+                ),
+                "llm_query",
+            )
             return typed.value
         completion = await run_interruptibly(
             # Streamed (RLM.stream): a slow answer is timed out on a stall, not its length.
             self.client.complete(messages, model=model, max_tokens=max_tokens, stream=True),
-            "llm_query")
+            "llm_query",
+        )
         return completion.text
 
-    async def llm_query_batch(self, prompts: Iterable[str], *, system: str | None = None,
-                              model: str | None = None, max_tokens: int | None = None,
-                              return_exceptions: bool = False,
-                              batch_job: bool = False, resume: bool | None = None,
-                              response_format: Any = None) -> list:
+    async def llm_query_batch(
+        self,
+        prompts: Iterable[str],
+        *,
+        system: str | None = None,
+        model: str | None = None,
+        max_tokens: int | None = None,
+        return_exceptions: bool = False,
+        batch_job: bool = False,
+        resume: bool | None = None,
+        response_format: Any = None,
+    ) -> list:
         """Ask many questions concurrently; answers come back in the prompts' order.
 
         At most ``RLM.max_concurrency`` requests are in flight. If any item fails,
@@ -86,24 +108,38 @@ class NotebookHelpers:
         prompts = as_prompt_list(prompts, "llm_query_batch")
         check_max_tokens(max_tokens, "llm_query_batch")
         conversations = [build_messages(p, system, caller="llm_query_batch") for p in prompts]
-        answer_format = AnswerFormat(response_format) if response_format is not None \
-            else None
+        answer_format = AnswerFormat(response_format) if response_format is not None else None
         if batch_job:
-            return await self._batch_job(conversations, model, max_tokens, return_exceptions,
-                                         answer_format)
+            return await self._batch_job(
+                conversations, model, max_tokens, return_exceptions, answer_format
+            )
         client = self.client
         redactor = client.redactor()
         model_name = model or self.rlm.effective_sub_model
 
         def call(messages):
             if answer_format is not None:
-                return lambda: ask(client.complete, messages, answer_format, model_name,
-                                   model=model, max_tokens=max_tokens, slot_held=True,
-                                   redactor=redactor, stream=True)
+                return lambda: ask(
+                    client.complete,
+                    messages,
+                    answer_format,
+                    model_name,
+                    model=model,
+                    max_tokens=max_tokens,
+                    slot_held=True,
+                    redactor=redactor,
+                    stream=True,
+                )
             # Streamed: a slow model's long answer is timed out on a stall, not cut
             # off at a total and started again.
-            return lambda: client.complete(messages, model=model, max_tokens=max_tokens,
-                                           slot_held=True, redactor=redactor, stream=True)
+            return lambda: client.complete(
+                messages,
+                model=model,
+                max_tokens=max_tokens,
+                slot_held=True,
+                redactor=redactor,
+                stream=True,
+            )
 
         def answer(completion):
             if completion is None:
@@ -115,20 +151,28 @@ class NotebookHelpers:
         if resume or (resume is None and total >= RESUME_AT):
             # What the requests are sent with (the max_tokens sent, where they go, a
             # Router's setup), so answers made under other settings are never handed back.
-            store = await MapStore.open(self.rlm.cache_dir, conversations, {
-                "model": model or self.rlm.effective_sub_model,
-                "api_base": client._endpoint(),
-                "max_tokens": max_tokens or self.rlm.max_tokens,
-                "options": self.rlm.litellm_kwargs,
-                "format": answer_format.identity() if answer_format else None})
+            store = await MapStore.open(
+                self.rlm.cache_dir,
+                conversations,
+                {
+                    "model": model or self.rlm.effective_sub_model,
+                    "api_base": client._endpoint(),
+                    "max_tokens": max_tokens or self.rlm.max_tokens,
+                    "options": self.rlm.litellm_kwargs,
+                    "format": answer_format.identity() if answer_format else None,
+                },
+            )
             kept = await store.load_kept()
             if answer_format is not None:
                 kept = _still_valid(kept, answer_format)
             _count_kept(client.ledger, kept)
         missing = [i for i in range(total) if i not in kept]
-        progress = BatchProgress(total, "llm_query_batch",
-                                 enabled=self.rlm.progress and total > 1,
-                                 hold=client.gate(model).hold_message)
+        progress = BatchProgress(
+            total,
+            "llm_query_batch",
+            enabled=self.rlm.progress and total > 1,
+            hold=client.gate(model).hold_message,
+        )
         progress.done = len(kept)
         observer = KeepingObserver(store, missing, progress) if store else progress
         outcome = BatchOutcome(len(missing))
@@ -145,11 +189,17 @@ class NotebookHelpers:
             return merged(values), {missing[p]: error for p, error in errors.items()}
 
         try:
-            with progress, _kept_on_interrupt(outcome, "llm_query_batch", answer, place,
-                                              on_disk=store is not None):
-                completions, errors = await run_interruptibly(gather_limited(
-                    [call(conversations[i]) for i in missing], client.limiter, observer,
-                    outcome))
+            with (
+                progress,
+                _kept_on_interrupt(
+                    outcome, "llm_query_batch", answer, place, on_disk=store is not None
+                ),
+            ):
+                completions, errors = await run_interruptibly(
+                    gather_limited(
+                        [call(conversations[i]) for i in missing], client.limiter, observer, outcome
+                    )
+                )
         finally:
             if store is not None:
                 store.close()
@@ -158,8 +208,9 @@ class NotebookHelpers:
             store.remove()  # finished: a re-run is the response cache's business
         return _collect(answers, errors, return_exceptions)
 
-    async def _batch_job(self, conversations, model, max_tokens, return_exceptions,
-                         answer_format=None) -> list:
+    async def _batch_job(
+        self, conversations, model, max_tokens, return_exceptions, answer_format=None
+    ) -> list:
         from ..llm.client import load_litellm
         from ..llm.jobs import BatchJob
         from .job_progress import JobProgress, still_running
@@ -173,10 +224,8 @@ class NotebookHelpers:
             prepared = [prepare(m, answer_format, litellm, name) for m in conversations]
             conversations = [messages for messages, _ in prepared]
             params["response_format"] = prepared[0][1]
-        progress = JobProgress(len(conversations), "llm_query_batch",
-                               enabled=self.rlm.progress)
-        job = BatchJob(self.client, conversations, model=model, params=params,
-                       observer=progress)
+        progress = JobProgress(len(conversations), "llm_query_batch", enabled=self.rlm.progress)
+        job = BatchJob(self.client, conversations, model=model, params=params, observer=progress)
         try:
             with progress:
                 results = await run_interruptibly(job.run(), "llm_query_batch")
@@ -194,8 +243,9 @@ class NotebookHelpers:
                         answers[index] = answer_format.parse(text)
                     except InvalidAnswer as problem:
                         answers[index] = None
-                        errors[index] = LLMQueryError(job.model, f"the answer did not "
-                                                                 f"match the schema ({problem})")
+                        errors[index] = LLMQueryError(
+                            job.model, f"the answer did not match the schema ({problem})"
+                        )
         return _collect(answers, errors, return_exceptions)
 
     async def rlm_query(self, prompt: str, context: Any = None) -> str:
@@ -205,26 +255,34 @@ class NotebookHelpers:
             raise result.as_exception()
         return result.final_answer
 
-    async def rlm_query_batch(self, prompts: Iterable[str], contexts: Iterable[Any] | None = None,
-                              *, return_exceptions: bool = False) -> list:
+    async def rlm_query_batch(
+        self,
+        prompts: Iterable[str],
+        contexts: Iterable[Any] | None = None,
+        *,
+        return_exceptions: bool = False,
+    ) -> list:
         """Run one child RLM per prompt, concurrently; answers in the prompts' order."""
         prompts = as_prompt_list(prompts, "rlm_query_batch")
         contexts = [None] * len(prompts) if contexts is None else list(contexts)
         if len(contexts) != len(prompts):
-            raise ConfigError(f"rlm_query_batch got {len(prompts)} prompts but "
-                              f"{len(contexts)} contexts")
+            raise ConfigError(
+                f"rlm_query_batch got {len(prompts)} prompts but {len(contexts)} contexts"
+            )
         from ..llm.limiter import ConcurrencyLimiter
 
         # Child runs hold no client slot while they think (their own calls take slots),
         # so they get a limiter of their own: sharing one could deadlock.
         limiter = ConcurrencyLimiter(lambda: self.rlm.max_concurrency)
         calls = [(lambda p=p, c=c: self.rlm_query(p, c)) for p, c in zip(prompts, contexts)]
-        progress = BatchProgress(len(prompts), "rlm_query_batch",
-                                 enabled=self.rlm.progress and len(prompts) > 1)
+        progress = BatchProgress(
+            len(prompts), "rlm_query_batch", enabled=self.rlm.progress and len(prompts) > 1
+        )
         outcome = BatchOutcome(len(prompts))
         with progress, _kept_on_interrupt(outcome, "rlm_query_batch", lambda r: r):
             results, errors = await run_interruptibly(
-                gather_limited(calls, limiter, progress, outcome))
+                gather_limited(calls, limiter, progress, outcome)
+            )
         return _collect(results, errors, return_exceptions)
 
     def namespace(self) -> dict[str, Any]:
@@ -252,8 +310,7 @@ def interrupted_batch() -> BatchError | None:
 
 
 @contextlib.contextmanager
-def _kept_on_interrupt(outcome: BatchOutcome, name: str, value, place=None,
-                       on_disk: bool = False):
+def _kept_on_interrupt(outcome: BatchOutcome, name: str, value, place=None, on_disk: bool = False):
     """If the batch is interrupted, keep its finished answers and say where they are.
     ``place`` puts the answers and errors of the prompts sent in their places in the
     whole map (a resumed map sends only some)."""
@@ -267,11 +324,15 @@ def _kept_on_interrupt(outcome: BatchOutcome, name: str, value, place=None,
             results, errors = place(results, errors)
         _interrupted_batch = BatchError(results, errors)
         kept = sum(r is not None for r in results)
-        where = ("; they are kept on disk too: run the same cell again to send only the "
-                 "missing prompts" if on_disk else "")
+        where = (
+            "; they are kept on disk too: run the same cell again to send only the missing prompts"
+            if on_disk
+            else ""
+        )
         raise interrupt(
             f"{name} interrupted: the {kept} of {len(results)} answers that had arrived "
-            f"are in rlm_magic.interrupted_batch().results{where}") from None
+            f"are in rlm_magic.interrupted_batch().results{where}"
+        ) from None
 
 
 def _still_valid(kept: dict[int, dict], answer_format: AnswerFormat) -> dict[int, dict]:
@@ -289,8 +350,15 @@ def _still_valid(kept: dict[int, dict], answer_format: AnswerFormat) -> dict[int
 def _count_kept(ledger, kept: dict[int, dict]) -> None:
     """Answers an earlier run kept count as cache hits: they cost nothing this time."""
     for entry in kept.values():
-        ledger.record(CallRecord(entry.get("model", "?"), int(entry.get("input_tokens", 0)),
-                                 int(entry.get("output_tokens", 0)), 0.0, cached=True))
+        ledger.record(
+            CallRecord(
+                entry.get("model", "?"),
+                int(entry.get("input_tokens", 0)),
+                int(entry.get("output_tokens", 0)),
+                0.0,
+                cached=True,
+            )
+        )
 
 
 def _collect(results: list, errors: dict[int, Exception], return_exceptions: bool) -> list:
@@ -302,6 +370,12 @@ def _collect(results: list, errors: dict[int, Exception], return_exceptions: boo
 
 
 # Code objects of the helpers, to recognise a helper coroutine that was never awaited.
-HELPER_CODES = {fn.__code__: fn.__name__ for fn in (
-    NotebookHelpers.llm_query, NotebookHelpers.llm_query_batch,
-    NotebookHelpers.rlm_query, NotebookHelpers.rlm_query_batch)}
+HELPER_CODES = {
+    fn.__code__: fn.__name__
+    for fn in (
+        NotebookHelpers.llm_query,
+        NotebookHelpers.llm_query_batch,
+        NotebookHelpers.rlm_query,
+        NotebookHelpers.rlm_query_batch,
+    )
+}

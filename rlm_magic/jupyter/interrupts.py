@@ -6,7 +6,8 @@ only when a timer fires, often seconds later (ipykernel issue 881). While rlm-ma
 work is running, this module's handler replaces it and cancels that work with
 ``call_soon_threadsafe``, which wakes the loop at once. Model code runs in a sandbox
 process or in worker threads (see ``repl``), never on the main thread, so the main
-thread is always free to take the signal, even when the model's code blocks. The previous handler is restored when the work ends.
+thread is always free to take the signal, even when the model's code blocks. The previous
+handler is restored when the work ends.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import contextvars
 import itertools
 import signal
 import threading
-from typing import Awaitable, TypeVar
+from collections.abc import Awaitable
+from typing import TypeVar
 
 from ..errors import interrupt
 
@@ -30,8 +32,7 @@ _previous_handler = None
 # event) in the context its code runs in, so tasks the cell creates inherit it. An
 # interrupt stops only the work of the cell that is running, not another cell's
 # background batch.
-_cell: contextvars.ContextVar[int | None] = contextvars.ContextVar("rlm_magic_cell",
-                                                                   default=None)
+_cell: contextvars.ContextVar[int | None] = contextvars.ContextVar("rlm_magic_cell", default=None)
 _running_cell: int | None = None
 _cell_numbers = itertools.count(1)
 

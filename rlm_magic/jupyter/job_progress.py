@@ -22,11 +22,13 @@ class JobProgress(BatchProgress):
         record = self.record
         # Begins as every batch's line does ("<label>: N/M done"), then the job.
         if record is None:
-            return f"{self.label}: 0/{self.total} done | batch job: submitting | " \
-                   f"{self.elapsed_s:.1f}s"
-        parts = [f"{self.label}: {record.kept + record.completed + record.failed}/"
-                 f"{record.total} done", f"batch job {record.id} {record.state}"
-                 if record.id else "batch job: submitting"]
+            return (
+                f"{self.label}: 0/{self.total} done | batch job: submitting | {self.elapsed_s:.1f}s"
+            )
+        parts = [
+            f"{self.label}: {record.kept + record.completed + record.failed}/{record.total} done",
+            f"batch job {record.id} {record.state}" if record.id else "batch job: submitting",
+        ]
         if record.failed:
             parts.append(f"{record.failed:,} failed")
         if record.cost_usd is not None:
@@ -38,11 +40,15 @@ class JobProgress(BatchProgress):
 def still_running(record, label: str = "llm_query_batch") -> str:
     """What an interrupt says: the job runs on at the provider, and how to get it back."""
     if record.id is None:  # interrupted while the provider was creating it
-        return (f"{label} interrupted while its batch job was being created (input file "
-                f"{record.input_file_id}); the job may be running at the provider: re-run "
-                f"the cell to reattach (it is looked up before anything is submitted)")
-    return (f"{label} interrupted; batch job {record.id} keeps running at the provider: "
-            f"re-run the cell to reattach, or `%rlm jobs cancel {record.id}` to cancel it")
+        return (
+            f"{label} interrupted while its batch job was being created (input file "
+            f"{record.input_file_id}); the job may be running at the provider: re-run "
+            f"the cell to reattach (it is looked up before anything is submitted)"
+        )
+    return (
+        f"{label} interrupted; batch job {record.id} keeps running at the provider: "
+        f"re-run the cell to reattach, or `%rlm jobs cancel {record.id}` to cancel it"
+    )
 
 
 class JobsView:
@@ -55,18 +61,26 @@ class JobsView:
 
     def _rows(self) -> list[tuple[str, ...]]:
         # Oldest first; the state is as last seen (a run that reattaches refreshes it).
-        return [(r.id or "-", r.state, f"{r.kept + r.completed + r.failed:,}/{r.total:,}",
-                 f"{r.failed:,}",
-                 format_cost(r.cost_usd) if r.cost_usd is not None else "-", r.model)
-                for r in self.records]
+        return [
+            (
+                r.id or "-",
+                r.state,
+                f"{r.kept + r.completed + r.failed:,}/{r.total:,}",
+                f"{r.failed:,}",
+                format_cost(r.cost_usd) if r.cost_usd is not None else "-",
+                r.model,
+            )
+            for r in self.records
+        ]
 
     def __repr__(self) -> str:
         if not self.records:
             return "No batch jobs recorded (llm_query_batch(..., batch_job=True) makes one)."
         rows = [self.COLUMNS, *self._rows()]
         widths = [max(len(row[i]) for row in rows) for i in range(len(self.COLUMNS))]
-        return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()
-                         for row in rows)
+        return "\n".join(
+            "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows
+        )
 
     def _repr_html_(self) -> str:
         import html
@@ -74,6 +88,8 @@ class JobsView:
         if not self.records:
             return f"<p>{html.escape(repr(self))}</p>"
         head = "".join(f"<th>{c}</th>" for c in self.COLUMNS)
-        body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
-                       for row in self._rows())
+        body = "".join(
+            "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
+            for row in self._rows()
+        )
         return f"<table><tr>{head}</tr>{body}</table>"

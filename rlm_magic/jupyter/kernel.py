@@ -11,8 +11,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-if __name__ == "__main__" and sys.path and (sys.path[0] == ""
-                                            or Path(sys.path[0]) == Path.cwd()):
+if __name__ == "__main__" and sys.path and (sys.path[0] == "" or Path(sys.path[0]) == Path.cwd()):
     # `python -m` puts the notebook's directory first on sys.path: a stray file there
     # (say, traitlets.py) would shadow what the kernel imports while it starts. Like
     # ipykernel_launcher, drop it; IPython adds the working directory back for cells.
@@ -35,8 +34,9 @@ class RLMKernel(IPythonKernel):
         try:
             self.shell.extension_manager.load_extension("rlm_magic")
         except Exception:  # noqa: BLE001 - a broken extension must not kill the kernel
-            self.log.exception("rlm_magic could not be loaded; run %load_ext rlm_magic "
-                               "to see the error")
+            self.log.exception(
+                "rlm_magic could not be loaded; run %load_ext rlm_magic to see the error"
+            )
 
 
 def main() -> None:

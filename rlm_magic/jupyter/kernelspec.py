@@ -1,7 +1,9 @@
 """Install or remove the "Python 3 (RLM)" Jupyter kernel spec.
 
-    python -m rlm_magic.jupyter.kernelspec install   [--user | --sys-prefix | --prefix P] [--name rlm]
-    python -m rlm_magic.jupyter.kernelspec uninstall [--user | --sys-prefix | --prefix P] [--name rlm]
+    python -m rlm_magic.jupyter.kernelspec install   [--user | --sys-prefix | --prefix P]
+                                                     [--name rlm]
+    python -m rlm_magic.jupyter.kernelspec uninstall [--user | --sys-prefix | --prefix P]
+                                                     [--name rlm]
 
 With no location flag, install goes to the current environment (``sys.prefix``), like
 ``--sys-prefix``, so the kernel runs the Python it was installed from; argv[0] of the
@@ -29,8 +31,10 @@ def spec_dir() -> Path:
     for candidate in (package.parent / "kernel_spec", package / "kernel_spec"):
         if (candidate / "kernel.json").is_file():
             return candidate
-    raise FileNotFoundError("the rlm kernel spec files (kernel_spec/kernel.json) are "
-                            f"missing next to or inside {package}")
+    raise FileNotFoundError(
+        "the rlm kernel spec files (kernel_spec/kernel.json) are "
+        f"missing next to or inside {package}"
+    )
 
 
 def _prefix_for(args) -> str | None:
@@ -55,8 +59,7 @@ def install(name: str = DEFAULT_NAME, user: bool = False, prefix: str | None = N
         spec = json.loads((staged / "kernel.json").read_text())
         spec["argv"][0] = sys.executable  # run the env this was installed from
         (staged / "kernel.json").write_text(json.dumps(spec, indent=1) + "\n")
-        return KernelSpecManager().install_kernel_spec(str(staged), name, user=user,
-                                                       prefix=prefix)
+        return KernelSpecManager().install_kernel_spec(str(staged), name, user=user, prefix=prefix)
 
 
 def uninstall(name: str = DEFAULT_NAME, user: bool = False, prefix: str | None = None) -> str:
@@ -77,17 +80,19 @@ def uninstall(name: str = DEFAULT_NAME, user: bool = False, prefix: str | None =
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rlm_magic.jupyter.kernelspec",
-                                     description="Install or remove the 'Python 3 (RLM)' "
-                                                 "Jupyter kernel (rlm_magic preloaded).")
+    parser = argparse.ArgumentParser(
+        prog="python -m rlm_magic.jupyter.kernelspec",
+        description="Install or remove the 'Python 3 (RLM)' Jupyter kernel (rlm_magic preloaded).",
+    )
     parser.add_argument("action", choices=("install", "uninstall"))
-    parser.add_argument("--name", default=DEFAULT_NAME,
-                        help=f"kernel spec name (default: {DEFAULT_NAME})")
+    parser.add_argument(
+        "--name", default=DEFAULT_NAME, help=f"kernel spec name (default: {DEFAULT_NAME})"
+    )
     where = parser.add_mutually_exclusive_group()
-    where.add_argument("--user", action="store_true",
-                       help="your user's Jupyter directory")
-    where.add_argument("--sys-prefix", action="store_true",
-                       help=f"this environment, {sys.prefix} (the default)")
+    where.add_argument("--user", action="store_true", help="your user's Jupyter directory")
+    where.add_argument(
+        "--sys-prefix", action="store_true", help=f"this environment, {sys.prefix} (the default)"
+    )
     where.add_argument("--prefix", metavar="P", help="the prefix P (P/share/jupyter/kernels)")
     args = parser.parse_args(argv)
     if not args.name or os.sep in args.name or (os.altsep and os.altsep in args.name):
@@ -96,8 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.action == "install":
             path = install(args.name, user=user, prefix=prefix)
-            print(f"Installed kernel spec {args.name!r} (Python 3 (RLM), "
-                  f"{sys.executable}) in {path}")
+            print(
+                f"Installed kernel spec {args.name!r} (Python 3 (RLM), {sys.executable}) in {path}"
+            )
         else:
             path = uninstall(args.name, user=user, prefix=prefix)
             print(f"Removed kernel spec {args.name!r} from {path}")

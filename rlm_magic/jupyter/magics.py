@@ -31,33 +31,63 @@ class RLMMagics(Magics):
         self.rlm = rlm
 
     @magic_arguments()
-    @argument("-c", "--context", metavar="NAME",
-              help="Notebook variable the model sees as `context` (str, list, dict, "
-                   "DataFrame, ...).")
-    @argument("-o", "--out", metavar="NAME", default="_rlm",
-              help="Variable that receives the RLMResult (default: _rlm).")
+    @argument(
+        "-c",
+        "--context",
+        metavar="NAME",
+        help="Notebook variable the model sees as `context` (str, list, dict, DataFrame, ...).",
+    )
+    @argument(
+        "-o",
+        "--out",
+        metavar="NAME",
+        default="_rlm",
+        help="Variable that receives the RLMResult (default: _rlm).",
+    )
     @argument("--model", help="Root model for this run (default: RLM.model).")
     @argument("--sub-model", help="Sub-call model for this run (default: RLM.sub_model).")
     @argument("--max-iterations", type=int, metavar="N", help="Most root-model turns.")
     @argument("--max-depth", type=int, metavar="N", help="Most rlm_query nesting.")
-    @argument("--live", action="store_true",
-              help="Run the model's code in the notebook's own namespace. It can then "
-                   "read and change your variables: use only with code you would run.")
-    @argument("--sandbox", dest="sandbox", action="store_const", const="process",
-              help="Run the model's code in a sandbox process (default: RLM.sandbox).")
-    @argument("--no-sandbox", dest="sandbox", action="store_const", const="none",
-              help="Run the model's code in threads of this kernel.")
-    @argument("--session", metavar="NAME",
-              help="Carry on in session NAME: the REPL variables, contexts (context_0, "
-                   "context_1, ...) and answers of its earlier questions are kept for "
-                   "this one. `%%rlm sessions` lists them, `%%rlm forget NAME` ends one.")
+    @argument(
+        "--live",
+        action="store_true",
+        help="Run the model's code in the notebook's own namespace. It can then "
+        "read and change your variables: use only with code you would run.",
+    )
+    @argument(
+        "--sandbox",
+        dest="sandbox",
+        action="store_const",
+        const="process",
+        help="Run the model's code in a sandbox process (default: RLM.sandbox).",
+    )
+    @argument(
+        "--no-sandbox",
+        dest="sandbox",
+        action="store_const",
+        const="none",
+        help="Run the model's code in threads of this kernel.",
+    )
+    @argument(
+        "--session",
+        metavar="NAME",
+        help="Carry on in session NAME: the REPL variables, contexts (context_0, "
+        "context_1, ...) and answers of its earlier questions are kept for "
+        "this one. `%%rlm sessions` lists them, `%%rlm forget NAME` ends one.",
+    )
     @argument("-q", "--quiet", action="store_true", help="Do not display the result.")
-    @argument("--no-raise", action="store_true",
-              help="A run that fails does not fail the cell: its one-line error is "
-                   "printed instead (for notebooks run by papermill or a scheduler, "
-                   "which stop at the first failing cell).")
-    @argument("--no-interpolate", action="store_true",
-              help="Send the query as written: no {variable} substitution.")
+    @argument(
+        "--no-raise",
+        action="store_true",
+        help="A run that fails does not fail the cell: its one-line error is "
+        "printed instead (for notebooks run by papermill or a scheduler, "
+        "which stop at the first failing cell).",
+    )
+    @argument(
+        "--no-interpolate",
+        action="store_true",
+        help="Send the query as written: no {variable} substitution.",
+    )
     @cell_magic("rlm")
     def rlm_cell(self, line: str, cell: str):
         """Answer the question in the cell body with a Recursive Language Model.
@@ -77,8 +107,10 @@ class RLMMagics(Magics):
             asyncio.get_running_loop()
         except RuntimeError:
             return asyncio.run(run_rlm_cell(line, cell, self.shell))
-        raise UsageError("%%rlm must be the first line of a cell (it runs as a top-level "
-                         "await); from code, use `await rlm_magic.RLM().arun(...)`")
+        raise UsageError(
+            "%%rlm must be the first line of a cell (it runs as a top-level "
+            "await); from code, use `await rlm_magic.RLM().arun(...)`"
+        )
 
     @line_magic("rlm")
     def rlm_line(self, line: str):
@@ -98,7 +130,8 @@ def transform_rlm_cell(lines: list[str]) -> list[str]:
     if first.rstrip().endswith("?") or not (first == "%%rlm" or first[5:6].isspace()):
         return lines
     args, body = first[5:].strip(), "".join(lines[1:])
-    return [f"await __import__('rlm_magic.jupyter.magics').jupyter.magics.run_rlm_cell({args!r}, {body!r})\n"]
+    run = "__import__('rlm_magic.jupyter.magics').jupyter.magics.run_rlm_cell"
+    return [f"await {run}({args!r}, {body!r})\n"]
 
 
 # IPython's check_complete (terminal IPython, and the kernel's answer to jupyter
@@ -131,9 +164,13 @@ async def run_rlm_cell(line: str, body: str, shell=None):
     try:
         if session is not None:
             session.claim(asyncio.get_running_loop())
-        run = rlm.start(query.strip(), context,
-                        namespace=shell.user_ns if args.live else None,
-                        session=session, **options)
+        run = rlm.start(
+            query.strip(),
+            context,
+            namespace=shell.user_ns if args.live else None,
+            session=session,
+            **options,
+        )
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
     from .progress import RunStatus
@@ -146,8 +183,9 @@ async def run_rlm_cell(line: str, body: str, shell=None):
         run.result.error = "interrupted by the user"
         shell.user_ns[args.out] = run.result
         if isinstance(stop, KeyboardInterrupt):
-            raise interrupt(f"%%rlm {_where_stopped(run)}; the partial result is in "
-                            f"{args.out}") from None
+            raise interrupt(
+                f"%%rlm {_where_stopped(run)}; the partial result is in {args.out}"
+            ) from None
         raise
     shell.user_ns[args.out] = result
     if not args.quiet:
@@ -183,14 +221,22 @@ def _checked_options(args) -> dict[str, Any]:
     if args.session is not None and not args.session.strip():
         raise UsageError("--session needs a name")
     if args.session and args.live:
-        raise UsageError("--session keeps a REPL of its own, so it cannot run in the "
-                         "notebook's namespace: drop --session or --live")
+        raise UsageError(
+            "--session keeps a REPL of its own, so it cannot run in the "
+            "notebook's namespace: drop --session or --live"
+        )
     if args.live and args.sandbox == "process":
-        raise UsageError("--live runs the model's code in the notebook's namespace, so it "
-                         "cannot run in a sandbox: drop --sandbox or --live")
-    return {"model": args.model, "sub_model": args.sub_model,
-            "max_iterations": args.max_iterations, "max_depth": args.max_depth,
-            "sandbox": args.sandbox}
+        raise UsageError(
+            "--live runs the model's code in the notebook's namespace, so it "
+            "cannot run in a sandbox: drop --sandbox or --live"
+        )
+    return {
+        "model": args.model,
+        "sub_model": args.sub_model,
+        "max_iterations": args.max_iterations,
+        "max_depth": args.max_depth,
+        "sandbox": args.sandbox,
+    }
 
 
 def _resolve_variable(namespace: dict, dotted: str) -> Any:
@@ -203,8 +249,9 @@ def _resolve_variable(namespace: dict, dotted: str) -> Any:
     value = namespace[head]
     for attr in attrs:
         if not hasattr(value, attr):
-            raise UsageError(f"--context: {type(value).__name__} {head!r} has no "
-                             f"attribute {attr!r}")
+            raise UsageError(
+                f"--context: {type(value).__name__} {head!r} has no attribute {attr!r}"
+            )
         value = getattr(value, attr)
     return value
 
@@ -217,9 +264,11 @@ class _NotebookVariables(dict):
     def __missing__(self, key):
         if key in self.namespace:
             return self.namespace[key]
-        raise UsageError(f"the query refers to {{{key}}}, but there is no variable named "
-                         f"{key!r} (write {{{{{key}}}}} for literal braces, or use "
-                         "--no-interpolate)")
+        raise UsageError(
+            f"the query refers to {{{key}}}, but there is no variable named "
+            f"{key!r} (write {{{{{key}}}}} for literal braces, or use "
+            "--no-interpolate)"
+        )
 
 
 def _interpolate(body: str, namespace: dict) -> str:
@@ -228,5 +277,7 @@ def _interpolate(body: str, namespace: dict) -> str:
     except UsageError:
         raise
     except (ValueError, IndexError, KeyError, AttributeError, TypeError) as exc:
-        raise UsageError(f"cannot fill {{variables}} into the query ({exc}); write {{{{ "
-                         "and }} for literal braces, or use --no-interpolate") from None
+        raise UsageError(
+            f"cannot fill {{variables}} into the query ({exc}); write {{{{ "
+            "and }} for literal braces, or use --no-interpolate"
+        ) from None

@@ -18,7 +18,8 @@ import asyncio
 import html
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..llm.client import litellm_is_loading
 from ..llm.ratelimit import hold_message
@@ -113,8 +114,14 @@ class _LiveDisplay:
 class BatchProgress(_LiveDisplay):
     """Counts a batch's items and shows them; also a ``BatchObserver``."""
 
-    def __init__(self, total: int, label: str = "llm_query_batch", *, enabled: bool = True,
-                 hold: Callable[[], str | None] | None = None):
+    def __init__(
+        self,
+        total: int,
+        label: str = "llm_query_batch",
+        *,
+        enabled: bool = True,
+        hold: Callable[[], str | None] | None = None,
+    ):
         self.total = total
         self.label = label
         self.hold = hold  # says what holds the batch back (a provider's rate limit)
@@ -180,8 +187,7 @@ class RunStatus(_LiveDisplay):
     def _widget_view(self):
         return StatusWidget()
 
-    def line(self, phase: str | None = None, stopped: bool = False,
-             with_text: bool = True) -> str:
+    def line(self, phase: str | None = None, stopped: bool = False, with_text: bool = True) -> str:
         tree = self.run.tree
         usage = tree.ledger.summary()
         calls = f"sub-calls {tree.done + tree.failed} done"
@@ -193,20 +199,28 @@ class RunStatus(_LiveDisplay):
         held = None if phase else hold_message()
         tokens = f"{usage.total.total_tokens:,} tokens"
         if usage.total.cached_input_tokens:
-            tokens += (f" ({usage.total.cached_input_tokens:,} cached, saved "
-                       f"{format_saving(usage.total.cache_saved_usd, usage.total.unpriced_savings)})")
+            tokens += (
+                f" ({usage.total.cached_input_tokens:,} cached, saved "
+                f"{format_saving(usage.total.cache_saved_usd, usage.total.unpriced_savings)})"
+            )
         doing = phase or tree.phase
         if not phase and litellm_is_loading():
             doing = f"{doing}: {LOADING_LITELLM}"
         writing = self.partial_text(lines=1, width=60) if with_text and not phase else None
         if writing:
             doing = f"{doing}: …{writing}"
-        return " | ".join([
-            f"RLM {self.run.model}", doing,
-            f"iteration {tree.iteration}/{tree.max_iterations or self.run.max_iterations}",
-            calls, *([held] if held else []), tokens,
-            format_cost(usage.cost_usd, usage.total.unpriced_calls),
-            f"{self.elapsed_s:.1f}s"])
+        return " | ".join(
+            [
+                f"RLM {self.run.model}",
+                doing,
+                f"iteration {tree.iteration}/{tree.max_iterations or self.run.max_iterations}",
+                calls,
+                *([held] if held else []),
+                tokens,
+                format_cost(usage.cost_usd, usage.total.unpriced_calls),
+                f"{self.elapsed_s:.1f}s",
+            ]
+        )
 
     def partial_text(self, lines: int = 12, width: int = 160) -> str | None:
         """The end of the root turn streaming in now, if any."""
@@ -226,6 +240,7 @@ class RunStatus(_LiveDisplay):
 
 
 # -- views -------------------------------------------------------------------------------
+
 
 class _WidgetOutput:
     """A widget displayed with a text/plain line of our own beside it (ipywidgets' own
@@ -254,9 +269,14 @@ class BarWidget:
     def show(self, progress: BatchProgress) -> None:
         import ipywidgets as widgets
 
-        self.bar = widgets.IntProgress(value=0, min=0, max=max(progress.total, 1),
-                                       description=progress.label, bar_style="info",
-                                       style={"description_width": "initial"})
+        self.bar = widgets.IntProgress(
+            value=0,
+            min=0,
+            max=max(progress.total, 1),
+            description=progress.label,
+            bar_style="info",
+            style={"description_width": "initial"},
+        )
         self.status = widgets.HTML()
         self.box = widgets.HBox([self.bar, self.status])
         self.update(progress)
@@ -297,8 +317,10 @@ class StatusWidget:
     def _set(self, line: str, partial: str | None = None) -> None:
         value = _code(line)
         if partial:  # the root turn as it streams in, under the line
-            value += (f"<pre class='rlm-live-turn' style='margin:2px 0;opacity:.75'>"
-                      f"{html.escape(partial)}</pre>")
+            value += (
+                f"<pre class='rlm-live-turn' style='margin:2px 0;opacity:.75'>"
+                f"{html.escape(partial)}</pre>"
+            )
         if self.html.value != value:
             self.html.value = value
 

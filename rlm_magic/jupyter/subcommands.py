@@ -28,8 +28,9 @@ def dispatch(magics, line: str):
     command, rest = (words[0], words[1:]) if words else ("help", [])
     handler = _COMMANDS.get(command)
     if handler is None:
-        raise UsageError(f"unknown %rlm subcommand {command!r}; choose from "
-                         f"{', '.join(sorted(_COMMANDS))}")
+        raise UsageError(
+            f"unknown %rlm subcommand {command!r}; choose from {', '.join(sorted(_COMMANDS))}"
+        )
     return handler(magics, rest)
 
 
@@ -59,9 +60,11 @@ def _demo(magics, args):
     _no_args("demo", args)
     demo.start(magics.rlm)
     # No port in the message: notebooks re-run under nbval must print the same text.
-    print(f"Demo model running on 127.0.0.1: a scripted stand-in, not a language model.\n"
-          f"RLM.model = {magics.rlm.model!r}, RLM.sub_model = {magics.rlm.sub_model!r}. "
-          "`%rlm demo stop` restores your settings.")
+    print(
+        f"Demo model running on 127.0.0.1: a scripted stand-in, not a language model.\n"
+        f"RLM.model = {magics.rlm.model!r}, RLM.sub_model = {magics.rlm.sub_model!r}. "
+        "`%rlm demo stop` restores your settings."
+    )
     return None
 
 
@@ -112,5 +115,12 @@ def _no_args(command: str, args) -> None:
         raise UsageError(f"%rlm {command} takes no arguments, got {' '.join(args)!r}")
 
 
-_COMMANDS = {"config": _config, "usage": _usage, "demo": _demo, "help": _help,
-             "sessions": _sessions, "forget": _forget, "jobs": _jobs}
+_COMMANDS = {
+    "config": _config,
+    "usage": _usage,
+    "demo": _demo,
+    "help": _help,
+    "sessions": _sessions,
+    "forget": _forget,
+    "jobs": _jobs,
+}

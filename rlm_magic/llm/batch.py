@@ -8,7 +8,8 @@ loop iteration would stall timers, widgets and other tasks for that long.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Awaitable, Callable, Protocol, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol
 
 from .limiter import ConcurrencyLimiter
 

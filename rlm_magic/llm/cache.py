@@ -36,11 +36,16 @@ class ResponseCache:
     def __init__(self, directory: str):
         self.directory = directory
         os.makedirs(directory, mode=0o700, exist_ok=True)
-        self._db = sqlite3.connect(os.path.join(directory, FILE_NAME), timeout=30,
-                                   isolation_level=None, check_same_thread=False)
+        self._db = sqlite3.connect(
+            os.path.join(directory, FILE_NAME),
+            timeout=30,
+            isolation_level=None,
+            check_same_thread=False,
+        )
         self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("CREATE TABLE IF NOT EXISTS answers "
-                         "(key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS answers (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
+        )
 
     def get(self, key: str) -> dict | None:
         row = self._db.execute("SELECT value FROM answers WHERE key = ?", (key,)).fetchone()
@@ -53,8 +58,10 @@ class ResponseCache:
         return value if _is_answer(value) else None
 
     def set(self, key: str, value: dict) -> None:
-        self._db.execute("INSERT OR REPLACE INTO answers VALUES (?, ?)",
-                         (key, json.dumps(value, ensure_ascii=False)))
+        self._db.execute(
+            "INSERT OR REPLACE INTO answers VALUES (?, ?)",
+            (key, json.dumps(value, ensure_ascii=False)),
+        )
 
     def clear(self) -> None:
         self._db.execute("DELETE FROM answers")
@@ -67,7 +74,12 @@ class ResponseCache:
 
 
 def _is_answer(value: Any) -> bool:
-    return (isinstance(value, dict) and isinstance(value.get("text"), str)
-            and isinstance(value.get("finish_reason"), (str, type(None)))
-            and all(isinstance(value.get(k), int) and not isinstance(value.get(k), bool)
-                    for k in ("input_tokens", "output_tokens")))
+    return (
+        isinstance(value, dict)
+        and isinstance(value.get("text"), str)
+        and isinstance(value.get("finish_reason"), (str, type(None)))
+        and all(
+            isinstance(value.get(k), int) and not isinstance(value.get(k), bool)
+            for k in ("input_tokens", "output_tokens")
+        )
+    )

@@ -18,8 +18,9 @@ import os
 import random
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, LLMQueryError, describe_exception
 from . import local_servers, openai_wire, routing, windows
@@ -62,14 +63,20 @@ def _import_litellm():
         litellm.suppress_debug_info = True  # no "Give Feedback / Get Help" banners in cells
         # pydantic warns, the first time litellm builds some of its own types (a Router, a
         # streamed answer), that they use `ReadOnly`: noise in a cell, nothing to act on.
-        warnings.filterwarnings("ignore", message=r".*is using the `ReadOnly` qualifier",
-                                category=UserWarning)
-        warnings.filterwarnings("ignore", message=r".*are using the `ReadOnly` qualifier",
-                                category=UserWarning)
+        warnings.filterwarnings(
+            "ignore", message=r".*is using the `ReadOnly` qualifier", category=UserWarning
+        )
+        warnings.filterwarnings(
+            "ignore", message=r".*are using the `ReadOnly` qualifier", category=UserWarning
+        )
         # A streamed call cancelled (an interrupt, a stopped step) at the moment litellm
         # has made its streaming coroutine but not yet awaited it leaves this behind.
-        warnings.filterwarnings("ignore", message=r"coroutine '.*async_streaming' was never "
-                                r"awaited", category=RuntimeWarning)
+        warnings.filterwarnings(
+            "ignore",
+            message=r"coroutine '.*async_streaming' was never "
+            r"awaited",
+            category=RuntimeWarning,
+        )
         # The wire transport's TLS context (certificates loaded: ~10 ms) is made here,
         # off the loop, rather than when the first request opens a session.
         openai_wire.ssl_context()
@@ -117,6 +124,7 @@ def _park_logging_worker_soon() -> None:
             task = loop.create_task(_park_logging_worker())
             _PARKING.add(task)  # held: the loop keeps only a weak reference
             task.add_done_callback(_PARKING.discard)
+
     loop.call_later(1.0, park)
 
 
@@ -212,7 +220,7 @@ def _retry_after(exc: BaseException) -> float | None:
 class LLMClient:
     """Sends chat requests, shares one concurrency limit and records usage."""
 
-    def __init__(self, config: "RLMConfig", ledger: UsageLedger | None = None):
+    def __init__(self, config: RLMConfig, ledger: UsageLedger | None = None):
         self.config = config
         self.ledger = ledger if ledger is not None else UsageLedger()
         self.limiter = ConcurrencyLimiter(lambda: config.max_concurrency)
@@ -221,7 +229,7 @@ class LLMClient:
 
     # -- cache ------------------------------------------------------------------------
     @property
-    def cache(self) -> "ResponseCache | None":
+    def cache(self) -> ResponseCache | None:
         if not self.config.cache:
             return None
         directory = self.config.cache_dir
@@ -257,11 +265,9 @@ class LLMClient:
         _CALLS += 1
         try:
             if slot_held:
-                return await self._complete(messages, model, max_tokens, ledger, redactor,
-                                            call)
+                return await self._complete(messages, model, max_tokens, ledger, redactor, call)
             async with self.limiter:
-                return await self._complete(messages, model, max_tokens, ledger, redactor,
-                                            call)
+                return await self._complete(messages, model, max_tokens, ledger, redactor, call)
         finally:
             _CALLS -= 1
             if not _CALLS:
@@ -274,8 +280,9 @@ class LLMClient:
         if config.model_list:
             # A group's deployments send headers of their own limits, not the group's:
             # through a Router the gate pauses on 429s but learns no pace from headers.
-            return gate_for(model, self._endpoint(), None, config.rpm, config.tpm,
-                            learns_from_headers=False)
+            return gate_for(
+                model, self._endpoint(), None, config.rpm, config.tpm, learns_from_headers=False
+            )
         return gate_for(model, config.api_base, config.api_key, config.rpm, config.tpm)
 
     async def look_up_windows(self, *models: str) -> None:
@@ -289,21 +296,27 @@ class LLMClient:
                 names.update(routing.deployments(config.model_list, model))
         missing = windows.missing_model_info(sorted(names))
         # A local server says what window it runs each model with (once per server).
-        unasked = [] if config.model_list else \
-            [m for m in models if not local_servers.asked(config.api_base, m)]
+        unasked = (
+            []
+            if config.model_list
+            else [m for m in models if not local_servers.asked(config.api_base, m)]
+        )
         if missing or unasked:
             await asyncio.gather(
                 *([asyncio.to_thread(windows.look_up, litellm, missing)] if missing else []),
-                *(local_servers.ask(config.api_base, m, config.api_key) for m in unasked))
+                *(local_servers.ask(config.api_base, m, config.api_key) for m in unasked),
+            )
 
     def input_window(self, model: str | None = None, advice: bool = False) -> int | None:
         """Input tokens ``model`` takes, if known (see ``windows.input_window``;
         ``advice``: a guessed window counts too, for planning, never for refusing)."""
         model = model or self.config.effective_sub_model
-        behind = routing.deployments(self.config.model_list, model) \
-            if self.config.model_list else ()
-        return windows.input_window(_litellm, model, self._endpoint(),
-                                    self.config.context_window, behind, advice)
+        behind = (
+            routing.deployments(self.config.model_list, model) if self.config.model_list else ()
+        )
+        return windows.input_window(
+            _litellm, model, self._endpoint(), self.config.context_window, behind, advice
+        )
 
     def redactor(self) -> Redactor:
         """Removes current secrets; a batch builds one and shares it between its calls."""
@@ -321,9 +334,13 @@ class LLMClient:
         config = self.config
         identity = (self._endpoint(), config.max_retries, config.timeout)
         if self._routed is None or self._routed[0] != identity:
-            router = routing.build_router(litellm, config.model_list, config.router_settings,
-                                          num_retries=config.max_retries,
-                                          timeout=config.timeout)
+            router = routing.build_router(
+                litellm,
+                config.model_list,
+                config.router_settings,
+                num_retries=config.max_retries,
+                timeout=config.timeout,
+            )
             self._routed = (identity, router)
         return self._routed[1]
 
@@ -343,10 +360,15 @@ class LLMClient:
     def _request(self, model: str, messages: Messages, params: dict) -> dict:
         """The request as litellm takes it (the wire transport sends the same)."""
         config = self.config
-        request = {"model": model, "messages": messages, "timeout": config.timeout,
-                   # Retries are ours (backoff, jitter, counted in the ledger): stop the
-                   # provider SDK from retrying underneath us.
-                   "max_retries": 0, **params}
+        request = {
+            "model": model,
+            "messages": messages,
+            "timeout": config.timeout,
+            # Retries are ours (backoff, jitter, counted in the ledger): stop the
+            # provider SDK from retrying underneath us.
+            "max_retries": 0,
+            **params,
+        }
         if not config.model_list:
             if config.api_base:
                 request["api_base"] = config.api_base
@@ -354,8 +376,9 @@ class LLMClient:
                 request["api_key"] = config.api_key
         return request
 
-    async def _complete(self, messages, model, max_tokens, ledger, redactor,
-                        call: "CallOptions") -> Completion:
+    async def _complete(
+        self, messages, model, max_tokens, ledger, redactor, call: CallOptions
+    ) -> Completion:
         config = self.config
         params = {"max_tokens": max_tokens or config.max_tokens, **config.litellm_kwargs}
         if call.response_format is not None:  # typed answers: see structured.py
@@ -366,30 +389,44 @@ class LLMClient:
         if cache is not None:
             from .cache import request_key
 
-            key = request_key({"model": model, "messages": messages,
-                               "api_base": self._endpoint(), **params})
+            key = request_key(
+                {"model": model, "messages": messages, "api_base": self._endpoint(), **params}
+            )
             hit = _cache_call(cache.get, key)
             if hit is not None:
-                completion = Completion(hit["text"], model, hit["input_tokens"],
-                                        hit["output_tokens"], cost_usd=0.0, cached=True,
-                                        elapsed_s=time.perf_counter() - started,
-                                        finish_reason=hit.get("finish_reason"))
-                ledger.record(CallRecord(model, completion.input_tokens,
-                                         completion.output_tokens, 0.0, cached=True,
-                                         elapsed_s=completion.elapsed_s))
+                completion = Completion(
+                    hit["text"],
+                    model,
+                    hit["input_tokens"],
+                    hit["output_tokens"],
+                    cost_usd=0.0,
+                    cached=True,
+                    elapsed_s=time.perf_counter() - started,
+                    finish_reason=hit.get("finish_reason"),
+                )
+                ledger.record(
+                    CallRecord(
+                        model,
+                        completion.input_tokens,
+                        completion.output_tokens,
+                        0.0,
+                        cached=True,
+                        elapsed_s=completion.elapsed_s,
+                    )
+                )
                 return completion
 
         litellm = await load_litellm()
         messages = await redact_messages(messages, redactor or self.redactor())
-        characters = sum(len(m["content"]) for m in messages
-                         if isinstance(m.get("content"), str))
+        characters = sum(len(m["content"]) for m in messages if isinstance(m.get("content"), str))
         await self.look_up_windows(model)
         window = self.input_window(model)
         if window is not None:
             # A prompt the model cannot take is not sent (it would be billed or refused);
             # one that fits beside a shorter answer asks for less (windows.fit_answer).
             params["max_tokens"] = await windows.fit_answer(
-                litellm, model, messages, window, params["max_tokens"])
+                litellm, model, messages, window, params["max_tokens"]
+            )
         # The cache key holds the max_tokens asked for; an answer cut at a lower one
         # (fit to this window) is not the answer to that request.
         asked_tokens = max_tokens or config.max_tokens
@@ -406,9 +443,17 @@ class LLMClient:
             max_retries = 0
             attempt_timeout = config.timeout * (config.max_retries + 1)
             if model not in routing.groups(config.model_list):
-                raise self._failed(ledger, model, 0, 0, started, ConfigError(
-                    f"{model!r} is not a model group of RLM.model_list (its groups: "
-                    f"{', '.join(routing.groups(config.model_list))})"))
+                raise self._failed(
+                    ledger,
+                    model,
+                    0,
+                    0,
+                    started,
+                    ConfigError(
+                        f"{model!r} is not a model group of RLM.model_list (its groups: "
+                        f"{', '.join(routing.groups(config.model_list))})"
+                    ),
+                )
         else:
             max_retries, attempt_timeout = config.max_retries, config.timeout
         transport = self.transport(model, litellm)
@@ -418,8 +463,7 @@ class LLMClient:
         retries = rate_limited = 0
         limited_since: float | None = None  # when this call first met a rate limit
         while True:
-            deadline = (None if limited_since is None
-                        else limited_since + config.rate_limit_wait)
+            deadline = None if limited_since is None else limited_since + config.rate_limit_wait
             if call.deadline is not None:
                 deadline = min(deadline or call.deadline, call.deadline)
             try:
@@ -429,29 +473,47 @@ class LLMClient:
                 raise
             except RateLimitWaitExceeded as exc:
                 if call.deadline is not None and deadline == call.deadline:
-                    raise _out_of_time(ledger, model, retries, rate_limited, started, spent,
-                                       "before it could be sent"
-                                       if time.monotonic() >= call.deadline else
-                                       "while the provider's rate limit held it back"
-                                       ) from None
+                    raise _out_of_time(
+                        ledger,
+                        model,
+                        retries,
+                        rate_limited,
+                        started,
+                        spent,
+                        "before it could be sent"
+                        if time.monotonic() >= call.deadline
+                        else "while the provider's rate limit held it back",
+                    ) from None
                 raise self._rate_limit_failure(
-                    ledger, model, retries, rate_limited, started, limited_since,
-                    f"the provider's limit would hold it {exc.args[0]:.0f}s more") from None
+                    ledger,
+                    model,
+                    retries,
+                    rate_limited,
+                    started,
+                    limited_since,
+                    f"the provider's limit would hold it {exc.args[0]:.0f}s more",
+                ) from None
             if call.deadline is not None and time.monotonic() >= call.deadline:
                 gate.failed(ticket)  # nothing is sent that could not finish in time
-                raise _out_of_time(ledger, model, retries, rate_limited, started, spent,
-                                   "before it could be sent")
+                raise _out_of_time(
+                    ledger, model, retries, rate_limited, started, spent, "before it could be sent"
+                )
             if state is not None and state.received and call.on_text is not None:
                 call.on_text(None)  # the answer starts over
             state = StreamState(call.on_text) if streaming else None
             try:
                 if state is not None:
                     answer = await transport.stream(
-                        request, state, stall_timeout=call.time_left(config.timeout),
-                        deadline=call.deadline, messages=plain_messages)
+                        request,
+                        state,
+                        stall_timeout=call.time_left(config.timeout),
+                        deadline=call.deadline,
+                        messages=plain_messages,
+                    )
                 else:
-                    answer = await asyncio.wait_for(transport.complete(request),
-                                                    call.time_left(attempt_timeout))
+                    answer = await asyncio.wait_for(
+                        transport.complete(request), call.time_left(attempt_timeout)
+                    )
             except asyncio.CancelledError:
                 gate.failed(ticket)
                 spent.add_partial(state, transport, plain_messages)
@@ -467,12 +529,12 @@ class LLMClient:
                     gate.failed(ticket)
                     answer = partial
                     cut_reason = self.redactor()(
-                        str(_explained(failure, attempt_timeout, call, state)))
+                        str(_explained(failure, attempt_timeout, call, state))
+                    )
                     break
                 spent.add_partial(state, transport, plain_messages)
             else:
-                gate.answered(ticket, answer.headers, answer.input_tokens or None,
-                              characters)
+                gate.answered(ticket, answer.headers, answer.input_tokens or None, characters)
                 break
             if is_rate_limit(failure):
                 # Not a failure: the gate holds this call (and every other call to this
@@ -482,9 +544,15 @@ class LLMClient:
                 limited_since = limited_since or ticket.sent_at
                 if time.monotonic() - limited_since < config.rate_limit_wait:
                     continue
-                raise self._rate_limit_failure(ledger, model, retries, rate_limited,
-                                               started, limited_since,
-                                               describe_exception(failure)) from failure
+                raise self._rate_limit_failure(
+                    ledger,
+                    model,
+                    retries,
+                    rate_limited,
+                    started,
+                    limited_since,
+                    describe_exception(failure),
+                ) from failure
             gate.failed(ticket)
             windows.learn_from(failure, self._endpoint(), model, plain_messages)
             if messages is not plain_messages and refuses_markers(failure):
@@ -493,23 +561,31 @@ class LLMClient:
                 _NO_MARKERS.add(model)
                 request["messages"] = messages = plain_messages
                 continue
-            if streaming and state is not None and not state.chunks \
-                    and not state.received and _cannot_stream(failure):
+            if (
+                streaming
+                and state is not None
+                and not state.chunks
+                and not state.received
+                and _cannot_stream(failure)
+            ):
                 _CANNOT_STREAM.add(model)
                 streaming = False
                 continue
-            delay = random.uniform(0, config.retry_backoff * 2 ** retries)
+            delay = random.uniform(0, config.retry_backoff * 2**retries)
             delay = max(delay, min(_retry_after(failure) or 0.0, 60.0))
-            out_of_time = call.deadline is not None and \
-                time.monotonic() + delay + _MIN_ATTEMPT_S >= call.deadline
+            out_of_time = (
+                call.deadline is not None
+                and time.monotonic() + delay + _MIN_ATTEMPT_S >= call.deadline
+            )
             final = call.may_retry is not None and not call.may_retry()
             # A prompt over the window is refused again as it stands: never retried
             # (the refusal taught the window and the estimate instead).
             final = final or windows.is_context_error(failure)
             if retries >= max_retries or not is_retryable(failure) or out_of_time or final:
                 failure = _explained(failure, attempt_timeout, call, state)
-                raise self._failed(ledger, model, retries, rate_limited, started, failure,
-                                   spent) from failure
+                raise self._failed(
+                    ledger, model, retries, rate_limited, started, failure, spent
+                ) from failure
             retries += 1
             try:
                 await asyncio.sleep(delay)
@@ -517,53 +593,110 @@ class LLMClient:
                 _record_cancelled(ledger, model, retries, started, rate_limited, spent)
                 raise
 
-        completion = _completion_from(answer, model, retries,
-                                      time.perf_counter() - started, streaming)
+        completion = _completion_from(
+            answer, model, retries, time.perf_counter() - started, streaming
+        )
         if cut_reason is not None:
-            completion = replace(completion, finish_reason=None, cut_reason=cut_reason,
-                                 text=f"{completion.text}\n[answer cut off: {cut_reason}]")
+            completion = replace(
+                completion,
+                finish_reason=None,
+                cut_reason=cut_reason,
+                text=f"{completion.text}\n[answer cut off: {cut_reason}]",
+            )
         else:
-            windows.learn_usage(model, plain_messages, completion.input_tokens,
-                                completion.output_tokens, completion.finish_reason == "stop")
-        ledger.record(spent.record(
-            model, completion.input_tokens, completion.output_tokens, completion.cost_usd,
-            retries=retries, rate_limited=rate_limited, elapsed_s=completion.elapsed_s,
-            cached_input_tokens=completion.cached_input_tokens,
-            cache_write_tokens=completion.cache_write_tokens,
-            cache_saved_usd=cache_saving(litellm, model, completion),
-            cut_off=completion.incomplete))
+            windows.learn_usage(
+                model,
+                plain_messages,
+                completion.input_tokens,
+                completion.output_tokens,
+                completion.finish_reason == "stop",
+            )
+        ledger.record(
+            spent.record(
+                model,
+                completion.input_tokens,
+                completion.output_tokens,
+                completion.cost_usd,
+                retries=retries,
+                rate_limited=rate_limited,
+                elapsed_s=completion.elapsed_s,
+                cached_input_tokens=completion.cached_input_tokens,
+                cache_write_tokens=completion.cache_write_tokens,
+                cache_saved_usd=cache_saving(litellm, model, completion),
+                cut_off=completion.incomplete,
+            )
+        )
         # A broken-off answer is never kept; one cut at max_tokens only when that was
         # the max_tokens of the key (a hit then says cut_off, as the original did).
-        if key is not None and completion.cut_reason is None and \
-                (not completion.cut_off or params["max_tokens"] == asked_tokens):
-            _cache_call(cache.set, key, {"text": completion.text,
-                                         "input_tokens": completion.input_tokens,
-                                         "output_tokens": completion.output_tokens,
-                                         "finish_reason": completion.finish_reason})
+        if (
+            key is not None
+            and completion.cut_reason is None
+            and (not completion.cut_off or params["max_tokens"] == asked_tokens)
+        ):
+            _cache_call(
+                cache.set,
+                key,
+                {
+                    "text": completion.text,
+                    "input_tokens": completion.input_tokens,
+                    "output_tokens": completion.output_tokens,
+                    "finish_reason": completion.finish_reason,
+                },
+            )
         return completion
 
-    def _failed(self, ledger: UsageLedger, model: str, retries: int, rate_limited: int,
-                started: float, failure: BaseException,
-                spent: "_Spent | None" = None) -> LLMQueryError:
+    def _failed(
+        self,
+        ledger: UsageLedger,
+        model: str,
+        retries: int,
+        rate_limited: int,
+        started: float,
+        failure: BaseException,
+        spent: _Spent | None = None,
+    ) -> LLMQueryError:
         """The call failed for good: record it (with any tokens already billed)."""
-        error = _redacted(LLMQueryError(model, explain_proxy_failure(failure, model),
-                                        retries=retries), failure, self.redactor())
-        ledger.record((spent or _Spent()).record(model, retries=retries, error=str(error),
-                                                 rate_limited=rate_limited,
-                                                 elapsed_s=time.perf_counter() - started))
+        error = _redacted(
+            LLMQueryError(model, explain_proxy_failure(failure, model), retries=retries),
+            failure,
+            self.redactor(),
+        )
+        ledger.record(
+            (spent or _Spent()).record(
+                model,
+                retries=retries,
+                error=str(error),
+                rate_limited=rate_limited,
+                elapsed_s=time.perf_counter() - started,
+            )
+        )
         return error
 
-    def _rate_limit_failure(self, ledger: UsageLedger, model: str, retries: int,
-                            rate_limited: int, started: float, limited_since: float,
-                            why: str) -> LLMQueryError:
+    def _rate_limit_failure(
+        self,
+        ledger: UsageLedger,
+        model: str,
+        retries: int,
+        rate_limited: int,
+        started: float,
+        limited_since: float,
+        why: str,
+    ) -> LLMQueryError:
         waited = time.monotonic() - limited_since
-        return self._failed(ledger, model, retries, rate_limited, started, RuntimeError(
-            f"rate limited for {waited:.0f}s ({rate_limited} rate-limited responses), "
-            f"past RLM.rate_limit_wait={self.config.rate_limit_wait:g}s; {why}"))
+        return self._failed(
+            ledger,
+            model,
+            retries,
+            rate_limited,
+            started,
+            RuntimeError(
+                f"rate limited for {waited:.0f}s ({rate_limited} rate-limited responses), "
+                f"past RLM.rate_limit_wait={self.config.rate_limit_wait:g}s; {why}"
+            ),
+        )
 
 
-def _redacted(error: LLMQueryError, failure: BaseException,
-              redactor: Redactor) -> LLMQueryError:
+def _redacted(error: LLMQueryError, failure: BaseException, redactor: Redactor) -> LLMQueryError:
     """A provider's error text may echo the request (a 401 quoting "Bearer sk-..."):
     the message that is raised, recorded and shown to the model's code has no secret."""
     message = redactor(str(error))
@@ -582,21 +715,32 @@ def _redact_causes(failure: Any, redactor: Redactor) -> None:
         try:
             if isinstance(getattr(failure, "message", None), str):
                 failure.message = redactor(failure.message)
-            failure.args = tuple(redactor(a) if isinstance(a, str) else a
-                                 for a in failure.args)
+            failure.args = tuple(redactor(a) if isinstance(a, str) else a for a in failure.args)
         except (AttributeError, TypeError):  # a read-only attribute: left as it is
             pass
         failure = failure.__cause__ or failure.__context__
 
 
-def _record_cancelled(ledger: UsageLedger, model: str, retries: int, started: float,
-                      rate_limited: int = 0, spent: "_Spent | None" = None) -> None:
+def _record_cancelled(
+    ledger: UsageLedger,
+    model: str,
+    retries: int,
+    started: float,
+    rate_limited: int = 0,
+    spent: _Spent | None = None,
+) -> None:
     # A cancelled call may already have been billed in part: it stays in the ledger,
     # with the tokens it had streamed.
     spent = spent or _Spent()
-    ledger.record(spent.record(model, retries=retries, error="cancelled",
-                               rate_limited=rate_limited,
-                               elapsed_s=time.perf_counter() - started))
+    ledger.record(
+        spent.record(
+            model,
+            retries=retries,
+            error="cancelled",
+            rate_limited=rate_limited,
+            elapsed_s=time.perf_counter() - started,
+        )
+    )
 
 
 def _cache_call(method, *args):
@@ -608,8 +752,11 @@ def _cache_call(method, *args):
         if not getattr(_cache_call, "warned", False):
             import warnings
 
-            warnings.warn(f"rlm-magic cache is not working, going on without it: {exc}",
-                          RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"rlm-magic cache is not working, going on without it: {exc}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
             _cache_call.warned = True
         return None
 
@@ -621,21 +768,31 @@ async def redact_messages(messages: Messages, redactor: Redactor) -> Messages:
         return messages
 
     def redact_all():
-        return [{**m, "content": redactor(m["content"])} if isinstance(m.get("content"), str)
-                else m for m in messages]
+        return [
+            {**m, "content": redactor(m["content"])} if isinstance(m.get("content"), str) else m
+            for m in messages
+        ]
 
-    size = sum(len(m.get("content") or "") for m in messages
-               if isinstance(m.get("content"), str))
+    size = sum(len(m.get("content") or "") for m in messages if isinstance(m.get("content"), str))
     return await off_loop_if_large(size, redact_all)
 
 
-def _completion_from(answer: Answer, model: str, retries: int, elapsed: float,
-                     streamed: bool = False) -> Completion:
-    return Completion(answer.text, model, answer.input_tokens, answer.output_tokens,
-                      cost_usd=answer.cost_usd, retries=retries, elapsed_s=elapsed,
-                      cached_input_tokens=answer.cached_input_tokens,
-                      cache_write_tokens=answer.cache_write_tokens, streamed=streamed,
-                      finish_reason=answer.finish_reason)
+def _completion_from(
+    answer: Answer, model: str, retries: int, elapsed: float, streamed: bool = False
+) -> Completion:
+    return Completion(
+        answer.text,
+        model,
+        answer.input_tokens,
+        answer.output_tokens,
+        cost_usd=answer.cost_usd,
+        retries=retries,
+        elapsed_s=elapsed,
+        cached_input_tokens=answer.cached_input_tokens,
+        cache_write_tokens=answer.cache_write_tokens,
+        streamed=streamed,
+        finish_reason=answer.finish_reason,
+    )
 
 
 def _cost_of(response, litellm) -> float | None:
@@ -664,8 +821,10 @@ def explain_proxy_failure(failure: BaseException, model: str) -> BaseException |
     """A LiteLLM Proxy without a database answers an unknown key with a 400 "No connected
     db." (it would look the key up there): say what that means."""
     if model.startswith("litellm_proxy/") and "No connected db" in str(failure):
-        return ("the LiteLLM Proxy rejected the API key: it is not the proxy's master "
-                "key, and the proxy has no database to look other keys up in")
+        return (
+            "the LiteLLM Proxy rejected the API key: it is not the proxy's master "
+            "key, and the proxy has no database to look other keys up in"
+        )
     return failure
 
 
@@ -723,26 +882,42 @@ class _Spent:
         if cost is not None:
             self.cost_usd = (self.cost_usd or 0.0) + cost
 
-    def record(self, model: str, input_tokens: int = 0, output_tokens: int = 0,
-               cost_usd: float | None = None, **fields) -> CallRecord:
+    def record(
+        self,
+        model: str,
+        input_tokens: int = 0,
+        output_tokens: int = 0,
+        cost_usd: float | None = None,
+        **fields,
+    ) -> CallRecord:
         if self.cost_usd is not None:
             cost_usd = (cost_usd or 0.0) + self.cost_usd
-        return CallRecord(model, input_tokens + self.input_tokens,
-                          output_tokens + self.output_tokens, cost_usd, **fields)
+        return CallRecord(
+            model,
+            input_tokens + self.input_tokens,
+            output_tokens + self.output_tokens,
+            cost_usd,
+            **fields,
+        )
 
 
 def _cannot_stream(exc: BaseException) -> bool:
     """A provider that does not stream says so with a 400 (or litellm refuses)."""
     status = getattr(exc, "status_code", None)
-    return (status in (400, 422) or type(exc).__name__ == "UnsupportedParamsError") \
-        and "stream" in str(exc).lower()
+    return (
+        status in (400, 422) or type(exc).__name__ == "UnsupportedParamsError"
+    ) and "stream" in str(exc).lower()
 
 
-def _explained(failure: BaseException, timeout: float, call: CallOptions,
-               state: StreamState | None) -> BaseException:
+def _explained(
+    failure: BaseException, timeout: float, call: CallOptions, state: StreamState | None
+) -> BaseException:
     """Timeouts as one line that says which limit was hit."""
-    if call.deadline is not None and time.monotonic() >= call.deadline - _MIN_ATTEMPT_S \
-            and isinstance(failure, (asyncio.TimeoutError, TimeoutError)):
+    if (
+        call.deadline is not None
+        and time.monotonic() >= call.deadline - _MIN_ATTEMPT_S
+        and isinstance(failure, (asyncio.TimeoutError, TimeoutError))
+    ):
         got = f" after {len(state.text):,} characters" if state and state.received else ""
         return TimeoutError(f"the REPL step's time ran out{got} (step_timeout)")
     if isinstance(failure, StreamStalled):
@@ -753,13 +928,27 @@ def _explained(failure: BaseException, timeout: float, call: CallOptions,
     return failure
 
 
-def _out_of_time(ledger: UsageLedger, model: str, retries: int, rate_limited: int,
-                 started: float, spent: _Spent, when: str) -> LLMQueryError:
-    error = LLMQueryError(model, TimeoutError(f"the REPL step's time ran out {when} "
-                                              "(step_timeout)"), retries=retries)
-    ledger.record(spent.record(model, retries=retries, error=str(error),
-                               rate_limited=rate_limited,
-                               elapsed_s=time.perf_counter() - started))
+def _out_of_time(
+    ledger: UsageLedger,
+    model: str,
+    retries: int,
+    rate_limited: int,
+    started: float,
+    spent: _Spent,
+    when: str,
+) -> LLMQueryError:
+    error = LLMQueryError(
+        model, TimeoutError(f"the REPL step's time ran out {when} (step_timeout)"), retries=retries
+    )
+    ledger.record(
+        spent.record(
+            model,
+            retries=retries,
+            error=str(error),
+            rate_limited=rate_limited,
+            elapsed_s=time.perf_counter() - started,
+        )
+    )
     return error
 
 
@@ -770,5 +959,4 @@ def cache_saving(litellm, model: str, completion: Completion) -> float | None:
         return 0.0
     from .prompt_cache import saving
 
-    return saving(litellm, model, completion.cached_input_tokens,
-                  completion.cache_write_tokens)
+    return saving(litellm, model, completion.cached_input_tokens, completion.cache_write_tokens)

@@ -30,9 +30,10 @@ import json
 import os
 import time
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import ConfigError, LLMQueryError, describe_exception
 from .resume import MapStore
@@ -43,8 +44,16 @@ if TYPE_CHECKING:
 
 # Providers whose batch jobs litellm can create (``litellm.acreate_batch``); the first
 # ones are named in the error a user of any other provider sees.
-BATCH_PROVIDERS = ("openai", "azure", "vertex_ai", "bedrock", "mistral", "litellm_proxy",
-                   "hosted_vllm", "xai")
+BATCH_PROVIDERS = (
+    "openai",
+    "azure",
+    "vertex_ai",
+    "bedrock",
+    "mistral",
+    "litellm_proxy",
+    "hosted_vllm",
+    "xai",
+)
 ENDPOINT = "/v1/chat/completions"
 ENDED = ("completed", "failed", "expired", "cancelled")
 # A job that ended without running everything: a new run keeps what it answered and
@@ -68,8 +77,12 @@ LOOKUP_PAGES = 5
 
 # litellm builds these coroutines in a worker thread and awaits them on the loop; one
 # cancelled or superseded on the way is reported as never awaited: noise, nothing lost.
-warnings.filterwarnings("ignore", message=r"coroutine 'OpenAI(Files|Batches)API\.\w+' was "
-                        r"never awaited", category=RuntimeWarning)
+warnings.filterwarnings(
+    "ignore",
+    message=r"coroutine 'OpenAI(Files|Batches)API\.\w+' was "
+    r"never awaited",
+    category=RuntimeWarning,
+)
 
 
 @dataclass
@@ -98,7 +111,7 @@ class JobRecord:
         return self.state in ENDED
 
     @classmethod
-    def from_json(cls, data: dict) -> "JobRecord":
+    def from_json(cls, data: dict) -> JobRecord:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
 
@@ -141,8 +154,10 @@ class JobStore:
             return exact[-1]
         matches = [r for r in records if r.id.startswith(job_id)]
         if len(matches) > 1:
-            raise ConfigError(f"{job_id!r} matches {len(matches)} batch jobs: "
-                              f"{', '.join(r.id for r in matches)}; give the whole id")
+            raise ConfigError(
+                f"{job_id!r} matches {len(matches)} batch jobs: "
+                f"{', '.join(r.id for r in matches)}; give the whole id"
+            )
         return matches[0] if matches else None
 
 
@@ -156,12 +171,15 @@ def provider_of(litellm, model: str) -> tuple[str, str]:
     try:
         name, provider, _, _ = litellm.get_llm_provider(model)
     except Exception as exc:  # noqa: BLE001 - litellm's own message says why
-        raise ConfigError(f"batch_job: cannot tell the provider of {model!r} "
-                          f"({describe_exception(exc)})") from None
+        raise ConfigError(
+            f"batch_job: cannot tell the provider of {model!r} ({describe_exception(exc)})"
+        ) from None
     if provider not in BATCH_PROVIDERS:
-        raise ConfigError(f"batch_job: {provider} cannot run batch jobs through litellm "
-                          f"(model {model!r}); providers that can: "
-                          f"{', '.join(BATCH_PROVIDERS[:6])}")
+        raise ConfigError(
+            f"batch_job: {provider} cannot run batch jobs through litellm "
+            f"(model {model!r}); providers that can: "
+            f"{', '.join(BATCH_PROVIDERS[:6])}"
+        )
     return name, provider
 
 
@@ -169,9 +187,14 @@ def provider_of(litellm, model: str) -> tuple[str, str]:
 # (shielded), and a re-run of the same map waits for it instead of finding no job yet.
 _creating: dict[str, asyncio.Future] = {}
 
-_WARM_MODULES = ("anyio._backends._asyncio", "litellm.files.main", "litellm.batches.main",
-                 "litellm.llms.openai.openai", "litellm.llms.github_copilot.per_user_auth",
-                 "litellm.litellm_core_utils.batch_utils")
+_WARM_MODULES = (
+    "anyio._backends._asyncio",
+    "litellm.files.main",
+    "litellm.batches.main",
+    "litellm.llms.openai.openai",
+    "litellm.llms.github_copilot.per_user_auth",
+    "litellm.litellm_core_utils.batch_utils",
+)
 _warm = False
 
 
@@ -199,17 +222,32 @@ def warm_up() -> None:
     _warm = True
 
 
-def write_requests(path: Path, conversations: Sequence[list[dict]], body: dict,
-                   identity: str, redact: Callable[[list[dict]], list[dict]]) -> str:
+def write_requests(
+    path: Path,
+    conversations: Sequence[list[dict]],
+    body: dict,
+    identity: str,
+    redact: Callable[[list[dict]], list[dict]],
+) -> str:
     """Write one JSONL line per conversation to ``path`` and return the job's key: a hash
     of every line and of where it goes. Runs in a thread (10,000 lines take ~100 ms)."""
     digest = hashlib.sha256(identity.encode())
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     with open(path, "wb") as out:
         for index, messages in enumerate(conversations):
-            line = json.dumps({"custom_id": str(index), "method": "POST", "url": ENDPOINT,
-                               "body": {**body, "messages": redact(messages)}},
-                              ensure_ascii=False, sort_keys=True).encode() + b"\n"
+            line = (
+                json.dumps(
+                    {
+                        "custom_id": str(index),
+                        "method": "POST",
+                        "url": ENDPOINT,
+                        "body": {**body, "messages": redact(messages)},
+                    },
+                    ensure_ascii=False,
+                    sort_keys=True,
+                ).encode()
+                + b"\n"
+            )
             digest.update(line)
             out.write(line)
     return digest.hexdigest()
@@ -227,8 +265,15 @@ class JobResults:
     answered: list[int] = field(default_factory=list)  # the prompt of each record
 
 
-def read_results(output: bytes | None, errors: bytes | None, total: int, model: str,
-                 rates: tuple[float, float] | None, state: str, billed: bool) -> JobResults:
+def read_results(
+    output: bytes | None,
+    errors: bytes | None,
+    total: int,
+    model: str,
+    rates: tuple[float, float] | None,
+    state: str,
+    billed: bool,
+) -> JobResults:
     """Every line of the output and error files, in its prompt's place. Runs in a thread."""
     texts: list[str | None] = [None] * total
     failures: dict[int, Exception] = {}
@@ -259,8 +304,9 @@ def read_results(output: bytes | None, errors: bytes | None, total: int, model: 
         if rates is not None:
             item_cost = prompt * rates[0] + answer * rates[1]
             cost += item_cost
-        records.append(CallRecord(model, prompt, answer, 0.0 if billed else item_cost,
-                                  cached=billed))
+        records.append(
+            CallRecord(model, prompt, answer, 0.0 if billed else item_cost, cached=billed)
+        )
         answered.append(index)
     for line in (errors or b"").splitlines():
         if line.strip():
@@ -293,31 +339,39 @@ def batch_rates(litellm, name: str, provider: str) -> tuple[float, float] | None
     from litellm.types.utils import Usage
 
     per_million = 1_000_000
-    input_cost, _ = batch_cost_calculator(Usage(prompt_tokens=per_million, completion_tokens=0,
-                                                total_tokens=per_million), name, provider)
-    _, output_cost = batch_cost_calculator(Usage(prompt_tokens=0,
-                                                 completion_tokens=per_million,
-                                                 total_tokens=per_million), name, provider)
+    input_cost, _ = batch_cost_calculator(
+        Usage(prompt_tokens=per_million, completion_tokens=0, total_tokens=per_million),
+        name,
+        provider,
+    )
+    _, output_cost = batch_cost_calculator(
+        Usage(prompt_tokens=0, completion_tokens=per_million, total_tokens=per_million),
+        name,
+        provider,
+    )
     return input_cost / per_million, output_cost / per_million
 
 
 def drop_requests(path: Path, answered: set[int]) -> int:
     """Remove from the request file the lines of prompts already answered; returns how
     many lines are left. Runs in a thread."""
-    kept_lines = [line for line in path.read_bytes().splitlines(keepends=True)
-                  if int(json.loads(line)["custom_id"]) not in answered]
+    kept_lines = [
+        line
+        for line in path.read_bytes().splitlines(keepends=True)
+        if int(json.loads(line)["custom_id"]) not in answered
+    ]
     path.write_bytes(b"".join(kept_lines))
     return len(kept_lines)
 
 
-def keep_answers(store: MapStore, texts: list[str | None], records: list[CallRecord],
-                 indices: list[int]) -> None:
+def keep_answers(
+    store: MapStore, texts: list[str | None], records: list[CallRecord], indices: list[int]
+) -> None:
     """Keep a job's answers on disk (``indices[n]`` is the prompt of ``records[n]``: the
     output file is in the order the provider finished), for a later job of the same map
     to leave out. Runs in a thread."""
     for index, call in zip(indices, records):
-        store.add(index, _Kept(texts[index], call.model, call.input_tokens,
-                               call.output_tokens))
+        store.add(index, _Kept(texts[index], call.model, call.input_tokens, call.output_tokens))
     store.close()
 
 
@@ -333,9 +387,15 @@ class BatchJob:
     """One map run as a provider batch job: submits it, or reattaches to the job an
     earlier run submitted, and waits for its results on the caller's loop."""
 
-    def __init__(self, client: "LLMClient", conversations: Sequence[list[dict]], *,
-                 model: str | None = None, params: dict[str, Any] | None = None,
-                 observer: JobObserver | None = None):
+    def __init__(
+        self,
+        client: LLMClient,
+        conversations: Sequence[list[dict]],
+        *,
+        model: str | None = None,
+        params: dict[str, Any] | None = None,
+        observer: JobObserver | None = None,
+    ):
         self.client = client
         self.config = client.config
         self.conversations = conversations
@@ -361,27 +421,39 @@ class BatchJob:
         from .client import load_litellm
 
         if self.config.model_list:
-            raise ConfigError("batch_job: not available with RLM.model_list (a Router "
-                              "spreads calls over deployments; a job runs at one provider)")
+            raise ConfigError(
+                "batch_job: not available with RLM.model_list (a Router "
+                "spreads calls over deployments; a job runs at one provider)"
+            )
         litellm = await load_litellm()
         self.name, self.provider = provider_of(litellm, self.model)
         redactor = self.client.redactor()
-        body = {"model": self.name,
-                "max_tokens": self.params.get("max_tokens") or self.config.max_tokens,
-                **self.config.litellm_kwargs,
-                **{k: v for k, v in self.params.items() if k != "max_tokens"}}
+        body = {
+            "model": self.name,
+            "max_tokens": self.params.get("max_tokens") or self.config.max_tokens,
+            **self.config.litellm_kwargs,
+            **{k: v for k, v in self.params.items() if k != "max_tokens"},
+        }
         identity = json.dumps([self.provider, self.config.api_base, ENDPOINT])
         staging = self.store.directory / f"staging-{os.getpid()}-{id(self)}.jsonl"
 
         def redact(messages):
-            return [{**m, "content": redactor(m["content"])}
-                    if isinstance(m.get("content"), str) else m for m in messages] \
-                if redactor else messages
+            return (
+                [
+                    {**m, "content": redactor(m["content"])}
+                    if isinstance(m.get("content"), str)
+                    else m
+                    for m in messages
+                ]
+                if redactor
+                else messages
+            )
 
         try:
             await asyncio.to_thread(warm_up)
-            key = await asyncio.to_thread(write_requests, staging, self.conversations, body,
-                                          identity, redact)
+            key = await asyncio.to_thread(
+                write_requests, staging, self.conversations, body, identity, redact
+            )
             self.answers = MapStore(self.config.cache_dir, f"job-{key}")
             await _creation_done(key)
             record = self.store.get(key)
@@ -430,12 +502,14 @@ class BatchJob:
             delay = min(MAX_POLL_S, delay * 2)
 
     def _lost_touch(self, what: str, exc: Exception) -> LLMQueryError:
-        job = self.record.id if self.record is not None and self.record.id else "(being " \
-            "submitted)"
-        error = LLMQueryError(self.model, f"{what} batch job {job} failed "
-                                          f"({describe_exception(exc)}); the job may still "
-                                          f"be running at the provider: re-run the cell to "
-                                          f"reattach")
+        job = self.record.id if self.record is not None and self.record.id else "(being submitted)"
+        error = LLMQueryError(
+            self.model,
+            f"{what} batch job {job} failed "
+            f"({describe_exception(exc)}); the job may still "
+            f"be running at the provider: re-run the cell to "
+            f"reattach",
+        )
         error.status_code = getattr(exc, "status_code", None)
         return error
 
@@ -444,9 +518,14 @@ class BatchJob:
         an account changed, forgets it): if not, the map is submitted anew."""
         self.record = record
         try:
-            await self._patiently("checking on", lambda: litellm.aretrieve_batch(
-                record.id, litellm_metadata={"batch_ignore_default_logging": True},
-                **self._credentials()))
+            await self._patiently(
+                "checking on",
+                lambda: litellm.aretrieve_batch(
+                    record.id,
+                    litellm_metadata={"batch_ignore_default_logging": True},
+                    **self._credentials(),
+                ),
+            )
         except LLMQueryError as error:  # only "not found" means forgotten
             if error.status_code == 404:
                 return False
@@ -463,8 +542,10 @@ class BatchJob:
         after = None
         credentials = self._credentials()
         for _ in range(LOOKUP_PAGES):
-            page = await self._patiently("looking up", lambda: litellm.alist_batches(
-                after=after, limit=100, **credentials))
+            page = await self._patiently(
+                "looking up",
+                lambda after=after: litellm.alist_batches(after=after, limit=100, **credentials),
+            )
             jobs = list(getattr(page, "data", None) or [])
             for job in jobs:
                 if getattr(job, "input_file_id", None) == record.input_file_id:
@@ -482,15 +563,25 @@ class BatchJob:
     async def _submit(self, litellm, key: str, staging: Path) -> JobRecord:
         data = await asyncio.to_thread(staging.read_bytes)
         credentials = self._credentials()
-        uploaded = await self._patiently("uploading the requests of", lambda:
-                                         litellm.acreate_file(file=("requests.jsonl", data),
-                                                              purpose="batch", **credentials))
+        upload = {"file": ("requests.jsonl", data), "purpose": "batch", **credentials}
         del data
+        uploaded = await self._patiently(
+            "uploading the requests of", lambda: litellm.acreate_file(**upload)
+        )
+        upload.clear()  # the file's bytes go now, not when the job has ended
         # Recorded before the job is made: a run that dies before it learns the job's id
         # leaves this, and the next one looks the job up instead of paying for another.
-        self.record = JobRecord(key, None, self.model, self.provider, self.config.api_base,
-                                len(self.conversations), state=SUBMITTING,
-                                input_file_id=uploaded.id, kept=len(self.kept))
+        self.record = JobRecord(
+            key,
+            None,
+            self.model,
+            self.provider,
+            self.config.api_base,
+            len(self.conversations),
+            state=SUBMITTING,
+            input_file_id=uploaded.id,
+            kept=len(self.kept),
+        )
         self.store.put(self.record)
         # Shielded: once the provider has the job, it is recorded even if this run is
         # interrupted meanwhile.
@@ -501,16 +592,21 @@ class BatchJob:
 
     async def _create(self, litellm, record: JobRecord, credentials) -> JobRecord:
         try:
-            job = await litellm.acreate_batch(completion_window="24h", endpoint=ENDPOINT,
-                                              input_file_id=record.input_file_id,
-                                              metadata={"rlm_magic_key": record.key[:32]},
-                                              **credentials)
+            job = await litellm.acreate_batch(
+                completion_window="24h",
+                endpoint=ENDPOINT,
+                input_file_id=record.input_file_id,
+                metadata={"rlm_magic_key": record.key[:32]},
+                **credentials,
+            )
         except Exception as exc:  # noqa: BLE001 - the provider may have made it anyway
-            raise LLMQueryError(self.model, f"creating the batch job failed "
-                                            f"({describe_exception(exc)}); if the provider "
-                                            f"made it, re-running the cell finds it (it "
-                                            f"is looked up before anything is submitted)") \
-                from None
+            raise LLMQueryError(
+                self.model,
+                f"creating the batch job failed "
+                f"({describe_exception(exc)}); if the provider "
+                f"made it, re-running the cell finds it (it "
+                f"is looked up before anything is submitted)",
+            ) from None
         record.id, record.state = job.id, job.status
         self.store.put(record)
         return record
@@ -523,9 +619,14 @@ class BatchJob:
             interval = min(MAX_POLL_S, interval * POLL_GROWTH)
             # Without the flag, litellm's logging prices a finished job itself: it downloads
             # the output file again and walks every line on the loop (seconds for 10,000).
-            job = await self._patiently("checking on", lambda: litellm.aretrieve_batch(
-                record.id, litellm_metadata={"batch_ignore_default_logging": True},
-                **self._credentials()))
+            job = await self._patiently(
+                "checking on",
+                lambda: litellm.aretrieve_batch(
+                    record.id,
+                    litellm_metadata={"batch_ignore_default_logging": True},
+                    **self._credentials(),
+                ),
+            )
             if _take_state(record, job):
                 self.store.put(record)
                 self._changed()
@@ -534,8 +635,9 @@ class BatchJob:
         if not file_id:
             return None
         credentials = self._credentials()
-        found = await self._patiently("reading the results of", lambda:
-                                      litellm.afile_content(file_id=file_id, **credentials))
+        found = await self._patiently(
+            "reading the results of", lambda: litellm.afile_content(file_id=file_id, **credentials)
+        )
         return found.content
 
     async def _collect(self, litellm) -> JobResults:
@@ -543,8 +645,16 @@ class BatchJob:
         output = await self._read_file(litellm, record.output_file_id)
         errors = await self._read_file(litellm, record.error_file_id)
         rates = await asyncio.to_thread(batch_rates, litellm, self.name, self.provider)
-        results = await asyncio.to_thread(read_results, output, errors, record.total,
-                                          self.model, rates, record.state, record.billed)
+        results = await asyncio.to_thread(
+            read_results,
+            output,
+            errors,
+            record.total,
+            self.model,
+            rates,
+            record.state,
+            record.billed,
+        )
         # Shielded: the job is billed once in the record and once in the ledger, even if
         # an interrupt lands between the two.
         await asyncio.shield(self._settle(results))
@@ -555,8 +665,9 @@ class BatchJob:
         record = self.record
         if not record.billed:
             if record.state in GAVE_UP:  # the next run submits only what is unanswered
-                await asyncio.to_thread(keep_answers, self.answers, results.texts,
-                                        results.records, results.answered)
+                await asyncio.to_thread(
+                    keep_answers, self.answers, results.texts, results.records, results.answered
+                )
             # Saved before the ledger hears of it: a crash in between under-counts once
             # rather than charging the job again on every re-read.
             record.billed, record.cost_usd = True, results.cost_usd
@@ -565,7 +676,7 @@ class BatchJob:
             self.store.put(record)
         ledger = self.client.ledger
         for start in range(0, len(results.records), RECORD_SLICE):
-            for call in results.records[start:start + RECORD_SLICE]:
+            for call in results.records[start : start + RECORD_SLICE]:
                 ledger.record(call)
             await asyncio.sleep(0)
 
@@ -575,9 +686,15 @@ class BatchJob:
         for index, entry in self.kept.items():
             results.texts[index] = entry["text"]
             results.errors.pop(index, None)
-            self.client.ledger.record(CallRecord(
-                entry.get("model", self.model), int(entry.get("input_tokens", 0)),
-                int(entry.get("output_tokens", 0)), 0.0, cached=True))
+            self.client.ledger.record(
+                CallRecord(
+                    entry.get("model", self.model),
+                    int(entry.get("input_tokens", 0)),
+                    int(entry.get("output_tokens", 0)),
+                    0.0,
+                    cached=True,
+                )
+            )
         return results
 
     async def _from_kept(self) -> JobResults:
@@ -592,14 +709,24 @@ def _take_state(record: JobRecord, job) -> bool:
     """Copy into the record what the provider says of its job (state, counts, result
     files); whether anything changed."""
     counts = getattr(job, "request_counts", None)
-    seen = (job.status, getattr(counts, "completed", 0) or 0,
-            getattr(counts, "failed", 0) or 0, getattr(job, "output_file_id", None),
-            getattr(job, "error_file_id", None))
-    if seen == (record.state, record.completed, record.failed, record.output_file_id,
-                record.error_file_id):
+    seen = (
+        job.status,
+        getattr(counts, "completed", 0) or 0,
+        getattr(counts, "failed", 0) or 0,
+        getattr(job, "output_file_id", None),
+        getattr(job, "error_file_id", None),
+    )
+    if seen == (
+        record.state,
+        record.completed,
+        record.failed,
+        record.output_file_id,
+        record.error_file_id,
+    ):
         return False
-    (record.state, record.completed, record.failed, record.output_file_id,
-     record.error_file_id) = seen
+    (record.state, record.completed, record.failed, record.output_file_id, record.error_file_id) = (
+        seen
+    )
     return True
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 
 class ConcurrencyLimiter:

@@ -41,10 +41,12 @@ GUESS_KEPT_S = 60.0  # a guessed window is asked about again after this long
 MAX_BODY = 1_000_000  # bytes of a probe's answer read at most
 
 # litellm's provider prefixes: the server knows the model by the rest of the name.
-_PREFIX = re.compile(r"^(?:openai|hosted_vllm|ollama|ollama_chat|llamafile|lm_studio|"
-                     r"text-completion-openai|custom_openai)/")
+_PREFIX = re.compile(
+    r"^(?:openai|hosted_vllm|ollama|ollama_chat|llamafile|lm_studio|"
+    r"text-completion-openai|custom_openai)/"
+)
 
-_ASKED: dict[tuple[str, str], "asyncio.Future[int | None]"] = {}
+_ASKED: dict[tuple[str, str], asyncio.Future[int | None]] = {}
 _FOUND: dict[tuple[str, str], int | None] = {}  # windows reported (None: not said)
 _GUESSED: dict[tuple[str, str], tuple[int, float]] = {}  # (guess, when it was made)
 
@@ -74,8 +76,9 @@ def asked(api_base: str | None, model: str) -> bool:
 def may_ask(api_base: str | None, model: str) -> bool:
     """Only an OpenAI-compatible or Ollama model at an api_base of the user's is asked
     (not Azure's, Anthropic's or OpenAI's own endpoints: their windows are known)."""
-    return bool(api_base) and bool(_PREFIX.match(model)) and \
-        "api.openai.com" not in (api_base or "")
+    return (
+        bool(api_base) and bool(_PREFIX.match(model)) and "api.openai.com" not in (api_base or "")
+    )
 
 
 async def ask(api_base: str | None, model: str, api_key: str | None = None) -> int | None:
@@ -124,7 +127,8 @@ async def is_local(host: str | None) -> bool:
         pass
     try:
         found = await asyncio.wait_for(
-            asyncio.get_running_loop().getaddrinfo(host, None), RESOLVE_TIMEOUT)
+            asyncio.get_running_loop().getaddrinfo(host, None), RESOLVE_TIMEOUT
+        )
     except (OSError, asyncio.TimeoutError, UnicodeError):
         return False
     addresses = {entry[4][0] for entry in found}
@@ -139,8 +143,7 @@ def _local_address(text: str) -> bool:
     return address.is_loopback or address.is_private or address.is_link_local
 
 
-async def _probe(api_base: str, model: str, api_key: str | None
-                 ) -> tuple[int | None, bool]:
+async def _probe(api_base: str, model: str, api_key: str | None) -> tuple[int | None, bool]:
     """(the window, whether it is a guess)."""
     import aiohttp
 
@@ -152,16 +155,15 @@ async def _probe(api_base: str, model: str, api_key: str | None
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT)
     async with aiohttp.ClientSession(timeout=timeout, headers=headers) as session:
+
         async def get(path_or_url: str, post: dict | None = None) -> Any:
             if not local and path_or_url.startswith("/"):
                 return None  # a local server's own endpoint: not asked of other hosts
             url = path_or_url if path_or_url.startswith("http") else root + path_or_url
             try:
-                request = session.post(url, json=post) if post is not None \
-                    else session.get(url)
+                request = session.post(url, json=post) if post is not None else session.get(url)
                 async with request as response:
-                    if response.status != 200 or \
-                            (response.content_length or 0) > MAX_BODY:
+                    if response.status != 200 or (response.content_length or 0) > MAX_BODY:
                         return None
                     body = bytearray()
                     async for piece in response.content.iter_chunked(65536):
@@ -173,10 +175,12 @@ async def _probe(api_base: str, model: str, api_key: str | None
                 return None
 
         models_url = base + "/models" if base.endswith("/v1") else root + "/v1/models"
-        props, models, running, shown = await asyncio.wait_for(asyncio.gather(
-            get("/props"), get(models_url), get("/api/ps"),
-            get("/api/show", {"model": name})),
-            max(0.5, PROBE_TIMEOUT + 0.5 - (time.monotonic() - started)))
+        props, models, running, shown = await asyncio.wait_for(
+            asyncio.gather(
+                get("/props"), get(models_url), get("/api/ps"), get("/api/show", {"model": name})
+            ),
+            max(0.5, PROBE_TIMEOUT + 0.5 - (time.monotonic() - started)),
+        )
         window = _llama_cpp(props)
         if window is None and isinstance(props, dict):
             window = _llama_cpp_slots(await get("/slots"))
@@ -215,16 +219,18 @@ def _vllm(models: Any, name: str) -> int | None:
     if not isinstance(models, dict) or not isinstance(models.get("data"), list):
         return None
     entries = [m for m in models["data"] if isinstance(m, dict)]
-    mine = [m for m in entries if m.get("id") == name] or \
-        (entries if len(entries) == 1 else [])
+    mine = [m for m in entries if m.get("id") == name] or (entries if len(entries) == 1 else [])
     return _positive(mine[0].get("max_model_len")) if mine else None
 
 
 def _ollama(running: Any, shown: Any, name: str) -> int | None:
     if isinstance(running, dict) and isinstance(running.get("models"), list):
         for entry in running["models"]:
-            if isinstance(entry, dict) and name in (entry.get("name"), entry.get("model")) \
-                    and _positive(entry.get("context_length")):
+            if (
+                isinstance(entry, dict)
+                and name in (entry.get("name"), entry.get("model"))
+                and _positive(entry.get("context_length"))
+            ):
                 return _positive(entry.get("context_length"))
     if not _is_ollama_show(shown):
         return None
@@ -242,7 +248,9 @@ def _ollama_default(shown: Any) -> int | None:
     if not _is_ollama_show(shown):
         return None
     info = shown.get("model_info")
-    trained = next((_positive(v) for k, v in info.items()
-                    if k.endswith(".context_length")), None) if isinstance(info, dict) \
+    trained = (
+        next((_positive(v) for k, v in info.items() if k.endswith(".context_length")), None)
+        if isinstance(info, dict)
         else None
+    )
     return min(OLLAMA_DEFAULT_NUM_CTX, trained or OLLAMA_DEFAULT_NUM_CTX)

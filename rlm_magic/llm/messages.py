@@ -23,14 +23,20 @@ def as_prompt_list(prompts: Any, caller: str) -> list[str]:
     """Accept any iterable of str (list, tuple, pandas Series, generator) but not a str,
     which would otherwise become one prompt per character."""
     if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Iterable):
-        raise ConfigError(f"{caller} expects a list of prompts, got {type(prompts).__name__}"
-                          + (f"; for one prompt use {caller.replace('_batch', '')}"
-                             if isinstance(prompts, str) else ""))
+        raise ConfigError(
+            f"{caller} expects a list of prompts, got {type(prompts).__name__}"
+            + (
+                f"; for one prompt use {caller.replace('_batch', '')}"
+                if isinstance(prompts, str)
+                else ""
+            )
+        )
     prompts = list(prompts)
     for index, prompt in enumerate(prompts):
         if not isinstance(prompt, str):
-            raise ConfigError(f"{caller}: prompt {index} is a {type(prompt).__name__}, "
-                              "expected str")
+            raise ConfigError(
+                f"{caller}: prompt {index} is a {type(prompt).__name__}, expected str"
+            )
     return prompts
 
 

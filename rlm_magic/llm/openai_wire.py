@@ -34,25 +34,66 @@ from dataclasses import dataclass
 from .transport import Answer
 
 # litellm's chat configuration classes that send OpenAI's request unchanged.
-_PLAIN_CONFIGS = {"OpenAIGPTConfig", "OpenAIUnknownModelConfig", "HostedVLLMChatConfig",
-                  "LiteLLMProxyChatConfig"}
+_PLAIN_CONFIGS = {
+    "OpenAIGPTConfig",
+    "OpenAIUnknownModelConfig",
+    "HostedVLLMChatConfig",
+    "LiteLLMProxyChatConfig",
+}
 # Where each provider's endpoint and key come from when the settings leave them out
 # (litellm's order: the argument, then these environment variables, then a default).
-_BASES = {"openai": (("OPENAI_BASE_URL", "OPENAI_API_BASE"), "https://api.openai.com/v1"),
-          "hosted_vllm": (("HOSTED_VLLM_API_BASE",), None),
-          "litellm_proxy": (("LITELLM_PROXY_API_BASE",), None)}
-_KEYS = {"openai": ("OPENAI_API_KEY",), "hosted_vllm": ("HOSTED_VLLM_API_KEY",),
-         "litellm_proxy": ("LITELLM_PROXY_API_KEY",)}
+_BASES = {
+    "openai": (("OPENAI_BASE_URL", "OPENAI_API_BASE"), "https://api.openai.com/v1"),
+    "hosted_vllm": (("HOSTED_VLLM_API_BASE",), None),
+    "litellm_proxy": (("LITELLM_PROXY_API_BASE",), None),
+}
+_KEYS = {
+    "openai": ("OPENAI_API_KEY",),
+    "hosted_vllm": ("HOSTED_VLLM_API_KEY",),
+    "litellm_proxy": ("LITELLM_PROXY_API_KEY",),
+}
 # Request parameters OpenAI's chat API takes as they are (what may be in litellm_kwargs).
-CHAT_PARAMETERS = frozenset({
-    "temperature", "top_p", "n", "stop", "presence_penalty", "frequency_penalty",
-    "logit_bias", "seed", "user", "response_format", "tools", "tool_choice",
-    "parallel_tool_calls", "logprobs", "top_logprobs", "store", "metadata",
-    "prediction", "service_tier", "reasoning_effort", "verbosity", "max_tokens",
-    "extra_headers", "extra_body"})
+CHAT_PARAMETERS = frozenset(
+    {
+        "temperature",
+        "top_p",
+        "n",
+        "stop",
+        "presence_penalty",
+        "frequency_penalty",
+        "logit_bias",
+        "seed",
+        "user",
+        "response_format",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "logprobs",
+        "top_logprobs",
+        "store",
+        "metadata",
+        "prediction",
+        "service_tier",
+        "reasoning_effort",
+        "verbosity",
+        "max_tokens",
+        "extra_headers",
+        "extra_body",
+    }
+)
 # What rlm-magic itself puts in a request besides the messages and parameters.
-_OWN = frozenset({"model", "messages", "timeout", "max_retries", "api_base", "api_key",
-                  "stream", "stream_options"})
+_OWN = frozenset(
+    {
+        "model",
+        "messages",
+        "timeout",
+        "max_retries",
+        "api_base",
+        "api_key",
+        "stream",
+        "stream_options",
+    }
+)
 PROXY_COST_HEADER = "x-litellm-response-cost"
 
 
@@ -62,6 +103,7 @@ def fits(params: dict) -> bool:
 
 
 # -- routes ----------------------------------------------------------------------------
+
 
 @dataclass
 class Route:
@@ -79,9 +121,9 @@ class Route:
 
 _ROUTES: dict[tuple, Route | None] = {}
 # The environment a route may be read from: a change (a key set later) resolves anew.
-_ENVIRONMENT = tuple(name for names in (*(b for b, _ in _BASES.values()), *_KEYS.values())
-                     for name in names) + ("OPENAI_ORGANIZATION", "OPENAI_ORG_ID",
-                                           "OPENAI_PROJECT_ID")
+_ENVIRONMENT = tuple(
+    name for names in (*(b for b, _ in _BASES.values()), *_KEYS.values()) for name in names
+) + ("OPENAI_ORGANIZATION", "OPENAI_ORG_ID", "OPENAI_PROJECT_ID")
 
 
 def route_for(litellm, model: str, api_base: str | None, api_key: str | None) -> Route | None:
@@ -89,9 +131,15 @@ def route_for(litellm, model: str, api_base: str | None, api_key: str | None) ->
     get = os.environ.get
     headers = getattr(litellm, "headers", None)
     # litellm's module-wide settings too: one set mid-session must not keep the old route.
-    where = (model, api_base, api_key, getattr(litellm, "api_key", None),
-             getattr(litellm, "api_base", None), repr(headers) if headers else None,
-             *(get(name) for name in _ENVIRONMENT))
+    where = (
+        model,
+        api_base,
+        api_key,
+        getattr(litellm, "api_key", None),
+        getattr(litellm, "api_base", None),
+        repr(headers) if headers else None,
+        *(get(name) for name in _ENVIRONMENT),
+    )
     route = _ROUTES.get(where, _ROUTES)
     if route is _ROUTES:
         route = _ROUTES[where] = _resolve(litellm, model, api_base, api_key)
@@ -133,8 +181,16 @@ def _resolve(litellm, model, api_base, api_key) -> Route | None:
             headers["OpenAI-Project"] = os.environ["OPENAI_PROJECT_ID"]
     base = base.rstrip("/")
     price_names = (model, f"{provider}/{name}") + ((name,) if provider == "openai" else ())
-    return Route(model, provider, name, base + "/chat/completions", base, headers,
-                 price_names, proxy=_proxy_for(base))
+    return Route(
+        model,
+        provider,
+        name,
+        base + "/chat/completions",
+        base,
+        headers,
+        price_names,
+        proxy=_proxy_for(base),
+    )
 
 
 def _proxy_for(url: str) -> str | None:
@@ -158,8 +214,7 @@ def price_entry(litellm, route: Route) -> dict | None:
     for name in route.price_names:
         entry = cost.get(name)
         if entry is not None:
-            return entry if isinstance(entry.get("input_cost_per_token"), (int, float)) \
-                else None
+            return entry if isinstance(entry.get("input_cost_per_token"), (int, float)) else None
     return None
 
 
@@ -184,7 +239,8 @@ def _session():
         session = aiohttp.ClientSession(
             connector=connector,  # proxies: per route (``Route.proxy``)
             timeout=aiohttp.ClientTimeout(total=None),  # ours: wait_for, the stall watch
-            json_serialize=json.dumps)
+            json_serialize=json.dumps,
+        )
         closer = _closed_with_loop(loop, session)
         try:  # started, so the loop knows it: asyncio.run closes it when the loop ends
             closer.__anext__().send(None)
@@ -235,6 +291,7 @@ async def close_sessions() -> None:
 
 # -- errors, as litellm names them ------------------------------------------------------
 
+
 class _Response:
     def __init__(self, headers):
         self.headers = headers
@@ -243,8 +300,13 @@ class _Response:
 class WireError(Exception):
     """An HTTP failure, with the status and headers the client's checks read."""
 
-    def __init__(self, message: str, status_code: int | None = None, headers=None,
-                 api_base: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        status_code: int | None = None,
+        headers=None,
+        api_base: str | None = None,
+    ):
         super().__init__(message)
         self.message, self.status_code, self.api_base = message, status_code, api_base
         self.litellm_response_headers = headers
@@ -252,30 +314,66 @@ class WireError(Exception):
 
 
 class BadRequestError(WireError): ...
+
+
 class ContextWindowExceededError(BadRequestError): ...
+
+
 class AuthenticationError(WireError): ...
+
+
 class PermissionDeniedError(WireError): ...
+
+
 class NotFoundError(WireError): ...
+
+
 class Timeout(WireError): ...
+
+
 class UnprocessableEntityError(BadRequestError): ...
+
+
 class RateLimitError(WireError): ...
+
+
 class InternalServerError(WireError): ...
+
+
 class ServiceUnavailableError(WireError): ...
+
+
 class APIError(WireError): ...
+
+
 class APIConnectionError(WireError): ...
 
 
-_BY_STATUS = {400: BadRequestError, 401: AuthenticationError, 403: PermissionDeniedError,
-              404: NotFoundError, 408: Timeout, 422: UnprocessableEntityError,
-              429: RateLimitError, 500: InternalServerError, 503: ServiceUnavailableError}
+_BY_STATUS = {
+    400: BadRequestError,
+    401: AuthenticationError,
+    403: PermissionDeniedError,
+    404: NotFoundError,
+    408: Timeout,
+    422: UnprocessableEntityError,
+    429: RateLimitError,
+    500: InternalServerError,
+    503: ServiceUnavailableError,
+}
 # litellm's list of what providers say when a prompt is over the window.
 _CONTEXT_PHRASES = (
-    "exceed context limit", "this model's maximum context length is",
+    "exceed context limit",
+    "this model's maximum context length is",
     "requested token count exceeds the model's maximum context length",
-    "model's maximum context limit", "is longer than the model's context length",
-    "input tokens exceed the configured limit", "exceeds the available context size",
-    "exceeds the maximum number of tokens allowed", '"code": "context_length_exceeded"',
-    "context_length_exceeded", "prompt is too long")
+    "model's maximum context limit",
+    "is longer than the model's context length",
+    "input tokens exceed the configured limit",
+    "exceeds the available context size",
+    "exceeds the maximum number of tokens allowed",
+    '"code": "context_length_exceeded"',
+    "context_length_exceeded",
+    "prompt is too long",
+)
 
 
 def error_for(status: int, body: bytes, headers, api_base: str) -> WireError:
@@ -293,11 +391,22 @@ def error_for(status: int, body: bytes, headers, api_base: str) -> WireError:
 # The HTTP status an error object's own code or type stands for (a stream's error event
 # comes inside a 200 answer).
 _STATUS_OF_KIND = {
-    "invalid_request_error": 400, "context_length_exceeded": 400, "bad_request": 400,
-    "authentication_error": 401, "invalid_api_key": 401, "permission_error": 403,
-    "permission_denied": 403, "not_found_error": 404, "model_not_found": 404,
-    "rate_limit_error": 429, "rate_limit_exceeded": 429, "insufficient_quota": 429,
-    "overloaded_error": 503, "service_unavailable": 503, "server_error": 500}
+    "invalid_request_error": 400,
+    "context_length_exceeded": 400,
+    "bad_request": 400,
+    "authentication_error": 401,
+    "invalid_api_key": 401,
+    "permission_error": 403,
+    "permission_denied": 403,
+    "not_found_error": 404,
+    "model_not_found": 404,
+    "rate_limit_error": 429,
+    "rate_limit_exceeded": 429,
+    "insufficient_quota": 429,
+    "overloaded_error": 503,
+    "service_unavailable": 503,
+    "server_error": 500,
+}
 
 
 def event_error(event: dict, headers, api_base: str) -> WireError:
@@ -325,9 +434,14 @@ def redirect_error(status: int, headers, api_base: str) -> APIError:
 
     location = (headers or {}).get("Location") or ""
     host = urlsplit(location).hostname or location or "nowhere named"
-    return APIError(f"the endpoint answered with a redirect ({status}) to {host}; "
-                    "chat requests are not sent on: set api_base to the endpoint's "
-                    "own address", status, headers, api_base)
+    return APIError(
+        f"the endpoint answered with a redirect ({status}) to {host}; "
+        "chat requests are not sent on: set api_base to the endpoint's "
+        "own address",
+        status,
+        headers,
+        api_base,
+    )
 
 
 def _message_of(body: bytes) -> str:
@@ -373,9 +487,13 @@ def _completion_parts(raw: bytes, headers, api_base: str) -> tuple[str, object, 
         text = (choice.get("message") or {}).get("content") or ""
         return text, choice.get("finish_reason"), data.get("usage")
     except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-        raise APIError(f"the endpoint's answer is not a chat completion: "
-                       f"{raw[:200].decode('utf-8', 'replace')}", 502, headers,
-                       api_base) from None
+        raise APIError(
+            f"the endpoint's answer is not a chat completion: "
+            f"{raw[:200].decode('utf-8', 'replace')}",
+            502,
+            headers,
+            api_base,
+        ) from None
 
 
 _FINISH: dict = {"stop": "stop", "length": "length", None: None}
@@ -401,6 +519,7 @@ def finish_reason_of(reason):
 
 
 # -- the transport ---------------------------------------------------------------------
+
 
 class WireTransport:
     """Sends one route's requests; ``complete`` and ``stream`` as ``transport`` says."""
@@ -433,8 +552,9 @@ class WireTransport:
         body, headers = self.body(request)
         route = self.route
         try:
-            async with _session().post(route.url, json=body, headers=headers,
-                                       proxy=route.proxy, allow_redirects=False) as reply:
+            async with _session().post(
+                route.url, json=body, headers=headers, proxy=route.proxy, allow_redirects=False
+            ) as reply:
                 raw = await reply.read()
                 status, received = reply.status, reply.headers
         except aiohttp.ClientError as exc:
@@ -449,18 +569,20 @@ class WireTransport:
             return await self._counted_answer(text, finish, received, messages)
         return self._answer(text, finish, usage, received, messages)
 
-    async def stream(self, request: dict, state, *, stall_timeout: float,
-                     deadline: float | None, messages=None) -> Answer:
+    async def stream(
+        self, request: dict, state, *, stall_timeout: float, deadline: float | None, messages=None
+    ) -> Answer:
         from .streaming import stream_completion
 
-        wire = await stream_completion(self._open, request, state,
-                                       stall_timeout=stall_timeout, deadline=deadline)
+        wire = await stream_completion(
+            self._open, request, state, stall_timeout=stall_timeout, deadline=deadline
+        )
         messages = messages or request.get("messages")
         if not state.usage:
-            return await self._counted_answer(state.text, state.finish_reason, wire.headers,
-                                              messages)
-        return self._answer(state.text, state.finish_reason, state.usage, wire.headers,
-                            messages)
+            return await self._counted_answer(
+                state.text, state.finish_reason, wire.headers, messages
+            )
+        return self._answer(state.text, state.finish_reason, state.usage, wire.headers, messages)
 
     def partial(self, state, messages) -> Answer | None:
         """What a cut-off stream received, priced (it is billed all the same)."""
@@ -468,15 +590,16 @@ class WireTransport:
             return None
         return self._answer(state.text, state.finish_reason, state.usage, None, messages)
 
-    async def _open(self, **request) -> "_WireStream":
+    async def _open(self, **request) -> _WireStream:
         import aiohttp
 
         request.pop("timeout", None)  # the stall watch times a stream
         body, headers = self.body(request)
         route = self.route
         try:
-            reply = await _session().post(route.url, json=body, headers=headers,
-                                          proxy=route.proxy, allow_redirects=False)
+            reply = await _session().post(
+                route.url, json=body, headers=headers, proxy=route.proxy, allow_redirects=False
+            )
         except aiohttp.ClientError as exc:
             raise connection_error(exc, route.api_base) from exc
         if reply.status >= 300:
@@ -498,16 +621,24 @@ class WireTransport:
             counts = self._count(messages, text)
         return self._answer(text, finish_reason, None, headers, messages, counts)
 
-    def _answer(self, text: str, finish_reason, usage, headers, messages,
-                counts: tuple[int, int] | None = None) -> Answer:
+    def _answer(
+        self,
+        text: str,
+        finish_reason,
+        usage,
+        headers,
+        messages,
+        counts: tuple[int, int] | None = None,
+    ) -> Answer:
         if usage:
             get = usage.get
             details = get("prompt_tokens_details") or {}
             input_tokens = int(get("prompt_tokens") or 0)
             output_tokens = int(get("completion_tokens") or 0)
             read = int(details.get("cached_tokens") or get("cache_read_input_tokens") or 0)
-            written = int(get("cache_creation_input_tokens")
-                          or details.get("cache_creation_tokens") or 0)
+            written = int(
+                get("cache_creation_input_tokens") or details.get("cache_creation_tokens") or 0
+            )
         else:  # counted as litellm does when a provider leaves usage out
             input_tokens, output_tokens = counts or self._counts_on_loop(messages, text)
             read = written = 0
@@ -517,8 +648,16 @@ class WireTransport:
             from .ratelimit import non_negative
 
             cost = non_negative(usage.get("cost"))
-        return Answer(text, finish_reason_of(finish_reason), input_tokens, output_tokens,
-                      read, written, cost, headers)
+        return Answer(
+            text,
+            finish_reason_of(finish_reason),
+            input_tokens,
+            output_tokens,
+            read,
+            written,
+            cost,
+            headers,
+        )
 
     def _counts_on_loop(self, messages, text: str) -> tuple[int, int]:
         """Counts for a cut-off answer (``partial``, which cannot wait for a thread):
@@ -528,8 +667,10 @@ class WireTransport:
         from . import windows
 
         model = self.route.model
-        return (windows.estimate_tokens(messages or [], model),
-                round(len(text) / windows.chars_per_token(model)))
+        return (
+            windows.estimate_tokens(messages or [], model),
+            round(len(text) / windows.chars_per_token(model)),
+        )
 
     def _count(self, messages, text: str) -> tuple[int, int]:
         litellm, model = self._litellm, self.route.model
@@ -548,15 +689,20 @@ class WireTransport:
             output = entry.get("output_cost_per_token") or 0.0
             read_price = entry.get("cache_read_input_token_cost")
             write_price = entry.get("cache_creation_input_token_cost")
-            return ((input_tokens - read - written) * base
-                    + read * (base if read_price is None else read_price)
-                    + written * (base if write_price is None else write_price)
-                    + output_tokens * output)
+            return (
+                (input_tokens - read - written) * base
+                + read * (base if read_price is None else read_price)
+                + written * (base if write_price is None else write_price)
+                + output_tokens * output
+            )
         if entry is not None:  # priced by the prompt's size: litellm knows the tiers
             try:
                 prompt, completion = self._litellm.cost_per_token(
-                    model=route.model, prompt_tokens=input_tokens,
-                    completion_tokens=output_tokens, cache_read_input_tokens=read)
+                    model=route.model,
+                    prompt_tokens=input_tokens,
+                    completion_tokens=output_tokens,
+                    cache_read_input_tokens=read,
+                )
                 return prompt + completion
             except Exception:  # noqa: BLE001 - then the proxy's word, or unknown
                 pass
@@ -568,8 +714,11 @@ class WireTransport:
 
 
 def _characters(messages) -> int:
-    return sum(len(m["content"]) for m in messages or ()
-               if isinstance(m, dict) and isinstance(m.get("content"), str))
+    return sum(
+        len(m["content"])
+        for m in messages or ()
+        if isinstance(m, dict) and isinstance(m.get("content"), str)
+    )
 
 
 _TIERED: dict[int, tuple[dict, bool]] = {}
@@ -599,8 +748,9 @@ class _WireStream:
                 # A server that ignores ``stream``: its whole answer at once.
                 raw = await self.reply.read()
                 touch()
-                text, state.finish, state.usage = _completion_parts(raw, self.headers,
-                                                                    self.api_base)
+                text, state.finish, state.usage = _completion_parts(
+                    raw, self.headers, self.api_base
+                )
                 if text:
                     state.add_text(text)
                 self.done = True
@@ -611,9 +761,13 @@ class _WireStream:
         except (ValueError, AttributeError, TypeError, KeyError, IndexError) as exc:
             # An event that is no chunk (bad JSON, ``data: 1``): litellm's connection
             # error, so the call is retried.
-            raise APIConnectionError(f"the endpoint sent a malformed stream event "
-                                     f"({type(exc).__name__}: {str(exc)[:200]})", None,
-                                     self.headers, self.api_base) from None
+            raise APIConnectionError(
+                f"the endpoint sent a malformed stream event "
+                f"({type(exc).__name__}: {str(exc)[:200]})",
+                None,
+                self.headers,
+                self.api_base,
+            ) from None
         if not self.done and state.finish is None:
             raise APIConnectionError(STREAM_ENDED, None, self.headers, self.api_base)
 
@@ -665,8 +819,12 @@ class _WireStream:
                     raise event_error(event, self.headers, self.api_base)
 
     def _too_long(self) -> APIConnectionError:
-        return APIConnectionError(f"the endpoint sent a stream line over {MAX_LINE} bytes",
-                                  None, self.headers, self.api_base)
+        return APIConnectionError(
+            f"the endpoint sent a stream line over {MAX_LINE} bytes",
+            None,
+            self.headers,
+            self.api_base,
+        )
 
     async def aclose(self) -> None:
         if self.done:

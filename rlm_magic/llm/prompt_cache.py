@@ -36,8 +36,10 @@ def _provider_needs_markers(litellm, model: str) -> bool:
         return False
     if provider == "anthropic":
         return True
-    return provider in ("bedrock", "bedrock_converse", "vertex_ai", "vertex_ai_beta") \
+    return (
+        provider in ("bedrock", "bedrock_converse", "vertex_ai", "vertex_ai_beta")
         and "claude" in model.lower()
+    )
 
 
 def mark_prefix(messages: list[dict]) -> list[dict]:
@@ -50,8 +52,10 @@ def mark_prefix(messages: list[dict]) -> list[dict]:
     for index in targets:
         content = marked[index].get("content")
         if isinstance(content, str) and content:
-            marked[index] = {**marked[index], "content": [
-                {"type": "text", "text": content, "cache_control": _EPHEMERAL}]}
+            marked[index] = {
+                **marked[index],
+                "content": [{"type": "text", "text": content, "cache_control": _EPHEMERAL}],
+            }
     return marked
 
 
@@ -60,7 +64,8 @@ def refuses_markers(exc: BaseException) -> bool:
     status = getattr(exc, "status_code", None)
     text = str(exc).lower()
     return status in (400, 422) and any(
-        word in text for word in ("cache_control", "cache control", "must be a string"))
+        word in text for word in ("cache_control", "cache control", "must be a string")
+    )
 
 
 def cache_figures(usage) -> tuple[int, int]:
@@ -101,5 +106,8 @@ def _prices(litellm, model: str) -> tuple[float, float, float] | None:
         return None
     read = info.get("cache_read_input_token_cost")
     write = info.get("cache_creation_input_token_cost")
-    return (float(base), float(base if read is None else read),
-            float(base if write is None else write))
+    return (
+        float(base),
+        float(base if read is None else read),
+        float(base if write is None else write),
+    )

@@ -98,8 +98,9 @@ class Headers:
 
     @property
     def any_limits(self) -> bool:
-        return any(v is not None for r in (self.requests, self.tokens)
-                   for v in (r.limit, r.remaining))
+        return any(
+            v is not None for r in (self.requests, self.tokens) for v in (r.limit, r.remaining)
+        )
 
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
@@ -150,12 +151,17 @@ def read_headers(headers: Mapping[str, Any] | None) -> Headers:
 
     def reading(kind: str, anthropic: str) -> Reading:
         get = found.get
-        def either(field: str):
-            return get(f"x-ratelimit-{field}-{kind}",
-                       get(f"anthropic-ratelimit-{anthropic}-{field}"))
 
-        return Reading(non_negative(either("limit")), non_negative(either("remaining")),
-                       parse_duration(either("reset")))
+        def either(field: str):
+            return get(
+                f"x-ratelimit-{field}-{kind}", get(f"anthropic-ratelimit-{anthropic}-{field}")
+            )
+
+        return Reading(
+            non_negative(either("limit")),
+            non_negative(either("remaining")),
+            parse_duration(either("reset")),
+        )
 
     retry_after = None
     if "retry-after-ms" in found:
@@ -167,12 +173,17 @@ def read_headers(headers: Mapping[str, Any] | None) -> Headers:
             from email.utils import parsedate_to_datetime
 
             try:
-                retry_after = max(0.0, parsedate_to_datetime(found["retry-after"]).timestamp()
-                                  - time.time())
+                retry_after = max(
+                    0.0, parsedate_to_datetime(found["retry-after"]).timestamp() - time.time()
+                )
             except (TypeError, ValueError):
                 retry_after = None
-    return Headers(reading("requests", "requests"), reading("tokens", "input-tokens"),
-                   retry_after, "retry-after-ms" in found and retry_after is not None)
+    return Headers(
+        reading("requests", "requests"),
+        reading("tokens", "input-tokens"),
+        retry_after,
+        "retry-after-ms" in found and retry_after is not None,
+    )
 
 
 class Pacer:
@@ -182,8 +193,9 @@ class Pacer:
     zero, and a reservation's start time is when the refill pays that debt back.
     """
 
-    def __init__(self, rate: float | None = None, capacity: float | None = None,
-                 ceiling: float | None = None):
+    def __init__(
+        self, rate: float | None = None, capacity: float | None = None, ceiling: float | None = None
+    ):
         self.rate = rate  # units per second; None: no known limit
         self.capacity = capacity or (rate or 0.0)
         self.ceiling = ceiling  # the user's explicit setting: learning never goes past it
@@ -235,8 +247,7 @@ class Pacer:
             # The server's count is a latency old and misses our later starts, so it
             # only ever lowers ours (another client may share the quota).
             if self.stamp <= now:
-                self.level = min(self.capacity,
-                                 self.level + (now - self.stamp) * self.rate)
+                self.level = min(self.capacity, self.level + (now - self.stamp) * self.rate)
                 self.stamp = now
             self.level = min(self.level, reading.remaining)
 
@@ -253,8 +264,9 @@ class Pacer:
         self.set_rate(rate)
         self.capacity = max(1.0, self.rate * 0.1)  # blind: bursts of a tenth of a second
 
-    def contradicted(self, accepted: float, now: float, bound: float | None = None,
-                     at_once: bool = False) -> None:
+    def contradicted(
+        self, accepted: float, now: float, bound: float | None = None, at_once: bool = False
+    ) -> None:
         """A 429 although we paced to the headers' rate: after ``CONTRADICTIONS`` of
         them (or ``at_once``), pace by ``accepted`` (what the server took per second)
         instead, at most ``bound`` (the refill a retry-after-ms implies)."""
@@ -299,8 +311,13 @@ class Ticket:
 class RateGate:
     """Every request to one provider endpoint passes here: see the module docstring."""
 
-    def __init__(self, name: str, rpm: float | None = None, tpm: float | None = None,
-                 learns_from_headers: bool = True):
+    def __init__(
+        self,
+        name: str,
+        rpm: float | None = None,
+        tpm: float | None = None,
+        learns_from_headers: bool = True,
+    ):
         self.name = name
         self.learns_from_headers = learns_from_headers
         self.requests = Pacer(rpm / 60 if rpm else None, ceiling=rpm / 60 if rpm else None)
@@ -309,7 +326,8 @@ class RateGate:
         self.epoch = 0  # bumped by each pause: bookings made before it are void
         self.cap: float | None = None  # adaptive concurrency; None: not limited here
         self.slots = ConcurrencyLimiter(
-            lambda: 1 << 30 if self.cap is None else max(1, int(self.cap)))
+            lambda: 1 << 30 if self.cap is None else max(1, int(self.cap))
+        )
         self.waiting = 0
         self.rate_limited = 0  # 429s seen by this gate
         self.chars_per_token = DEFAULT_CHARS_PER_TOKEN
@@ -347,8 +365,9 @@ class RateGate:
                 now = time.monotonic()
                 epoch = self.epoch
                 start = max(now, self.paused_until)
-                start = max(start, self.requests.reserve(1, start),
-                            self.tokens.reserve(tokens, start))
+                start = max(
+                    start, self.requests.reserve(1, start), self.tokens.reserve(tokens, start)
+                )
                 booked = True
                 if deadline is not None and start > deadline:
                     raise RateLimitWaitExceeded(start - now)
@@ -383,8 +402,13 @@ class RateGate:
             timer.cancel()
             self._sleepers.discard(wake)
 
-    def answered(self, ticket: Ticket, headers: Mapping[str, Any] | None,
-                 input_tokens: int | None, characters: int) -> None:
+    def answered(
+        self,
+        ticket: Ticket,
+        headers: Mapping[str, Any] | None,
+        input_tokens: int | None,
+        characters: int,
+    ) -> None:
         """A response came back (not a 429): learn from it and free the slot."""
         self.slots.release()
         now = time.monotonic()
@@ -401,8 +425,7 @@ class RateGate:
                     self._rebook(now)
         if input_tokens:
             if characters:
-                self.chars_per_token = _smooth(self.chars_per_token,
-                                               characters / input_tokens, 0.2)
+                self.chars_per_token = _smooth(self.chars_per_token, characters / input_tokens, 0.2)
             self.tokens.refund(ticket.tokens - input_tokens)  # correct the estimate
         self._blind_pause = FIRST_BLIND_PAUSE_S
         if self.cap is not None and self.cap < 1 << 20:
@@ -427,9 +450,13 @@ class RateGate:
         # The headers' pace was kept when this request went out, yet it was refused;
         # or the refusal's own retry-after-ms belies the headers' rate.
         refusing = self._refusing(found, ticket)
-        contradicted = [(pacer, kind, None) for pacer, kind in refusing
-                        if pacer.rate and not pacer.blind
-                        and (pacer.distrusted or pacer.learned_at < ticket.sent_at)]
+        contradicted = [
+            (pacer, kind, None)
+            for pacer, kind in refusing
+            if pacer.rate
+            and not pacer.blind
+            and (pacer.distrusted or pacer.learned_at < ticket.sent_at)
+        ]
         if found.retry_after_exact and found.retry_after_s:
             for pacer, kind in refusing:
                 said = (found.requests if kind == "requests" else found.tokens).rate
@@ -467,8 +494,9 @@ class RateGate:
                 self._learn_blind(now)
             for pacer, kind, implied in contradicted:
                 if pacer.rate:
-                    pacer.contradicted(self._accepted(kind, now), now, implied,
-                                       at_once=implied is not None)
+                    pacer.contradicted(
+                        self._accepted(kind, now), now, implied, at_once=implied is not None
+                    )
             self.cap = max(self._needed_concurrency(), holding / 2, 1.0)
 
     def _refusing(self, found: Headers, ticket: Ticket) -> list[tuple[Pacer, str]]:
@@ -551,12 +579,19 @@ def _smooth(old: float | None, new: float, weight: float = 0.3) -> float:
 # -- the gates of this process ---------------------------------------------------------------
 
 _gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple, RateGate]] = (
-    weakref.WeakKeyDictionary())
+    weakref.WeakKeyDictionary()
+)
 
 
-def gate_for(model: str, api_base: str | None, api_key: str | None,
-             rpm: float | None = None, tpm: float | None = None, *,
-             learns_from_headers: bool = True) -> RateGate:
+def gate_for(
+    model: str,
+    api_base: str | None,
+    api_key: str | None,
+    rpm: float | None = None,
+    tpm: float | None = None,
+    *,
+    learns_from_headers: bool = True,
+) -> RateGate:
     """The gate of one provider endpoint on the running loop. Limits belong to an
     account, so the key is part of the name (hashed: gates are listed in diagnostics)."""
     loop = asyncio.get_running_loop()
@@ -597,4 +632,3 @@ def headers_of(exc: BaseException) -> Mapping[str, Any] | None:
     if headers is None:
         headers = getattr(getattr(exc, "response", None), "headers", None)
     return headers
-

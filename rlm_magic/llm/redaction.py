@@ -11,11 +11,12 @@ import functools
 import json
 import os
 import re
-from typing import Callable, Iterable, TypeVar
-
-T = TypeVar("T")
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 from ..config import looks_secret
+
+T = TypeVar("T")
 
 REDACTED = "[REDACTED]"
 # Shorter values ("1", "true") would blank out ordinary text and are not real secrets.
@@ -33,8 +34,11 @@ async def off_loop_if_large(size: int, redact: Callable[..., T], *args) -> T:
 
 
 def environment_secrets() -> tuple[str, ...]:
-    return tuple(value for name, value in os.environ.items()
-                 if looks_secret(name) and len(value) >= MIN_SECRET_LENGTH)
+    return tuple(
+        value
+        for name, value in os.environ.items()
+        if looks_secret(name) and len(value) >= MIN_SECRET_LENGTH
+    )
 
 
 @functools.lru_cache(maxsize=16)
@@ -48,8 +52,12 @@ def _pattern(secrets: frozenset[str]) -> re.Pattern | None:
 def _spellings(secret: str) -> set[str]:
     """A secret as it may appear in output: as is, and escaped by repr() or JSON (a
     quote, backslash or non-ASCII character changes how it is printed)."""
-    return {secret, repr(secret)[1:-1], json.dumps(secret)[1:-1],
-            json.dumps(secret, ensure_ascii=False)[1:-1]}
+    return {
+        secret,
+        repr(secret)[1:-1],
+        json.dumps(secret)[1:-1],
+        json.dumps(secret, ensure_ascii=False)[1:-1],
+    }
 
 
 class Redactor:
@@ -77,7 +85,7 @@ class Redactor:
         for match in self._pattern.finditer(window):
             if match.start() >= limit:
                 break
-            parts += [window[position:match.start()], REDACTED]
+            parts += [window[position : match.start()], REDACTED]
             position = match.end()
         if position < limit:
             parts.append(window[position:limit])

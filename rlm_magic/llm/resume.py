@@ -17,8 +17,9 @@ import json
 import os
 import re
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 # Maps of at least this many prompts resume by default (``resume=None``): they are the
 # ones where an interrupt throws away real money. Smaller ones resume with resume=True.
@@ -49,8 +50,9 @@ class MapStore:
         self.left_out = 0  # incomplete answers not kept: a re-run asks them again
 
     @classmethod
-    async def open(cls, cache_dir: str, conversations: Sequence[list[dict]],
-                   identity: dict[str, Any]) -> "MapStore":
+    async def open(
+        cls, cache_dir: str, conversations: Sequence[list[dict]], identity: dict[str, Any]
+    ) -> MapStore:
         if len(conversations) >= OFF_LOOP_AT:
             key = await asyncio.to_thread(map_key, conversations, identity)
         else:
@@ -97,15 +99,28 @@ class MapStore:
             if self._file is None:
                 self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
                 self._file = open(self.path, "a", encoding="utf-8")
-            self._file.write(json.dumps({
-                "i": index, "text": completion.text, "model": completion.model,
-                "input_tokens": completion.input_tokens,
-                "output_tokens": completion.output_tokens}, ensure_ascii=False) + "\n")
+            self._file.write(
+                json.dumps(
+                    {
+                        "i": index,
+                        "text": completion.text,
+                        "model": completion.model,
+                        "input_tokens": completion.input_tokens,
+                        "output_tokens": completion.output_tokens,
+                    },
+                    ensure_ascii=False,
+                )
+                + "\n"
+            )
             self._file.flush()
         except OSError as exc:
             self._broken = True
-            warnings.warn(f"rlm-magic cannot keep this map's answers on disk, going on "
-                          f"without resuming: {exc}", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"rlm-magic cannot keep this map's answers on disk, going on "
+                f"without resuming: {exc}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
     def close(self) -> None:
         if self._file is not None:

@@ -24,17 +24,22 @@ from ..config import looks_secret, mask_secret
 def check_model_list(value: Any) -> list[dict]:
     """``value`` if it is a Router model list; otherwise a one-line ``ValueError``."""
     if not isinstance(value, list):
-        raise ValueError(f"RLM.model_list must be a list of deployments, got "
-                         f"{type(value).__name__}")
+        raise ValueError(
+            f"RLM.model_list must be a list of deployments, got {type(value).__name__}"
+        )
     for index, entry in enumerate(value):
         where = f"RLM.model_list[{index}]"
         if not isinstance(entry, dict) or not isinstance(entry.get("model_name"), str):
-            raise ValueError(f"{where} needs a 'model_name' (the group it serves), as in "
-                             "{'model_name': 'sub', 'litellm_params': {'model': ...}}")
+            raise ValueError(
+                f"{where} needs a 'model_name' (the group it serves), as in "
+                "{'model_name': 'sub', 'litellm_params': {'model': ...}}"
+            )
         params = entry.get("litellm_params")
         if not isinstance(params, dict) or not isinstance(params.get("model"), str):
-            raise ValueError(f"{where} needs 'litellm_params' with a 'model', e.g. "
-                             "{'model': 'openai/gpt-4o-mini', 'api_key': ...}")
+            raise ValueError(
+                f"{where} needs 'litellm_params' with a 'model', e.g. "
+                "{'model': 'openai/gpt-4o-mini', 'api_key': ...}"
+            )
     return value
 
 
@@ -44,15 +49,25 @@ def groups(model_list: list[dict]) -> list[str]:
 
 def deployments(model_list: list[dict], group: str) -> list[str]:
     """The litellm model strings behind a group (what litellm's model info knows)."""
-    return [str(entry.get("litellm_params", {}).get("model")) for entry in model_list
-            if entry.get("model_name") == group and entry.get("litellm_params", {}).get("model")]
+    return [
+        str(entry.get("litellm_params", {}).get("model"))
+        for entry in model_list
+        if entry.get("model_name") == group and entry.get("litellm_params", {}).get("model")
+    ]
 
 
 def masked(model_list: list[dict]) -> list[dict]:
     """The list as ``%rlm config`` shows it: keys and other secrets masked."""
-    return [{**entry, "litellm_params": {
-        name: mask_secret(value) if looks_secret(name) else value
-        for name, value in entry["litellm_params"].items()}} for entry in model_list]
+    return [
+        {
+            **entry,
+            "litellm_params": {
+                name: mask_secret(value) if looks_secret(name) else value
+                for name, value in entry["litellm_params"].items()
+            },
+        }
+        for entry in model_list
+    ]
 
 
 def identity(model_list: list[dict], router_settings: dict) -> str:
@@ -61,8 +76,9 @@ def identity(model_list: list[dict], router_settings: dict) -> str:
     return "router:" + hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def build_router(litellm, model_list: list[dict], router_settings: dict, *,
-                 num_retries: int, timeout: float):
+def build_router(
+    litellm, model_list: list[dict], router_settings: dict, *, num_retries: int, timeout: float
+):
     """A Router for this configuration; ``router_settings`` win over our defaults."""
     settings = {"num_retries": num_retries, "timeout": timeout, **router_settings}
     known = set(litellm.model_cost)
@@ -73,7 +89,8 @@ def build_router(litellm, model_list: list[dict], router_settings: dict, *,
     models = {entry["litellm_params"]["model"] for entry in model_list}
     for name in (set(litellm.model_cost) - known) & models:
         entry = litellm.model_cost[name]
-        if not any("cost" in key and isinstance(value, (int, float))
-                   for key, value in entry.items()):
+        if not any(
+            "cost" in key and isinstance(value, (int, float)) for key, value in entry.items()
+        ):
             del litellm.model_cost[name]
     return router

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 # Called with each piece of streamed text; with None when a retry starts the answer over.
-OnText = Callable[[Optional[str]], None]
+OnText = Callable[[str | None], None]
 
 
 class StreamStalled(TimeoutError):
@@ -77,8 +78,9 @@ class StreamState:
         provider's when it sent it, else counted by litellm's tokenizer."""
         if not self.chunks:
             return None
-        usage = next((c.usage for c in reversed(self.chunks[-3:])
-                      if getattr(c, "usage", None)), None)
+        usage = next(
+            (c.usage for c in reversed(self.chunks[-3:]) if getattr(c, "usage", None)), None
+        )
         try:
             if usage is None:
                 # litellm's builder counts the tokens (it walks every chunk: ~0.1 ms
@@ -86,15 +88,27 @@ class StreamState:
                 return litellm.stream_chunk_builder(self.chunks, messages=messages)
             return litellm.ModelResponse(
                 model=getattr(self.chunks[-1], "model", None),
-                choices=[{"index": 0, "finish_reason": self.finish_reason or "stop",
-                          "message": {"role": "assistant", "content": self.text}}],
-                usage=usage)
+                choices=[
+                    {
+                        "index": 0,
+                        "finish_reason": self.finish_reason or "stop",
+                        "message": {"role": "assistant", "content": self.text},
+                    }
+                ],
+                usage=usage,
+            )
         except Exception:  # noqa: BLE001 - a partial stream litellm cannot assemble
             return None
 
 
-async def stream_completion(acompletion, request: dict, state: StreamState, *,
-                            stall_timeout: float, deadline: float | None = None):
+async def stream_completion(
+    acompletion,
+    request: dict,
+    state: StreamState,
+    *,
+    stall_timeout: float,
+    deadline: float | None = None,
+):
     """Run one streamed request to its end, feeding ``state`` (which then holds the
     text and usage); returns the stream, for its headers. A stream with a ``pump``
     method feeds ``state`` itself (the wire transport); litellm's is iterated. Raises
@@ -103,8 +117,12 @@ async def stream_completion(acompletion, request: dict, state: StreamState, *,
     interrupt included."""
     # The HTTP client's own read timeout stays out of the way of the stall watch,
     # which says what happened in words.
-    request = {**request, "stream": True, "timeout": stall_timeout + 5.0,
-               "stream_options": {"include_usage": True}}
+    request = {
+        **request,
+        "stream": True,
+        "timeout": stall_timeout + 5.0,
+        "stream_options": {"include_usage": True},
+    }
     stream = None
     watch = _StallWatch(stall_timeout, deadline)
     try:

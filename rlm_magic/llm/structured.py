@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from ..errors import ConfigError, LLMQueryError
 
@@ -53,18 +54,22 @@ class AnswerFormat:
                 validator_class = jsonschema.validators.validator_for(schema)
                 validator_class.check_schema(schema)
             except jsonschema.SchemaError as exc:
-                raise ConfigError(f"response_format is not a valid JSON schema: "
-                                  f"{exc.message}") from None
+                raise ConfigError(
+                    f"response_format is not a valid JSON schema: {exc.message}"
+                ) from None
             _refuse_outside_references(schema, trusted)
             self.schema = schema
             self.name = _name(schema.get("title", "answer"))
             # A registry that retrieves nothing: jsonschema would otherwise fetch a
             # remote $ref itself (with urlopen, on the loop, no timeout).
-            self._check = validator_class(schema, registry=referencing.Registry(
-                retrieve=_retrieve_nothing))
+            self._check = validator_class(
+                schema, registry=referencing.Registry(retrieve=_retrieve_nothing)
+            )
         else:
-            raise ConfigError("response_format must be a pydantic model class or a JSON "
-                              f"schema (a dict), got {type(spec).__name__}")
+            raise ConfigError(
+                "response_format must be a pydantic model class or a JSON "
+                f"schema (a dict), got {type(spec).__name__}"
+            )
         self._schema_text = json.dumps(self.schema, separators=(",", ":"))
 
     def identity(self) -> str:
@@ -75,8 +80,10 @@ class AnswerFormat:
         """The ``response_format`` to send: the schema itself where the provider takes
         one, plain JSON mode elsewhere (the schema then goes in the prompt)."""
         if structured:
-            return {"type": "json_schema",
-                    "json_schema": {"name": self.name, "schema": self.schema}}
+            return {
+                "type": "json_schema",
+                "json_schema": {"name": self.name, "schema": self.schema},
+            }
         return {"type": "json_object"}
 
     def instruction(self) -> str:
@@ -108,8 +115,9 @@ class AnswerFormat:
 
 
 # Keywords whose value maps names to schemas: there the keys are names, not keywords.
-_NAMED_SCHEMAS = frozenset({"properties", "patternProperties", "$defs", "definitions",
-                            "dependentSchemas"})
+_NAMED_SCHEMAS = frozenset(
+    {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
+)
 # Keywords whose value is data, not schema (a "$ref" key inside is no reference).
 _DATA = frozenset({"enum", "const", "default", "examples"})
 
@@ -126,14 +134,19 @@ def _refuse_outside_references(schema: Any, trusted: bool) -> None:
             continue
         for key, value in node.items():
             if key in ("$ref", "$dynamicRef") and not (
-                    isinstance(value, str) and value.startswith("#")):
-                raise ConfigError(f"response_format may refer only to its own "
-                                  f"definitions ('#/...'), not to {str(value)[:80]!r}")
+                isinstance(value, str) and value.startswith("#")
+            ):
+                raise ConfigError(
+                    f"response_format may refer only to its own "
+                    f"definitions ('#/...'), not to {str(value)[:80]!r}"
+                )
             if key == "$id" and isinstance(value, str) and ":" in value:
                 raise ConfigError("response_format may not name a URI as its $id")
             if not trusted and key in ("pattern", "patternProperties"):
-                raise ConfigError("response_format from model code may not hold regular "
-                                  "expressions (pattern, patternProperties)")
+                raise ConfigError(
+                    "response_format from model code may not hold regular "
+                    "expressions (pattern, patternProperties)"
+                )
             if key in _NAMED_SCHEMAS and isinstance(value, dict):
                 stack.extend(value.values())
             elif key not in _DATA:
@@ -203,20 +216,28 @@ class Typed:
 Complete = Callable[..., Awaitable[Any]]
 
 
-def prepare(messages: list[dict], answer_format: AnswerFormat, litellm,
-            model: str) -> tuple[list[dict], dict]:
+def prepare(
+    messages: list[dict], answer_format: AnswerFormat, litellm, model: str
+) -> tuple[list[dict], dict]:
     """The messages and ``response_format`` of a typed request to ``model``."""
     structured = supports_schema(litellm, model)
     if not structured:
         # JSON mode promises JSON, not this shape: the schema goes in the prompt.
         last = messages[-1]
-        messages = [*messages[:-1], {**last, "content": f"{last['content']}\n\n"
-                                     f"{answer_format.instruction()}"}]
+        messages = [
+            *messages[:-1],
+            {**last, "content": f"{last['content']}\n\n{answer_format.instruction()}"},
+        ]
     return messages, answer_format.request(structured)
 
 
-async def ask(complete: Complete, messages: list[dict], answer_format: AnswerFormat,
-              model_name: str, **options) -> Typed:
+async def ask(
+    complete: Complete,
+    messages: list[dict],
+    answer_format: AnswerFormat,
+    model_name: str,
+    **options,
+) -> Typed:
     """One typed call: ``complete(messages, response_format=..., **options)`` returns a
     completion; its text is validated, and asked for once more with the error if it
     does not pass. Raises ``LLMQueryError`` when the second answer fails too."""
@@ -228,15 +249,23 @@ async def ask(complete: Complete, messages: list[dict], answer_format: AnswerFor
     try:
         return Typed(answer_format.parse(first.text), first)
     except InvalidAnswer as problem:
-        retry = [*messages, {"role": "assistant", "content": first.text},
-                 {"role": "user", "content": f"That answer is not valid ({problem}). "
-                  f"{answer_format.instruction()}"}]
+        retry = [
+            *messages,
+            {"role": "assistant", "content": first.text},
+            {
+                "role": "user",
+                "content": f"That answer is not valid ({problem}). {answer_format.instruction()}",
+            },
+        ]
     second = await complete(retry, response_format=response_format, **options)
-    extra = dict(extra_input_tokens=first.input_tokens,
-                 extra_output_tokens=first.output_tokens,
-                 extra_cost_usd=first.cost_usd or 0.0)
+    extra = dict(
+        extra_input_tokens=first.input_tokens,
+        extra_output_tokens=first.output_tokens,
+        extra_cost_usd=first.cost_usd or 0.0,
+    )
     try:
         return Typed(answer_format.parse(second.text), second, **extra)
     except InvalidAnswer as problem:
-        raise LLMQueryError(model_name, f"the answer did not match the schema twice "
-                                   f"({problem})") from None
+        raise LLMQueryError(
+            model_name, f"the answer did not match the schema twice ({problem})"
+        ) from None

@@ -13,8 +13,9 @@ Both raise exceptions that ``client`` reads the same way (status code, headers, 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -42,14 +43,16 @@ class LiteLLMTransport:
     async def complete(self, request: dict, messages=None) -> Answer:
         return self._answer(await self.send(**request), None)
 
-    async def stream(self, request: dict, state, *, stall_timeout: float,
-                     deadline: float | None, messages=None) -> Answer:
+    async def stream(
+        self, request: dict, state, *, stall_timeout: float, deadline: float | None, messages=None
+    ) -> Answer:
         from .streaming import stream_completion
 
         # The stream carries the headers; its chunks, built into one response, carry the
         # text and usage.
-        raw = await stream_completion(self.send, request, state,
-                                      stall_timeout=stall_timeout, deadline=deadline)
+        raw = await stream_completion(
+            self.send, request, state, stall_timeout=stall_timeout, deadline=deadline
+        )
         response = state.response(self.litellm, messages) or raw
         return self._answer(response, _response_headers(raw))
 
@@ -68,12 +71,16 @@ class LiteLLMTransport:
         message = getattr(choice, "message", None)
         usage = getattr(response, "usage", None)
         read, written = cache_figures(usage)
-        return Answer(getattr(message, "content", None) or "",
-                      getattr(choice, "finish_reason", None),
-                      int(getattr(usage, "prompt_tokens", 0) or 0),
-                      int(getattr(usage, "completion_tokens", 0) or 0), read, written,
-                      _cost_of(response, self.litellm),
-                      headers if headers is not None else _response_headers(response))
+        return Answer(
+            getattr(message, "content", None) or "",
+            getattr(choice, "finish_reason", None),
+            int(getattr(usage, "prompt_tokens", 0) or 0),
+            int(getattr(usage, "completion_tokens", 0) or 0),
+            read,
+            written,
+            _cost_of(response, self.litellm),
+            headers if headers is not None else _response_headers(response),
+        )
 
 
 def _response_headers(response) -> dict | None:

@@ -61,8 +61,9 @@ class ModelUsage:
 
     def add(self, record: CallRecord) -> None:
         self.calls += 1
-        if record.cache_saved_usd is None and (record.cached_input_tokens
-                                               or record.cache_write_tokens):
+        if record.cache_saved_usd is None and (
+            record.cached_input_tokens or record.cache_write_tokens
+        ):
             self.unpriced_savings += 1
         self.cut_off += record.cut_off
         self.cached_input_tokens += record.cached_input_tokens
@@ -102,9 +103,10 @@ class UsageSummary:
         self.by_model.setdefault(record.model, ModelUsage(record.model)).add(record)
         self.total.add(record)
 
-    def copy(self) -> "UsageSummary":
-        return UsageSummary({name: replace(row) for name, row in self.by_model.items()},
-                            replace(self.total))
+    def copy(self) -> UsageSummary:
+        return UsageSummary(
+            {name: replace(row) for name, row in self.by_model.items()}, replace(self.total)
+        )
 
     # Shorthands for the numbers people ask for most.
     @property
@@ -129,16 +131,28 @@ class UsageSummary:
             "total": asdict(self.total),
         }
 
-    _COLUMNS = ("model", "calls", "cache hits", "input tokens", "output tokens",
-                "cost (USD)", "retries", "errors", "cancelled")
+    _COLUMNS = (
+        "model",
+        "calls",
+        "cache hits",
+        "input tokens",
+        "output tokens",
+        "cost (USD)",
+        "retries",
+        "errors",
+        "cancelled",
+    )
 
     @property
     def _columns(self) -> tuple[str, ...]:
         # Rate limits are waited out, not failures; the column shows once they happen.
         # So do the prompt cache's: once a provider served cached input.
-        return (self._COLUMNS + (("rate limited",) if self.total.rate_limited else ())
-                + (("cut off",) if self.total.cut_off else ())
-                + (("cached input", "cache saved") if self._cache_columns else ()))
+        return (
+            self._COLUMNS
+            + (("rate limited",) if self.total.rate_limited else ())
+            + (("cut off",) if self.total.cut_off else ())
+            + (("cached input", "cache saved") if self._cache_columns else ())
+        )
 
     @property
     def _cache_columns(self) -> bool:
@@ -151,14 +165,24 @@ class UsageSummary:
         return rows
 
     def _cells(self, row: ModelUsage) -> tuple[str, ...]:
-        cells = (row.model, str(row.calls), str(row.cache_hits), f"{row.input_tokens:,}",
-                 f"{row.output_tokens:,}", format_cost(row.cost_usd, row.unpriced_calls),
-                 str(row.retries), str(row.errors), str(row.cancelled))
+        cells = (
+            row.model,
+            str(row.calls),
+            str(row.cache_hits),
+            f"{row.input_tokens:,}",
+            f"{row.output_tokens:,}",
+            format_cost(row.cost_usd, row.unpriced_calls),
+            str(row.retries),
+            str(row.errors),
+            str(row.cancelled),
+        )
         cells += (str(row.rate_limited),) if self.total.rate_limited else ()
         cells += (str(row.cut_off),) if self.total.cut_off else ()
         if self._cache_columns:
-            cells += (f"{row.cached_input_tokens:,}",
-                      format_saving(row.cache_saved_usd, row.unpriced_savings))
+            cells += (
+                f"{row.cached_input_tokens:,}",
+                format_saving(row.cache_saved_usd, row.unpriced_savings),
+            )
         return cells
 
     def __repr__(self) -> str:
@@ -166,8 +190,12 @@ class UsageSummary:
             return "No LLM calls yet."
         rows = [self._columns, *self._rows()]
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                           for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
+        lines = [
+            "  ".join(
+                c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))
+            )
+            for r in rows
+        ]
         lines.insert(1, "  ".join("-" * w for w in widths))
         return "\n".join(lines)
 
@@ -176,11 +204,14 @@ class UsageSummary:
             return "<p>No LLM calls yet.</p>"
         head = "".join(f"<th>{html.escape(c)}</th>" for c in self._columns)
         body = "".join(
-            ("<tr class='rlm-total'>" if row[0] == "total" and len(self.by_model) > 1
-             else "<tr>") + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
-            for row in self._rows())
-        return (f"<table class='rlm-usage'><thead><tr>{head}</tr></thead>"
-                f"<tbody>{body}</tbody></table>")
+            ("<tr class='rlm-total'>" if row[0] == "total" and len(self.by_model) > 1 else "<tr>")
+            + "".join(f"<td>{html.escape(c)}</td>" for c in row)
+            + "</tr>"
+            for row in self._rows()
+        )
+        return (
+            f"<table class='rlm-usage'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+        )
 
 
 def format_cost(cost: float | None, unpriced_calls: int = 0) -> str:
@@ -212,7 +243,7 @@ class UsageLedger:
     status panel reads them a few times a second, so neither re-adds the whole history.
     """
 
-    def __init__(self, parent: "UsageLedger | None" = None):
+    def __init__(self, parent: UsageLedger | None = None):
         self.parent = parent
         self._records: list[CallRecord] = []
         self._totals = UsageSummary()

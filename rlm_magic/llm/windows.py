@@ -29,8 +29,11 @@ _WINDOW_IN_MESSAGE = [
     re.compile(r"context (?:length|window|size)(?: limit)? (?:is|of) ([\d,]+)", re.I),
     re.compile(r"prompt is too long: \d+ tokens > ([\d,]+) maximum", re.I),  # Anthropic
 ]
-_CONTEXT_WORDS = re.compile(r"context.(?:length|window|size)|prompt is too long|"
-                            r"exceed_context_size|too many tokens", re.I)
+_CONTEXT_WORDS = re.compile(
+    r"context.(?:length|window|size)|prompt is too long|"
+    r"exceed_context_size|too many tokens",
+    re.I,
+)
 
 # What providers say about the prompt's own size in such an error.
 _PROMPT_IN_MESSAGE = [
@@ -95,8 +98,9 @@ def _number_in_error(exc: BaseException | None, patterns) -> int | None:
     return None
 
 
-def learn_from(exc: BaseException, endpoint: str | None, model: str,
-               messages: list[dict] | None = None) -> int | None:
+def learn_from(
+    exc: BaseException, endpoint: str | None, model: str, messages: list[dict] | None = None
+) -> int | None:
     """Remember the window a context-length error names, and the characters per token
     its count of the prompt shows (``messages``: the prompt refused); returns the
     window."""
@@ -113,8 +117,13 @@ def learn_from(exc: BaseException, endpoint: str | None, model: str,
     return window
 
 
-def learn_usage(model: str, messages: list[dict], input_tokens: int,
-                output_tokens: int = 0, finished: bool = False) -> None:
+def learn_usage(
+    model: str,
+    messages: list[dict],
+    input_tokens: int,
+    output_tokens: int = 0,
+    finished: bool = False,
+) -> None:
     """Learn from a call's usage report: the model's characters per token (prompts
     large enough to say), and how long its finished answers run."""
     if finished and output_tokens > 0:
@@ -144,9 +153,14 @@ def learned_ratio(model: str) -> bool:
     return model in _READ and _READ[model][1] >= 100
 
 
-def input_window(litellm: Any, model: str, endpoint: str | None,
-                 configured: int | None, behind: list[str] = (),
-                 advice: bool = False) -> int | None:
+def input_window(
+    litellm: Any,
+    model: str,
+    endpoint: str | None,
+    configured: int | None,
+    behind: list[str] = (),
+    advice: bool = False,
+) -> int | None:
     """Tokens ``model`` takes as input: ``configured`` (``RLM.context_window``: the
     user knows their setup), else what its server reported, else litellm's model info,
     else what the provider said in an error; None if unknown. ``behind``: the models
@@ -211,12 +225,12 @@ def shortest_answer(max_tokens: int) -> int:
 def estimate_tokens(messages: list[dict], model: str | None = None) -> int:
     """Tokens of a conversation by its characters: cheap, and as right as the model's
     learned characters per token (4 until its usage says)."""
-    return int(_characters(messages) / chars_per_token(model)) + \
-        _MESSAGE_OVERHEAD * len(messages)
+    return int(_characters(messages) / chars_per_token(model)) + _MESSAGE_OVERHEAD * len(messages)
 
 
-async def fit_answer(litellm: Any, model: str, messages: list[dict], window: int,
-                     max_tokens: int) -> int:
+async def fit_answer(
+    litellm: Any, model: str, messages: list[dict], window: int, max_tokens: int
+) -> int:
     """``max_tokens`` to send with this prompt: as asked when prompt and answer fit
     the window, less when only a shorter answer fits (a server would refuse the
     request as asked, or cut it). Raises ``PromptTooLongError`` when not even the
@@ -228,16 +242,22 @@ async def fit_answer(litellm: Any, model: str, messages: list[dict], window: int
     if tokens is None:
         return max_tokens
     if tokens > window - shortest:
-        raise PromptTooLongError(model, tokens, window - shortest, window=window,
-                                 max_tokens=max_tokens,
-                                 chars_per_token=chars_per_token(model))
+        raise PromptTooLongError(
+            model,
+            tokens,
+            window - shortest,
+            window=window,
+            max_tokens=max_tokens,
+            chars_per_token=chars_per_token(model),
+        )
     # An estimate may be short by a few percent: leave that much of the window free.
     margin = 0 if tokens <= 0 else max(8, tokens // 20)
     return max(shortest, min(max_tokens, window - tokens - margin))
 
 
-async def prompt_tokens_over(litellm: Any, model: str, messages: list[dict],
-                             room: int) -> int | None:
+async def prompt_tokens_over(
+    litellm: Any, model: str, messages: list[dict], room: int
+) -> int | None:
     """The prompt's tokens when they are over ``room``, else None.
 
     Clear cases are decided by the estimate; a prompt near the limit is counted

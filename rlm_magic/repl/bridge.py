@@ -39,11 +39,18 @@ def frame(message: dict) -> bytes:
 def _dumps(message: dict, encode_string) -> str:
     """ASCII JSON whose strings hold no literal quote, comma or opening bracket (they
     are written as \\u escapes), so ``count_values`` counts its values exactly."""
+
     def text(value: str) -> str:
         inner = encode_string(value)[1:-1]
         # Every quote left in `inner` follows the backslash that escapes it.
-        return ('"' + inner.replace('"', "u0022").replace(",", "\\u002c")
-                .replace("[", "\\u005b").replace("{", "\\u007b") + '"')
+        return (
+            '"'
+            + inner.replace('"', "u0022")
+            .replace(",", "\\u002c")
+            .replace("[", "\\u005b")
+            .replace("{", "\\u007b")
+            + '"'
+        )
 
     make = json.encoder.c_make_encoder or json.encoder._make_iterencode
     if json.encoder.c_make_encoder is not None:
@@ -68,8 +75,9 @@ def pickle_frame_header(length: int) -> bytes:
     return HEADER.pack(PICKLE, length)
 
 
-def parse_header(header: bytes, limit: int | None = MAX_FROM_SANDBOX,
-                 kinds: tuple[bytes, ...] = (JSON,)) -> tuple[bytes, int]:
+def parse_header(
+    header: bytes, limit: int | None = MAX_FROM_SANDBOX, kinds: tuple[bytes, ...] = (JSON,)
+) -> tuple[bytes, int]:
     kind, length = HEADER.unpack(header)
     if kind not in kinds:
         raise BridgeError(f"unexpected frame kind {kind!r}")
@@ -83,8 +91,7 @@ def count_values(body: bytes) -> int:
     value but the first follows a comma or an opening bracket, or is a string. ``frame``
     escapes these characters inside strings, so for its frames the count is exact and a
     long text with many commas is one value; a hand-made frame can only count high."""
-    return (body.count(b",") + body.count(b"[") + body.count(b"{")
-            + body.count(b'"') // 2 + 1)
+    return body.count(b",") + body.count(b"[") + body.count(b"{") + body.count(b'"') // 2 + 1
 
 
 class BodyCheck:
@@ -106,8 +113,10 @@ class BodyCheck:
 def oversize(body: bytes) -> str | None:
     """Why the kernel would refuse this frame body, or None."""
     if len(body) > MAX_FROM_SANDBOX:
-        return (f"a {len(body):,}-byte message, over the {MAX_FROM_SANDBOX:,}-byte limit "
-                "of the sandbox's bridge")
+        return (
+            f"a {len(body):,}-byte message, over the {MAX_FROM_SANDBOX:,}-byte limit "
+            "of the sandbox's bridge"
+        )
     values = count_values(body)
     if values > MAX_VALUES:
         return f"a message of {values:,} JSON values, over the bridge's {MAX_VALUES:,}"

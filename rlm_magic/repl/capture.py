@@ -22,7 +22,8 @@ import sys
 import threading
 
 _target: contextvars.ContextVar[io.TextIOBase | None] = contextvars.ContextVar(
-    "rlm_capture_target", default=None)
+    "rlm_capture_target", default=None
+)
 _lock = threading.Lock()
 _active = 0
 _saved: tuple = ()

@@ -23,7 +23,8 @@ import io
 import itertools
 import threading
 import time
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from .capture import OutputSink, routing_installed
 from .steps import (
@@ -69,9 +70,12 @@ class AsyncREPL:
     KILL_INTERVAL_S = 0.1
     KILL_FOR_S = 10.0
 
-    def __init__(self, namespace: dict[str, Any],
-                 helpers: dict[str, Callable[..., Awaitable[Any]]],
-                 loop: asyncio.AbstractEventLoop | None = None):
+    def __init__(
+        self,
+        namespace: dict[str, Any],
+        helpers: dict[str, Callable[..., Awaitable[Any]]],
+        loop: asyncio.AbstractEventLoop | None = None,
+    ):
         self.namespace = namespace
         self.loop = loop or asyncio.get_running_loop()
         self.helper_names = set(helpers)
@@ -81,8 +85,13 @@ class AsyncREPL:
         self._closed = False
         self.last_output: StepOutput | None = None
         self._sink = OutputSink()
-        install_helpers(namespace, list(helpers), self._submit_call,
-                        refuse=lambda: _on_loop_thread(self.loop), templates=helpers)
+        install_helpers(
+            namespace,
+            list(helpers),
+            self._submit_call,
+            refuse=lambda: _on_loop_thread(self.loop),
+            templates=helpers,
+        )
         self._helpers = helpers
 
     # -- serving helpers from the worker threads ---------------------------------------
@@ -130,9 +139,12 @@ class AsyncREPL:
             return output
 
         done: asyncio.Future = self.loop.create_future()
-        step.thread = threading.Thread(target=self._execute, name=f"rlm-step-{step.id}",
-                                       args=(step, compiled, buffer, output, done),
-                                       daemon=True)
+        step.thread = threading.Thread(
+            target=self._execute,
+            name=f"rlm-step-{step.id}",
+            args=(step, compiled, buffer, output, done),
+            daemon=True,
+        )
         self._current = step
         try:
             with routing_installed():
@@ -144,8 +156,9 @@ class AsyncREPL:
                     # Give the thread a moment to unwind so its last output is kept.
                     await asyncio.wait([done], timeout=0.5)
                     output.timed_out = True
-                    output.error = (f"TimeoutError: this step ran longer than "
-                                    f"{timeout:g}s and was stopped")
+                    output.error = (
+                        f"TimeoutError: this step ran longer than {timeout:g}s and was stopped"
+                    )
                 except BaseException:
                     self._stop(step)
                     output.error = "KeyboardInterrupt: the run was interrupted"
@@ -156,8 +169,9 @@ class AsyncREPL:
             output.elapsed_s = time.perf_counter() - started
         return output
 
-    def _execute(self, step: _Step, compiled, buffer, output: StepOutput,
-                 done: asyncio.Future) -> None:
+    def _execute(
+        self, step: _Step, compiled, buffer, output: StepOutput, done: asyncio.Future
+    ) -> None:
         ident = threading.get_ident()
         try:
             with self._lock:
@@ -199,8 +213,13 @@ class AsyncREPL:
         for future in pending:
             future.cancel()
         if start_chain:
-            _kill_chain(self.loop, self._lock, step, time.monotonic() + self.KILL_FOR_S,
-                        self.KILL_INTERVAL_S)
+            _kill_chain(
+                self.loop,
+                self._lock,
+                step,
+                time.monotonic() + self.KILL_FOR_S,
+                self.KILL_INTERVAL_S,
+            )
 
     # -- what the engine reads (async, like the sandbox's, which has to ask) ---------
     async def final_var(self, name: str) -> str | None:
@@ -236,8 +255,7 @@ class AsyncREPL:
             self._stop(step)
 
 
-def _kill_chain(loop, lock: threading.Lock, step: _Step, deadline: float,
-                interval: float) -> None:
+def _kill_chain(loop, lock: threading.Lock, step: _Step, deadline: float, interval: float) -> None:
     """Inject StepInterrupted into the step's live threads, then come back. Holds only
     the step (not the REPL and its namespace), and ends by the deadline."""
     alive = False
@@ -248,7 +266,8 @@ def _kill_chain(loop, lock: threading.Lock, step: _Step, deadline: float,
             if thread.is_alive() and thread.ident is not None:
                 alive = True
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(
-                    ctypes.c_ulong(thread.ident), ctypes.py_object(StepInterrupted))
+                    ctypes.c_ulong(thread.ident), ctypes.py_object(StepInterrupted)
+                )
     if alive and time.monotonic() < deadline:
         try:
             loop.call_later(interval, _kill_chain, loop, lock, step, deadline, interval)

@@ -35,9 +35,9 @@ Standard library only: the worker imports this.
 from __future__ import annotations
 
 import ctypes
-import resource
 import errno
 import os
+import resource
 import signal
 import struct
 import sys
@@ -51,27 +51,81 @@ LAYERS = ("user", "pid", "filesystem", "network", "syscalls", "processes", "memo
 REQUIRED_LAYERS = ("user", "pid", "filesystem", "network", "syscalls", "processes")
 
 # -- the policy: what the sandbox may read, write and call ------------------------------
-SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
-                "/etc/ld.so.cache", "/etc/localtime")
+SYSTEM_PATHS = (
+    "/usr",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/etc/ld.so.cache",
+    "/etc/localtime",
+)
 DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 
 DENIED_SYSCALLS = (
     # no new sockets (the bridge is inherited; socketpair stays: asyncio needs it)
-    "socket", "connect", "bind", "listen", "accept", "accept4",
+    "socket",
+    "connect",
+    "bind",
+    "listen",
+    "accept",
+    "accept4",
     # no reaching into other processes
-    "ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "kcmp",
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "pidfd_getfd",
+    "kcmp",
     # no new namespaces or mounts
-    "setns", "unshare", "mount", "umount2", "pivot_root", "chroot", "open_tree",
-    "move_mount", "fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr",
+    "setns",
+    "unshare",
+    "mount",
+    "umount2",
+    "pivot_root",
+    "chroot",
+    "open_tree",
+    "move_mount",
+    "fsopen",
+    "fsconfig",
+    "fsmount",
+    "fspick",
+    "mount_setattr",
     # kernel interfaces a REPL never needs
-    "keyctl", "add_key", "request_key", "bpf", "perf_event_open", "userfaultfd",
-    "io_uring_setup", "io_uring_enter", "io_uring_register", "open_by_handle_at",
-    "name_to_handle_at", "fanotify_init", "kexec_load", "kexec_file_load", "init_module",
-    "finit_module", "delete_module", "swapon", "swapoff", "reboot", "syslog", "acct",
-    "quotactl", "settimeofday", "clock_settime", "clock_adjtime", "adjtimex",
-    "lookup_dcookie", "vhangup", "personality",
+    "keyctl",
+    "add_key",
+    "request_key",
+    "bpf",
+    "perf_event_open",
+    "userfaultfd",
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
+    "open_by_handle_at",
+    "name_to_handle_at",
+    "fanotify_init",
+    "kexec_load",
+    "kexec_file_load",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "swapon",
+    "swapoff",
+    "reboot",
+    "syslog",
+    "acct",
+    "quotactl",
+    "settimeofday",
+    "clock_settime",
+    "clock_adjtime",
+    "adjtimex",
+    "lookup_dcookie",
+    "vhangup",
+    "personality",
     # memory that no address-space limit counts (a memfd's pages live in no mapping)
-    "memfd_create", "memfd_secret",
+    "memfd_create",
+    "memfd_secret",
 )
 
 
@@ -88,26 +142,38 @@ class Policy:
     host_maps_ids: bool = False  # the kernel (root) maps the sandbox to SANDBOX_UID
 
 
-def policy_for(workdir: str, *, memory_mb: int | None, max_processes: int,
-               disk_mb: int, host_maps_ids: bool) -> Policy:
+def policy_for(
+    workdir: str, *, memory_mb: int | None, max_processes: int, disk_mb: int, host_maps_ids: bool
+) -> Policy:
     """The default policy: the interpreter, its standard library and installed
     packages, and the worker's code, all read-only."""
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
     # Installed packages, wherever they live, but not the notebook's own folder (an
     # absolute sys.path entry in some kernels): that is where `.env` files are.
-    installed = [p for p in sys.path if os.path.isabs(p) and (
-        os.path.basename(p.rstrip("/")) in ("site-packages", "dist-packages")
-        or any(p.startswith(prefix.rstrip("/") + "/") for prefix in prefixes))]
-    python = [*prefixes, os.path.dirname(os.path.realpath(sys.executable)), *installed,
-              package]
+    installed = [
+        p
+        for p in sys.path
+        if os.path.isabs(p)
+        and (
+            os.path.basename(p.rstrip("/")) in ("site-packages", "dist-packages")
+            or any(p.startswith(prefix.rstrip("/") + "/") for prefix in prefixes)
+        )
+    ]
+    python = [*prefixes, os.path.dirname(os.path.realpath(sys.executable)), *installed, package]
     read_only: list[str] = []
     for path in (*SYSTEM_PATHS, *python):
         path = os.path.normpath(path)
         if path != "/" and os.path.lexists(path) and not _covered(path, read_only):
             read_only.append(path)
-    return Policy(workdir=workdir, read_only=read_only, memory_mb=memory_mb,
-                  max_processes=max_processes, disk_mb=disk_mb, host_maps_ids=host_maps_ids)
+    return Policy(
+        workdir=workdir,
+        read_only=read_only,
+        memory_mb=memory_mb,
+        max_processes=max_processes,
+        disk_mb=disk_mb,
+        host_maps_ids=host_maps_ids,
+    )
 
 
 def _covered(path: str, bound: list[str]) -> bool:
@@ -142,8 +208,15 @@ CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS = 0x00020000, 0x02000000, 0x04000000
 CLONE_NEWIPC, CLONE_NEWUSER = 0x08000000, 0x10000000
 CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWTIME = 0x20000000, 0x40000000, 0x00000080
 # (clone's low byte is its exit signal, so CLONE_NEWTIME, clone3-only, is left out)
-_NAMESPACE_FLAGS = (CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC
-                    | CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET)
+_NAMESPACE_FLAGS = (
+    CLONE_NEWNS
+    | CLONE_NEWCGROUP
+    | CLONE_NEWUTS
+    | CLONE_NEWIPC
+    | CLONE_NEWUSER
+    | CLONE_NEWPID
+    | CLONE_NEWNET
+)
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MS_NOATIME, MS_NODIRATIME, MS_RELATIME, MS_STRICTATIME = 1024, 2048, 1 << 21, 1 << 24
@@ -158,29 +231,125 @@ _SECUREBITS = 0x01 | 0x02 | 0x04 | 0x08 | 0x20
 
 # Syscall numbers per architecture, for the names the filter and this module use.
 _X86_64 = dict(
-    socket=41, connect=42, accept=43, bind=49, listen=50, accept4=288, ptrace=101,
-    process_vm_readv=310, process_vm_writev=311, pidfd_getfd=438, kcmp=312, setns=308,
-    unshare=272, mount=165, umount2=166, pivot_root=155, chroot=161, open_tree=428,
-    move_mount=429, fsopen=430, fsconfig=431, fsmount=432, fspick=433, mount_setattr=442,
-    keyctl=250, add_key=248, request_key=249, bpf=321, perf_event_open=298,
-    userfaultfd=323, io_uring_setup=425, io_uring_enter=426, io_uring_register=427,
-    open_by_handle_at=304, name_to_handle_at=303, fanotify_init=300, kexec_load=246,
-    kexec_file_load=320, init_module=175, finit_module=313, delete_module=176, swapon=167,
-    swapoff=168, reboot=169, syslog=103, acct=163, quotactl=179, settimeofday=164,
-    clock_settime=227, clock_adjtime=305, adjtimex=159, lookup_dcookie=212, vhangup=153,
-    personality=135, clone=56, clone3=435, memfd_create=319, memfd_secret=447)
+    socket=41,
+    connect=42,
+    accept=43,
+    bind=49,
+    listen=50,
+    accept4=288,
+    ptrace=101,
+    process_vm_readv=310,
+    process_vm_writev=311,
+    pidfd_getfd=438,
+    kcmp=312,
+    setns=308,
+    unshare=272,
+    mount=165,
+    umount2=166,
+    pivot_root=155,
+    chroot=161,
+    open_tree=428,
+    move_mount=429,
+    fsopen=430,
+    fsconfig=431,
+    fsmount=432,
+    fspick=433,
+    mount_setattr=442,
+    keyctl=250,
+    add_key=248,
+    request_key=249,
+    bpf=321,
+    perf_event_open=298,
+    userfaultfd=323,
+    io_uring_setup=425,
+    io_uring_enter=426,
+    io_uring_register=427,
+    open_by_handle_at=304,
+    name_to_handle_at=303,
+    fanotify_init=300,
+    kexec_load=246,
+    kexec_file_load=320,
+    init_module=175,
+    finit_module=313,
+    delete_module=176,
+    swapon=167,
+    swapoff=168,
+    reboot=169,
+    syslog=103,
+    acct=163,
+    quotactl=179,
+    settimeofday=164,
+    clock_settime=227,
+    clock_adjtime=305,
+    adjtimex=159,
+    lookup_dcookie=212,
+    vhangup=153,
+    personality=135,
+    clone=56,
+    clone3=435,
+    memfd_create=319,
+    memfd_secret=447,
+)
 _AARCH64 = dict(
-    socket=198, connect=203, accept=202, bind=200, listen=201, accept4=242, ptrace=117,
-    process_vm_readv=270, process_vm_writev=271, pidfd_getfd=438, kcmp=272, setns=268,
-    unshare=97, mount=40, umount2=39, pivot_root=41, chroot=51, open_tree=428,
-    move_mount=429, fsopen=430, fsconfig=431, fsmount=432, fspick=433, mount_setattr=442,
-    keyctl=219, add_key=217, request_key=218, bpf=280, perf_event_open=241,
-    userfaultfd=282, io_uring_setup=425, io_uring_enter=426, io_uring_register=427,
-    open_by_handle_at=265, name_to_handle_at=264, fanotify_init=262, kexec_load=104,
-    kexec_file_load=294, init_module=105, finit_module=273, delete_module=106, swapon=224,
-    swapoff=225, reboot=142, syslog=116, acct=89, quotactl=60, settimeofday=170,
-    clock_settime=112, clock_adjtime=266, adjtimex=171, lookup_dcookie=18, vhangup=58,
-    personality=92, clone=220, clone3=435, memfd_create=279, memfd_secret=447)
+    socket=198,
+    connect=203,
+    accept=202,
+    bind=200,
+    listen=201,
+    accept4=242,
+    ptrace=117,
+    process_vm_readv=270,
+    process_vm_writev=271,
+    pidfd_getfd=438,
+    kcmp=272,
+    setns=268,
+    unshare=97,
+    mount=40,
+    umount2=39,
+    pivot_root=41,
+    chroot=51,
+    open_tree=428,
+    move_mount=429,
+    fsopen=430,
+    fsconfig=431,
+    fsmount=432,
+    fspick=433,
+    mount_setattr=442,
+    keyctl=219,
+    add_key=217,
+    request_key=218,
+    bpf=280,
+    perf_event_open=241,
+    userfaultfd=282,
+    io_uring_setup=425,
+    io_uring_enter=426,
+    io_uring_register=427,
+    open_by_handle_at=265,
+    name_to_handle_at=264,
+    fanotify_init=262,
+    kexec_load=104,
+    kexec_file_load=294,
+    init_module=105,
+    finit_module=273,
+    delete_module=106,
+    swapon=224,
+    swapoff=225,
+    reboot=142,
+    syslog=116,
+    acct=89,
+    quotactl=60,
+    settimeofday=170,
+    clock_settime=112,
+    clock_adjtime=266,
+    adjtimex=171,
+    lookup_dcookie=18,
+    vhangup=58,
+    personality=92,
+    clone=220,
+    clone3=435,
+    memfd_create=279,
+    memfd_secret=447,
+)
 # (audit arch, syscall table, first number of a foreign ABI sharing the arch, or None)
 _ARCHES = {"x86_64": (0xC000003E, _X86_64, 0x40000000), "aarch64": (0xC00000B7, _AARCH64, None)}
 
@@ -188,11 +357,21 @@ _ARCHES = {"x86_64": (0xC000003E, _X86_64, 0x40000000), "aarch64": (0xC00000B7, 
 def _libc():
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
-    libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
-                           ctypes.c_ulong, ctypes.c_char_p)
+    libc.mount.argtypes = (
+        ctypes.c_char_p,
+        ctypes.c_char_p,
+        ctypes.c_char_p,
+        ctypes.c_ulong,
+        ctypes.c_char_p,
+    )
     libc.umount2.argtypes = (ctypes.c_char_p, ctypes.c_int)
-    libc.prctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
-                           ctypes.c_ulong)
+    libc.prctl.argtypes = (
+        ctypes.c_int,
+        ctypes.c_ulong,
+        ctypes.c_ulong,
+        ctypes.c_ulong,
+        ctypes.c_ulong,
+    )
     return libc
 
 
@@ -232,8 +411,9 @@ class Confinement:
                 self.report.refused(layer, self.off or f"Linux only (this is {sys.platform})")
             return False
         self._prepare_sources()
-        flags = (CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
-                 | CLONE_NEWPID)
+        flags = (
+            CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWPID
+        )
         if self.libc.unshare(flags) != 0:
             why = os.strerror(ctypes.get_errno())
             for layer in ("user", "pid", "filesystem", "network"):
@@ -261,8 +441,9 @@ class Confinement:
                 continue  # not on this machine
             tree = None
             if clone:
-                tree = self.libc.syscall(_syscall("open_tree"), -100, path.encode(),
-                                         OPEN_TREE_CLONE | os.O_CLOEXEC)
+                tree = self.libc.syscall(
+                    _syscall("open_tree"), -100, path.encode(), OPEN_TREE_CLONE | os.O_CLOEXEC
+                )
                 if tree < 0:  # a kernel before 5.2: the sandbox keeps this user's ids
                     self._close_sources()
                     return self._prepare_sources(clone=False)
@@ -288,8 +469,9 @@ class Confinement:
             return
         self.report.layers["user"] = True
         if not mapped_by_host and _is_host_root():
-            self.report.notes["user"] = ("its root is the real root, without any "
-                                         "capability (the kernel could not map it)")
+            self.report.notes["user"] = (
+                "its root is the real root, without any capability (the kernel could not map it)"
+            )
         self.libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
 
     def fork_into_pid_namespace(self, bridge_fd: int) -> None:
@@ -326,35 +508,59 @@ class Confinement:
         libc, policy = self.libc, self.policy
         _check(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "making / private")
         root = policy.workdir.encode()  # an empty folder of the kernel's: our new root
-        _check(libc.mount(b"tmpfs", root, b"tmpfs", MS_NOSUID | MS_NODEV,
-                          b"mode=0755,size=1m,nr_inodes=4096"), "mounting the root tmpfs")
+        _check(
+            libc.mount(
+                b"tmpfs", root, b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=0755,size=1m,nr_inodes=4096"
+            ),
+            "mounting the root tmpfs",
+        )
         for path in policy.read_only:
             self._bind(path, root)
         _makedirs(root, "/dev")
         for path in policy.devices:
             self._bind(path, root, device=True)
         _makedirs(root, "/dev/shm")  # its own (multiprocessing's semaphores live there)
-        _check(libc.mount(b"tmpfs", root + b"/dev/shm", b"tmpfs",
-                          MS_NOSUID | MS_NODEV | MS_NOEXEC,
-                          f"mode=1777,size={min(policy.disk_mb, 64)}m".encode()),
-               "mounting /dev/shm")
+        _check(
+            libc.mount(
+                b"tmpfs",
+                root + b"/dev/shm",
+                b"tmpfs",
+                MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                f"mode=1777,size={min(policy.disk_mb, 64)}m".encode(),
+            ),
+            "mounting /dev/shm",
+        )
         work = root + policy.workdir.encode()
         _makedirs(root, policy.workdir)
-        _check(libc.mount(b"tmpfs", work, b"tmpfs", MS_NOSUID | MS_NODEV,
-                          f"mode=0700,size={policy.disk_mb}m".encode()),
-               "mounting the working folder")
+        _check(
+            libc.mount(
+                b"tmpfs",
+                work,
+                b"tmpfs",
+                MS_NOSUID | MS_NODEV,
+                f"mode=0700,size={policy.disk_mb}m".encode(),
+            ),
+            "mounting the working folder",
+        )
         _makedirs(root, "/proc")
-        if libc.mount(b"proc", root + b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC,
-                      None) != 0:
-            self.report.notes["filesystem"] = ("no /proc: the OS refused one for the "
-                                               "sandbox's PID namespace")
+        if (
+            libc.mount(b"proc", root + b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+            != 0
+        ):
+            self.report.notes["filesystem"] = (
+                "no /proc: the OS refused one for the sandbox's PID namespace"
+            )
         os.chdir(root)
         os.mkdir(".old-root")
         _check(libc.syscall(_syscall("pivot_root"), b".", b".old-root"), "pivot_root")
         _check(libc.umount2(b"/.old-root", MNT_DETACH), "detaching the old root")
         os.rmdir("/.old-root")
-        _check(libc.mount(None, b"/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID
-                          | MS_NODEV, None), "making the root read-only")
+        _check(
+            libc.mount(
+                None, b"/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, None
+            ),
+            "making the root read-only",
+        )
         os.chdir(policy.workdir)
 
     def _bind(self, path: str, root: bytes, device: bool = False) -> None:
@@ -376,12 +582,17 @@ class Confinement:
                 with open(target, "wb"):
                     pass
         if tree is not None:
-            _check(0 if self.libc.syscall(_syscall("move_mount"), tree, b"", -100, target,
-                                          MOVE_MOUNT_F_EMPTY_PATH) == 0 else -1,
-                   f"attaching {path}")
+            _check(
+                0
+                if self.libc.syscall(
+                    _syscall("move_mount"), tree, b"", -100, target, MOVE_MOUNT_F_EMPTY_PATH
+                )
+                == 0
+                else -1,
+                f"attaching {path}",
+            )
         else:
-            _check(self.libc.mount(path.encode(), target, None, MS_BIND, None),
-                   f"binding {path}")
+            _check(self.libc.mount(path.encode(), target, None, MS_BIND, None), f"binding {path}")
         flags = MS_REMOUNT | MS_BIND | MS_NOSUID | locked
         flags |= MS_NOEXEC if device else MS_NODEV | MS_RDONLY
         _check(self.libc.mount(None, target, None, flags, None), f"remounting {path}")
@@ -404,8 +615,9 @@ class Confinement:
             try:
                 resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
                 self.report.layers["memory"] = True
-                self.report.notes["memory"] = (f"{policy.memory_mb} MB of address space "
-                                               "per process, not for the whole sandbox")
+                self.report.notes["memory"] = (
+                    f"{policy.memory_mb} MB of address space per process, not for the whole sandbox"
+                )
             except (ValueError, OSError) as exc:
                 self.report.refused("memory", f"no address-space limit here ({exc})")
         else:
@@ -417,8 +629,10 @@ class Confinement:
             return
         if _is_host_root():
             # The kernel exempts the real root user from RLIMIT_NPROC.
-            self.report.refused("processes", "the sandbox runs as the real root user, "
-                                             "whom RLIMIT_NPROC does not bind")
+            self.report.refused(
+                "processes",
+                "the sandbox runs as the real root user, whom RLIMIT_NPROC does not bind",
+            )
             return
         try:
             count = int(policy.max_processes)
@@ -434,14 +648,19 @@ class Confinement:
             return
         libc.prctl(PR_SET_SECUREBITS, _SECUREBITS, 0, 0, 0)  # needs CAP_SETPCAP: first
         for cap in range(64):
-            if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and \
-                    ctypes.get_errno() == errno.EINVAL:
+            if (
+                libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0
+                and ctypes.get_errno() == errno.EINVAL
+            ):
                 break
         libc.prctl(PR_CAP_AMBIENT, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL
         header = struct.pack("=Ii", 0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, self
         data = bytes(24)  # effective, permitted, inheritable: empty (two 32-bit words)
-        libc.syscall(126 if _arch() and _arch()[1] is _X86_64 else 91,
-                     ctypes.c_char_p(header), ctypes.c_char_p(data))  # capset
+        libc.syscall(
+            126 if _arch() and _arch()[1] is _X86_64 else 91,
+            ctypes.c_char_p(header),
+            ctypes.c_char_p(data),
+        )  # capset
         libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # cleared by id changes
 
@@ -474,8 +693,11 @@ class Confinement:
             rules += [(path, 0, 2 | 4 | truncate) for path in self.policy.devices]
             rules.append((self.policy.workdir, handled, handled & (1 | 2 | 4 | 1 << 14)))
             if viewed:  # its own root (names only, below), /proc and /dev/shm
-                rules += [("/", 8, 0), ("/proc", read_dir, read_file),
-                          ("/dev/shm", handled, handled & (1 | 2 | 4 | 1 << 14))]
+                rules += [
+                    ("/", 8, 0),
+                    ("/proc", read_dir, read_file),
+                    ("/dev/shm", handled, handled & (1 | 2 | 4 | 1 << 14)),
+                ]
             for path, on_dir, on_file in rules:
                 self._landlock_rule(ruleset, path, on_dir, on_file)
             if libc.syscall(_LANDLOCK_RESTRICT_SELF, ruleset, 0) != 0:
@@ -490,8 +712,9 @@ class Confinement:
             self.report.notes["pid"] += "; other processes cannot be signalled (Landlock)"
         why = self.report.notes.get("filesystem") or "no mount namespace"
         self.report.layers["filesystem"] = True
-        self.report.notes["filesystem"] = (f"Landlock ABI {abi} only: the host's paths, "
-                                           f"read-only where the policy allows ({why})")
+        self.report.notes["filesystem"] = (
+            f"Landlock ABI {abi} only: the host's paths, read-only where the policy allows ({why})"
+        )
 
     def _landlock_rule(self, ruleset: int, path: str, on_dir: int, on_file: int) -> None:
         try:
@@ -499,8 +722,11 @@ class Confinement:
         except OSError:
             return  # not on this machine
         try:
-            allowed = on_dir if os.path.isdir(f"/proc/self/fd/{fd}") or (
-                on_dir and os.path.isdir(path)) else on_file
+            allowed = (
+                on_dir
+                if os.path.isdir(f"/proc/self/fd/{fd}") or (on_dir and os.path.isdir(path))
+                else on_file
+            )
             attr = struct.pack("=Qi", allowed, fd)
             self.libc.syscall(_LANDLOCK_ADD_RULE, ruleset, 1, ctypes.c_char_p(attr), 0)
         finally:
@@ -510,15 +736,18 @@ class Confinement:
         """Only news where the mount view did not hold: then nothing limits files."""
         if not self.report.layers["filesystem"]:
             before = self.report.notes.get("filesystem") or "no mount namespace"
-            self.report.notes["filesystem"] = (f"{before}; and Landlock is {why}"
-                                               if why.startswith("not") else
-                                               f"{before}; and Landlock refused: {why}")
+            self.report.notes["filesystem"] = (
+                f"{before}; and Landlock is {why}"
+                if why.startswith("not")
+                else f"{before}; and Landlock refused: {why}"
+            )
 
     # -- 6. syscalls -----------------------------------------------------------------------
     def filter_syscalls(self) -> None:
         if self.libc is None:
-            self.report.refused("syscalls",
-                                self.off or f"seccomp is Linux-only (this is {sys.platform})")
+            self.report.refused(
+                "syscalls", self.off or f"seccomp is Linux-only (this is {sys.platform})"
+            )
             return
         arch = _arch()
         if arch is None:
@@ -533,8 +762,9 @@ class Confinement:
         fprog = SockFprog(len(program) // 8, ctypes.addressof(filters))
         self.libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
         if self.libc.prctl(PR_SET_SECCOMP, 2, ctypes.addressof(fprog), 0, 0) != 0:
-            self.report.refused("syscalls", "seccomp refused the filter "
-                                            f"({os.strerror(ctypes.get_errno())})")
+            self.report.refused(
+                "syscalls", f"seccomp refused the filter ({os.strerror(ctypes.get_errno())})"
+            )
             return
         self.report.layers["syscalls"] = True
 
@@ -546,8 +776,9 @@ class Confinement:
             self.report.layers["network"] = True
         elif self.report.layers["syscalls"]:
             self.report.layers["network"] = True
-            self.report.notes["network"] = ("no network namespace, but no new socket "
-                                            "either (seccomp)")
+            self.report.notes["network"] = (
+                "no network namespace, but no new socket either (seccomp)"
+            )
 
 
 def seccomp_program(audit_arch: int, table: dict[str, int], foreign: int | None) -> bytes:
@@ -558,13 +789,16 @@ def seccomp_program(audit_arch: int, table: dict[str, int], foreign: int | None)
     ALLOW, KILL = 0x7FFF0000, 0x80000000
     EPERM, ENOSYS = 0x00050000 | errno.EPERM, 0x00050000 | errno.ENOSYS
     denied = [table[name] for name in DENIED_SYSCALLS if name in table]
-    code: list[tuple] = [(LD, 0, 0, 4), (JEQ, 1, 0, audit_arch), (RET, 0, 0, KILL),
-                         (LD, 0, 0, 0)]
+    code: list[tuple] = [(LD, 0, 0, 4), (JEQ, 1, 0, audit_arch), (RET, 0, 0, KILL), (LD, 0, 0, 0)]
     if foreign is not None:
         code.append((JGE, "deny", 0, foreign))
     code += [(JEQ, "deny", 0, nr) for nr in denied]
-    code += [(JEQ, "nosys", 0, table["clone3"]), (JEQ, 0, "allow", table["clone"]),
-             (LD, 0, 0, 16), (JSET, "deny", 0, _NAMESPACE_FLAGS)]
+    code += [
+        (JEQ, "nosys", 0, table["clone3"]),
+        (JEQ, 0, "allow", table["clone"]),
+        (LD, 0, 0, 16),
+        (JSET, "deny", 0, _NAMESPACE_FLAGS),
+    ]
     labels = {"allow": len(code), "deny": len(code) + 1, "nosys": len(code) + 2}
     code += [(RET, 0, 0, ALLOW), (RET, 0, 0, EPERM), (RET, 0, 0, ENOSYS)]
     out = b""

@@ -22,8 +22,9 @@ import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from . import bridge, isolation
 from .steps import StepOutput
@@ -36,11 +37,13 @@ _HELD_LIMIT = 64 * 2**20  # helper calls' messages the kernel holds at once, at 
 _BATCHES = ("llm_query_batch", "llm_query_batched", "rlm_query_batch", "rlm_query_batched")
 # What to do where the OS refuses layers.
 if sys.platform.startswith("linux"):
-    _REMEDY = ("allow unprivileged user namespaces (sysctl "
-               "kernel.unprivileged_userns_clone=1; on Ubuntu 24.04 "
-               "kernel.apparmor_restrict_unprivileged_userns=0, or an AppArmor profile for "
-               "python); in Docker, run with --security-opt seccomp=unconfined or give the "
-               "kernel its own VM")
+    _REMEDY = (
+        "allow unprivileged user namespaces (sysctl "
+        "kernel.unprivileged_userns_clone=1; on Ubuntu 24.04 "
+        "kernel.apparmor_restrict_unprivileged_userns=0, or an AppArmor profile for "
+        "python); in Docker, run with --security-opt seccomp=unconfined or give the "
+        "kernel its own VM"
+    )
 else:
     _REMEDY = "run the kernel on Linux (a VM or a container) for them"
 
@@ -64,18 +67,33 @@ class SandboxRepr(str):
 # The only variables of the kernel's environment the sandbox gets (an allow-list: a
 # deny-list of secret-looking names lets DATABASE_URL or SENTRY_DSN through), plus
 # those named in RLM.sandbox_env. None whose value holds a configured secret.
-ENVIRONMENT_ALLOWED = ("LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_COLLATE", "LC_MESSAGES",
-                       "LC_NUMERIC", "LC_TIME", "LC_MONETARY", "TZ", "TERM")
+ENVIRONMENT_ALLOWED = (
+    "LANG",
+    "LANGUAGE",
+    "LC_ALL",
+    "LC_CTYPE",
+    "LC_COLLATE",
+    "LC_MESSAGES",
+    "LC_NUMERIC",
+    "LC_TIME",
+    "LC_MONETARY",
+    "TZ",
+    "TERM",
+)
 _SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
-def sandbox_environment(secrets: tuple[str | None, ...] = (), workdir: str = "",
-                        names: tuple[str, ...] = ()) -> dict[str, str]:
+def sandbox_environment(
+    secrets: tuple[str | None, ...] = (), workdir: str = "", names: tuple[str, ...] = ()
+) -> dict[str, str]:
     """The sandbox's whole environment: the allowed variables of the kernel's, and a
     PATH, HOME and TMPDIR of its own."""
     secrets = tuple(s for s in secrets if s)
-    env = {name: os.environ[name] for name in (*ENVIRONMENT_ALLOWED, *names)
-           if name in os.environ and not any(s in os.environ[name] for s in secrets)}
+    env = {
+        name: os.environ[name]
+        for name in (*ENVIRONMENT_ALLOWED, *names)
+        if name in os.environ and not any(s in os.environ[name] for s in secrets)
+    }
     env.update(PATH=_SAFE_PATH, HOME=workdir, TMPDIR=workdir)
     return env
 
@@ -140,10 +158,18 @@ class SandboxREPL:
     # Off only in tests and benchmarks: a machine where the OS refuses every layer.
     isolate = True
 
-    def __init__(self, context: Any, helpers: dict[str, Callable[..., Awaitable[Any]]], *,
-                 memory_mb: int | None = 4096, max_output_chars: int = 20_000,
-                 secrets: tuple[str | None, ...] = (), context_names: tuple[str, ...] = (),
-                 settings: Any = None, sub_calls_left: Callable[[], int] | None = None):
+    def __init__(
+        self,
+        context: Any,
+        helpers: dict[str, Callable[..., Awaitable[Any]]],
+        *,
+        memory_mb: int | None = 4096,
+        max_output_chars: int = 20_000,
+        secrets: tuple[str | None, ...] = (),
+        context_names: tuple[str, ...] = (),
+        settings: Any = None,
+        sub_calls_left: Callable[[], int] | None = None,
+    ):
         self.context = context
         # Names the context also goes by (a session's context_0): one copy, many names.
         self.context_names = ("context", *context_names)
@@ -184,12 +210,14 @@ class SandboxREPL:
         try:
             # Off the loop: a large context takes a while to pickle.
             self._pickled = await asyncio.to_thread(
-                pickle.dumps, self.context, pickle.HIGHEST_PROTOCOL)
+                pickle.dumps, self.context, pickle.HIGHEST_PROTOCOL
+            )
         except Exception as exc:  # noqa: BLE001 - any pickling failure, one line
             raise SandboxError(
                 f"the context ({type(self.context).__name__}) cannot be sent to the "
                 f"sandbox: {type(exc).__name__}: {exc}; run with --no-sandbox "
-                "(RLM.sandbox = 'none')") from None
+                "(RLM.sandbox = 'none')"
+            ) from None
         self._starting = self.loop.create_task(self._start())
 
     async def _ready(self) -> _Sandbox:
@@ -208,16 +236,25 @@ class SandboxREPL:
                 self._listener.cancel()
             await old.end()
         if not os.access(_WORKER, os.R_OK):
-            raise SandboxError(f"the sandbox cannot read its own code ({_WORKER}): make "
-                               "the rlm_magic package readable, or run with --no-sandbox")
+            raise SandboxError(
+                f"the sandbox cannot read its own code ({_WORKER}): make "
+                "the rlm_magic package readable, or run with --no-sandbox"
+            )
         workdir = tempfile.mkdtemp(prefix="rlm-sandbox-")
         parent, child = socket.socketpair()
         try:
-            process = subprocess.Popen(
-                [sys.executable, "-I", _WORKER, str(child.fileno())], pass_fds=[child.fileno()],
-                cwd=workdir, env=sandbox_environment(self.secrets, workdir, self.env_names),
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL, start_new_session=True)
+            # Popen on the loop: a fork and exec of a few milliseconds, measured cheaper
+            # than asyncio's subprocess machinery, and the process is waited for in a thread.
+            process = subprocess.Popen(  # noqa: ASYNC220
+                [sys.executable, "-I", _WORKER, str(child.fileno())],
+                pass_fds=[child.fileno()],
+                cwd=workdir,
+                env=sandbox_environment(self.secrets, workdir, self.env_names),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         except OSError as exc:
             parent.close()
             shutil.rmtree(workdir, ignore_errors=True)
@@ -225,12 +262,22 @@ class SandboxREPL:
         finally:
             child.close()
         sandbox = self._sandbox = _Sandbox(process, parent, workdir)
-        policy = isolation.policy_for(workdir, memory_mb=self.memory_mb,
-                                      max_processes=self.max_processes, disk_mb=self.disk_mb,
-                                      host_maps_ids=os.geteuid() == 0)
-        init = bridge.frame({"op": "init", "helpers": sorted(self.helpers),
-                             "context_names": list(self.context_names),
-                             "policy": vars(policy), "isolate": self.isolate})
+        policy = isolation.policy_for(
+            workdir,
+            memory_mb=self.memory_mb,
+            max_processes=self.max_processes,
+            disk_mb=self.disk_mb,
+            host_maps_ids=os.geteuid() == 0,
+        )
+        init = bridge.frame(
+            {
+                "op": "init",
+                "helpers": sorted(self.helpers),
+                "context_names": list(self.context_names),
+                "policy": vars(policy),
+                "isolate": self.isolate,
+            }
+        )
         try:
             # A blocking exchange in a thread: it maps the sandbox's ids between two
             # messages, and moves a large context several times faster than the event
@@ -247,8 +294,9 @@ class SandboxREPL:
         except BaseException as exc:  # cancelled too: no process or folder is left behind
             sandbox.dead = "failed to start"
             await sandbox.end()
-            if isinstance(exc, (bridge.BridgeError, EOFError, OSError,
-                                asyncio.IncompleteReadError)):
+            if isinstance(
+                exc, (bridge.BridgeError, EOFError, OSError, asyncio.IncompleteReadError)
+            ):
                 raise SandboxError(f"the sandbox process did not start: {exc}") from None
             raise
         self._listener = self.loop.create_task(self._listen(sandbox))
@@ -272,12 +320,16 @@ class SandboxREPL:
             return
         why = "; ".join(f"{name}: {notes.get(name, 'refused')}" for name in missing)
         if self.require_isolation:
-            raise SandboxError(f"the sandbox is not fully isolated here ({why}); "
-                               f"RLM.sandbox_require_isolation is set, so the run does not "
-                               f"start. Remedy: {_REMEDY}")
-        _warn_isolation_once(f"the RLM sandbox runs without {', '.join(missing)} "
-                             f"isolation here ({why}); result.isolation says so. To fix: "
-                             f"{_REMEDY}")
+            raise SandboxError(
+                f"the sandbox is not fully isolated here ({why}); "
+                f"RLM.sandbox_require_isolation is set, so the run does not "
+                f"start. Remedy: {_REMEDY}"
+            )
+        _warn_isolation_once(
+            f"the RLM sandbox runs without {', '.join(missing)} "
+            f"isolation here ({why}); result.isolation says so. To fix: "
+            f"{_REMEDY}"
+        )
 
     async def aclose(self) -> None:
         """End the sandbox, however the run ended; no helper call is served again."""
@@ -362,8 +414,9 @@ class SandboxREPL:
         except bridge.BridgeError as exc:
             sandbox.dead = sandbox.dead or f"it broke the bridge protocol: {exc}"
         except Exception as exc:  # noqa: BLE001 - anything odd from the sandbox ends it
-            sandbox.dead = sandbox.dead or (f"it broke the bridge protocol: "
-                                            f"{type(exc).__name__}: {exc}")
+            sandbox.dead = sandbox.dead or (
+                f"it broke the bridge protocol: {type(exc).__name__}: {exc}"
+            )
         sandbox.kill()
         if self._reply is not None and not self._reply.done():
             self._reply.set_exception(SandboxError(sandbox.dead))
@@ -396,8 +449,12 @@ class SandboxREPL:
     def _serve_call(self, sandbox: _Sandbox, message: dict) -> None:
         call_id, name = message.get("id"), message.get("name")
         args, kwargs = message.get("args"), message.get("kwargs")
-        if not (isinstance(call_id, int) and name in self.helpers and isinstance(args, list)
-                and isinstance(kwargs, dict)):
+        if not (
+            isinstance(call_id, int)
+            and name in self.helpers
+            and isinstance(args, list)
+            and isinstance(kwargs, dict)
+        ):
             raise bridge.BridgeError("a malformed helper call")
         if self._closed or self._step is None or message.get("step") != self._step:
             # A stopped step (or a thread outliving it) sends nothing more to a model.
@@ -408,16 +465,25 @@ class SandboxREPL:
         if self._held + size > _HELD_LIMIT:
             # Calls wait for a free slot with their prompts in the kernel's memory: so
             # many that they would hold more than this are refused, not queued.
-            self._send(sandbox, {"op": "result", "id": call_id, "error": (
-                f"RuntimeError: the kernel already holds {self._held / 2**20:.0f} MB of "
-                f"prompts waiting to be sent (at most {_HELD_LIMIT // 2**20} MB): wait "
-                "for answers before sending more")})
+            self._send(
+                sandbox,
+                {
+                    "op": "result",
+                    "id": call_id,
+                    "error": (
+                        f"RuntimeError: the kernel already holds {self._held / 2**20:.0f} MB of "
+                        f"prompts waiting to be sent (at most {_HELD_LIMIT // 2**20} MB): wait "
+                        "for answers before sending more"
+                    ),
+                },
+            )
             return
         try:
             coroutine = self.helpers[name](*args, **kwargs)
         except TypeError as exc:  # wrong arguments: raised in the model's code, as in-process
-            self._send(sandbox, {"op": "result", "id": call_id, "error": str(exc),
-                                 "type": "TypeError"})
+            self._send(
+                sandbox, {"op": "result", "id": call_id, "error": str(exc), "type": "TypeError"}
+            )
             return
         task = self.loop.create_task(coroutine)
         self._calls.add(task)
@@ -432,11 +498,21 @@ class SandboxREPL:
                 self._send(sandbox, {"op": "result", "id": call_id, "stopped": True})
             elif task.exception() is not None:
                 error = task.exception()
-                self._send(sandbox, {"op": "result", "id": call_id,
-                                     "error": f"{type(error).__name__}: {error}"})
+                self._send(
+                    sandbox,
+                    {"op": "result", "id": call_id, "error": f"{type(error).__name__}: {error}"},
+                )
             else:
-                self._send(sandbox, {"op": "result", "id": call_id, "value": task.result(),
-                                     **({"refused": refused} if refused else {})})
+                self._send(
+                    sandbox,
+                    {
+                        "op": "result",
+                        "id": call_id,
+                        "value": task.result(),
+                        **({"refused": refused} if refused else {}),
+                    },
+                )
+
         task.add_done_callback(answer)
 
     def _within_budget(self, name: str, args: list, kwargs: dict):
@@ -464,8 +540,16 @@ class SandboxREPL:
             elif isinstance(where, dict) and isinstance(where.get(index), list):
                 where[index] = where[index][:left]
         limit = getattr(self.settings, "max_sub_calls", None)
-        return args, kwargs, {"count": len(prompts) - left, "error": (
-            f"Error: max_sub_calls={limit} reached for this run; no request was sent")}
+        return (
+            args,
+            kwargs,
+            {
+                "count": len(prompts) - left,
+                "error": (
+                    f"Error: max_sub_calls={limit} reached for this run; no request was sent"
+                ),
+            },
+        )
 
     # -- running steps ------------------------------------------------------------------------
     async def run(self, code: str, timeout: float | None = None) -> StepOutput:
@@ -479,14 +563,17 @@ class SandboxREPL:
         reply = self._expect("done")
         self._step = step
         try:
-            self._send(sandbox, {"op": "run", "step": step, "code": code,
-                                 "limit": self.max_output_chars})
+            self._send(
+                sandbox, {"op": "run", "step": step, "code": code, "limit": self.max_output_chars}
+            )
             self._take(output, await asyncio.wait_for(asyncio.shield(reply), timeout))
         except asyncio.TimeoutError:
             await self._stop(sandbox, reply, output)
             output.timed_out = True
-            output.error = (f"TimeoutError: this step ran longer than {timeout:g}s and was "
-                            "stopped" + self._lost_note(sandbox))
+            output.error = (
+                f"TimeoutError: this step ran longer than {timeout:g}s and was "
+                "stopped" + self._lost_note(sandbox)
+            )
         except asyncio.CancelledError:
             try:
                 await self._stop(sandbox, reply, output)
@@ -523,15 +610,20 @@ class SandboxREPL:
         dropped = reply.get("dropped")
         output.dropped_chars = dropped if isinstance(dropped, int) and dropped > 0 else 0
         finish, restored = reply.get("finish"), reply.get("restored")
-        if finish is not None and not (isinstance(finish, list) and len(finish) == 2
-                                       and all(isinstance(x, str) for x in finish)):
+        if finish is not None and not (
+            isinstance(finish, list)
+            and len(finish) == 2
+            and all(isinstance(x, str) for x in finish)
+        ):
             raise bridge.BridgeError("a step result whose finish is not [how, answer]")
         output.finish = finish
-        output.restored = [name for name in restored if isinstance(name, str)][:50] \
-            if isinstance(restored, list) else []
+        output.restored = (
+            [name for name in restored if isinstance(name, str)][:50]
+            if isinstance(restored, list)
+            else []
+        )
 
-    async def _stop(self, sandbox: _Sandbox, reply: asyncio.Future,
-                    output: StepOutput) -> None:
+    async def _stop(self, sandbox: _Sandbox, reply: asyncio.Future, output: StepOutput) -> None:
         """SIGINT first, which keeps the namespace; SIGKILL if the step is still running
         after the grace period. Helper calls in flight are cancelled either way."""
         self._step = None
@@ -540,8 +632,7 @@ class SandboxREPL:
         sandbox.signal(signal.SIGINT)
         stopped = False
         try:
-            self._take(output, await asyncio.wait_for(asyncio.shield(reply),
-                                                      self.STOP_GRACE_S))
+            self._take(output, await asyncio.wait_for(asyncio.shield(reply), self.STOP_GRACE_S))
             stopped = True
         except (asyncio.TimeoutError, SandboxError, bridge.BridgeError):
             pass
@@ -552,13 +643,14 @@ class SandboxREPL:
     def _lost_note(self, sandbox: _Sandbox | None) -> str:
         if sandbox is None or not sandbox.dead:
             return ""
-        return ("\nThe sandbox was restarted for your next step: every variable you made "
-                "is lost; `context` and the helpers are there again.")
+        return (
+            "\nThe sandbox was restarted for your next step: every variable you made "
+            "is lost; `context` and the helpers are there again."
+        )
 
     # -- what the engine reads -----------------------------------------------------------
     async def final_var(self, name: str) -> str | None:
-        value = (await self._request("final_var", "final_var", timeout=30,
-                                     name=name)).get("value")
+        value = (await self._request("final_var", "final_var", timeout=30, name=name)).get("value")
         return value if isinstance(value, str) else None
 
     def rebind(self, helpers: dict[str, Callable[..., Awaitable[Any]]]) -> None:
@@ -571,15 +663,20 @@ class SandboxREPL:
         try:
             pickled = await asyncio.to_thread(pickle.dumps, value, pickle.HIGHEST_PROTOCOL)
         except Exception as exc:  # noqa: BLE001 - any pickling failure, one line
-            raise SandboxError(f"the context ({type(value).__name__}) cannot be sent to the "
-                               f"sandbox: {type(exc).__name__}: {exc}") from None
+            raise SandboxError(
+                f"the context ({type(value).__name__}) cannot be sent to the "
+                f"sandbox: {type(exc).__name__}: {exc}"
+            ) from None
         sandbox = await self._ready()
         if sandbox.dead:
             raise SandboxError(sandbox.dead)
         reply = self._expect("context")
         try:
-            sandbox.writer.write(bridge.frame({"op": "context", "names": names})
-                                 + bridge.pickle_frame_header(len(pickled)) + pickled)
+            sandbox.writer.write(
+                bridge.frame({"op": "context", "names": names})
+                + bridge.pickle_frame_header(len(pickled))
+                + pickled
+            )
             answer = await self._await_reply(reply, "context", 60)
         finally:
             self._reply = None
@@ -591,8 +688,7 @@ class SandboxREPL:
     async def set_variable(self, name: str, value: Any) -> None:
         """Put JSON data into the sandbox's namespace (only ever sent to it, as JSON).
         Framed in a thread: a long conversation (``history``) is megabytes of JSON."""
-        framed = await asyncio.to_thread(bridge.frame, {"op": "set", "name": name,
-                                                        "value": value})
+        framed = await asyncio.to_thread(bridge.frame, {"op": "set", "name": name, "value": value})
         sandbox = await self._ready()
         if sandbox.dead:
             raise SandboxError(sandbox.dead)
@@ -608,8 +704,7 @@ class SandboxREPL:
             return await asyncio.wait_for(asyncio.shield(reply), timeout)
         except asyncio.TimeoutError:
             self._overdue.append(op)  # if it still comes, it is no protocol breach
-            raise SandboxError(f"the sandbox did not answer {op!r} within {timeout:g}s") \
-                from None
+            raise SandboxError(f"the sandbox did not answer {op!r} within {timeout:g}s") from None
 
     async def variable_names(self) -> list[str]:
         names = (await self._request("names", "names", timeout=30)).get("names")
@@ -650,8 +745,9 @@ def _handshake(sock: socket.socket, pid: int, init: bytes, pickled: bytes) -> No
     if message.get("op") != "unshared":
         raise bridge.BridgeError(f"expected 'unshared', got {message.get('op')!r}")
     mapped = message.get("map_ids") is True and _map_ids(pid)
-    sock.sendall(bridge.frame({"op": "ids", "mapped": mapped})
-                 + bridge.pickle_frame_header(len(pickled)))
+    sock.sendall(
+        bridge.frame({"op": "ids", "mapped": mapped}) + bridge.pickle_frame_header(len(pickled))
+    )
     sock.sendall(pickled)
 
 
@@ -659,8 +755,10 @@ def _map_ids(pid: int) -> bool:
     """Map the sandbox's root (uid and gid 0 in its user namespace) to an unprivileged
     id outside. Only a privileged kernel may; the worker maps itself otherwise."""
     try:
-        for name, outside in (("uid_map", isolation.SANDBOX_UID),
-                              ("gid_map", isolation.SANDBOX_GID)):
+        for name, outside in (
+            ("uid_map", isolation.SANDBOX_UID),
+            ("gid_map", isolation.SANDBOX_GID),
+        ):
             with open(f"/proc/{pid}/{name}", "w") as file:
                 file.write(f"0 {outside} 1")
         return True

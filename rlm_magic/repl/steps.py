@@ -17,8 +17,9 @@ import io
 import linecache
 import sys
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from .capture import OutputSink, captured_into
 
@@ -28,16 +29,36 @@ _PRINT_FINAL = "__rlm_print_final__"  # what `print("FINAL(...)")` in model code
 # Put into the namespace afresh before every block: the ways to finish and to look.
 FINISHERS = ("FINAL", "FINAL_VAR", "SHOW_VARS")
 # What every REPL namespace starts with besides the helpers; not "the model's variables".
-PRELOADED = ("context", "answer", "asyncio", "re", "json", *FINISHERS,
-             "history")  # history: the root conversation, filled in when it is compacted
-HELPER_NAMES = ("llm_query", "llm_query_batch", "llm_query_batched", "rlm_query",
-                "rlm_query_batch", "rlm_query_batched")
+PRELOADED = (
+    "context",
+    "answer",
+    "asyncio",
+    "re",
+    "json",
+    *FINISHERS,
+    "history",
+)  # history: the root conversation, filled in when it is compacted
+HELPER_NAMES = (
+    "llm_query",
+    "llm_query_batch",
+    "llm_query_batched",
+    "rlm_query",
+    "rlm_query_batch",
+    "rlm_query_batched",
+)
 # asyncio functions whose arguments model code means to run concurrently. Matched as
 # `asyncio.X(...)` or a name imported from asyncio, so concurrent.futures.wait & co.
 # (thread-pool code, which wants the blocking helpers) are left alone. `create_task` is
 # also matched as a method (a loop's or a TaskGroup's).
-_SCHEDULERS = {"gather", "create_task", "ensure_future", "wait", "wait_for", "as_completed",
-               "shield"}
+_SCHEDULERS = {
+    "gather",
+    "create_task",
+    "ensure_future",
+    "wait",
+    "wait_for",
+    "as_completed",
+    "shield",
+}
 
 
 class StepInterrupted(BaseException):
@@ -101,16 +122,17 @@ class _HelperCallRewriter(ast.NodeTransformer):
     def visit_Module(self, node: ast.Module):
         for inner in ast.walk(node):
             if isinstance(inner, ast.Import):
-                self.asyncio_names |= {a.asname or a.name for a in inner.names
-                                       if a.name == "asyncio"}
+                self.asyncio_names |= {
+                    a.asname or a.name for a in inner.names if a.name == "asyncio"
+                }
             elif isinstance(inner, ast.ImportFrom) and inner.module == "asyncio":
-                self.imported |= {a.asname or a.name for a in inner.names
-                                  if a.name in _SCHEDULERS}
+                self.imported |= {a.asname or a.name for a in inner.names if a.name in _SCHEDULERS}
         for inner in ast.walk(node):
             if isinstance(inner, ast.Call) and self._is_scheduler(inner):
                 for arg in _arguments(inner):
-                    self.scheduled |= {leaf.id for leaf in ast.walk(arg)
-                                       if isinstance(leaf, ast.Name)}
+                    self.scheduled |= {
+                        leaf.id for leaf in ast.walk(arg) if isinstance(leaf, ast.Name)
+                    }
         self.generic_visit(node)
         return node
 
@@ -121,17 +143,26 @@ class _HelperCallRewriter(ast.NodeTransformer):
         if isinstance(func, ast.Attribute) and func.attr in _SCHEDULERS:
             base = func.value
             return func.attr == "create_task" or (
-                isinstance(base, ast.Name) and base.id in self.asyncio_names)
+                isinstance(base, ast.Name) and base.id in self.asyncio_names
+            )
         return False
 
     def _is_helper_call(self, node) -> bool:
-        return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-                and node.func.id in self.names)
+        return (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in self.names
+        )
 
     def _to_async(self, call: ast.Call) -> None:
-        call.func = ast.copy_location(ast.Subscript(
-            value=ast.Name(id=ASYNC_TABLE, ctx=ast.Load()),
-            slice=ast.Constant(value=call.func.id), ctx=ast.Load()), call.func)
+        call.func = ast.copy_location(
+            ast.Subscript(
+                value=ast.Name(id=ASYNC_TABLE, ctx=ast.Load()),
+                slice=ast.Constant(value=call.func.id),
+                ctx=ast.Load(),
+            ),
+            call.func,
+        )
 
     def _all_to_async(self, tree) -> None:
         for inner in _walk_same_scope(tree):
@@ -149,9 +180,12 @@ class _HelperCallRewriter(ast.NodeTransformer):
         if self._is_scheduler(node):
             for arg in _arguments(node):
                 self._all_to_async(arg)
-        elif (isinstance(node.func, ast.Attribute) and node.func.attr in ("append", "extend")
-              and isinstance(node.func.value, ast.Name)
-              and node.func.value.id in self.scheduled):
+        elif (
+            isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("append", "extend")
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id in self.scheduled
+        ):
             for arg in node.args:
                 self._all_to_async(arg)
         return node
@@ -193,8 +227,12 @@ class _FinishRewriter(ast.NodeTransformer):
             return node
         if func.id == "print" and node.args and _starts_with_final(node.args[0]):
             node.func = ast.copy_location(ast.Name(id=_PRINT_FINAL, ctx=ast.Load()), func)
-        elif func.id == "FINAL_VAR" and len(node.args) == 1 and not node.keywords \
-                and not isinstance(node.args[0], ast.Constant):
+        elif (
+            func.id == "FINAL_VAR"
+            and len(node.args) == 1
+            and not node.keywords
+            and not isinstance(node.args[0], ast.Constant)
+        ):
             node.keywords = [ast.keyword(arg="_value_given", value=ast.Constant(True))]
         return node
 
@@ -202,8 +240,11 @@ class _FinishRewriter(ast.NodeTransformer):
 def _starts_with_final(node: ast.AST) -> bool:
     if isinstance(node, ast.JoinedStr) and node.values:
         node = node.values[0]
-    return (isinstance(node, ast.Constant) and isinstance(node.value, str)
-            and node.value.lstrip().startswith(("FINAL(", "FINAL_VAR(")))
+    return (
+        isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and node.value.lstrip().startswith(("FINAL(", "FINAL_VAR("))
+    )
 
 
 def compile_step(code: str, helper_names: set[str], filename: str):
@@ -215,8 +256,9 @@ def compile_step(code: str, helper_names: set[str], filename: str):
     tree = _FinishRewriter().visit(tree)
     if tree.body and isinstance(tree.body[-1], ast.Expr):
         last = tree.body[-1]
-        tree.body[-1] = ast.copy_location(ast.Assign(
-            targets=[ast.Name(id=_LAST_VALUE, ctx=ast.Store())], value=last.value), last)
+        tree.body[-1] = ast.copy_location(
+            ast.Assign(targets=[ast.Name(id=_LAST_VALUE, ctx=ast.Store())], value=last.value), last
+        )
     ast.fix_missing_locations(tree)
     return compile(tree, filename, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
 
@@ -230,8 +272,9 @@ def prepare_step(code: str, helper_names: set[str], filename: str, output: StepO
         return None
 
 
-def execute_step(compiled, namespace: dict[str, Any], output: StepOutput,
-                 buffer: io.StringIO, sink: OutputSink) -> None:
+def execute_step(
+    compiled, namespace: dict[str, Any], output: StepOutput, buffer: io.StringIO, sink: OutputSink
+) -> None:
     """Run a compiled block in ``namespace`` on this thread, its output captured into
     ``buffer`` through the REPL's ``sink``: errors, the last value, a stop, how the
     block finished the run and the scaffold it rebound all land in ``output``.
@@ -294,18 +337,23 @@ def format_model_traceback() -> str:
 Submit = Callable[[str, tuple, dict], concurrent.futures.Future]
 
 
-def blocking_helper(name: str, submit: Submit, refuse: Callable[[], bool] = lambda: False,
-                    template: Callable | None = None):
+def blocking_helper(
+    name: str,
+    submit: Submit,
+    refuse: Callable[[], bool] = lambda: False,
+    template: Callable | None = None,
+):
     """``name(...)`` that blocks its thread until ``submit`` has the answer. ``refuse``
     says when blocking would freeze the loop that serves the answer."""
+
     def call(*args, **kwargs):
         if refuse():
-            raise RuntimeError(f"{name}() would block the event loop here: "
-                               f"use `await {name}(...)`")
+            raise RuntimeError(f"{name}() would block the event loop here: use `await {name}(...)`")
         try:
             return submit(name, args, kwargs).result()
         except concurrent.futures.CancelledError:
             raise StepInterrupted("stopped") from None
+
     call.__name__ = call.__qualname__ = name
     if template is not None:
         call.__doc__ = template.__doc__
@@ -316,13 +364,18 @@ def blocking_helper(name: str, submit: Submit, refuse: Callable[[], bool] = lamb
 def awaitable_helper(name: str, submit: Submit):
     async def call(*args, **kwargs):
         return await asyncio.wrap_future(submit(name, args, kwargs))
+
     call.__name__ = call.__qualname__ = name
     return call
 
 
-def install_helpers(namespace: dict[str, Any], names, submit: Submit,
-                    refuse: Callable[[], bool] = lambda: False,
-                    templates: dict[str, Callable] | None = None) -> None:
+def install_helpers(
+    namespace: dict[str, Any],
+    names,
+    submit: Submit,
+    refuse: Callable[[], bool] = lambda: False,
+    templates: dict[str, Callable] | None = None,
+) -> None:
     """Put both variants of every helper into a REPL namespace."""
     templates = templates or {}
     namespace[ASYNC_TABLE] = {name: awaitable_helper(name, submit) for name in names}
@@ -334,8 +387,11 @@ def install_helpers(namespace: dict[str, Any], names, submit: Submit,
 def user_variables(namespace: dict[str, Any]) -> list[str]:
     """Names of the variables the model made."""
     hidden = {*PRELOADED, *HELPER_NAMES}
-    return [name for name in namespace if not name.startswith("_") and name not in hidden
-            and not _is_context_name(name)]
+    return [
+        name
+        for name in namespace
+        if not name.startswith("_") and name not in hidden and not _is_context_name(name)
+    ]
 
 
 def _is_context_name(name: str) -> bool:
@@ -350,9 +406,15 @@ def preloaded(namespace: dict[str, Any], context: Any) -> dict[str, Any]:
     import json
     import re
 
-    return {"asyncio": asyncio, "re": re, "json": json, "context": context,
-            "answer": {"content": "", "ready": False}, "history": [],
-            **_finishers(namespace, _Finish(namespace))}
+    return {
+        "asyncio": asyncio,
+        "re": re,
+        "json": json,
+        "context": context,
+        "answer": {"content": "", "ready": False},
+        "history": [],
+        **_finishers(namespace, _Finish(namespace)),
+    }
 
 
 class Listing(str):
@@ -388,12 +450,13 @@ class _Finish:
         """Finish the run with ``answer`` once this block ends (a string as it is,
         anything else as str())."""
         if answer is None:
-            raise ValueError("FINAL(None): the answer is None (did a function return "
-                             "nothing?); pass the answer itself")
+            raise ValueError(
+                "FINAL(None): the answer is None (did a function return "
+                "nothing?); pass the answer itself"
+            )
         text = _as_text(answer)
         if not text.strip():
-            raise ValueError(f"FINAL({text!r}): the answer is empty; pass the answer "
-                             "itself")
+            raise ValueError(f"FINAL({text!r}): the answer is empty; pass the answer itself")
         self.result = ["code", _capped(text)]
 
     def final_var(self, name: Any, _value_given: bool = False) -> None:
@@ -406,9 +469,11 @@ class _Finish:
             if key in variables and key not in _NOT_ANSWERS and not key.startswith("_"):
                 return self.final(variables[key])
             made = ", ".join(user_variables(variables)) or "none yet"
-            raise NameError(f"FINAL_VAR({name!r}): there is no variable named {key!r} "
-                            f"(variables: {made}); pass a variable's name, or the "
-                            "answer itself with FINAL(answer)")
+            raise NameError(
+                f"FINAL_VAR({name!r}): there is no variable named {key!r} "
+                f"(variables: {made}); pass a variable's name, or the "
+                "answer itself with FINAL(answer)"
+            )
         return self.final(name)
 
     def print_final(self, *args, **kwargs) -> None:
@@ -430,9 +495,12 @@ def _finishers(namespace: dict[str, Any], finish: _Finish) -> dict[str, Any]:
         return finish.final_var(name, _value_given)
 
     FINAL.__doc__, FINAL_VAR.__doc__ = _Finish.final.__doc__, _Finish.final_var.__doc__
-    return {"FINAL": FINAL, "FINAL_VAR": FINAL_VAR,
-            "SHOW_VARS": functools.partial(show_vars, namespace),
-            _PRINT_FINAL: finish.print_final}
+    return {
+        "FINAL": FINAL,
+        "FINAL_VAR": FINAL_VAR,
+        "SHOW_VARS": functools.partial(show_vars, namespace),
+        _PRINT_FINAL: finish.print_final,
+    }
 
 
 _MISSING = object()
@@ -443,8 +511,9 @@ def _scaffold(namespace: dict[str, Any], finish: _Finish) -> dict[str, Any]:
     now (the host may have changed them between blocks: a session's new context)."""
     namespace.update(_finishers(namespace, finish))
     guarded = (*FINISHERS, _PRINT_FINAL, *HELPER_NAMES, ASYNC_TABLE, "context")
-    return {name: namespace[name] for name in namespace
-            if name in guarded or _is_context_name(name)}
+    return {
+        name: namespace[name] for name in namespace if name in guarded or _is_context_name(name)
+    }
 
 
 def _restore(namespace: dict[str, Any], scaffold: dict[str, Any]) -> list[str]:
@@ -462,13 +531,15 @@ def _answer_dict(namespace: dict[str, Any], output: StepOutput) -> list[str] | N
     try:
         answer = ready_answer(namespace)
     except Exception as exc:  # noqa: BLE001 - a content whose str() fails is the model's
-        output.error = (output.error or "") + (f"answer['content'] could not be read as "
-                                               f"text: {type(exc).__name__}: {exc}")
+        output.error = (output.error or "") + (
+            f"answer['content'] could not be read as text: {type(exc).__name__}: {exc}"
+        )
         return None
     if answer is not None and not answer.strip():  # refused as FINAL('') is
         namespace["answer"]["ready"] = False
-        output.error = (output.error or "") + ("answer['content'] is empty, so it is not "
-                                               "the answer; answer['ready'] is False again")
+        output.error = (output.error or "") + (
+            "answer['content'] is empty, so it is not the answer; answer['ready'] is False again"
+        )
         return None
     return None if answer is None else ["answer dict", _capped(answer)]
 
@@ -480,8 +551,10 @@ def _as_text(value: Any) -> str:
 def _capped(text: str) -> str:
     if len(text) <= _FINAL_LIMIT:
         return text
-    return text[:_FINAL_LIMIT] + (f"\n... [the answer holds {len(text):,} characters, more "
-                                  f"than a REPL returns ({_FINAL_LIMIT:,}); the rest is cut]")
+    return text[:_FINAL_LIMIT] + (
+        f"\n... [the answer holds {len(text):,} characters, more "
+        f"than a REPL returns ({_FINAL_LIMIT:,}); the rest is cut]"
+    )
 
 
 def ready_answer(namespace: dict[str, Any]) -> str | None:

@@ -93,8 +93,11 @@ class Worker:
             self.sock.sendall(data)
 
     def receive(self) -> tuple[bytes, bytearray]:
-        kind, length = bridge.parse_header(bridge.read_exactly(self.sock, bridge.HEADER.size),
-                                           limit=None, kinds=(bridge.JSON, bridge.PICKLE))
+        kind, length = bridge.parse_header(
+            bridge.read_exactly(self.sock, bridge.HEADER.size),
+            limit=None,
+            kinds=(bridge.JSON, bridge.PICKLE),
+        )
         return kind, bridge.read_exactly(self.sock, length)
 
     def receive_json(self) -> dict:
@@ -109,18 +112,27 @@ class Worker:
         try:
             report = self.confine(init)
         except Exception as exc:  # noqa: BLE001 - reported to the kernel, which fails the run
-            self.send({"op": "fatal", "error": f"the sandbox could not confine itself: "
-                                               f"{type(exc).__name__}: {exc}"})
-            raise SystemExit(1)
+            self.send(
+                {
+                    "op": "fatal",
+                    "error": f"the sandbox could not confine itself: {type(exc).__name__}: {exc}",
+                }
+            )
+            raise SystemExit(1) from None
         kind, body = self.receive()
         try:
             context = pickle.loads(body) if kind == bridge.PICKLE else None
         except Exception as exc:  # noqa: BLE001 - reported to the kernel, which fails the run
-            self.send({"op": "fatal", "error": f"the context could not be unpickled in the "
-                                               f"sandbox: {type(exc).__name__}: {exc} (classes "
-                                               "defined in a notebook cannot cross); run "
-                                               "with --no-sandbox (RLM.sandbox = 'none')"})
-            raise SystemExit(1)
+            self.send(
+                {
+                    "op": "fatal",
+                    "error": f"the context could not be unpickled in the "
+                    f"sandbox: {type(exc).__name__}: {exc} (classes "
+                    "defined in a notebook cannot cross); run "
+                    "with --no-sandbox (RLM.sandbox = 'none')",
+                }
+            )
+            raise SystemExit(1) from None
         del body
         self.helper_names = set(init["helpers"])
         namespace = self.namespace = {"__name__": "__rlm__", "__builtins__": repl_builtins()}
@@ -133,8 +145,9 @@ class Worker:
     def confine(self, init: dict) -> dict:
         """Apply the isolation layers in their order (see isolation.py); the kernel
         maps our ids in between when it runs as root."""
-        confinement = isolation.Confinement(isolation.Policy(**init["policy"]),
-                                            enabled=init.get("isolate", True))
+        confinement = isolation.Confinement(
+            isolation.Policy(**init["policy"]), enabled=init.get("isolate", True)
+        )
         needs_ids = confinement.enter_namespaces()
         self.send({"op": "unshared", "map_ids": needs_ids})
         mapped = self.receive_json().get("mapped") is True
@@ -152,11 +165,18 @@ class Worker:
     def submit(self, name: str, args: tuple, kwargs: dict) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
         args = _listed_batch(name, args)
-        if name in _BATCHES and args and isinstance(args[0], list) and \
-                len(args[0]) > bridge.MAX_VALUES // 2:
-            future.set_exception(ValueError(
-                f"{name}(): {len(args[0]):,} prompts, more than one call takes "
-                f"({bridge.MAX_VALUES // 2:,}); RLM.max_sub_calls allows far fewer anyway"))
+        if (
+            name in _BATCHES
+            and args
+            and isinstance(args[0], list)
+            and len(args[0]) > bridge.MAX_VALUES // 2
+        ):
+            future.set_exception(
+                ValueError(
+                    f"{name}(): {len(args[0]):,} prompts, more than one call takes "
+                    f"({bridge.MAX_VALUES // 2:,}); RLM.max_sub_calls allows far fewer anyway"
+                )
+            )
             return future
         with self.calls_lock:
             call_id = next(self.call_ids)
@@ -165,16 +185,25 @@ class Worker:
         step = _step.get()
         if step not in self.stopped_steps:
             step = self.current_step
-        data = bridge.frame({"op": "call", "id": call_id, "step": step, "name": name,
-                             "args": list(args), "kwargs": kwargs})
-        too_big = bridge.oversize(data[bridge.HEADER.size:])
+        data = bridge.frame(
+            {
+                "op": "call",
+                "id": call_id,
+                "step": step,
+                "name": name,
+                "args": list(args),
+                "kwargs": kwargs,
+            }
+        )
+        too_big = bridge.oversize(data[bridge.HEADER.size :])
         if too_big:  # a batch goes in parts that fit; anything else is refused here
             parts = _batch_parts(name, args, kwargs)
             if parts is None:
                 future.set_exception(ValueError(f"{name}(): {too_big}; send less per call"))
                 return future
-            return _joined([self.submit(name, part_args, part_kwargs)
-                            for part_args, part_kwargs in parts])
+            return _joined(
+                [self.submit(name, part_args, part_kwargs) for part_args, part_kwargs in parts]
+            )
         with self.calls_lock:
             self.calls[call_id] = future
         with self.send_lock:
@@ -182,7 +211,8 @@ class Worker:
         # Model code that stops waiting (a cancelled task, wait_for's timeout) stops the
         # call in the kernel too, as in-process: else it would run on, and be billed.
         future.add_done_callback(
-            lambda done: done.cancelled() and self.send({"op": "cancel", "id": call_id}))
+            lambda done: done.cancelled() and self.send({"op": "cancel", "id": call_id})
+        )
         return future
 
     def read_forever(self) -> None:
@@ -217,8 +247,11 @@ class Worker:
                 raise bridge.BridgeError("expected the context's pickle")
             return {**message, "value": pickle.loads(body)}
         except Exception as exc:  # noqa: BLE001 - reported to the kernel, which fails the run
-            return {**message, "error": f"the context could not be unpickled in the sandbox: "
-                                        f"{type(exc).__name__}: {exc}"}
+            return {
+                **message,
+                "error": f"the context could not be unpickled in the sandbox: "
+                f"{type(exc).__name__}: {exc}",
+            }
 
     # -- requests on the main thread --------------------------------------------------------
     def serve(self) -> None:
@@ -228,8 +261,12 @@ class Worker:
             if op == "run":
                 self.send(self.run_step(message))
             elif op == "final_var":
-                self.send({"op": "final_var", "value": final_text(self.namespace,
-                                                                  str(message.get("name")))})
+                self.send(
+                    {
+                        "op": "final_var",
+                        "value": final_text(self.namespace, str(message.get("name"))),
+                    }
+                )
             elif op == "names":
                 names = user_variables(self.namespace)[:_VARIABLES_MOST]
                 self.send({"op": "names", "names": names})
@@ -267,11 +304,16 @@ class Worker:
         keep = min(limit + _CUT_MARGIN, _STEP_TEXT_LIMIT)
         parts = {"stdout": buffer.getvalue(), "value": output.value, "error": output.error}
         dropped = sum(len(text) - keep for text in parts.values() if text and len(text) > keep)
-        return {"op": "done", "step": step_id, "dropped": dropped,
-                # The answer of a block that finished the run, fitted beside the
-                # step's texts so the frame stays under the bridge's limit.
-                "finish": _fitted_finish(output.finish), "restored": output.restored,
-                **{key: text[:keep] if text else text for key, text in parts.items()}}
+        return {
+            "op": "done",
+            "step": step_id,
+            "dropped": dropped,
+            # The answer of a block that finished the run, fitted beside the
+            # step's texts so the frame stays under the bridge's limit.
+            "finish": _fitted_finish(output.finish),
+            "restored": output.restored,
+            **{key: text[:keep] if text else text for key, text in parts.items()},
+        }
 
     def variables(self) -> dict:
         """The model's variables as JSON data where they are JSON-safe and not too
@@ -280,20 +322,24 @@ class Worker:
         for name in user_variables(self.namespace)[:_VARIABLES_MOST]:
             value = self.namespace[name]
             if total >= _VARIABLES_TOTAL_LIMIT:  # the rest by type only: one frame holds all
-                out[name] = {"repr": "<not returned: the variables are too large>",
-                             "type": type(value).__name__[:200]}
+                out[name] = {
+                    "repr": "<not returned: the variables are too large>",
+                    "type": type(value).__name__[:200],
+                }
                 continue
             try:
                 json.dumps(value, allow_nan=False)  # JSON data, or not
-                encoded = bridge.frame({"v": value})[bridge.HEADER.size:]
+                encoded = bridge.frame({"v": value})[bridge.HEADER.size :]
             except (TypeError, ValueError, RecursionError):
                 encoded = None
             # Limits count bytes and values as the kernel does (see bridge.py).
             size = len(encoded) if encoded is not None else 0
             count = bridge.count_values(encoded) if encoded is not None else 0
-            if encoded is not None and size <= min(
-                    _VARIABLE_JSON_LIMIT, _VARIABLES_TOTAL_LIMIT - total) and \
-                    values + count <= _VARIABLES_VALUE_LIMIT:
+            if (
+                encoded is not None
+                and size <= min(_VARIABLE_JSON_LIMIT, _VARIABLES_TOTAL_LIMIT - total)
+                and values + count <= _VARIABLES_VALUE_LIMIT
+            ):
                 out[name], total, values = {"json": value}, total + size, values + count
                 continue
             try:
@@ -302,8 +348,10 @@ class Worker:
                 text = f"<{type(value).__name__}: repr failed: {exc}>"
             if len(text) > 10_000:
                 text = text[:10_000] + f"... [{len(text):,} characters; too large to return]"
-            out[name], total = ({"repr": text, "type": type(value).__name__[:200]},
-                                total + _wire_size(text))
+            out[name], total = (
+                {"repr": text, "type": type(value).__name__[:200]},
+                total + _wire_size(text),
+            )
             values += 3
         return out
 
@@ -342,8 +390,10 @@ def _fitted(value: str | None, what: str, limit: int = _FINAL_LIMIT) -> str | No
     if size <= limit:
         return value
     keep = int(len(value) * limit / size * 0.9)
-    return (value[:keep] + f"\n... [{what} holds {len(value):,} characters, more than "
-            f"the sandbox returns ({limit:,} bytes); the rest is cut]")
+    return (
+        value[:keep] + f"\n... [{what} holds {len(value):,} characters, more than "
+        f"the sandbox returns ({limit:,} bytes); the rest is cut]"
+    )
 
 
 def _with_refused(message: dict):
@@ -361,22 +411,28 @@ def _listed_batch(name: str, args: tuple) -> tuple:
     """A batch's prompts (and contexts) as lists, so they can be split."""
     if name not in _BATCHES:
         return args
-    return tuple(list(a) if i < 2 and not isinstance(a, (str, bytes, dict)) and
-                 hasattr(a, "__iter__") else a for i, a in enumerate(args))
+    return tuple(
+        list(a) if i < 2 and not isinstance(a, (str, bytes, dict)) and hasattr(a, "__iter__") else a
+        for i, a in enumerate(args)
+    )
 
 
 def _batch_parts(name: str, args: tuple, kwargs: dict):
     """A batch too large for one frame as parts that fit, or None if it cannot be split
     (a single item too large, or more prompts than any run's budget: refused whole)."""
     prompts = args[0] if args else None
-    if name not in _BATCHES or not isinstance(prompts, list) or \
-            not 2 <= len(prompts) <= bridge.MAX_VALUES // 2:
+    if (
+        name not in _BATCHES
+        or not isinstance(prompts, list)
+        or not 2 <= len(prompts) <= bridge.MAX_VALUES // 2
+    ):
         return None
     contexts = args[1] if len(args) > 1 else kwargs.get("contexts")
     room, bounds, size, start = bridge.MAX_FROM_SANDBOX * 3 // 4, [], 0, 0
     for index, prompt in enumerate(prompts):
-        item = _wire_size(prompt) + (_wire_size(contexts[index])
-                                     if isinstance(contexts, list) else 0)
+        item = _wire_size(prompt) + (
+            _wire_size(contexts[index]) if isinstance(contexts, list) else 0
+        )
         if item > room:
             return None
         if size + item > room:
@@ -390,8 +446,7 @@ def _batch_parts(name: str, args: tuple, kwargs: dict):
         part_kwargs = dict(kwargs)
         if len(args) > 1 and isinstance(args[1], list) and len(args[1]) == len(prompts):
             part_args[1] = args[1][part]
-        elif isinstance(kwargs.get("contexts"), list) and \
-                len(kwargs["contexts"]) == len(prompts):
+        elif isinstance(kwargs.get("contexts"), list) and len(kwargs["contexts"]) == len(prompts):
             part_kwargs["contexts"] = kwargs["contexts"][part]
         halves.append((tuple(part_args), part_kwargs))
     return halves
@@ -431,6 +486,7 @@ def _on_sigint(worker: Worker):
             # Not KeyboardInterrupt: the model's code may raise that itself, and a
             # stop must read as a stop, that as the code's own error.
             raise StepInterrupted("stopped")
+
     return handler
 
 

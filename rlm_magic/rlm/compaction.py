@@ -15,7 +15,7 @@ budget or breaks off is asked for once more, shorter; one that breaks off again 
 
 from __future__ import annotations
 
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from ..errors import CompactionError, LLMQueryError
 from ..llm.windows import answer_room, chars_per_token, estimate_tokens, is_context_error
@@ -27,10 +27,19 @@ class Conversation:
     """The root conversation of one run: what the model is sent (``messages``) and
     everything it was ever sent or wrote (``history``)."""
 
-    def __init__(self, client, *, model: str, max_tokens: int, compact_at: float,
-                 ledger, deadline: float | None,
-                 share_history: Callable[[list[dict]], Awaitable[None]],
-                 status: Callable[[str], None], compactions: list[Compaction]):
+    def __init__(
+        self,
+        client,
+        *,
+        model: str,
+        max_tokens: int,
+        compact_at: float,
+        ledger,
+        deadline: float | None,
+        share_history: Callable[[list[dict]], Awaitable[None]],
+        status: Callable[[str], None],
+        compactions: list[Compaction],
+    ):
         self.client = client
         self.model = model
         self.max_tokens = max_tokens
@@ -44,8 +53,7 @@ class Conversation:
         self.history: list[dict] = []
 
     def start(self, system: str, first: str) -> None:
-        self.messages = [{"role": "system", "content": system},
-                         {"role": "user", "content": first}]
+        self.messages = [{"role": "system", "content": system}, {"role": "user", "content": first}]
         self.history = list(self.messages)  # every message, compactions or not
         self._compacted_length = len(self.messages)
         self._compacted_size = self.size()
@@ -55,8 +63,7 @@ class Conversation:
         return estimate_tokens(self.messages if messages is None else messages, self.model)
 
     def add(self, reply: str, feedback: str) -> None:
-        exchange = [{"role": "assistant", "content": reply},
-                    {"role": "user", "content": feedback}]
+        exchange = [{"role": "assistant", "content": reply}, {"role": "user", "content": feedback}]
         self.messages += exchange
         self.history += exchange
 
@@ -101,26 +108,37 @@ class Conversation:
             if completion.cut_reason is not None:
                 raise CompactionError(
                     f"the root model's conversation (~{before:,} tokens) could not be "
-                    f"compacted: its summary broke off twice ({completion.cut_reason})")
+                    f"compacted: its summary broke off twice ({completion.cut_reason})"
+                )
         text = completion.text.strip() or "(the model wrote no summary)"
         if completion.cut_off:  # kept, as far as it came, and said so
             text += "\n[summary cut off at its max_tokens]"
         summary = _no_larger(text, replaced, chars_per_token(self.model))
         number = len(self.compactions) + 1
-        self.history += [{"role": "user", "content": SUMMARY_PROMPT},
-                         {"role": "assistant", "content": summary}]
-        self.messages = [*self.messages[:2], {"role": "assistant", "content": summary},
-                         {"role": "user",
-                          "content": AFTER_COMPACTION_PROMPT.format(number=number)}]
+        self.history += [
+            {"role": "user", "content": SUMMARY_PROMPT},
+            {"role": "assistant", "content": summary},
+        ]
+        self.messages = [
+            *self.messages[:2],
+            {"role": "assistant", "content": summary},
+            {"role": "user", "content": AFTER_COMPACTION_PROMPT.format(number=number)},
+        ]
         await self._share_history(self.history)
         self._compacted_length = len(self.messages)
         self._compacted_size = self.size()
         costs = [c.cost_usd for c in spent]
-        record = Compaction(index, reason, before, self._compacted_size,
-                            sum(c.input_tokens for c in spent),
-                            sum(c.output_tokens for c in spent),
-                            None if None in costs else sum(costs), summary,
-                            cut_off=completion.cut_off)
+        record = Compaction(
+            index,
+            reason,
+            before,
+            self._compacted_size,
+            sum(c.input_tokens for c in spent),
+            sum(c.output_tokens for c in spent),
+            None if None in costs else sum(costs),
+            summary,
+            cut_off=completion.cut_off,
+        )
         self.compactions.append(record)
         self._status("thinking")
         return record
@@ -132,19 +150,28 @@ class Conversation:
             budget, room = self._summary_room(before, replaced)
             prompt = SUMMARY_PROMPT
             if shorter:
-                prompt += (f" Your last summary did not end within its room: keep this "
-                           f"one under {max(20, int(budget * 0.375)):,} words.")
-            request = _with_user_message(_fitted(self.messages, int(room * share),
-                                                 self.model), prompt)
+                prompt += (
+                    f" Your last summary did not end within its room: keep this "
+                    f"one under {max(20, int(budget * 0.375)):,} words."
+                )
+            request = _with_user_message(
+                _fitted(self.messages, int(room * share), self.model), prompt
+            )
             try:
                 return await self.client.complete(
-                    request, model=self.model, max_tokens=budget, ledger=self.ledger,
-                    deadline=self.deadline, stream=True)
+                    request,
+                    model=self.model,
+                    max_tokens=budget,
+                    ledger=self.ledger,
+                    deadline=self.deadline,
+                    stream=True,
+                )
             except LLMQueryError as exc:
                 if share == 0.6 or not is_context_error(exc):
                     raise CompactionError(
                         f"the root model's conversation (~{before:,} tokens) could not be "
-                        f"compacted: its summary call failed: {exc}") from exc
+                        f"compacted: its summary call failed: {exc}"
+                    ) from exc
                 # The refusal taught the window (or the model's characters per token).
         raise AssertionError("unreachable")
 
@@ -154,12 +181,14 @@ class Conversation:
         request, the rest of the window. A window too small for the system prompt,
         the question and a summary beside them is a failure of its own."""
         window = self.client.input_window(self.model, advice=True)
-        budget = max(64, min(self.max_tokens, replaced // 2,
-                             window // 4 if window else self.max_tokens))
+        budget = max(
+            64, min(self.max_tokens, replaced // 2, window // 4 if window else self.max_tokens)
+        )
         if window is None:
             return budget, max(256, before // 2)
         head = self.size(self.messages[:2]) + self.size(
-            [{"role": "user", "content": SUMMARY_PROMPT}])
+            [{"role": "user", "content": SUMMARY_PROMPT}]
+        )
         room = window - budget
         if room - head < 128:  # not even the latest exchange would fit beside them
             raise CompactionError(
@@ -167,7 +196,8 @@ class Conversation:
                 f"prompt and the question (~{head:,} tokens) with a summary of "
                 f"{budget:,} tokens beside them, so its conversation cannot be compacted: "
                 "use a root model with a larger window (RLM.model), or a shorter "
-                "question or system prompt")
+                "question or system prompt"
+            )
         return budget, room
 
 
@@ -176,13 +206,14 @@ def _no_larger(summary: str, replaced: int, per_token: float) -> str:
     limit = int(replaced * per_token * 0.9)
     if len(summary) <= limit:
         return summary
-    return summary[:max(0, limit - 60)] + "\n[summary cut to fit the conversation it replaces]"
+    return summary[: max(0, limit - 60)] + "\n[summary cut to fit the conversation it replaces]"
 
 
 def _fitted(messages: list[dict], room: int, model: str | None = None) -> list[dict]:
     """The conversation cut to about ``room`` tokens for its summary: the system prompt
     and question, then the latest exchanges that fit (the oldest are left out whole;
     a single exchange too big alone keeps its head and tail)."""
+
     def estimate(part):
         return estimate_tokens(part, model)
 
@@ -193,11 +224,17 @@ def _fitted(messages: list[dict], room: int, model: str | None = None) -> list[d
         tail, left_out = tail[2:], left_out + 2  # whole (assistant, user) exchanges
     if estimate(tail) > budget:
         share = max(200, int(budget * chars_per_token(model)) // max(1, len(tail)))
-        tail = [{**m, "content": _head_and_tail(m["content"], share)}
-                if isinstance(m.get("content"), str) else m for m in tail]
+        tail = [
+            {**m, "content": _head_and_tail(m["content"], share)}
+            if isinstance(m.get("content"), str)
+            else m
+            for m in tail
+        ]
     if left_out:
-        note = {"role": "user", "content": f"[{left_out} earlier messages are left out "
-                                           "here to fit your window]"}
+        note = {
+            "role": "user",
+            "content": f"[{left_out} earlier messages are left out here to fit your window]",
+        }
         return [*head, {"role": "assistant", "content": "(working)"}, note, *tail]
     return [*head, *tail]
 

@@ -49,7 +49,7 @@ class RLM(RLMConfig):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self._client: LLMClient | None = None
-        self._helpers: "NotebookHelpers | None" = None
+        self._helpers: NotebookHelpers | None = None
         self.sessions: dict[str, RLMSession] = {}
 
     @property
@@ -60,7 +60,7 @@ class RLM(RLMConfig):
         return self._client
 
     @property
-    def helpers(self) -> "NotebookHelpers":
+    def helpers(self) -> NotebookHelpers:
         if self._helpers is None:
             from ..jupyter.helpers import NotebookHelpers  # the notebook side, on demand
 
@@ -86,17 +86,24 @@ class RLM(RLMConfig):
         await session.aclose()
         return True
 
-    def start(self, query: str, context: Any = None, **overrides) -> "Run":
+    def start(self, query: str, context: Any = None, **overrides) -> Run:
         """A run, not yet started: ``await run.execute()``; ``run.result`` is kept up
         to date, so a caller still has the partial result after an interrupt."""
         return Run(self, query, context, **overrides)
 
-    async def arun(self, query: str, context: Any = None, *, model: str | None = None,
-                   sub_model: str | None = None, max_iterations: int | None = None,
-                   max_depth: int | None = None,
-                   namespace: dict[str, Any] | None = None,
-                   sandbox: str | None = None,
-                   session: "RLMSession | str | None" = None) -> RLMResult:
+    async def arun(
+        self,
+        query: str,
+        context: Any = None,
+        *,
+        model: str | None = None,
+        sub_model: str | None = None,
+        max_iterations: int | None = None,
+        max_depth: int | None = None,
+        namespace: dict[str, Any] | None = None,
+        sandbox: str | None = None,
+        session: RLMSession | str | None = None,
+    ) -> RLMResult:
         """Answer ``query`` about ``context``; returns an ``RLMResult`` (check ``.success``).
 
         ``session``: an ``RLMSession`` (or the name of one of this RLM's) to carry on
@@ -106,10 +113,17 @@ class RLM(RLMConfig):
         does with the notebook's namespace); such a run is never sandboxed.
         ``sandbox``: "process" or "none" for this run (default: ``RLM.sandbox``).
         """
-        return await self.start(query, context, model=model, sub_model=sub_model,
-                                max_iterations=max_iterations, max_depth=max_depth,
-                                namespace=namespace, sandbox=sandbox,
-                                session=session).execute()
+        return await self.start(
+            query,
+            context,
+            model=model,
+            sub_model=sub_model,
+            max_iterations=max_iterations,
+            max_depth=max_depth,
+            namespace=namespace,
+            sandbox=sandbox,
+            session=session,
+        ).execute()
 
     async def _run_and_close(self, query: str, context: Any, **overrides) -> RLMResult:
         try:
@@ -126,28 +140,43 @@ class RLM(RLMConfig):
                 raise ConfigError(
                     "RLM.run() cannot carry a session: each call runs on an event loop of "
                     "its own, and a session's REPL lives on one; use `await rlm.arun(..., "
-                    "session=...)`, e.g. inside one asyncio.run for all the questions")
+                    "session=...)`, e.g. inside one asyncio.run for all the questions"
+                ) from None
             return asyncio.run(self._run_and_close(query, context, **overrides))
-        raise RuntimeError("RLM.run() cannot be used inside a running event loop (such as "
-                           "a notebook cell): use `await rlm.arun(...)` instead")
+        raise RuntimeError(
+            "RLM.run() cannot be used inside a running event loop (such as "
+            "a notebook cell): use `await rlm.arun(...)` instead"
+        )
 
 
 class Run:
     """One RLM run (root or child): its REPL, messages and result."""
 
-    def __init__(self, rlm: RLM, query: str, context: Any = None, *,
-                 model: str | None = None, sub_model: str | None = None,
-                 max_iterations: int | None = None, max_depth: int | None = None,
-                 namespace: dict[str, Any] | None = None, sandbox: str | None = None,
-                 depth: int = 0, tree: RunTree | None = None,
-                 deadline: float | None = None,
-                 session: RLMSession | str | None = None):
+    def __init__(
+        self,
+        rlm: RLM,
+        query: str,
+        context: Any = None,
+        *,
+        model: str | None = None,
+        sub_model: str | None = None,
+        max_iterations: int | None = None,
+        max_depth: int | None = None,
+        namespace: dict[str, Any] | None = None,
+        sandbox: str | None = None,
+        depth: int = 0,
+        tree: RunTree | None = None,
+        deadline: float | None = None,
+        session: RLMSession | str | None = None,
+    ):
         self.rlm = rlm
         if isinstance(session, str):
             session = rlm.session(session, sandbox)
         if session is not None and namespace is not None:
-            raise ConfigError("a session keeps a REPL of its own: it cannot run in the "
-                              "notebook's namespace (--live)")
+            raise ConfigError(
+                "a session keeps a REPL of its own: it cannot run in the "
+                "notebook's namespace (--live)"
+            )
         self.session = session
         self.id = next(_run_ids)
         self.query = query
@@ -161,23 +190,32 @@ class Run:
         self.step_timeout = rlm.step_timeout
         self.max_output_chars = rlm.max_output_chars
         self.max_tokens = rlm.max_tokens
-        self.tree = tree or RunTree(UsageLedger(parent=rlm.client.ledger),
-                                    rlm.max_sub_calls, rlm.max_cost_usd)
+        self.tree = tree or RunTree(
+            UsageLedger(parent=rlm.client.ledger), rlm.max_sub_calls, rlm.max_cost_usd
+        )
         self.namespace = namespace
         self.sandbox = "none" if namespace is not None else (sandbox or rlm.sandbox)
         if session is not None:
             if sandbox is not None and sandbox != session.sandbox:
-                where = ("in a sandbox process" if session.sandbox == "process"
-                         else "in this kernel")
-                raise ConfigError(f"session {session.name!r} runs its code {where}; it "
-                                  f"cannot switch to sandbox={sandbox!r}")
+                where = "in a sandbox process" if session.sandbox == "process" else "in this kernel"
+                raise ConfigError(
+                    f"session {session.name!r} runs its code {where}; it "
+                    f"cannot switch to sandbox={sandbox!r}"
+                )
             self.sandbox = session.sandbox  # the REPL it keeps
         if self.sandbox not in ("process", "none"):
             raise ValueError(f"sandbox must be 'process' or 'none', got {self.sandbox!r}")
         # What the REPL's helpers call: pinned sub-model, budgets, errors as values.
-        self.calls = SubCalls(rlm, self.tree, sub_model=self.sub_model, depth=depth,
-                              max_depth=self.max_depth, max_tokens=self.max_tokens,
-                              child_run=self._child_run, deadline=deadline)
+        self.calls = SubCalls(
+            rlm,
+            self.tree,
+            sub_model=self.sub_model,
+            depth=depth,
+            max_depth=self.max_depth,
+            max_tokens=self.max_tokens,
+            child_run=self._child_run,
+            deadline=deadline,
+        )
         # (answer, how) once a block finished the run: FINAL called or printed in code,
         # or the answer dict set ready.
         self._finished: tuple[str, str] | None = None
@@ -185,14 +223,25 @@ class Run:
         self._cut_off = ""  # where the last root turn was cut ("" if it was whole)
         self._broken_off: str | None = None  # why the last root turn broke off
         self.early_execution = rlm.early_execution and rlm.stream
-        self.result = RLMResult(query=query, model=self.model, sub_model=self.sub_model,
-                                depth=depth, sandbox=self.sandbox)
+        self.result = RLMResult(
+            query=query,
+            model=self.model,
+            sub_model=self.sub_model,
+            depth=depth,
+            sandbox=self.sandbox,
+        )
         # The root conversation, compacted to fit the model's window.
         self.conversation = Conversation(
-            rlm.client, model=self.model, max_tokens=self.max_tokens,
-            compact_at=rlm.compact_at, ledger=self.tree.ledger, deadline=deadline,
-            share_history=self._share_history, status=self._status,
-            compactions=self.result.compactions)
+            rlm.client,
+            model=self.model,
+            max_tokens=self.max_tokens,
+            compact_at=rlm.compact_at,
+            ledger=self.tree.ledger,
+            deadline=deadline,
+            share_history=self._share_history,
+            status=self._status,
+            compactions=self.result.compactions,
+        )
 
     @property
     def client(self) -> LLMClient:
@@ -214,25 +263,35 @@ class Run:
         started = time.perf_counter()
         result = self.result
         live = self.namespace is not None
-        namespace = self.namespace if live else {"__name__": "__rlm__",
-                                                 "__builtins__": repl_builtins()}
+        namespace = (
+            self.namespace if live else {"__name__": "__rlm__", "__builtins__": repl_builtins()}
+        )
         saved, touched = {}, []
         preexisting = set(namespace) if live else set()  # the notebook's own variables
         try:
             injected = self._repl_globals(namespace)
-            touched = [*injected, *self.calls.helpers(), *FINISHERS, "__rlm_async__",
-                       "__rlm_print_final__", "history"]
+            touched = [
+                *injected,
+                *self.calls.helpers(),
+                *FINISHERS,
+                "__rlm_async__",
+                "__rlm_print_final__",
+                "history",
+            ]
             if live:
                 saved = {name: namespace[name] for name in touched if name in namespace}
             if self.session is not None:
                 await self._session_repl(self.session, namespace, injected)
             elif self.sandbox == "process":
-                self.repl = SandboxREPL(self.context, self.calls.helpers(),
-                                        memory_mb=self.rlm.sandbox_memory_mb,
-                                        max_output_chars=self.max_output_chars,
-                                        secrets=tuple(self.rlm.configured_secrets()),
-                                        settings=self.rlm,
-                                        sub_calls_left=self.tree.sub_calls_left)
+                self.repl = SandboxREPL(
+                    self.context,
+                    self.calls.helpers(),
+                    memory_mb=self.rlm.sandbox_memory_mb,
+                    max_output_chars=self.max_output_chars,
+                    secrets=tuple(self.rlm.configured_secrets()),
+                    settings=self.rlm,
+                    sub_calls_left=self.tree.sub_calls_left,
+                )
                 await self.repl.start()  # the process starts while the root model thinks
             else:
                 namespace.update(injected)
@@ -253,16 +312,19 @@ class Run:
             if result.stop_reason == "final" and _is_error(result.final_answer):
                 # The answer is a failed call's error string: that is not an answer.
                 result.stop_reason = "error"
-                result.error = ("the final answer is an error message, not an answer: "
-                                + " ".join(result.final_answer.split())[:300])
+                result.error = (
+                    "the final answer is an error message, not an answer: "
+                    + " ".join(result.final_answer.split())[:300]
+                )
             result.success = result.stop_reason == "final"
             result.iterations = len(result.trajectory)
             result.usage = self.tree.ledger.summary()
             result.elapsed_s = time.perf_counter() - started
         return result
 
-    async def _session_repl(self, session: RLMSession, namespace: dict[str, Any],
-                            injected: dict[str, Any]) -> None:
+    async def _session_repl(
+        self, session: RLMSession, namespace: dict[str, Any], injected: dict[str, Any]
+    ) -> None:
         """The session's REPL, made by its first run and kept: a new context joins the
         earlier ones as context_N and becomes `context`."""
         fresh = self.context is not None
@@ -273,10 +335,15 @@ class Run:
             if self.sandbox == "process":
                 # The session owns it from the start: whatever happens next, it is closed.
                 self.repl = session.repl = SandboxREPL(
-                    context, helpers, memory_mb=self.rlm.sandbox_memory_mb,
+                    context,
+                    helpers,
+                    memory_mb=self.rlm.sandbox_memory_mb,
                     max_output_chars=self.max_output_chars,
-                    secrets=tuple(self.rlm.configured_secrets()), context_names=names[:1],
-                    settings=self.rlm, sub_calls_left=self.tree.sub_calls_left)
+                    secrets=tuple(self.rlm.configured_secrets()),
+                    context_names=names[:1],
+                    settings=self.rlm,
+                    sub_calls_left=self.tree.sub_calls_left,
+                )
                 try:
                     await self.repl.start()
                 except BaseException:
@@ -284,7 +351,7 @@ class Run:
                     raise
             else:
                 namespace.update(injected)
-                namespace.update({name: context for name in names})
+                namespace.update(dict.fromkeys(names, context))
                 session.namespace = namespace
                 self.repl = session.repl = AsyncREPL(namespace, helpers)
         else:
@@ -305,8 +372,9 @@ class Run:
         result.isolation = getattr(self.repl, "isolation", None)
         try:
             variables = await self.repl.variables()
-            result.variables = {name: value for name, value in variables.items()
-                                if name not in preexisting}
+            result.variables = {
+                name: value for name, value in variables.items() if name not in preexisting
+            }
         finally:
             if self.session is None or self.session.repl is not self.repl:
                 await self.repl.aclose()  # stopped steps may send nothing more
@@ -322,8 +390,11 @@ class Run:
             iteration, outputs = Iteration(index=index, response=""), []
 
             def new_turn(iteration=iteration, outputs=outputs):
-                return LiveTurn((lambda n, code: self._run_block(n, code, iteration, outputs))
-                                if self.early_execution else None)
+                return LiveTurn(
+                    (lambda n, code: self._run_block(n, code, iteration, outputs))
+                    if self.early_execution
+                    else None
+                )
 
             reply, turn = await self._root_turn(index, iteration, new_turn)
             iteration.response = reply
@@ -331,8 +402,10 @@ class Run:
             feedback, final = await self._act_on(reply, iteration, turn, outputs)
             if iteration.broken_off:
                 ran = " after its code had run" if iteration.early_blocks else ""
-                feedback = (f"(Your reply was cut off{ran}: {iteration.broken_off}. Its "
-                            f"output is below.)\n\n{feedback}")
+                feedback = (
+                    f"(Your reply was cut off{ran}: {iteration.broken_off}. Its "
+                    f"output is below.)\n\n{feedback}"
+                )
             iteration.sub_calls = self.calls.own - calls_before
             iteration.elapsed_s = time.perf_counter() - turn_started
             if final is not None:
@@ -346,8 +419,11 @@ class Run:
         # Out of iterations: one last chance to answer, without running code.
         self._status("thinking", iteration=self.max_iterations)
         reply, _ = await self._root_turn(
-            self.max_iterations + 1, None, LiveTurn,
-            extra=[{"role": "user", "content": ITERATION_LIMIT_PROMPT}])
+            self.max_iterations + 1,
+            None,
+            LiveTurn,
+            extra=[{"role": "user", "content": ITERATION_LIMIT_PROMPT}],
+        )
         reading = read_reply(reply)
         if self._broken_off:  # a block it left unclosed may be half written
             reading = replace(reading, fences=[f for f in reading.fences if f.closed])
@@ -355,7 +431,8 @@ class Run:
         # Code is not run now; a block that only calls FINAL (as the prompt teaches)
         # is read as the answer it gives.
         marker = self._readable(reading)[0] or next(
-            filter(None, map(read_final_call, reading.blocks)), None)
+            filter(None, map(read_final_call, reading.blocks)), None
+        )
         answer = (await self._resolve_final(marker))[0] if marker else None
         if answer is not None:
             result.final_answer, result.stop_reason = answer, "final"
@@ -363,12 +440,15 @@ class Run:
         else:
             result.final_answer = reply.strip() or None
             result.stop_reason = "max_iterations"
-            result.error = (f"no FINAL answer within max_iterations={self.max_iterations}; "
-                            "final_answer holds the model's last reply")
+            result.error = (
+                f"no FINAL answer within max_iterations={self.max_iterations}; "
+                "final_answer holds the model's last reply"
+            )
 
     # -- a conversation that fits the root model's window ------------------------------
-    async def _root_turn(self, index: int, iteration: Iteration | None, new_turn,
-                         extra: list[dict] = ()) -> tuple[str, LiveTurn]:
+    async def _root_turn(
+        self, index: int, iteration: Iteration | None, new_turn, extra: list[dict] = ()
+    ) -> tuple[str, LiveTurn]:
         """A root turn on the conversation, compacted first when it nears the model's
         window; a context-length error compacts it once more and tries again."""
         conversation = self.conversation
@@ -378,8 +458,7 @@ class Run:
             iteration.compaction = record
         turn = new_turn()
         try:
-            return await self._ask_root(conversation.messages + list(extra), turn,
-                                        iteration), turn
+            return await self._ask_root(conversation.messages + list(extra), turn, iteration), turn
         except LLMQueryError as exc:
             if not is_context_error(exc) or turn.ran:
                 raise
@@ -388,15 +467,18 @@ class Run:
             iteration.compaction = record
         turn = new_turn()
         try:
-            return await self._ask_root(conversation.messages + list(extra), turn,
-                                        iteration), turn
+            return await self._ask_root(conversation.messages + list(extra), turn, iteration), turn
         except PromptTooLongError as exc:
             # Not a sub-call's "split it": the conversation was just compacted, and
             # what is left (system prompt, question, summary) is still too long.
-            raise LLMQueryError(self.model, (
-                f"the root conversation is about {exc.tokens:,} tokens even after "
-                f"compaction, and the root model takes {exc.room:,}: use a root model "
-                "with a larger window (RLM.model), or a shorter question")) from None
+            raise LLMQueryError(
+                self.model,
+                (
+                    f"the root conversation is about {exc.tokens:,} tokens even after "
+                    f"compaction, and the root model takes {exc.room:,}: use a root model "
+                    "with a larger window (RLM.model), or a shorter question"
+                ),
+            ) from None
 
     async def _share_history(self, history: list[dict]) -> None:
         """The whole conversation as the REPL variable ``history``, redacted as all that
@@ -404,8 +486,9 @@ class Run:
         shared = await redact_messages([dict(m) for m in history], self.client.redactor())
         await self.repl.set_variable("history", shared)
 
-    async def _ask_root(self, messages, turn: LiveTurn | None = None,
-                        iteration: Iteration | None = None) -> str:
+    async def _ask_root(
+        self, messages, turn: LiveTurn | None = None, iteration: Iteration | None = None
+    ) -> str:
         """One root turn, streamed into ``turn`` (the panel shows it; with early
         execution its finished blocks start running). If the turn fails after some of
         its blocks ran, it is not asked again (its code would run twice): the partial
@@ -415,9 +498,16 @@ class Run:
             self.tree.live_turn = turn
         try:
             completion = await self.client.complete(
-                messages, model=self.model, max_tokens=self.max_tokens,
-                ledger=self.tree.ledger, stream=True, on_text=turn, cache_prefix=True,
-                deadline=self.calls.outer_deadline, may_retry=lambda: not turn.ran)
+                messages,
+                model=self.model,
+                max_tokens=self.max_tokens,
+                ledger=self.tree.ledger,
+                stream=True,
+                on_text=turn,
+                cache_prefix=True,
+                deadline=self.calls.outer_deadline,
+                may_retry=lambda: not turn.ran,
+            )
         except BaseException as exc:
             if turn.ran and iteration is not None and isinstance(exc, Exception):
                 # Cut off after its code ran: the partial turn stands, and _act_on lets
@@ -437,8 +527,13 @@ class Run:
         if iteration is not None:
             iteration.early_blocks = turn.ran
         # Stopped at max_tokens or broken off: either way its FINAL may be cut short.
-        self._cut_off = ("" if not getattr(completion, "incomplete", False) else
-                         "at max_tokens" if completion.cut_off else "before its end")
+        self._cut_off = (
+            ""
+            if not getattr(completion, "incomplete", False)
+            else "at max_tokens"
+            if completion.cut_off
+            else "before its end"
+        )
         # A turn that broke off (a stall, a server gone) is kept as far as it came; a
         # block it left unclosed is not run (it may be half written).
         self._broken_off = getattr(completion, "cut_reason", None)
@@ -446,9 +541,13 @@ class Run:
             iteration.broken_off = self._broken_off
         return completion.text
 
-    async def _act_on(self, reply: str, iteration: Iteration, turn: LiveTurn | None = None,
-                      outputs: list[str] | None = None
-                      ) -> tuple[str, tuple[str, str] | None]:
+    async def _act_on(
+        self,
+        reply: str,
+        iteration: Iteration,
+        turn: LiveTurn | None = None,
+        outputs: list[str] | None = None,
+    ) -> tuple[str, tuple[str, str] | None]:
         """Run the reply's code; return (feedback for the model, (final answer, how it
         was given) or None)."""
         reading = read_reply(reply)
@@ -473,8 +572,9 @@ class Run:
             problems = [problem]
         outputs += problems
         if not blocks and marker is None and not problems:
-            outputs.append("You wrote no ```repl code and gave no final answer. To finish: "
-                           f"{ACCEPTED_FORMS}.")
+            outputs.append(
+                f"You wrote no ```repl code and gave no final answer. To finish: {ACCEPTED_FORMS}."
+            )
         return "\n\n".join(outputs + [CONTINUE_PROMPT]), None
 
     def _readable(self, reading) -> tuple[Final | None, list[str]]:
@@ -484,14 +584,17 @@ class Run:
         taken."""
         final = reading.final
         if final is not None and self._cut_off and not final.balanced:
-            return None, [f"Your reply was cut off {self._cut_off} inside "
-                          f"{final.kind}(...), so its answer may be cut off too; it was "
-                          "not taken. Give the "
-                          f"answer again, shorter. Accepted forms: {ACCEPTED_FORMS}."]
+            return None, [
+                f"Your reply was cut off {self._cut_off} inside "
+                f"{final.kind}(...), so its answer may be cut off too; it was "
+                "not taken. Give the "
+                f"answer again, shorter. Accepted forms: {ACCEPTED_FORMS}."
+            ]
         return final, reading.problems
 
-    async def _run_block(self, number: int, code: str, iteration: Iteration,
-                         outputs: list[str]) -> bool:
+    async def _run_block(
+        self, number: int, code: str, iteration: Iteration, outputs: list[str]
+    ) -> bool:
         """Run one block; True when the model's code set the answer ready."""
         self._status("running code")
         # Sub-calls of this step must end in time for the step to end with their
@@ -512,8 +615,7 @@ class Run:
         except BaseException:
             # Interrupted mid-step: keep what the step printed in the trajectory.
             partial = self.repl.last_output
-            shown = self.client.redactor().head(partial.as_text(),
-                                                self.max_output_chars)
+            shown = self.client.redactor().head(partial.as_text(), self.max_output_chars)
             iteration.code.append(CodeRun(code, shown, partial.elapsed_s, error=True))
             raise
         finally:
@@ -524,26 +626,25 @@ class Run:
         cut = self.calls.cut_answers - cut_before
         if cut:
             iteration.cut_answers += cut
-            seen += (f"\n[{cut} sub-call answer{'s' if cut > 1 else ''} of this step "
-                     f"{'are' if cut > 1 else 'is'} cut off (stopped at max_tokens, or "
-                     "broken off); ask for shorter answers or smaller pieces]")
+            seen += (
+                f"\n[{cut} sub-call answer{'s' if cut > 1 else ''} of this step "
+                f"{'are' if cut > 1 else 'is'} cut off (stopped at max_tokens, or "
+                "broken off); ask for shorter answers or smaller pieces]"
+            )
         seen += self._restored_note(step.restored)
         finish = step.finish
         if finish and step.error is not None:
             # An answer given before the block failed or was stopped is not taken: the
             # failure may be the check that should have kept it from being the answer.
-            called = ("answer['ready'] was set" if finish[0] == "answer dict"
-                      else "FINAL was called")
+            called = "answer['ready'] was set" if finish[0] == "answer dict" else "FINAL was called"
             failure = step.error.strip().splitlines()[-1]
             seen += f"\n[{called}, but the block then failed: {failure}; the run goes on]"
             finish = None
-        iteration.code.append(CodeRun(code, seen, step.elapsed_s,
-                                      error=step.error is not None))
+        iteration.code.append(CodeRun(code, seen, step.elapsed_s, error=step.error is not None))
         outputs.append(f"Output of block {number}:\n{seen}")
         return await self._finished_by_block(finish, outputs, iteration)
 
-    async def _finished_by_block(self, finish, outputs: list[str],
-                                 iteration: Iteration) -> bool:
+    async def _finished_by_block(self, finish, outputs: list[str], iteration: Iteration) -> bool:
         """Whether the block finished the run (the REPL, in this process or the
         sandbox's, says how); the answer goes to ``self._finished``."""
         if not finish:
@@ -552,9 +653,11 @@ class Run:
         if how == "print":  # the block printed a FINAL(...) line of its own
             marker = read_printed_final(answer)
             if marker is None:
-                outputs.append(f"Your code printed {answer.strip()[:200]!r}, from which no "
-                               "FINAL(...) answer could be read, so the run goes on. "
-                               f"Accepted forms: {ACCEPTED_FORMS}.")
+                outputs.append(
+                    f"Your code printed {answer.strip()[:200]!r}, from which no "
+                    "FINAL(...) answer could be read, so the run goes on. "
+                    f"Accepted forms: {ACCEPTED_FORMS}."
+                )
                 return False
             answer, problem = await self._resolve_final(marker, iteration)
             if answer is None:
@@ -572,20 +675,26 @@ class Run:
         if not new:
             return ""
         listed = ", ".join(f"`{name}`" for name in new)
-        return (f"\n[Your code rebound {listed}, which the REPL provides; "
-                f"{'it is' if len(new) == 1 else 'they are'} restored for your next "
-                "blocks. Keep your own values under other names.]")
+        return (
+            f"\n[Your code rebound {listed}, which the REPL provides; "
+            f"{'it is' if len(new) == 1 else 'they are'} restored for your next "
+            "blocks. Keep your own values under other names.]"
+        )
 
-    async def _resolve_final(self, marker, iteration: Iteration | None = None
-                             ) -> tuple[str | None, str]:
+    async def _resolve_final(
+        self, marker, iteration: Iteration | None = None
+    ) -> tuple[str | None, str]:
         answer, problem = await self._resolve_marker(marker, iteration)
         if answer is not None and not answer.strip():  # an empty variable's value
-            return None, (f"{marker.kind}({marker.value}) gives an empty answer, so the "
-                          "run goes on. Give the answer itself.")
+            return None, (
+                f"{marker.kind}({marker.value}) gives an empty answer, so the "
+                "run goes on. Give the answer itself."
+            )
         return answer, problem
 
-    async def _resolve_marker(self, marker, iteration: Iteration | None = None
-                              ) -> tuple[str | None, str]:
+    async def _resolve_marker(
+        self, marker, iteration: Iteration | None = None
+    ) -> tuple[str | None, str]:
         repl = getattr(self, "repl", None)
         if marker.kind == "FINAL":
             # FINAL(name), where name is exactly a REPL variable's: a real model's slip
@@ -598,8 +707,10 @@ class Run:
                 except Exception:  # noqa: BLE001 - a sandbox that cannot say: the text stands
                     value = None
                 if value is not None:
-                    note = (f"FINAL({marker.value}) names a REPL variable: answered with "
-                            "its value, as FINAL_VAR would")
+                    note = (
+                        f"FINAL({marker.value}) names a REPL variable: answered with "
+                        "its value, as FINAL_VAR would"
+                    )
                     if iteration is not None:
                         iteration.notes.append(note)
                     else:
@@ -610,31 +721,40 @@ class Run:
         if value is not None:
             return value, ""
         names = ", ".join(await repl.variable_names() if repl else []) or "none yet"
-        return None, (f"FINAL_VAR({marker.value}): there is no variable named "
-                      f"{marker.value!r} in the REPL (variables: {names}).")
+        return None, (
+            f"FINAL_VAR({marker.value}): there is no variable named "
+            f"{marker.value!r} in the REPL (variables: {names})."
+        )
 
     def _stopped_by_budget(self, result: RLMResult) -> bool:
         self._warn_if_budget_is_blind()
         if not self.tree.over_budget():
             return False
         result.stop_reason = "budget"
-        result.error = (f"cost budget exceeded: spent ${self.tree.ledger.cost_usd:.4f} of "
-                        f"max_cost_usd=${self.tree.max_cost_usd:g}")
+        result.error = (
+            f"cost budget exceeded: spent ${self.tree.ledger.cost_usd:.4f} of "
+            f"max_cost_usd=${self.tree.max_cost_usd:g}"
+        )
         return True
 
     def _warn_if_budget_is_blind(self) -> None:
         tree = self.tree
         if tree.max_cost_usd is None or tree.warned_unpriced:
             return
-        unpriced = [row.model for row in tree.ledger.summary().by_model.values()
-                    if row.unpriced_calls]
+        unpriced = [
+            row.model for row in tree.ledger.summary().by_model.values() if row.unpriced_calls
+        ]
         if unpriced:
             tree.warned_unpriced = True
             import warnings
 
-            warnings.warn(f"max_cost_usd is set, but litellm has no price for "
-                          f"{', '.join(unpriced)}: those calls count as $0 against the "
-                          "budget", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"max_cost_usd is set, but litellm has no price for "
+                f"{', '.join(unpriced)}: those calls count as $0 against the "
+                "budget",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
     async def _as_model_sees_it(self, text: str, dropped: int = 0) -> str:
         """Step output as the model sees it: secrets removed, cut to max_output_chars
@@ -644,8 +764,10 @@ class Run:
         if len(text) <= limit:
             return await off_loop_if_large(len(text), redact, text)
         head = await off_loop_if_large(limit, redact.head, text, limit)
-        return (head + f"\n... [output cut: {len(text) + dropped - limit:,} more characters not "
-                "shown; print smaller slices]")
+        return (
+            head + f"\n... [output cut: {len(text) + dropped - limit:,} more characters not "
+            "shown; print smaller slices]"
+        )
 
     # -- prompts ----------------------------------------------------------------------
     def _chunk_advice(self) -> tuple[str, str]:
@@ -653,8 +775,9 @@ class Run:
         room, at the characters per token its usage reports showed."""
         window = self.client.input_window(self.sub_model, advice=True)
         return chunk_advice(
-            window - answer_room(window, self.max_tokens, self.sub_model) if window
-            else None, chars_per_token(self.sub_model))
+            window - answer_room(window, self.max_tokens, self.sub_model) if window else None,
+            chars_per_token(self.sub_model),
+        )
 
     def _refresh_advice(self) -> None:
         """A window learned since the system prompt was written (or a tokenizer that
@@ -662,26 +785,34 @@ class Run:
         system prompt is written again. Only then: a new system prompt costs the
         provider's prompt cache its prefix."""
         window, per_token = self._advised_for
-        now = (self.client.input_window(self.sub_model, advice=True),
-               chars_per_token(self.sub_model))
+        now = (
+            self.client.input_window(self.sub_model, advice=True),
+            chars_per_token(self.sub_model),
+        )
         if now[0] == window and abs(now[1] - per_token) <= 0.25 * per_token:
             return
         if self.conversation.messages:
-            self.conversation.messages[0] = {"role": "system",
-                                             "content": self._system_prompt()}
+            self.conversation.messages[0] = {"role": "system", "content": self._system_prompt()}
 
     def _system_prompt(self) -> str:
         if getattr(self, "_described", None) is None:
             self._described = describe_context(self.context)
         type_name, length, preview = self._described
-        self._advised_for = (self.client.input_window(self.sub_model, advice=True),
-                             chars_per_token(self.sub_model))
+        self._advised_for = (
+            self.client.input_window(self.sub_model, advice=True),
+            chars_per_token(self.sub_model),
+        )
         reads, chunk = self._chunk_advice()
-        fields = _Fields(context_type=type_name, context_length=length,
-                         sub_model_reads=reads, chunk_size=chunk,
-                         context_preview=self.client.redactor()(preview),
-                         max_depth=self.max_depth, depth_left=self.max_depth - self.depth,
-                         max_output_chars=self.max_output_chars)
+        fields = _Fields(
+            context_type=type_name,
+            context_length=length,
+            sub_model_reads=reads,
+            chunk_size=chunk,
+            context_preview=self.client.redactor()(preview),
+            max_depth=self.max_depth,
+            depth_left=self.max_depth - self.depth,
+            max_output_chars=self.max_output_chars,
+        )
         template = self.rlm.system_prompt or SYSTEM_PROMPT
         try:
             return template.format_map(fields)
@@ -689,28 +820,41 @@ class Run:
             return template  # a custom prompt with literal braces: use it as written
 
     def _first_message(self) -> str:
-        question = (f"Question: {self.query}\n\nThe data is in the REPL variable `context`. "
-                    "Look at it before you answer.")
+        question = (
+            f"Question: {self.query}\n\nThe data is in the REPL variable `context`. "
+            "Look at it before you answer."
+        )
         session = self.session
         if session is None or not session.exchanges:
             return question
         contexts = len(session.contexts)
-        earlier = (f" Earlier contexts of this session: "
-                   f"{', '.join(f'context_{i}' for i in range(contexts - 1))}."
-                   if contexts > 1 else "")
+        earlier = (
+            f" Earlier contexts of this session: "
+            f"{', '.join(f'context_{i}' for i in range(contexts - 1))}."
+            if contexts > 1
+            else ""
+        )
         return f"{session.memory()}\n\n{question}{earlier}"
 
     # -- the REPL's view --------------------------------------------------------------
     def _repl_globals(self, namespace: dict[str, Any]) -> dict[str, Any]:
         return preloaded(namespace, self.context)
 
-    async def _child_run(self, prompt: str, context: Any, deadline: float | None
-                         ) -> RLMResult:
+    async def _child_run(self, prompt: str, context: Any, deadline: float | None) -> RLMResult:
         """A child RLM for ``rlm_query``: the sub-model as its root, this run's tree."""
-        child = Run(self.rlm, prompt, context, model=self.sub_model, sub_model=self.sub_model,
-                    max_iterations=self.max_iterations, max_depth=self.max_depth,
-                    sandbox=self.sandbox, depth=self.depth + 1, tree=self.tree,
-                    deadline=deadline)
+        child = Run(
+            self.rlm,
+            prompt,
+            context,
+            model=self.sub_model,
+            sub_model=self.sub_model,
+            max_iterations=self.max_iterations,
+            max_depth=self.max_depth,
+            sandbox=self.sandbox,
+            depth=self.depth + 1,
+            tree=self.tree,
+            deadline=deadline,
+        )
         return await child.execute()
 
     def _status(self, phase: str, iteration: int | None = None) -> None:
@@ -719,6 +863,7 @@ class Run:
             if iteration is not None:
                 self.tree.iteration = iteration
                 self.tree.max_iterations = self.max_iterations
+
 
 def _is_error(answer: str | None) -> bool:
     """An answer that is a failed call's error string, or only such strings (a
@@ -735,8 +880,11 @@ def _is_error(answer: str | None) -> bool:
             items = ast.literal_eval(text)
         except (ValueError, SyntaxError, MemoryError, RecursionError):
             return False
-        return isinstance(items, (list, tuple)) and bool(items) and all(
-            isinstance(item, str) and item.lstrip().startswith("Error:") for item in items)
+        return (
+            isinstance(items, (list, tuple))
+            and bool(items)
+            and all(isinstance(item, str) and item.lstrip().startswith("Error:") for item in items)
+        )
     return False
 
 

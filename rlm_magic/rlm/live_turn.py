@@ -9,7 +9,7 @@ ends a line while a fence is open.
 from __future__ import annotations
 
 import asyncio
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from .replies import code_blocks
 
@@ -36,7 +36,7 @@ class LiveTurn:
         if piece is None:  # a retry: the answer starts over
             self._pieces.clear()
             # Blocks already run stay run: the retried answer must begin with them.
-            self._codes = self._codes[:self.ran]
+            self._codes = self._codes[: self.ran]
             self._scanned = 0
             return
         self._pieces.append(piece)
@@ -53,21 +53,20 @@ class LiveTurn:
         """The last lines of the text so far, for a status view."""
         text = "".join(self._pieces[-400:])
         shown = text.splitlines()[-lines:]
-        return "\n".join(line if len(line) <= width else line[:width - 1] + "…"
-                         for line in shown)
+        return "\n".join(line if len(line) <= width else line[: width - 1] + "…" for line in shown)
 
     # -- early execution ------------------------------------------------------------
     def _scan(self) -> None:
         """Queue blocks whose closing fence line is complete. Only whole lines are
         parsed, so the blocks found are exactly the first blocks of the final text."""
         text = self.text
-        whole = text[:text.rfind("\n") + 1]
-        self._fence_pending = "`" in text[len(whole):]
+        whole = text[: text.rfind("\n") + 1]
+        self._fence_pending = "`" in text[len(whole) :]
         if len(whole) <= self._scanned:
             return
         self._scanned = len(whole)
         found = code_blocks(whole, streaming=True)  # the reader the engine uses
-        if len(found) > len(self._codes) and found[:self.ran] == self._codes[:self.ran]:
+        if len(found) > len(self._codes) and found[: self.ran] == self._codes[: self.ran]:
             self._codes = found
             self._start()
 
@@ -84,16 +83,17 @@ class LiveTurn:
 
     @property
     def executed(self) -> list[str]:
-        return self._codes[:self.ran]
+        return self._codes[: self.ran]
 
     async def finish(self, blocks: list[str]) -> None:
         """The turn is complete: run the blocks not yet run, in order, and wait."""
         if self._run_block is None:
             return
-        if blocks[:self.ran] != self.executed:
+        if blocks[: self.ran] != self.executed:
             raise RuntimeError(
                 f"the root turn was cut off and retried after {self.ran} of its code "
-                "blocks had run, and the new answer's code differs")
+                "blocks had run, and the new answer's code differs"
+            )
         self._codes = list(blocks)  # a running worker picks the new ones up
         self._start()
         try:

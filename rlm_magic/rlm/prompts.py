@@ -45,24 +45,28 @@ looked at the data.
 
 ITERATION_LIMIT_PROMPT = (
     "You have reached the iteration limit. Do not write more code. Give your best final "
-    "answer now, on its own line, as FINAL(answer).")
+    "answer now, on its own line, as FINAL(answer)."
+)
 
 SUMMARY_PROMPT = (
     "Your conversation is about to be compacted to fit your context window. Write a "
     "summary of your progress so far, for yourself to continue from: what the question "
     "needs, what you have learned (with the figures and facts found), which REPL "
     "variables hold what (their names and contents), and what is left to do. Write no "
-    "code and no FINAL; only the summary.")
+    "code and no FINAL; only the summary."
+)
 
 AFTER_COMPACTION_PROMPT = (
     "Your conversation was compacted to fit your context window (compaction {number}); "
     "your summary of it is above. Every REPL variable is kept, and the full conversation "
     "so far is in the REPL variable `history` (a list of {{'role', 'content'}} dicts). "
-    "Continue from the summary.")
+    "Continue from the summary."
+)
 
 CONTINUE_PROMPT = (
     "Continue. Write ```repl code to make progress, or call FINAL(answer) in a ```repl "
-    "block once you have the answer.")
+    "block once you have the answer."
+)
 
 
 def chunk_advice(room_tokens: int | None, chars_per_token: int = 4) -> tuple[str, str]:
@@ -73,8 +77,7 @@ def chunk_advice(room_tokens: int | None, chars_per_token: int = 4) -> tuple[str
     reads = _round(room_tokens * chars_per_token * 0.8)  # room for the question too
     high = min(100_000, _round(reads * 0.75))
     low = min(20_000, _round(high / 4))
-    return f"~{_short_number(reads)} characters", \
-        f"{_short_number(low)}-{_short_number(high)}"
+    return f"~{_short_number(reads)} characters", f"{_short_number(low)}-{_short_number(high)}"
 
 
 def _round(value: float) -> int:
@@ -103,8 +106,10 @@ def describe_context(context) -> tuple[str, int, str]:
     except TypeError:
         length = 1
     if hasattr(context, "columns") and shape is not None:  # a DataFrame
-        preview = (f"shape {tuple(shape)}, columns {list(context.columns)[:30]}\n"
-                   + context.head(5).to_string(max_colwidth=80)[:1500])
+        preview = (
+            f"shape {tuple(shape)}, columns {list(context.columns)[:30]}\n"
+            + context.head(5).to_string(max_colwidth=80)[:1500]
+        )
     elif isinstance(context, str):
         preview = context[:800] + (" ..." if len(context) > 800 else "")
     elif isinstance(context, dict):

@@ -40,7 +40,8 @@ CODE_LANGUAGES = frozenset({"repl", "python", "py", "python3", "py3"})
 # The ways to finish, as the model is told when a finish could not be read.
 ACCEPTED_FORMS = (
     "on a line of its own outside code, FINAL(your answer) or FINAL_VAR(variable_name); "
-    "or, inside a ```repl block, FINAL(value) or FINAL_VAR(\"variable_name\")")
+    'or, inside a ```repl block, FINAL(value) or FINAL_VAR("variable_name")'
+)
 
 _OPENING = re.compile(r"^([ \t]*)(`{3,})[ \t]*([^\s`]*)[^`\n]*$")
 _MARKER = re.compile(r"^[ \t]*(?:[>*_#+`-]+[ \t]*)*(FINAL_VAR|FINAL)\(", re.MULTILINE)
@@ -122,7 +123,7 @@ def with_code_as_pointers(text: str) -> str:
     for fence in _fences(text):
         if fence.runnable:
             number += 1
-            parts += [text[at:fence.start], f"[code block {number} below]"]
+            parts += [text[at : fence.start], f"[code block {number} below]"]
             at = fence.end
     parts.append(text[at:])
     return "".join(parts).strip()
@@ -147,9 +148,13 @@ def read_final_call(code: str) -> Final | None:
     if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Expr):
         return None
     call = tree.body[0].value
-    if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
-            and call.func.id in ("FINAL", "FINAL_VAR") and len(call.args) == 1
-            and not call.keywords):
+    if not (
+        isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Name)
+        and call.func.id in ("FINAL", "FINAL_VAR")
+        and len(call.args) == 1
+        and not call.keywords
+    ):
         return None
     argument = call.args[0]
     if isinstance(argument, ast.Name):  # the variable's value, or no answer
@@ -182,10 +187,10 @@ def _fences(text: str) -> list[Fence]:
             line = lines[i]
             stripped = line.lstrip(" \t")
             if stripped.startswith(ticks):
-                rest = stripped[len(ticks):].strip()
+                rest = stripped[len(ticks) :].strip()
                 if not body_lines and not language and re.fullmatch(r"[\w+-]+", rest):
                     # "```" then "```python": a decorative outer fence; this opens.
-                    language, ticks = rest, stripped[:len(stripped) - len(stripped.lstrip("`"))]
+                    language, ticks = rest, stripped[: len(stripped) - len(stripped.lstrip("`"))]
                     offset += len(line)
                     i += 1
                     continue
@@ -206,15 +211,16 @@ def _fences(text: str) -> list[Fence]:
         else:
             end = offset
         body = "".join(body_lines).rstrip("\n")
-        fences.append(Fence(language.lower(), body, start, end, closed,
-                            _runs(language.lower(), body)))
+        fences.append(
+            Fence(language.lower(), body, start, end, closed, _runs(language.lower(), body))
+        )
     return fences
 
 
 def _dedent(line: str, indent: int) -> str:
     """A body line without the fence's own indentation (a fence inside a list)."""
     removable = len(line) - len(line.lstrip(" "))
-    return line[min(indent, removable):]
+    return line[min(indent, removable) :]
 
 
 def _runs(language: str, body: str) -> bool:
@@ -231,7 +237,7 @@ def _is_lone_marker(body: str) -> bool:
     match = _MARKER.match(body)
     if match is None:
         return False
-    end, _, _ = _argument_end(body[match.end():])
+    end, _, _ = _argument_end(body[match.end() :])
     return end is not None and match.end() + end == len(body) - 1
 
 
@@ -271,7 +277,7 @@ def _prose(text: str, fences: list[Fence]) -> list[str]:
     segments, at = [], 0
     for fence in fences:
         if fence.runnable or _is_quotation(fence.language):
-            segments.append(text[at:fence.start])
+            segments.append(text[at : fence.start])
             at = fence.end
     segments.append(text[at:])
     return segments
@@ -283,26 +289,34 @@ def _marker(segment: str, match: re.Match, limit: int) -> tuple[Final | None, st
     end, balanced, readings = _argument_end(area)
     if readings:
         short, long = (_quote(area[:index], 80) for index in readings)
-        return None, (f"Your {kind}(...) can be read two ways, as {short} or as {long}, "
-                      f"so no answer was read from it. Put the answer in a variable in a "
-                      f"```repl block and finish with FINAL_VAR(\"variable_name\").")
+        return None, (
+            f"Your {kind}(...) can be read two ways, as {short} or as {long}, "
+            f"so no answer was read from it. Put the answer in a variable in a "
+            f'```repl block and finish with FINAL_VAR("variable_name").'
+        )
     if end is None:
-        seen = _quote(segment[match.start():limit])
-        return None, (f"Your {kind}( is never closed, so no answer was read from it: "
-                      f"{seen}. Accepted forms: {ACCEPTED_FORMS}.")
+        seen = _quote(segment[match.start() : limit])
+        return None, (
+            f"Your {kind}( is never closed, so no answer was read from it: "
+            f"{seen}. Accepted forms: {ACCEPTED_FORMS}."
+        )
     argument = area[:end]
     if kind == "FINAL":
         value = _unquote(argument.strip())
         if not value.strip():
-            return None, (f"Your FINAL({argument}) holds no answer, so the run goes on. "
-                          f"Accepted forms: {ACCEPTED_FORMS}.")
+            return None, (
+                f"Your FINAL({argument}) holds no answer, so the run goes on. "
+                f"Accepted forms: {ACCEPTED_FORMS}."
+            )
         return Final(kind, value, balanced), ""
     name = _name(argument)
     if not name.isidentifier():
-        return None, (f"FINAL_VAR takes the name of a REPL variable, and "
-                      f"{_quote(argument.strip())} is not a name. Put the value in a "
-                      f"variable first, or write FINAL(your answer). Accepted forms: "
-                      f"{ACCEPTED_FORMS}.")
+        return None, (
+            f"FINAL_VAR takes the name of a REPL variable, and "
+            f"{_quote(argument.strip())} is not a name. Put the value in a "
+            f"variable first, or write FINAL(your answer). Accepted forms: "
+            f"{ACCEPTED_FORMS}."
+        )
     return Final(kind, name, balanced), ""
 
 
@@ -335,7 +349,7 @@ def _closers(area: str):
     depth, index = 0, 0
     while index < len(area):
         char = area[index]
-        if char in "\"`":
+        if char in '"`':
             close = area.find(char, index + 1)
             if close != -1 and area.find("\n", index + 1, close) == -1:
                 index = close + 1
@@ -353,19 +367,19 @@ def _closers(area: str):
 
 
 def _is_emoticon(area: str, index: int) -> bool:
-    """":)", ";-)", "=)"; and ":(" when a space or the line's end follows (not "x:(y)")."""
+    """ ":)", ";-)", "=)"; and ":(" when a space or the line's end follows (not "x:(y)")."""
     char = area[index]
     if char not in "()" or not _EMOTICON_EYES.search(area, max(0, index - 2), index):
         return False
-    return char == ")" or area[index + 1:index + 2] in ("", " ", "\t", "\n")
+    return char == ")" or area[index + 1 : index + 2] in ("", " ", "\t", "\n")
 
 
 def _marker_token(area: str, index: int) -> str | None:
-    """"1", "a", "ii" for a list marker's ')', "%" for a percentage's; text must follow it
+    """ "1", "a", "ii" for a list marker's ')', "%" for a percentage's; text must follow it
     on its line (Markdown emphasis may close first: "**1)** ")."""
-    if area[index + 1:index + 2] not in (" ", "\t", "*", "_"):
+    if area[index + 1 : index + 2] not in (" ", "\t", "*", "_"):
         return None
-    if area[index - 1:index] == "%":
+    if area[index - 1 : index] == "%":
         return "%"
     token = _LIST_TOKEN.search(area, max(0, index - 4), index)
     return token.group(1) if token else None
@@ -402,7 +416,7 @@ def _first_line_ending_in_paren(area: str) -> int | None:
 
 def _ends_paragraph(area: str, index: int) -> bool:
     """Whether the line ending at ``index`` is the last of its paragraph."""
-    return re.match(r"[ \t]*(?:\n[ \t]*(?:\n|$)|$)", area[index + 1:]) is not None
+    return re.match(r"[ \t]*(?:\n[ \t]*(?:\n|$)|$)", area[index + 1 :]) is not None
 
 
 def _mentions(text: str, fences: list[Fence]) -> list[str]:
@@ -410,13 +424,17 @@ def _mentions(text: str, fences: list[Fence]) -> list[str]:
     (mid-sentence, inside a quotation, without parentheses), so the model can fix it."""
     for fence in fences:
         if _is_quotation(fence.language) and _MARKER.search(fence.body):
-            return [f"Your FINAL is inside a ```{fence.language} block, where it is "
-                    f"not read. Accepted forms: {ACCEPTED_FORMS}."]
+            return [
+                f"Your FINAL is inside a ```{fence.language} block, where it is "
+                f"not read. Accepted forms: {ACCEPTED_FORMS}."
+            ]
     for line in text.splitlines():
         if _MENTION.search(line):
-            return [f"FINAL was not read as your answer in {_quote(line.strip())}: it "
-                    f"must begin a line and hold the answer in parentheses. Accepted "
-                    f"forms: {ACCEPTED_FORMS}."]
+            return [
+                f"FINAL was not read as your answer in {_quote(line.strip())}: it "
+                f"must begin a line and hold the answer in parentheses. Accepted "
+                f"forms: {ACCEPTED_FORMS}."
+            ]
     return []
 
 
@@ -433,8 +451,12 @@ def _unquote(value: str) -> str:
     """The answer without quotes around the whole of it (and only the whole of it:
     '"a" and "b"' keeps its own)."""
     for quote in ('"""', "'''", '"', "'", "`"):
-        inner = value[len(quote):-len(quote)]
-        if len(value) >= 2 * len(quote) and value.startswith(quote) \
-                and value.endswith(quote) and quote not in inner:
+        inner = value[len(quote) : -len(quote)]
+        if (
+            len(value) >= 2 * len(quote)
+            and value.startswith(quote)
+            and value.endswith(quote)
+            and quote not in inner
+        ):
             return inner
     return value

@@ -97,18 +97,23 @@ class RLMResult:
     def interrupted(self) -> bool:
         return self.stop_reason == "interrupted"
 
-    def as_exception(self) -> "RLMRunError":
+    def as_exception(self) -> RLMRunError:
         return RLMRunError(self)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-safe dict of the result; ``variables`` gives each variable's type."""
-        data = {f.name: getattr(self, f.name) for f in fields(self)
-                if f.name not in ("usage", "trajectory", "variables", "compactions")}
+        data = {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if f.name not in ("usage", "trajectory", "variables", "compactions")
+        }
         data["compactions"] = [asdict(c) for c in self.compactions]
         data["trajectory"] = [asdict(iteration) for iteration in self.trajectory]
         data["usage"] = self.usage.to_dict()
-        data["variables"] = {name: getattr(value, "type_name", "") or type(value).__name__
-                             for name, value in self.variables.items()}
+        data["variables"] = {
+            name: getattr(value, "type_name", "") or type(value).__name__
+            for name, value in self.variables.items()
+        }
         return data
 
     def save(self, path: str | Path) -> Path:
@@ -119,11 +124,22 @@ class RLMResult:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
         with path.open("a", encoding="utf-8") as log:
             for iteration in self.trajectory:
-                log.write(json.dumps({"type": "iteration", "time": stamp, "query": self.query,
-                                      **asdict(iteration)}, ensure_ascii=False) + "\n")
+                log.write(
+                    json.dumps(
+                        {
+                            "type": "iteration",
+                            "time": stamp,
+                            "query": self.query,
+                            **asdict(iteration),
+                        },
+                        ensure_ascii=False,
+                    )
+                    + "\n"
+                )
             summary = {k: v for k, v in self.to_dict().items() if k != "trajectory"}
-            log.write(json.dumps({"type": "result", "time": stamp, **summary},
-                                 ensure_ascii=False) + "\n")
+            log.write(
+                json.dumps({"type": "result", "time": stamp, **summary}, ensure_ascii=False) + "\n"
+            )
         return path
 
     def __repr__(self) -> str:
@@ -132,8 +148,10 @@ class RLMResult:
         answer = " ".join(str(answer).split())
         if len(answer) > 200:
             answer = answer[:200] + "..."
-        return (f"RLMResult({status}, iterations={self.iterations}, "
-                f"sub-calls={sum(i.sub_calls for i in self.trajectory)}): {answer}")
+        return (
+            f"RLMResult({status}, iterations={self.iterations}, "
+            f"sub-calls={sum(i.sub_calls for i in self.trajectory)}): {answer}"
+        )
 
     def _repr_markdown_(self) -> str:
         from ..jupyter.display import result_markdown

@@ -38,7 +38,7 @@ class RLMSession:
     ``await session.arun(question, context=...)`` (or ``rlm.arun(..., session=session)``);
     ``await session.aclose()`` ends it (its sandbox process too)."""
 
-    def __init__(self, rlm: "RLM", name: str = "session", sandbox: str | None = None):
+    def __init__(self, rlm: RLM, name: str = "session", sandbox: str | None = None):
         self.rlm = rlm
         self.name = name
         self.sandbox = sandbox or rlm.sandbox
@@ -48,13 +48,13 @@ class RLMSession:
         self.namespace: dict[str, Any] | None = None  # the in-process REPL's
         self.contexts: list[Any] = []
         self.exchanges: list[Exchange] = []
-        self.results: list["RLMResult"] = []
+        self.results: list[RLMResult] = []
         self.variable_names: list[str] = []
         self.closed = False
         self.loop: asyncio.AbstractEventLoop | None = None  # where its REPL lives
         self._busy = asyncio.Lock()
 
-    async def arun(self, query: str, context: Any = None, **overrides) -> "RLMResult":
+    async def arun(self, query: str, context: Any = None, **overrides) -> RLMResult:
         """Ask the next question of this session."""
         return await self.rlm.arun(query, context, session=self, **overrides)
 
@@ -68,20 +68,25 @@ class RLMSession:
         if self.closed:
             raise ConfigError(f"session {self.name!r} was closed; start a new one")
         if self.loop is not None and self.loop is not loop:
-            raise ConfigError(f"session {self.name!r} lives on another event loop (its REPL "
-                              "and lock belong to it); ask its questions on one loop")
+            raise ConfigError(
+                f"session {self.name!r} lives on another event loop (its REPL "
+                "and lock belong to it); ask its questions on one loop"
+            )
         self.loop = loop
         if self._busy.locked():
-            raise ConfigError(f"session {self.name!r} is answering another question; "
-                              "wait for it to finish")
+            raise ConfigError(
+                f"session {self.name!r} is answering another question; wait for it to finish"
+            )
 
     def memory(self) -> str:
         """The earlier questions and answers, for the next question's first message."""
         if not self.exchanges:
             return ""
         shown = self.exchanges[-MEMORY_QUESTIONS:]
-        lines = ["Earlier questions in this session (your REPL variables from them are "
-                 "still there; reuse them rather than asking sub-models again):"]
+        lines = [
+            "Earlier questions in this session (your REPL variables from them are "
+            "still there; reuse them rather than asking sub-models again):"
+        ]
         if len(self.exchanges) > len(shown):
             lines.append(f"({len(self.exchanges) - len(shown)} earlier questions left out)")
         for number, exchange in enumerate(shown, len(self.exchanges) - len(shown) + 1):
@@ -94,10 +99,11 @@ class RLMSession:
             lines.append("Variables in the REPL: " + ", ".join(self.variable_names[:60]))
         return "\n".join(lines)
 
-    def record(self, result: "RLMResult") -> None:
+    def record(self, result: RLMResult) -> None:
         self.results.append(result)
-        self.exchanges.append(Exchange(result.query, result.final_answer,
-                                       result.stop_reason or "error"))
+        self.exchanges.append(
+            Exchange(result.query, result.final_answer, result.stop_reason or "error")
+        )
         if result.variables or result.stop_reason in ("final", "max_iterations", "budget"):
             self.variable_names = list(result.variables)
 
@@ -112,16 +118,24 @@ class RLMSession:
         return sum(r.usage.total.total_tokens for r in self.results)
 
     def summary(self) -> dict[str, Any]:
-        return {"session": self.name, "questions": len(self.exchanges),
-                "contexts": len(self.contexts), "variables": len(self.variable_names),
-                "sandbox": self.sandbox, "tokens": self.tokens, "cost_usd": self.cost_usd}
+        return {
+            "session": self.name,
+            "questions": len(self.exchanges),
+            "contexts": len(self.contexts),
+            "variables": len(self.variable_names),
+            "sandbox": self.sandbox,
+            "tokens": self.tokens,
+            "cost_usd": self.cost_usd,
+        }
 
     def __repr__(self) -> str:
         from ..llm.usage import format_cost
 
-        return (f"RLMSession({self.name!r}: {len(self.exchanges)} question(s), "
-                f"{len(self.contexts)} context(s), {len(self.variable_names)} variable(s), "
-                f"{self.tokens:,} tokens, {format_cost(self.cost_usd)})")
+        return (
+            f"RLMSession({self.name!r}: {len(self.exchanges)} question(s), "
+            f"{len(self.contexts)} context(s), {len(self.variable_names)} variable(s), "
+            f"{self.tokens:,} tokens, {format_cost(self.cost_usd)})"
+        )
 
     def close_soon(self) -> None:
         """End the session from synchronous code (``%rlm forget``): its REPL closes on
@@ -160,9 +174,18 @@ class SessionsView:
     def _rows(self) -> list[tuple[str, ...]]:
         from ..llm.usage import format_cost
 
-        return [(s.name, str(len(s.exchanges)), str(len(s.contexts)),
-                 str(len(s.variable_names)), s.sandbox, f"{s.tokens:,}",
-                 format_cost(s.cost_usd)) for s in self.sessions]
+        return [
+            (
+                s.name,
+                str(len(s.exchanges)),
+                str(len(s.contexts)),
+                str(len(s.variable_names)),
+                s.sandbox,
+                f"{s.tokens:,}",
+                format_cost(s.cost_usd),
+            )
+            for s in self.sessions
+        ]
 
     _HEAD = ("session", "questions", "contexts", "variables", "sandbox", "tokens", "cost")
 
@@ -171,8 +194,12 @@ class SessionsView:
             return "No sessions."
         rows = [self._HEAD, *self._rows()]
         widths = [max(len(r[i]) for r in rows) for i in range(len(self._HEAD))]
-        return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                                   for i, (c, w) in enumerate(zip(r, widths))) for r in rows)
+        return "\n".join(
+            "  ".join(
+                c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))
+            )
+            for r in rows
+        )
 
     def _repr_html_(self) -> str:
         import html
@@ -180,6 +207,8 @@ class SessionsView:
         if not self.sessions:
             return "<p>No sessions.</p>"
         head = "".join(f"<th>{h}</th>" for h in self._HEAD)
-        body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
-                       for row in self._rows())
+        body = "".join(
+            "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
+            for row in self._rows()
+        )
         return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"

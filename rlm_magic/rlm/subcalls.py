@@ -9,8 +9,9 @@ budget, and the counts the status panel shows.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, LLMQueryError, PromptTooLongError, describe_exception
 from ..llm.batch import gather_limited
@@ -44,7 +45,7 @@ class RunTree:
     warned_unpriced: bool = False
     iteration: int = 0
     max_iterations: int = 0
-    live_turn: "LiveTurn | None" = None  # the root turn streaming in, for the panel
+    live_turn: LiveTurn | None = None  # the root turn streaming in, for the panel
 
     def sub_calls_left(self) -> int:
         return self.max_sub_calls - self.sub_calls
@@ -70,8 +71,18 @@ class RunTree:
 class SubCalls:
     """The helpers of one run, as model code sees them: pinned model, errors as values."""
 
-    def __init__(self, rlm, tree: RunTree, *, sub_model: str, depth: int, max_depth: int,
-                 max_tokens: int, child_run: ChildRun, deadline: float | None = None):
+    def __init__(
+        self,
+        rlm,
+        tree: RunTree,
+        *,
+        sub_model: str,
+        depth: int,
+        max_depth: int,
+        max_tokens: int,
+        child_run: ChildRun,
+        deadline: float | None = None,
+    ):
         self.rlm = rlm
         self.tree = tree
         self.sub_model = sub_model
@@ -96,16 +107,25 @@ class SubCalls:
 
     def helpers(self) -> dict[str, Any]:
         """The REPL's helpers by name (with the official library's spellings too)."""
-        return {"llm_query": self.llm_query,
-                "llm_query_batch": self.llm_query_batch,
-                "llm_query_batched": self.llm_query_batch,
-                "rlm_query": self.rlm_query,
-                "rlm_query_batch": self.rlm_query_batch,
-                "rlm_query_batched": self.rlm_query_batch}
+        return {
+            "llm_query": self.llm_query,
+            "llm_query_batch": self.llm_query_batch,
+            "llm_query_batched": self.llm_query_batch,
+            "rlm_query": self.rlm_query,
+            "rlm_query_batch": self.rlm_query_batch,
+            "rlm_query_batched": self.rlm_query_batch,
+        }
 
-    async def llm_query(self, prompt: Any, model: str | None = None, *,
-                        system: str | None = None, max_tokens: int | None = None,
-                        response_format: Any = None, **_ignored) -> Any:
+    async def llm_query(
+        self,
+        prompt: Any,
+        model: str | None = None,
+        *,
+        system: str | None = None,
+        max_tokens: int | None = None,
+        response_format: Any = None,
+        **_ignored,
+    ) -> Any:
         """Ask the sub-model one question; a failure comes back as 'Error: ...'. With
         ``response_format`` (a JSON schema), the answer is a validated dict."""
         del model  # pinned: generated code may not switch to another model
@@ -116,9 +136,16 @@ class SubCalls:
             return self._limit_error()
         return await self._sub_call(prompt, system, max_tokens, answer_format=answer_format)
 
-    async def llm_query_batch(self, prompts: Any, model: str | None = None, *,
-                              system: str | None = None, max_tokens: int | None = None,
-                              response_format: Any = None, **_ignored) -> list:
+    async def llm_query_batch(
+        self,
+        prompts: Any,
+        model: str | None = None,
+        *,
+        system: str | None = None,
+        max_tokens: int | None = None,
+        response_format: Any = None,
+        **_ignored,
+    ) -> list:
         """Ask many questions concurrently; failures come back as 'Error: ...' in place.
         With ``response_format`` (a JSON schema), each answer is a validated dict."""
         del model
@@ -130,16 +157,26 @@ class SubCalls:
             return [answer_format] * len(prompts)
         allowed = self._take_sub_calls(len(prompts))
         redactor = self.client.redactor()
-        calls = [(lambda p=p: self._sub_call(p, system, max_tokens, slot_held=True,
-                                             redactor=redactor, answer_format=answer_format))
-                 for p in prompts[:allowed]]
-        answers, errors = await gather_limited(calls, self.client.limiter,
-                                               _TreeObserver(self.tree))
+        calls = [
+            (
+                lambda p=p: self._sub_call(
+                    p,
+                    system,
+                    max_tokens,
+                    slot_held=True,
+                    redactor=redactor,
+                    answer_format=answer_format,
+                )
+            )
+            for p in prompts[:allowed]
+        ]
+        answers, errors = await gather_limited(calls, self.client.limiter, _TreeObserver(self.tree))
         answers = [f"Error: {errors[i]}" if i in errors else a for i, a in enumerate(answers)]
         return answers + [self._limit_error()] * (len(prompts) - allowed)
 
-    async def rlm_query(self, prompt: Any, context: Any = None, model: str | None = None,
-                        **_ignored) -> str:
+    async def rlm_query(
+        self, prompt: Any, context: Any = None, model: str | None = None, **_ignored
+    ) -> str:
         """Solve a sub-problem with a child RLM (or llm_query at the depth limit)."""
         del model
         prompt = prompt if isinstance(prompt, str) else str(prompt)
@@ -156,43 +193,63 @@ class SubCalls:
             return outcome.final_answer
         return f"Error: child RLM failed: {outcome.error}"
 
-    async def rlm_query_batch(self, prompts: Any, contexts: Any = None,
-                              model: str | None = None, **_ignored) -> list[str]:
+    async def rlm_query_batch(
+        self, prompts: Any, contexts: Any = None, model: str | None = None, **_ignored
+    ) -> list[str]:
         """Run child RLMs concurrently; answers in order, failures as 'Error: ...'."""
         del model
         prompts = [prompts] if isinstance(prompts, str) else list(prompts)
         contexts = [None] * len(prompts) if contexts is None else list(contexts)
         if len(contexts) != len(prompts):
-            return [f"Error: rlm_query_batch got {len(prompts)} prompts and "
-                    f"{len(contexts)} contexts"] * len(prompts)
+            return [
+                f"Error: rlm_query_batch got {len(prompts)} prompts and {len(contexts)} contexts"
+            ] * len(prompts)
         # Children hold no client slot while they think: a limiter of their own.
         limiter = ConcurrencyLimiter(lambda: self.rlm.max_concurrency)
         calls = [(lambda p=p, c=c: self.rlm_query(p, c)) for p, c in zip(prompts, contexts)]
         answers, errors = await gather_limited(calls, limiter)
         return [f"Error: {errors[i]}" if i in errors else a for i, a in enumerate(answers)]
 
-    async def _sub_call(self, prompt: Any, system: str | None, max_tokens: int | None,
-                        slot_held: bool = False, redactor=None, answer_format=None) -> Any:
+    async def _sub_call(
+        self,
+        prompt: Any,
+        system: str | None,
+        max_tokens: int | None,
+        slot_held: bool = False,
+        redactor=None,
+        answer_format=None,
+    ) -> Any:
         if self.tree.over_budget():
-            return (f"Error: cost budget max_cost_usd=${self.tree.max_cost_usd:g} is spent; "
-                    "no request was sent")
+            return (
+                f"Error: cost budget max_cost_usd=${self.tree.max_cost_usd:g} is spent; "
+                "no request was sent"
+            )
         prompt = prompt if isinstance(prompt, str) else str(prompt)
-        tokens = min(max_tokens, self.max_tokens) if isinstance(max_tokens, int) \
-            and max_tokens > 0 else self.max_tokens
+        tokens = (
+            min(max_tokens, self.max_tokens)
+            if isinstance(max_tokens, int) and max_tokens > 0
+            else self.max_tokens
+        )
         # A batch's items are counted by its observer; a single call counts itself.
         if not slot_held:
             self.tree.call_started()
         messages = build_messages(prompt, system if isinstance(system, str) else None)
         options = dict(
-            model=self.sub_model, max_tokens=tokens, ledger=self.tree.ledger,
-            slot_held=slot_held, redactor=redactor,
+            model=self.sub_model,
+            max_tokens=tokens,
+            ledger=self.tree.ledger,
+            slot_held=slot_held,
+            redactor=redactor,
             # Batch items stream too: the timeout is then a stall timeout, and a slow
             # local model's long answer is not cut off at a total and started again.
-            stream=True, deadline=self.deadline)
+            stream=True,
+            deadline=self.deadline,
+        )
         try:
             if answer_format is not None:
-                typed = await ask(self.client.complete, messages, answer_format,
-                                  self.sub_model, **options)
+                typed = await ask(
+                    self.client.complete, messages, answer_format, self.sub_model, **options
+                )
                 completion = typed.completion
             else:
                 completion = await self.client.complete(messages, **options)
@@ -202,10 +259,14 @@ class SubCalls:
             if isinstance(exc, PromptTooLongError):
                 return "Error: " + exc.reason.replace("the model takes", "the sub-model takes")
             if is_context_error(exc):
-                return "Error: " + refusal_advice(exc, self.client.input_window(
-                    self.sub_model), tokens)
-            return f"Error: {exc}" if isinstance(exc, LLMQueryError) else \
-                f"Error: {describe_exception(exc)}"
+                return "Error: " + refusal_advice(
+                    exc, self.client.input_window(self.sub_model), tokens
+                )
+            return (
+                f"Error: {exc}"
+                if isinstance(exc, LLMQueryError)
+                else f"Error: {describe_exception(exc)}"
+            )
         if not slot_held:
             self.tree.call_ended()
         if completion.incomplete:  # at max_tokens, or broken off (a stall, a deadline)
@@ -218,8 +279,10 @@ class SubCalls:
         return allowed
 
     def _limit_error(self) -> str:
-        return (f"Error: max_sub_calls={self.tree.max_sub_calls} reached for this run; "
-                "no request was sent")
+        return (
+            f"Error: max_sub_calls={self.tree.max_sub_calls} reached for this run; "
+            "no request was sent"
+        )
 
 
 def refusal_advice(exc: BaseException, window: int | None, max_tokens: int) -> str:
@@ -228,15 +291,19 @@ def refusal_advice(exc: BaseException, window: int | None, max_tokens: int) -> s
     counted = prompt_in_error(exc)
     if counted and window and counted < window:
         # The prompt fits; the prompt and max_tokens together did not.
-        return (f"the provider counts the prompt at {counted:,} tokens and max_tokens="
-                f"{max_tokens:,} does not fit beside it in the sub-model's window{takes}: "
-                f"ask with max_tokens <= {window - counted:,}, or cut the prompt")
+        return (
+            f"the provider counts the prompt at {counted:,} tokens and max_tokens="
+            f"{max_tokens:,} does not fit beside it in the sub-model's window{takes}: "
+            f"ask with max_tokens <= {window - counted:,}, or cut the prompt"
+        )
     size = f", counting {counted:,} tokens" if counted else ""
-    return (f"the prompt is over the sub-model's window{takes} (the provider refused "
-            f"it{size}); split it")
+    return (
+        f"the prompt is over the sub-model's window{takes} (the provider refused "
+        f"it{size}); split it"
+    )
 
 
-def _answer_format(response_format: Any) -> "AnswerFormat | str | None":
+def _answer_format(response_format: Any) -> AnswerFormat | str | None:
     """The format model code asked for (a JSON schema: what can cross from the
     sandbox), or the 'Error: ...' it gets for a bad one."""
     if response_format is None:

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 from traitlets import Bool, Dict, Float, Int, List, TraitError, Unicode, default, validate
 from traitlets.config import Configurable
+
+from ._secrets import mask_secret, masked, secrets_in
 
 # Keys of litellm_kwargs that rlm-magic sets itself; passing them would silently fight it.
 _OWNED_KWARGS = {
@@ -308,8 +311,6 @@ class RLMConfig(Configurable):
 
     @validate("model_list")
     def _check_model_list(self, proposal):
-        from .llm.routing import check_model_list
-
         try:
             return check_model_list(proposal["value"])
         except ValueError as exc:
@@ -362,22 +363,7 @@ class RLMConfig(Configurable):
         litellm_kwargs, model_list and router_settings (headers included), with litellm's
         ``os.environ/NAME`` references resolved. Redaction and the sandbox's environment
         both keep these from the model."""
-        found: list[str] = []
-
-        def walk(value, secret: bool = False) -> None:
-            if isinstance(value, dict):
-                for name, item in value.items():
-                    walk(item, secret or looks_secret(str(name)))
-            elif isinstance(value, (list, tuple)):
-                for item in value:
-                    walk(item, secret)
-            elif secret and isinstance(value, str) and value:
-                if value.startswith("os.environ/"):
-                    value = os.environ.get(value[len("os.environ/") :], "")
-                if value:
-                    found.append(value)
-
-        walk(
+        return secrets_in(
             {
                 "api_key": self.api_key,
                 "litellm_kwargs": self.litellm_kwargs,
@@ -385,7 +371,6 @@ class RLMConfig(Configurable):
                 "router_settings": self.router_settings,
             }
         )
-        return found
 
     def settings(self, *, mask_secrets: bool = True) -> dict:
         """The effective value of every setting, with secrets masked."""
@@ -393,27 +378,31 @@ class RLMConfig(Configurable):
         values["sub_model"] = self.effective_sub_model
         if mask_secrets:
             values["api_key"] = mask_secret(values["api_key"])
-            values["litellm_kwargs"] = {
-                k: (mask_secret(v) if looks_secret(k) else v)
-                for k, v in values["litellm_kwargs"].items()
-            }
-            if values["model_list"]:
-                from .llm.routing import masked
-
-                values["model_list"] = masked(values["model_list"])
+            values["litellm_kwargs"] = masked(values["litellm_kwargs"])
+            values["model_list"] = [
+                {**entry, "litellm_params": masked(entry["litellm_params"])}
+                for entry in values["model_list"]
+            ]
         return values
 
 
-_SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTHORIZATION")
-
-
-def looks_secret(name: str) -> bool:
-    upper = name.upper()
-    return any(marker in upper for marker in _SECRET_MARKERS)
-
-
-def mask_secret(value) -> str | None:
-    if not value:
-        return value
-    text = str(value)
-    return "****" if len(text) < 12 else f"{text[:3]}...{text[-4:]}"
+def check_model_list(value: Any) -> list[dict]:
+    """``value`` if it is a Router model list; otherwise a one-line ``ValueError``."""
+    if not isinstance(value, list):
+        raise ValueError(
+            f"RLM.model_list must be a list of deployments, got {type(value).__name__}"
+        )
+    for index, entry in enumerate(value):
+        where = f"RLM.model_list[{index}]"
+        if not isinstance(entry, dict) or not isinstance(entry.get("model_name"), str):
+            raise ValueError(
+                f"{where} needs a 'model_name' (the group it serves), as in "
+                "{'model_name': 'sub', 'litellm_params': {'model': ...}}"
+            )
+        params = entry.get("litellm_params")
+        if not isinstance(params, dict) or not isinstance(params.get("model"), str):
+            raise ValueError(
+                f"{where} needs 'litellm_params' with a 'model', e.g. "
+                "{'model': 'openai/gpt-4o-mini', 'api_key': ...}"
+            )
+    return value

@@ -9,18 +9,15 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import os
 import re
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
-from ..config import looks_secret
+from .._secrets import MIN_SECRET_LENGTH, environment_secrets
 
 T = TypeVar("T")
 
 REDACTED = "[REDACTED]"
-# Shorter values ("1", "true") would blank out ordinary text and are not real secrets.
-MIN_SECRET_LENGTH = 8
 # Above this many characters, redaction runs in a thread so the loop keeps turning.
 OFF_LOOP_CHARS = 256_000
 
@@ -31,14 +28,6 @@ async def off_loop_if_large(size: int, redact: Callable[..., T], *args) -> T:
     if size > OFF_LOOP_CHARS:
         return await asyncio.to_thread(redact, *args)
     return redact(*args)
-
-
-def environment_secrets() -> tuple[str, ...]:
-    return tuple(
-        value
-        for name, value in os.environ.items()
-        if looks_secret(name) and len(value) >= MIN_SECRET_LENGTH
-    )
 
 
 @functools.lru_cache(maxsize=16)

@@ -16,31 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
-
-from ..config import looks_secret, mask_secret
-
-
-def check_model_list(value: Any) -> list[dict]:
-    """``value`` if it is a Router model list; otherwise a one-line ``ValueError``."""
-    if not isinstance(value, list):
-        raise ValueError(
-            f"RLM.model_list must be a list of deployments, got {type(value).__name__}"
-        )
-    for index, entry in enumerate(value):
-        where = f"RLM.model_list[{index}]"
-        if not isinstance(entry, dict) or not isinstance(entry.get("model_name"), str):
-            raise ValueError(
-                f"{where} needs a 'model_name' (the group it serves), as in "
-                "{'model_name': 'sub', 'litellm_params': {'model': ...}}"
-            )
-        params = entry.get("litellm_params")
-        if not isinstance(params, dict) or not isinstance(params.get("model"), str):
-            raise ValueError(
-                f"{where} needs 'litellm_params' with a 'model', e.g. "
-                "{'model': 'openai/gpt-4o-mini', 'api_key': ...}"
-            )
-    return value
 
 
 def groups(model_list: list[dict]) -> list[str]:
@@ -53,20 +28,6 @@ def deployments(model_list: list[dict], group: str) -> list[str]:
         str(entry.get("litellm_params", {}).get("model"))
         for entry in model_list
         if entry.get("model_name") == group and entry.get("litellm_params", {}).get("model")
-    ]
-
-
-def masked(model_list: list[dict]) -> list[dict]:
-    """The list as ``%rlm config`` shows it: keys and other secrets masked."""
-    return [
-        {
-            **entry,
-            "litellm_params": {
-                name: mask_secret(value) if looks_secret(name) else value
-                for name, value in entry["litellm_params"].items()
-            },
-        }
-        for entry in model_list
     ]
 
 

@@ -36,11 +36,11 @@ import aiohttp  # noqa: E402
 import openai  # noqa: E402
 
 import rlm_magic  # noqa: E402
-from rlm_magic.llm.client import _import_litellm  # noqa: E402
+from rlm_magic.llm.litellm_loader import import_litellm  # noqa: E402
 
 # The same import path as rlm_magic's (it also freezes litellm's objects out of the
 # cyclic GC's way), so every method below runs in the same process state.
-litellm = _import_litellm()
+litellm = import_litellm()
 
 litellm.suppress_debug_info = True
 logging.getLogger("LiteLLM").setLevel(logging.ERROR)

@@ -29,7 +29,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 from benchmarks.bench_batch import ServerProcess  # noqa: E402
 from rlm_magic import RLM  # noqa: E402
 from rlm_magic.llm import jobs  # noqa: E402
-from rlm_magic.llm.client import _import_litellm  # noqa: E402
+from rlm_magic.llm.litellm_loader import import_litellm  # noqa: E402
 
 
 def peak_rss_mb() -> float:
@@ -46,7 +46,7 @@ async def heartbeat(stalls: list[tuple[float, float]], period: float = 0.005) ->
 
 
 async def main(n: int, chars: int) -> None:
-    _import_litellm()
+    import_litellm()
     jobs.FIRST_POLL_S, jobs.MAX_POLL_S = 0.2, 0.5
     server = ServerProcess(latency=0.0)
     try:

@@ -79,7 +79,7 @@ async def run(server: FakeLLMServer, scale: float, stream: bool, wire: bool) -> 
 async def main(scale: float, wire: bool) -> None:
     server = FakeLLMServer().start()
     try:
-        from rlm_magic.llm.client import load_litellm
+        from rlm_magic.llm.litellm_loader import load_litellm
 
         await load_litellm()
         print(

@@ -164,7 +164,7 @@ async def run_once(server: ServerProcess, scenario: Scenario) -> tuple[float, in
     answers = await rlm.helpers.llm_query_batch(prompts, return_exceptions=True)
     wall = time.perf_counter() - started
     failed = sum(isinstance(a, BaseException) for a in answers)
-    from rlm_magic.llm.client import close_loop_clients
+    from rlm_magic.llm.transports import close_loop_clients
 
     await close_loop_clients()
     return wall, failed, server.rejected() - before
@@ -172,7 +172,7 @@ async def run_once(server: ServerProcess, scenario: Scenario) -> tuple[float, in
 
 async def warm_up() -> None:
     """Import litellm before anything is timed (it takes seconds, once)."""
-    from rlm_magic.llm.client import load_litellm
+    from rlm_magic.llm.litellm_loader import load_litellm
 
     await load_litellm()
 

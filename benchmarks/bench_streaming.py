@@ -163,9 +163,9 @@ def input_cost(litellm, usage) -> tuple[float, float]:
 
 async def main() -> None:
     server = FakeLLMServer().start()  # sub-calls use its OpenAI-style route
-    import rlm_magic.llm.client as client
+    from rlm_magic.llm.litellm_loader import load_litellm
 
-    litellm = await client.load_litellm()
+    litellm = await load_litellm()
     try:
         print(
             f"# {args.iterations}-iteration RLM run, replies generated at "

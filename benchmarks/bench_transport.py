@@ -40,9 +40,10 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import aiohttp  # noqa: E402
 
 import rlm_magic  # noqa: E402
-from rlm_magic.llm.client import _import_litellm, close_loop_clients  # noqa: E402
+from rlm_magic.llm.litellm_loader import import_litellm  # noqa: E402
+from rlm_magic.llm.transports import close_loop_clients  # noqa: E402
 
-litellm = _import_litellm()
+litellm = import_litellm()
 logging.getLogger("LiteLLM").setLevel(logging.ERROR)
 API_KEY = "sk-bench"
 

@@ -28,7 +28,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 from pydantic import BaseModel  # noqa: E402
 
 from rlm_magic import RLM  # noqa: E402
-from rlm_magic.llm.client import _import_litellm  # noqa: E402
+from rlm_magic.llm.litellm_loader import import_litellm  # noqa: E402
 
 SERVER = """
 import json, sys, threading
@@ -59,7 +59,7 @@ async def cpu_per_call(rlm: RLM, n: int, typed: bool) -> float:
 
 
 async def main(n: int, reps: int) -> None:
-    _import_litellm()
+    import_litellm()
     server = subprocess.Popen(
         [sys.executable, "-c", SERVER], cwd=ROOT, stdout=subprocess.PIPE, text=True
     )

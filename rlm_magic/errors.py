@@ -74,6 +74,16 @@ class CompactionError(RLMError):
     """The root model's conversation could not be compacted to fit its window."""
 
 
+class RateLimitWaitExceeded(Exception):
+    """A call waited for the provider's rate limits longer than ``RLM.rate_limit_wait``
+    (or its step's deadline) allows; the client reports it as an ``LLMQueryError``."""
+
+
+class StreamStalled(TimeoutError):
+    """No new token arrived for the stall timeout (or the call's deadline passed); the
+    client reports it as an ``LLMQueryError``, keeping the text that had arrived."""
+
+
 class BatchError(RLMError):
     """Some items of a batch failed; the successful results are kept in ``.results``."""
 

@@ -49,22 +49,22 @@ def litellm_imported():
     """litellm, imported once per test process before any test that talks to the server:
     its import takes seconds (more on a loaded machine), which no test's timing is about.
     (tests/test_cold_start.py looks at a first import, in fresh interpreters.)"""
-    from rlm_magic.llm.client import _import_litellm
+    from rlm_magic.llm.litellm_loader import import_litellm
 
-    return _import_litellm()
+    return import_litellm()
 
 
 @pytest.fixture
 def server(llm_server, litellm_imported):
     """The local OpenAI-compatible server, reset for this test, and what this process
     learned about it forgotten (its models' windows): tests share a server's address."""
-    from rlm_magic.llm import windows
+    from rlm_magic.llm import profiles
 
     llm_server.reset()
-    windows.forget_learned()  # windows, characters per token, answer sizes, probes
+    profiles.forget()  # windows, characters per token, answer sizes, probes, gates
     yield llm_server
     llm_server.reset()
-    windows.forget_learned()
+    profiles.forget()
 
 
 def make_rlm(server, **settings) -> RLM:
@@ -144,6 +144,6 @@ async def _close_litellm_connections():
     """Each test runs on a loop of its own, and litellm keeps connection pools per loop:
     close this test's before its loop ends, as ``RLM.run`` does."""
     yield
-    from rlm_magic.llm.client import close_loop_clients
+    from rlm_magic.llm.transports import close_loop_clients
 
     await close_loop_clients()

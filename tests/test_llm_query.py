@@ -227,7 +227,7 @@ async def test_cache_key_includes_parameters(server, tmp_path):
 
 
 async def test_the_blocking_litellm_completion_is_never_called(rlm, server, monkeypatch):
-    from rlm_magic.llm.client import load_litellm
+    from rlm_magic.llm.litellm_loader import load_litellm
 
     litellm = await load_litellm()
 
@@ -282,9 +282,9 @@ async def test_a_broken_cache_does_not_lose_the_answer(server, tmp_path, monkeyp
         raise OSError("disk full")
 
     monkeypatch.setattr(rlm.client.cache, "set", broken)
-    from rlm_magic.llm import client
+    from rlm_magic.llm import cache
 
-    monkeypatch.setattr(client._cache_call, "warned", False, raising=False)
+    monkeypatch.setattr(cache, "_warned", False)
     with pytest.warns(RuntimeWarning, match="cache is not working"):
         assert await rlm.helpers.llm_query("x") == "echo: x"
 

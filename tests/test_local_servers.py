@@ -16,7 +16,7 @@ import pytest
 
 from rlm_magic import PromptTooLongError
 from rlm_magic.demo import split_tokens
-from rlm_magic.llm import local_servers, windows
+from rlm_magic.llm import local_servers, profiles, windows
 
 from .conftest import SUB, make_rlm
 
@@ -27,9 +27,9 @@ def repl(code: str) -> str:
 
 @pytest.fixture(autouse=True)
 def _fresh_windows():
-    windows.forget_learned()
+    profiles.forget()
     yield
-    windows.forget_learned()
+    profiles.forget()
 
 
 WORDS = 400  # an answer's tokens (one streamed piece each)

@@ -55,7 +55,7 @@ def test_loading_twice_is_harmless_and_unload_removes_everything(shell):
         shell.run_line_magic("load_ext", "rlm_magic")
 
 
-def test_loading_does_not_import_litellm():
+def test_loading_does_notimport_litellm():
     import subprocess
     import sys
 

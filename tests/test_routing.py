@@ -9,7 +9,7 @@ import pytest
 from traitlets import TraitError
 
 from rlm_magic import RLM, LLMQueryError
-from rlm_magic.llm.client import load_litellm
+from rlm_magic.llm.litellm_loader import load_litellm
 
 from .conftest import make_rlm
 from .llm_server import FakeLLMServer
@@ -54,7 +54,7 @@ async def test_calls_go_through_the_router_to_the_group_s_deployment(server):
 
 
 async def test_a_router_leaves_unpriced_models_unpriced_for_everyone(server):
-    routed([deployment("sub", "openai/sub-model", server.base_url)]).client._router(
+    routed([deployment("sub", "openai/sub-model", server.base_url)]).client.endpoint.router(
         await load_litellm()
     )
     direct = make_rlm(server)  # the same model, not routed
@@ -175,7 +175,7 @@ async def test_cancelling_a_routed_batch_leaves_nothing_in_flight(server):
 def test_a_cost_the_proxy_reports_prices_a_model_litellm_cannot():
     from types import SimpleNamespace
 
-    from rlm_magic.llm.client import _cost_of
+    from rlm_magic.llm.pricing import cost_of_response as _cost_of
 
     class Unpriced:  # litellm's pricing fails for a name it does not know
         @staticmethod

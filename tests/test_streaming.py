@@ -17,7 +17,7 @@ import pytest
 from rlm_magic.demo import split_tokens
 from rlm_magic.errors import LLMQueryError
 from rlm_magic.jupyter.progress import RunStatus
-from rlm_magic.llm.prompt_cache import REFUSED
+from rlm_magic.llm import profiles
 
 from .conftest import make_rlm
 
@@ -322,7 +322,7 @@ async def test_a_provider_that_rejects_markers_is_asked_again_without_them(serve
         await claude_rlm(server).arun("q", context="c")
         assert server.cache_markers == [2, 0, 0], "the refusal is remembered"
     finally:
-        REFUSED.discard(CLAUDE)
+        profiles.forget()
 
 
 async def test_the_status_line_shows_cached_input_and_the_saving(server):
@@ -379,8 +379,6 @@ async def test_a_streamed_answer_teaches_the_rate_gate_the_providers_limits(serv
 
 
 async def test_a_provider_that_cannot_stream_is_asked_plainly_from_then_on(server):
-    from rlm_magic.llm.client import _CANNOT_STREAM
-
     server.fail("400-stream", times=1)
     try:
         done = await make_rlm(server).client.complete(
@@ -393,7 +391,7 @@ async def test_a_provider_that_cannot_stream_is_asked_plainly_from_then_on(serve
         )
         assert not server.requests[-1].get("stream")
     finally:
-        _CANNOT_STREAM.discard("openai/no-stream")
+        profiles.forget()
 
 
 async def test_a_call_whose_deadline_has_passed_is_not_sent(rlm, server):

@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from rlm_magic import LLMQueryError
-from rlm_magic.llm.client import load_litellm
+from rlm_magic.llm.litellm_loader import load_litellm
 
 from .conftest import make_rlm
 
@@ -215,17 +215,17 @@ async def test_a_cancelled_wire_request_closes_its_connection(rlm, server):
 
 
 async def test_each_loop_closes_its_own_connections(rlm, server):
-    from rlm_magic.llm import openai_wire
-    from rlm_magic.llm.client import close_loop_clients
+    from rlm_magic.llm.transports import close_loop_clients
+    from rlm_magic.llm.transports.wire import sessions
 
     await rlm.helpers.llm_query_batch(["a"])
-    session, _ = openai_wire._SESSIONS[asyncio.get_running_loop()]
+    session, _ = sessions._SESSIONS[asyncio.get_running_loop()]
     await close_loop_clients()
-    assert session.closed and asyncio.get_running_loop() not in openai_wire._SESSIONS
+    assert session.closed and asyncio.get_running_loop() not in sessions._SESSIONS
 
 
 async def test_a_key_from_the_environment_is_read_again_when_it_changes(monkeypatch):
-    from rlm_magic.llm.openai_wire import route_for
+    from rlm_magic.llm.transports.wire import route_for
 
     litellm = await load_litellm()
     base = "http://127.0.0.1:9/v1"
@@ -275,18 +275,18 @@ async def test_a_vllm_server_is_sent_the_model_name_it_knows(server, monkeypatch
 
 
 def test_a_script_s_asyncio_run_closes_the_connections_it_opened(server):
-    from rlm_magic.llm import openai_wire
+    from rlm_magic.llm.transports.wire import sessions
 
     rlm = make_rlm(server)
     opened = []
 
     async def query():
         answer = await rlm.helpers.llm_query_batch(["a"])
-        opened.append(openai_wire._SESSIONS[asyncio.get_running_loop()][0])
+        opened.append(sessions._SESSIONS[asyncio.get_running_loop()][0])
         return answer
 
     assert asyncio.run(query()) == ["echo: a"]  # no close_loop_clients: a plain script
-    assert opened[0].closed and not openai_wire._SESSIONS
+    assert opened[0].closed and not sessions._SESSIONS
 
 
 # -- streams and answers that break OpenAI's format --------------------------------------
@@ -362,7 +362,7 @@ async def test_an_error_event_mid_stream_reads_as_its_own_error_on_both_transpor
 
 
 async def test_a_long_stream_line_is_read_whole_and_one_past_the_limit_is_refused(rlm, server):
-    from rlm_magic.llm.openai_wire import MAX_LINE
+    from rlm_magic.llm.transports.wire import MAX_LINE
 
     long_text = "w" * 300_000  # one event, arriving in many network reads
     event = json.dumps(
@@ -387,7 +387,7 @@ async def test_a_redirected_request_is_not_sent_on(server, stream):
 
 
 async def test_litellm_s_own_settings_resolve_the_route_anew(monkeypatch):
-    from rlm_magic.llm.openai_wire import route_for
+    from rlm_magic.llm.transports.wire import route_for
 
     litellm = await load_litellm()
     base = "http://127.0.0.1:9/v1"

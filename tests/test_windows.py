@@ -7,7 +7,7 @@ import pytest
 
 from rlm_magic import LLMQueryError, PromptTooLongError
 from rlm_magic.errors import CompactionError
-from rlm_magic.llm import windows
+from rlm_magic.llm import profiles, windows
 from rlm_magic.rlm.compaction import Conversation
 
 from .conftest import ROOT, make_rlm
@@ -19,9 +19,9 @@ def repl(code: str) -> str:
 
 @pytest.fixture(autouse=True)
 def _forget_learned_windows():
-    windows.forget_learned()
+    profiles.forget()
     yield
-    windows.forget_learned()
+    profiles.forget()
 
 
 PROSE = "The quick brown fox jumps over the lazy dog near the river bank. "  # ~4 chars/token
@@ -93,9 +93,10 @@ async def test_llama_cpp_context_errors_are_understood(server):
 @pytest.fixture
 def known_model():
     """A model litellm has a tokenizer and an entry for: its exact count stands."""
-    windows._MODEL_INFO["m"] = 128_000
+    profile = profiles.PROFILES.model("m")
+    profile.model_info_asked, profile.model_info_window = True, 128_000
     yield "m"
-    windows._MODEL_INFO.pop("m", None)
+    profiles.forget()
 
 
 def test_near_limit_prompts_are_counted_exactly_and_clear_cases_are_not(known_model):
@@ -250,7 +251,7 @@ async def test_litellm_is_asked_for_a_model_s_window_off_the_loop(server, monkey
     # For Ollama and Hugging Face models litellm's model info is an HTTP request.
     import threading
 
-    from rlm_magic.llm.client import load_litellm
+    from rlm_magic.llm.litellm_loader import load_litellm
 
     litellm = await load_litellm()
     asked = []
@@ -305,7 +306,7 @@ async def test_a_router_groups_window_is_its_deployments_smallest(server):
         ],
         sub_model="sub",
     )
-    from rlm_magic.llm.client import load_litellm
+    from rlm_magic.llm.litellm_loader import load_litellm
 
     await load_litellm()
     assert rlm.client.input_window("sub") == 8192  # gpt-4's, under gpt-4o-mini's 128k

@@ -156,7 +156,7 @@ class NotebookHelpers:
                 conversations,
                 {
                     "model": model or self.rlm.effective_sub_model,
-                    "api_base": client._endpoint(),
+                    "api_base": client.endpoint.identity,
                     "max_tokens": max_tokens or self.rlm.max_tokens,
                     "options": self.rlm.litellm_kwargs,
                     "format": answer_format.identity() if answer_format else None,
@@ -211,8 +211,8 @@ class NotebookHelpers:
     async def _batch_job(
         self, conversations, model, max_tokens, return_exceptions, answer_format=None
     ) -> list:
-        from ..llm.client import load_litellm
         from ..llm.jobs import BatchJob
+        from ..llm.litellm_loader import load_litellm
         from .job_progress import JobProgress, still_running
 
         if not conversations:

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..llm.client import litellm_is_loading
+from ..llm.litellm_loader import litellm_is_loading
 from ..llm.ratelimit import hold_message
 from ..llm.usage import format_cost, format_saving
 

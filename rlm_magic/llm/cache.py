@@ -13,25 +13,41 @@ never opened.) The sandbox's filesystem view does not include the cache folder.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sqlite3
-from typing import Any
+import warnings
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 FILE_NAME = "answers.sqlite3"
 
 
-def request_key(request: dict[str, Any]) -> str:
-    """A stable key for a request: model, messages and every parameter that shapes
-    the answer. Secrets are left out by the caller; they do not change the answer."""
-    canonical = json.dumps(request, sort_keys=True, ensure_ascii=False, default=repr)
-    return hashlib.sha256(canonical.encode()).hexdigest()
+_warned = False
+
+
+def safely(method: Callable[..., T], *args: Any) -> T | None:
+    """``method(*args)`` on the cache; a cache that fails (disk full, locked) must not
+    cost the user a paid answer: warn once, and go on without it (None)."""
+    global _warned
+    try:
+        return method(*args)
+    except Exception as exc:  # noqa: BLE001 - any storage error
+        if not _warned:
+            warnings.warn(
+                f"rlm-magic cache is not working, going on without it: {exc}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            _warned = True
+        return None
 
 
 class ResponseCache:
     """Maps request keys to answers (text, token counts and finish_reason: an answer
-    cut at max_tokens is served as cut off, as it came)."""
+    cut at max_tokens is served as cut off, as it came). Keys: ``identity.RequestIdentity``."""
 
     def __init__(self, directory: str):
         self.directory = directory

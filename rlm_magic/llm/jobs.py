@@ -36,6 +36,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import ConfigError, LLMQueryError, describe_exception
+from .litellm_loader import import_litellm, load_litellm
+from .pricing import batch_rates
 from .resume import MapStore
 from .usage import CallRecord
 
@@ -327,31 +329,6 @@ def _line_error(item: dict) -> str:
     return f"the batch job's request failed ({status}): {message or 'no reason given'}"
 
 
-def batch_rates(litellm, name: str, provider: str) -> tuple[float, float] | None:
-    """Dollars per input and per output token at the provider's batch price (litellm's
-    ``*_cost_per_token_batches``, or half the usual price where it knows no batch price);
-    None when litellm knows no price for the model."""
-    try:
-        litellm.get_model_info(model=name, custom_llm_provider=provider)
-    except Exception:  # noqa: BLE001 - unknown model: unpriced
-        return None
-    from litellm.cost_calculator import batch_cost_calculator
-    from litellm.types.utils import Usage
-
-    per_million = 1_000_000
-    input_cost, _ = batch_cost_calculator(
-        Usage(prompt_tokens=per_million, completion_tokens=0, total_tokens=per_million),
-        name,
-        provider,
-    )
-    _, output_cost = batch_cost_calculator(
-        Usage(prompt_tokens=0, completion_tokens=per_million, total_tokens=per_million),
-        name,
-        provider,
-    )
-    return input_cost / per_million, output_cost / per_million
-
-
 def drop_requests(path: Path, answered: set[int]) -> int:
     """Remove from the request file the lines of prompts already answered; returns how
     many lines are left. Runs in a thread."""
@@ -418,8 +395,6 @@ class BatchJob:
         return found
 
     async def run(self) -> JobResults:
-        from .client import load_litellm
-
         if self.config.model_list:
             raise ConfigError(
                 "batch_job: not available with RLM.model_list (a Router "
@@ -747,14 +722,12 @@ async def _creation_done(key: str) -> None:
 def cancel(cache_dir: str, job_id: str, config) -> JobRecord:
     """Cancel a recorded job at its provider (blocking: one request, from ``%rlm jobs
     cancel``); returns its record with the state the provider reports."""
-    from .client import _import_litellm
-
     store = JobStore(cache_dir)
     record = store.find(job_id)
     if record is None:
         known = ", ".join(r.id for r in store.all()) or "none"
         raise ConfigError(f"no batch job {job_id!r} recorded (jobs: {known})")
-    litellm = _import_litellm()
+    litellm = import_litellm()
     credentials: dict[str, Any] = {"custom_llm_provider": record.provider}
     if record.api_base:
         credentials["api_base"] = record.api_base

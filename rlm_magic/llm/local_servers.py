@@ -34,6 +34,8 @@ import time
 from typing import Any
 from urllib.parse import urlsplit
 
+from .profiles import PROFILES
+
 PROBE_TIMEOUT = 2.0
 RESOLVE_TIMEOUT = 0.5  # of the api_base's host name, within the probe's time
 OLLAMA_DEFAULT_NUM_CTX = 4096  # what Ollama runs a model with unless told otherwise
@@ -46,31 +48,29 @@ _PREFIX = re.compile(
     r"text-completion-openai|custom_openai)/"
 )
 
-_ASKED: dict[tuple[str, str], asyncio.Future[int | None]] = {}
-_FOUND: dict[tuple[str, str], int | None] = {}  # windows reported (None: not said)
-_GUESSED: dict[tuple[str, str], tuple[int, float]] = {}  # (guess, when it was made)
-
 
 def reported_window(api_base: str | None, model: str) -> int | None:
     """The window the server at ``api_base`` reported for ``model``, if it did."""
-    if not api_base:
-        return None
-    return _FOUND.get((api_base, model))
+    at = PROFILES.known_at(api_base, model) if api_base else None
+    return at.server_window if at is not None else None
 
 
 def guessed_window(api_base: str | None, model: str) -> int | None:
     """The window the server probably runs ``model`` with, when it did not say
     (Ollama's default): advice only."""
-    guess = _GUESSED.get((api_base, model)) if api_base else None
+    at = PROFILES.known_at(api_base, model) if api_base else None
+    guess = at.window_guess if at is not None else None
     return guess[0] if guess else None
 
 
 def asked(api_base: str | None, model: str) -> bool:
-    key = (api_base, model)
-    if not may_ask(api_base, model) or key in _FOUND:
+    if not may_ask(api_base, model):
         return True
-    guess = _GUESSED.get(key)
-    return guess is not None and time.monotonic() - guess[1] < GUESS_KEPT_S
+    at = PROFILES.known_at(api_base, model)
+    if at is None:
+        return False
+    guess = at.window_guess
+    return at.server_asked or (guess is not None and time.monotonic() - guess[1] < GUESS_KEPT_S)
 
 
 def may_ask(api_base: str | None, model: str) -> bool:
@@ -83,16 +83,16 @@ def may_ask(api_base: str | None, model: str) -> bool:
 
 async def ask(api_base: str | None, model: str, api_key: str | None = None) -> int | None:
     """The server's window for ``model`` (asked once; None if it does not say)."""
-    if not may_ask(api_base, model):
+    if not api_base or not may_ask(api_base, model):
         return None
-    key = (api_base, model)
-    if key in _FOUND:
-        return _FOUND[key]
+    at = PROFILES.at(api_base, model)
+    if at.server_asked:
+        return at.server_window
     if asked(api_base, model):
         return None  # a recent guess only
-    pending = _ASKED.get(key)
+    pending = at.probe
     if pending is None or pending.get_loop() is not asyncio.get_running_loop():
-        pending = _ASKED[key] = asyncio.ensure_future(_probe(api_base, model, api_key))
+        pending = at.probe = asyncio.ensure_future(_probe(api_base, model, api_key))
     try:
         window, guessed = await asyncio.shield(pending)
     except asyncio.CancelledError:
@@ -100,19 +100,12 @@ async def ask(api_base: str | None, model: str, api_key: str | None = None) -> i
     except Exception:  # noqa: BLE001 - a server that cannot say: the window stays unknown
         window, guessed = None, False
     if guessed and window:
-        _GUESSED[key] = (window, time.monotonic())
+        at.window_guess = (window, time.monotonic())
     else:
-        _FOUND[key] = window
-        _GUESSED.pop(key, None)
-    _ASKED.pop(key, None)
+        at.server_asked, at.server_window = True, window
+        at.window_guess = None
+    at.probe = None
     return None if guessed else window
-
-
-def forget() -> None:
-    """Forget every answer (tests; a restarted server)."""
-    _ASKED.clear()
-    _FOUND.clear()
-    _GUESSED.clear()
 
 
 async def is_local(host: str | None) -> bool:
@@ -133,7 +126,7 @@ async def is_local(host: str | None) -> bool:
         return False
     addresses = {entry[4][0] for entry in found}
     try:
-        return bool(addresses) and all(_local_address(a) for a in addresses)
+        return bool(addresses) and all(_local_address(str(a)) for a in addresses)
     except ValueError:
         return False
 
@@ -209,8 +202,8 @@ def _llama_cpp(props: Any) -> int | None:
 
 def _llama_cpp_slots(slots: Any) -> int | None:
     if isinstance(slots, list):
-        sizes = [_positive(s.get("n_ctx")) for s in slots if isinstance(s, dict)]
-        sizes = [s for s in sizes if s]
+        found = [_positive(s.get("n_ctx")) for s in slots if isinstance(s, dict)]
+        sizes = [size for size in found if size]
         return min(sizes) if sizes else None
     return None
 

@@ -12,19 +12,20 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from .profiles import PROFILES
+
 _EPHEMERAL = {"type": "ephemeral"}
 # Anthropic allows 4 breakpoints; the system prompt and the two newest user messages
 # use 3: the newest writes the cache the next turn reads, the one before it is the read
 # point should the newest not have been written.
 _RECENT_MARKED = 2
-# Models whose provider rejected the markers: sent plain for the rest of the session.
-REFUSED: set[str] = set()
 
 
 def needs_markers(litellm, model: str) -> bool:
     """True for providers whose prompt cache works only with explicit breakpoints."""
-    if model in REFUSED:
-        return False
+    profile = PROFILES.known_model(model)
+    if profile is not None and profile.refuses_cache_markers:
+        return False  # its provider rejected them: sent plain for the rest of the session
     return _provider_needs_markers(litellm, model)
 
 
@@ -83,31 +84,3 @@ def cache_figures(usage) -> tuple[int, int]:
     if not written and details is not None:
         written = getattr(details, "cache_creation_tokens", None)
     return int(read or 0), int(written or 0)
-
-
-def saving(litellm, model: str, read: int, written: int) -> float | None:
-    """Dollars saved against sending the same tokens uncached: reads cost less than
-    input, writes (Anthropic) cost more. None when litellm has no price."""
-    prices = _prices(litellm, model)
-    if prices is None:
-        return None
-    base, read_price, write_price = prices
-    return read * (base - read_price) - written * (write_price - base)
-
-
-@lru_cache(maxsize=64)
-def _prices(litellm, model: str) -> tuple[float, float, float] | None:
-    try:
-        info = litellm.get_model_info(model)
-    except Exception:  # noqa: BLE001 - litellm raises for models it does not price
-        return None
-    base = info.get("input_cost_per_token")
-    if base is None:
-        return None
-    read = info.get("cache_read_input_token_cost")
-    write = info.get("cache_creation_input_token_cost")
-    return (
-        float(base),
-        float(base if read is None else read),
-        float(base if write is None else write),
-    )

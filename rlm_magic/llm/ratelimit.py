@@ -32,16 +32,15 @@ import hashlib
 import math
 import re
 import time
-import weakref
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import RateLimitWaitExceeded
 from .limiter import ConcurrencyLimiter
+from .profiles import DEFAULT_CHARS_PER_TOKEN, PROFILES
 
-# Characters per token before a response tells us better (English text, most tokenizers).
-DEFAULT_CHARS_PER_TOKEN = 4.0
 # Without a retry-after, the first pause lasts this long and doubles while 429s go on.
 FIRST_BLIND_PAUSE_S = 0.5
 MAX_BLIND_PAUSE_S = 30.0
@@ -60,10 +59,6 @@ KNEE_GROWTH = 0.01
 # A limit paced by what got through: this share of what the server accepted per second
 # since it first refused (its bucket was empty then: what it took since is its refill).
 ACCEPTED_SHARE = 0.95
-
-
-class RateLimitWaitExceeded(Exception):
-    """An item waited for rate limits longer than ``RLM.rate_limit_wait`` allows."""
 
 
 @dataclass
@@ -578,10 +573,6 @@ def _smooth(old: float | None, new: float, weight: float = 0.3) -> float:
 
 # -- the gates of this process ---------------------------------------------------------------
 
-_gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple, RateGate]] = (
-    weakref.WeakKeyDictionary()
-)
-
 
 def gate_for(
     model: str,
@@ -597,7 +588,7 @@ def gate_for(
     loop = asyncio.get_running_loop()
     key_id = hashlib.sha256(api_key.encode()).hexdigest()[:8] if api_key else ""
     name = (model, api_base or "", key_id)
-    gates = _gates.setdefault(loop, {})
+    gates = PROFILES.gates.setdefault(loop, {})
     gate = gates.get(name)
     if gate is None:
         gate = gates[name] = RateGate(model, rpm, tpm, learns_from_headers)
@@ -611,7 +602,7 @@ def gates() -> list[RateGate]:
         loop = asyncio.get_running_loop()
     except RuntimeError:
         return []
-    return list(_gates.get(loop, {}).values())
+    return list(PROFILES.gates.get(loop, {}).values())
 
 
 def hold_message() -> str | None:

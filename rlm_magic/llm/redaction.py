@@ -16,6 +16,7 @@ from typing import TypeVar
 from .._secrets import MIN_SECRET_LENGTH, environment_secrets
 
 T = TypeVar("T")
+E = TypeVar("E", bound=BaseException)
 
 REDACTED = "[REDACTED]"
 # Above this many characters, redaction runs in a thread so the loop keeps turning.
@@ -82,3 +83,42 @@ class Redactor:
 
     def __bool__(self) -> bool:
         return self._pattern is not None
+
+
+async def redact_messages(messages: list[dict], redactor: Redactor) -> list[dict]:
+    """Every message as it may be sent: with secrets removed. The last line of defence:
+    whatever code built the prompt, no environment secret reaches a provider."""
+    if not redactor:
+        return messages
+
+    def redact_all() -> list[dict]:
+        return [
+            {**m, "content": redactor(m["content"])} if isinstance(m.get("content"), str) else m
+            for m in messages
+        ]
+
+    size = sum(len(m.get("content") or "") for m in messages if isinstance(m.get("content"), str))
+    return await off_loop_if_large(size, redact_all)
+
+
+def redact_failure(error: E, failure: BaseException, redactor: Redactor) -> E:
+    """A provider's error text may echo the request (a 401 quoting "Bearer sk-..."): the
+    message of ``error`` (raised, recorded and shown to the model's code) and the
+    provider's exceptions under it (a traceback shows them) are redacted in place, as
+    far as they let us."""
+    message = redactor(str(error))
+    if message == str(error):
+        return error
+    error.args = (message,)
+    seen: set[int] = set()
+    cause: object = failure
+    while isinstance(cause, BaseException) and id(cause) not in seen:
+        seen.add(id(cause))
+        try:
+            if isinstance(getattr(cause, "message", None), str):
+                cause.message = redactor(cause.message)  # type: ignore[attr-defined]
+            cause.args = tuple(redactor(a) if isinstance(a, str) else a for a in cause.args)
+        except (AttributeError, TypeError):  # a read-only attribute: left as it is
+            pass
+        cause = cause.__cause__ or cause.__context__
+    return error

@@ -14,12 +14,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..errors import StreamStalled
+
 # Called with each piece of streamed text; with None when a retry starts the answer over.
 OnText = Callable[[str | None], None]
-
-
-class StreamStalled(TimeoutError):
-    """No new token arrived for the stall timeout (or the call's deadline passed)."""
 
 
 class StreamState:
@@ -167,7 +165,10 @@ class _StallWatch:
 
     async def __aenter__(self):
         self.loop = asyncio.get_running_loop()
-        self.task = asyncio.current_task()
+        task = asyncio.current_task()
+        if task is None:  # a stream is always read by a task; the watch cancels it
+            raise RuntimeError("a streamed answer must be read inside an asyncio task")
+        self.task = task
         self.touch()
         self._cancels = _cancelling(self.task)
         self._handle = self.loop.call_later(self._next_check(), self._check)

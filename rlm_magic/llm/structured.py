@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError, LLMQueryError
+from .litellm_loader import load_litellm
+from .profiles import PROFILES
 
 
 class InvalidAnswer(ValueError):
@@ -37,10 +39,11 @@ class AnswerFormat:
     """
 
     def __init__(self, spec: Any, *, trusted: bool = True):
-        self.model = None
+        self.model: Any = None  # a pydantic model class, or None for a JSON schema
+        self._check: Any = None  # the schema's validator, or None for a pydantic model
         if isinstance(spec, type) and hasattr(spec, "model_validate_json"):
             self.model = spec  # a pydantic model class
-            self.schema = spec.model_json_schema()
+            self.schema = self.model.model_json_schema()
             self.name = spec.__name__
             self._check = None
         elif isinstance(spec, dict):
@@ -164,20 +167,19 @@ def _name(title: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "_", str(title))[:64] or "answer"
 
 
-_SUPPORTS: dict[tuple[str, int], bool] = {}
-
-
 def supports_schema(litellm, model: str) -> bool:
     """Whether litellm says ``model`` takes a JSON schema. Asked once per model and size
     of litellm's price map: a model registered later (``litellm.register_model``) is
     asked again."""
-    key = (model, len(litellm.model_cost))
-    if key not in _SUPPORTS:
+    profile = PROFILES.model(model)
+    size = len(litellm.model_cost)
+    if profile.schema_support is None or profile.schema_support[0] != size:
         try:
-            _SUPPORTS[key] = bool(litellm.supports_response_schema(model=model))
+            supported = bool(litellm.supports_response_schema(model=model))
         except Exception:  # noqa: BLE001 - a model litellm does not know
-            _SUPPORTS[key] = False
-    return _SUPPORTS[key]
+            supported = False
+        profile.schema_support = (size, supported)
+    return profile.schema_support[1]
 
 
 @dataclass(frozen=True)
@@ -241,8 +243,6 @@ async def ask(
     """One typed call: ``complete(messages, response_format=..., **options)`` returns a
     completion; its text is validated, and asked for once more with the error if it
     does not pass. Raises ``LLMQueryError`` when the second answer fails too."""
-    from .client import load_litellm
-
     litellm = await load_litellm()
     messages, response_format = prepare(messages, answer_format, litellm, model_name)
     first = await complete(messages, response_format=response_format, **options)

@@ -20,7 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Iterable, Sequence
 from typing import Any
+
+from ..errors import PromptTooLongError
+from .local_servers import guessed_window, reported_window
+from .profiles import DEFAULT_CHARS_PER_TOKEN, PROFILES
 
 # What providers say when a prompt is over the window; the group is the window.
 _WINDOW_IN_MESSAGE = [
@@ -43,28 +48,9 @@ _PROMPT_IN_MESSAGE = [
     re.compile(r"prompt is too long: ([\d,]+) tokens", re.I),  # Anthropic
 ]
 
-# Windows providers told us about: (endpoint, model) -> tokens.
-_LEARNED: dict[tuple[str | None, str], int] = {}
-_MODEL_INFO: dict[str, int | None] = {}
-# Per model: (characters, tokens) its usage reports add up to, for chars_per_token.
-_READ: dict[str, tuple[float, float]] = {}
-# Per model: the longest answer it finished by itself (tokens), for answer_room.
-_ANSWERS: dict[str, int] = {}
-
-CHARS_PER_TOKEN = 4  # the estimate until a model's usage says otherwise
 MIN_ANSWER = 256  # a prompt is refused only when not even this much answer fits
 _LARGE_CHARS = 50_000  # counted in a thread above this
 _MESSAGE_OVERHEAD = 4  # tokens a chat template adds per message
-
-
-def forget_learned() -> None:
-    """Forget what providers and usage reports taught (tests; a restarted server)."""
-    from . import local_servers
-
-    _LEARNED.clear()
-    _READ.clear()
-    _ANSWERS.clear()
-    local_servers.forget()
 
 
 def is_context_error(exc: BaseException | None) -> bool:
@@ -108,11 +94,12 @@ def learn_from(
         return None
     window = window_in_error(exc)
     if window:
-        _LEARNED[(endpoint, model)] = window
+        PROFILES.at(endpoint, model).window_from_error = window
     counted = prompt_in_error(exc)
     if counted and messages:
         # The server's own tokenizer on this very text: it outweighs what was learned.
-        _READ.pop(model, None)
+        profile = PROFILES.model(model)
+        profile.characters_read = profile.tokens_counted = 0.0
         learn_usage(model, messages, counted)
     return window
 
@@ -126,8 +113,9 @@ def learn_usage(
 ) -> None:
     """Learn from a call's usage report: the model's characters per token (prompts
     large enough to say), and how long its finished answers run."""
+    profile = PROFILES.model(model)
     if finished and output_tokens > 0:
-        _ANSWERS[model] = max(_ANSWERS.get(model, 0), output_tokens)
+        profile.longest_answer = max(profile.longest_answer, output_tokens)
     tokens = input_tokens - _MESSAGE_OVERHEAD * len(messages)
     characters = _characters(messages)
     if tokens < 100 or characters < 400:
@@ -135,22 +123,24 @@ def learn_usage(
     ratio = characters / tokens
     if not 0.8 <= ratio <= 12:
         return  # a usage figure that is not this prompt's count (a fixed or cached one)
-    read, counted = _READ.get(model, (0.0, 0.0))
-    if counted > 200_000:  # recent prompts weigh most
-        read, counted = read / 2, counted / 2
-    _READ[model] = (read + characters, counted + tokens)
+    if profile.tokens_counted > 200_000:  # recent prompts weigh most
+        profile.characters_read /= 2
+        profile.tokens_counted /= 2
+    profile.characters_read += characters
+    profile.tokens_counted += tokens
 
 
 def chars_per_token(model: str | None = None) -> float:
-    """Characters per token of ``model`` as its usage reports showed, else 4."""
-    read, counted = _READ.get(model, (0.0, 0.0)) if model else (0.0, 0.0)
-    if counted < 100:
-        return float(CHARS_PER_TOKEN)
-    return min(12.0, max(0.8, read / counted))
+    """Characters per token of ``model`` as its usage reports showed, else the default."""
+    profile = PROFILES.known_model(model)
+    if profile is None or profile.tokens_counted < 100:
+        return DEFAULT_CHARS_PER_TOKEN
+    return min(12.0, max(0.8, profile.characters_read / profile.tokens_counted))
 
 
 def learned_ratio(model: str) -> bool:
-    return model in _READ and _READ[model][1] >= 100
+    profile = PROFILES.known_model(model)
+    return profile is not None and profile.tokens_counted >= 100
 
 
 def input_window(
@@ -158,7 +148,7 @@ def input_window(
     model: str,
     endpoint: str | None,
     configured: int | None,
-    behind: list[str] = (),
+    behind: Sequence[str] = (),
     advice: bool = False,
 ) -> int | None:
     """Tokens ``model`` takes as input: ``configured`` (``RLM.context_window``: the
@@ -167,28 +157,33 @@ def input_window(
     behind a Router group (the smallest window counts). ``advice``: for planning only
     (chunk sizes, when to compact), a guessed window (Ollama's default) counts too; a
     prompt is never refused on a guess."""
-    from .local_servers import guessed_window, reported_window
-
     known = reported_window(endpoint, model) or _model_info_window(litellm, model)
     if not known and behind:
-        windows = [_model_info_window(litellm, name) for name in behind]
-        known = min(windows) if windows and all(windows) else None
+        found = [_model_info_window(litellm, name) for name in behind]
+        sizes = [size for size in found if size]
+        known = min(sizes) if sizes and len(sizes) == len(found) else None
     window = configured or known or None
     if window is None and advice:
         window = guessed_window(endpoint, model)
-    learned = _LEARNED.get((endpoint, model))
+    at = PROFILES.known_at(endpoint, model)
+    learned = at.window_from_error if at is not None else None
     # What the server said wins when it is smaller: a local server may run a model with
     # a shorter context than litellm's entry (Ollama's num_ctx), and asking again with
     # the same room would be refused again.
     return min(window, learned) if window and learned else window or learned
 
 
-def missing_model_info(models) -> list[str]:
+def missing_model_info(models: Iterable[str]) -> list[str]:
     """The models whose info litellm has not been asked for yet."""
-    return [model for model in models if model not in _MODEL_INFO]
+    return [model for model in models if not _model_info_asked(model)]
 
 
-def look_up(litellm: Any, models) -> None:
+def _model_info_asked(model: str) -> bool:
+    profile = PROFILES.known_model(model)
+    return profile is not None and profile.model_info_asked
+
+
+def look_up(litellm: Any, models: Iterable[str]) -> None:
     """Ask litellm for each model's info (in a thread: for some providers, Ollama and
     Hugging Face among them, litellm asks the server over HTTP)."""
     for model in models:
@@ -198,21 +193,24 @@ def look_up(litellm: Any, models) -> None:
 def _model_info_window(litellm: Any, model: str) -> int | None:
     if litellm is None:
         return None  # not loaded yet: nothing to ask
-    if model not in _MODEL_INFO:
+    profile = PROFILES.model(model)
+    if not profile.model_info_asked:
         try:
             info = litellm.get_model_info(model)
             window = info.get("max_input_tokens") or info.get("max_tokens")
         except Exception:  # noqa: BLE001 - litellm raises for models it has no entry for
             window = None
-        _MODEL_INFO[model] = int(window) if window else None
-    return _MODEL_INFO[model]
+        profile.model_info_window = int(window) if window else None
+        profile.model_info_asked = True
+    return profile.model_info_window
 
 
 def answer_room(window: int, max_tokens: int, model: str | None = None) -> int:
     """Tokens to plan for an answer of ``model`` (chunk advice, when to compact): what
     its longest finished answer took, with a margin, else a quarter of the window;
     never more than ``max_tokens``, never less than the shortest answer."""
-    longest = _ANSWERS.get(model) if model else None
+    profile = PROFILES.known_model(model)
+    longest = profile.longest_answer if profile is not None else None
     need = int(longest * 1.25) + 16 if longest else window // 4
     return max(shortest_answer(max_tokens), min(max_tokens, need, window // 2))
 
@@ -235,8 +233,6 @@ async def fit_answer(
     the window, less when only a shorter answer fits (a server would refuse the
     request as asked, or cut it). Raises ``PromptTooLongError`` when not even the
     shortest answer fits: then the prompt must be cut."""
-    from ..errors import PromptTooLongError
-
     shortest = shortest_answer(max_tokens)
     tokens = await prompt_tokens_over(litellm, model, messages, max(0, window - max_tokens))
     if tokens is None:
@@ -277,7 +273,8 @@ async def prompt_tokens_over(
             exact = _count(litellm, model, messages)
     except Exception:  # noqa: BLE001 - no tokenizer: trust the estimate
         exact = estimate
-    if learned_ratio(model) or not _MODEL_INFO.get(model):
+    profile = PROFILES.known_model(model)
+    if learned_ratio(model) or profile is None or not profile.model_info_window:
         # litellm counts a model it has no entry for with OpenAI's tokenizer, which
         # may read its text quite differently: the estimate stands when larger.
         exact = max(exact, estimate)

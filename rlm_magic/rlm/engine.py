@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import RLMConfig
 from ..errors import ConfigError, LLMQueryError, PromptTooLongError, describe_exception
-from ..llm.client import LLMClient, close_loop_clients, redact_messages
-from ..llm.redaction import off_loop_if_large
+from ..llm.client import LLMClient
+from ..llm.redaction import off_loop_if_large, redact_messages
+from ..llm.transports import close_loop_clients
 from ..llm.usage import SESSION_LEDGER, UsageLedger
 from ..llm.windows import answer_room, chars_per_token, is_context_error
 from ..repl.inprocess import AsyncREPL

@@ -1,0 +1,157 @@
+"""What a call cost, in dollars, at litellm's prices (or a LiteLLM Proxy's word).
+
+Every price comes from litellm's price map; a model it does not price costs ``None``
+(unknown), never a false $0. The wire transport prices its answers here with a few
+dictionary lookups (litellm's cost machinery costs ~0.15 ms of CPU a call); answers that
+came through litellm carry litellm's own price. A LiteLLM Proxy prices a call with its
+upstream's price and says so in a header, which counts when litellm knows no price.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from functools import lru_cache
+from typing import Any
+
+from .ratelimit import non_negative
+
+# Where a LiteLLM Proxy puts its price of a call: in the response's headers (the wire
+# transport reads them), and as litellm passes those headers on (``_hidden_params``).
+PROXY_COST_HEADER = "x-litellm-response-cost"
+LITELLM_PROXY_COST_HEADER = "llm_provider-" + PROXY_COST_HEADER
+
+
+def cost_of_response(response: Any, litellm: Any) -> float | None:
+    """Dollars for a response litellm made, or None when litellm does not know the price."""
+    hidden = getattr(response, "_hidden_params", None) or {}
+    if "response_cost" in hidden:
+        # litellm already priced it (None: it knows no price); asking again costs
+        # ~1 ms of CPU per call for the same answer.
+        cost = hidden["response_cost"]
+    else:
+        try:
+            cost = litellm.completion_cost(completion_response=response)
+        except Exception:  # noqa: BLE001 - litellm raises for models without a price
+            cost = None
+    if cost is None:
+        # A LiteLLM Proxy prices the call with its upstream's price and says so, even
+        # when the name it answers under means nothing to litellm's price map here.
+        cost = non_negative((hidden.get("additional_headers") or {}).get(LITELLM_PROXY_COST_HEADER))
+    return float(cost) if cost is not None else None
+
+
+def price_entry(litellm: Any, names: Sequence[str]) -> dict | None:
+    """The first of ``names`` that litellm's price map prices, looked up at each answer
+    (prices registered meanwhile count)."""
+    prices = litellm.model_cost
+    for name in names:
+        entry = prices.get(name)
+        if entry is not None:
+            return entry if isinstance(entry.get("input_cost_per_token"), (int, float)) else None
+    return None
+
+
+def cost_of_usage(
+    litellm: Any,
+    model: str,
+    names: Sequence[str],
+    input_tokens: int,
+    output_tokens: int,
+    cache_read: int,
+    cache_written: int,
+    headers: Mapping[str, Any] | None,
+) -> float | None:
+    """Dollars for this usage of ``model`` (priced under one of ``names``); else the
+    proxy's price in ``headers``; else None."""
+    entry = price_entry(litellm, names)
+    if entry is not None and not _tiered(entry):
+        base = entry["input_cost_per_token"]
+        output = entry.get("output_cost_per_token") or 0.0
+        read_price = entry.get("cache_read_input_token_cost")
+        write_price = entry.get("cache_creation_input_token_cost")
+        return (
+            (input_tokens - cache_read - cache_written) * base
+            + cache_read * (base if read_price is None else read_price)
+            + cache_written * (base if write_price is None else write_price)
+            + output_tokens * output
+        )
+    if entry is not None:  # priced by the prompt's size: litellm knows the tiers
+        try:
+            prompt, completion = litellm.cost_per_token(
+                model=model,
+                prompt_tokens=input_tokens,
+                completion_tokens=output_tokens,
+                cache_read_input_tokens=cache_read,
+            )
+            return prompt + completion
+        except Exception:  # noqa: BLE001 - then the proxy's word, or unknown
+            pass
+    cost = non_negative(headers.get(PROXY_COST_HEADER)) if headers else None
+    return float(cost) if cost is not None else None
+
+
+_TIERED: dict[int, tuple[dict, bool]] = {}
+
+
+def _tiered(entry: dict) -> bool:
+    """Whether a price depends on the prompt's size (``..._above_128k_tokens``)."""
+    known = _TIERED.get(id(entry))
+    if known is None or known[0] is not entry:
+        known = _TIERED[id(entry)] = (entry, any("above_" in key for key in entry))
+    return known[1]
+
+
+def cache_saving(litellm: Any, model: str, read: int, written: int) -> float | None:
+    """Dollars the provider's prompt cache saved on a call against sending the same tokens
+    uncached: reads cost less than input, writes (Anthropic) cost more, so it is negative
+    when writing cost more than reading saved. None when litellm has no price."""
+    if not (read or written):
+        return 0.0
+    prices = _cache_prices(litellm, model)
+    if prices is None:
+        return None
+    base, read_price, write_price = prices
+    return read * (base - read_price) - written * (write_price - base)
+
+
+@lru_cache(maxsize=64)
+def _cache_prices(litellm: Any, model: str) -> tuple[float, float, float] | None:
+    try:
+        info = litellm.get_model_info(model)
+    except Exception:  # noqa: BLE001 - litellm raises for models it does not price
+        return None
+    base = info.get("input_cost_per_token")
+    if base is None:
+        return None
+    read = info.get("cache_read_input_token_cost")
+    write = info.get("cache_creation_input_token_cost")
+    return (
+        float(base),
+        float(base if read is None else read),
+        float(base if write is None else write),
+    )
+
+
+def batch_rates(litellm: Any, name: str, provider: str) -> tuple[float, float] | None:
+    """Dollars per input and per output token at the provider's batch price (litellm's
+    ``*_cost_per_token_batches``, or half the usual price where it knows no batch price);
+    None when litellm knows no price for the model."""
+    try:
+        litellm.get_model_info(model=name, custom_llm_provider=provider)
+    except Exception:  # noqa: BLE001 - unknown model: unpriced
+        return None
+    from litellm.cost_calculator import batch_cost_calculator
+    from litellm.types.utils import Usage
+
+    per_million = 1_000_000
+    input_cost, _ = batch_cost_calculator(
+        Usage(prompt_tokens=per_million, completion_tokens=0, total_tokens=per_million),
+        name,
+        provider,
+    )
+    _, output_cost = batch_cost_calculator(
+        Usage(prompt_tokens=0, completion_tokens=per_million, total_tokens=per_million),
+        name,
+        provider,
+    )
+    return input_cost / per_million, output_cost / per_million

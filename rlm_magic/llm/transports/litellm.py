@@ -1,0 +1,73 @@
+"""The litellm transport: ``litellm.acompletion`` for every provider litellm knows
+(or a Router's ``acompletion``, see ``router``), always on the caller's running loop.
+
+litellm caches its async HTTP clients per event loop, so a call on a second loop would
+break them; the blocking ``litellm.completion`` is never used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from ..pricing import cost_of_response
+from ..prompt_cache import cache_figures
+from ..streaming import StreamState, stream_completion
+from .base import Answer, Messages, Request
+
+
+class LiteLLMTransport:
+    """Calls ``send`` (``litellm.acompletion`` or ``Router.acompletion``)."""
+
+    name = "litellm"
+
+    def __init__(self, send: Callable[..., Awaitable[Any]], litellm: Any):
+        self.send, self.litellm = send, litellm
+
+    async def complete(self, request: Request, messages: Messages | None = None) -> Answer:
+        return self._answer(await self.send(**request), None)
+
+    async def stream(
+        self,
+        request: Request,
+        state: StreamState,
+        *,
+        stall_timeout: float,
+        deadline: float | None,
+        messages: Messages | None = None,
+    ) -> Answer:
+        # The stream carries the headers; its chunks, built into one response, carry the
+        # text and usage.
+        raw = await stream_completion(
+            self.send, request, state, stall_timeout=stall_timeout, deadline=deadline
+        )
+        response = state.response(self.litellm, messages) or raw
+        return self._answer(response, _response_headers(raw))
+
+    def partial(self, state: StreamState | None, messages: Messages | None) -> Answer | None:
+        if state is None or not state.received:
+            return None
+        response = state.response(self.litellm, messages)
+        return None if response is None else self._answer(response, None)
+
+    def _answer(self, response: Any, headers: dict | None) -> Answer:
+        choices = getattr(response, "choices", None) or [None]
+        choice = choices[0]
+        message = getattr(choice, "message", None)
+        usage = getattr(response, "usage", None)
+        read, written = cache_figures(usage)
+        return Answer(
+            getattr(message, "content", None) or "",
+            getattr(choice, "finish_reason", None),
+            int(getattr(usage, "prompt_tokens", 0) or 0),
+            int(getattr(usage, "completion_tokens", 0) or 0),
+            read,
+            written,
+            cost_of_response(response, self.litellm),
+            headers if headers is not None else _response_headers(response),
+        )
+
+
+def _response_headers(response: Any) -> dict | None:
+    hidden = getattr(response, "_hidden_params", None) or {}
+    return hidden.get("additional_headers")

@@ -1,0 +1,130 @@
+"""Routing through a LiteLLM Router: ``RLM.model_list`` and ``RLM.router_settings``.
+
+With a model list, ``model`` and ``sub_model`` name model groups, and each call goes
+through ``Router.acompletion`` on the kernel's loop: the Router picks a deployment (a
+key, a region, an endpoint per model) and fails over between a group's deployments.
+
+Who retries: the Router, because only it knows which deployment failed and can try
+another; it gets ``RLM.max_retries`` as its ``num_retries``, and rlm-magic adds no
+retries of its own on top (3 x 3 attempts would hide a dead group for minutes). A 429
+that the Router could not route around still reaches our rate gate and is waited out
+like any other. Everything else of ours (the limiter, cache, ledger, redaction,
+interrupts) is unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import TYPE_CHECKING, Any
+
+from ...errors import ConfigError
+from ..ratelimit import RateGate, gate_for
+from .base import Messages, Request
+from .litellm import LiteLLMTransport
+
+if TYPE_CHECKING:
+    from ...config import RLMConfig
+
+
+class RouterEndpoint:
+    """Calls go through one Router, built once for one configuration."""
+
+    probes_local_servers = False  # its deployments' windows come from litellm's model info
+
+    def __init__(self, config: RLMConfig, identity: str):
+        self.config = config
+        self.identity = identity
+        self._router: Any = None
+
+    def check(self, model: str) -> None:
+        known = groups(self.config.model_list)
+        if model not in known:
+            raise ConfigError(
+                f"{model!r} is not a model group of RLM.model_list (its groups: {', '.join(known)})"
+            )
+
+    def attempts(self) -> tuple[int, float]:
+        """(retries of ours, seconds an attempt may take): the Router retries itself,
+        each of its attempts within ``RLM.timeout``."""
+        return 0, self.config.timeout * (self.config.max_retries + 1)
+
+    def request(self, model: str, messages: Messages, params: dict) -> Request:
+        # Keys and endpoints are the deployments', in the model list.
+        return {
+            "model": model,
+            "messages": messages,
+            "timeout": self.config.timeout,
+            "max_retries": 0,
+            **params,
+        }
+
+    def transport(self, model: str, litellm: Any) -> LiteLLMTransport:
+        return RouterTransport(self.router(litellm).acompletion, litellm)
+
+    def router(self, litellm: Any) -> Any:
+        if self._router is None:
+            self._router = build_router(
+                litellm,
+                self.config.model_list,
+                self.config.router_settings,
+                num_retries=self.config.max_retries,
+                timeout=self.config.timeout,
+            )
+        return self._router
+
+    def gate(self, model: str) -> RateGate:
+        # A group's deployments send headers of their own limits, not the group's:
+        # through a Router the gate pauses on 429s but learns no pace from headers.
+        config = self.config
+        return gate_for(
+            model, self.identity, None, config.rpm, config.tpm, learns_from_headers=False
+        )
+
+    def models_behind(self, model: str) -> list[str]:
+        return deployments(self.config.model_list, model)
+
+
+class RouterTransport(LiteLLMTransport):
+    """``Router.acompletion``, read as litellm's own answers are."""
+
+    name = "router"
+
+
+def groups(model_list: list[dict]) -> list[str]:
+    return sorted({entry["model_name"] for entry in model_list})
+
+
+def deployments(model_list: list[dict], group: str) -> list[str]:
+    """The litellm model strings behind a group (what litellm's model info knows)."""
+    return [
+        str(entry.get("litellm_params", {}).get("model"))
+        for entry in model_list
+        if entry.get("model_name") == group and entry.get("litellm_params", {}).get("model")
+    ]
+
+
+def identity(model_list: list[dict], router_settings: dict) -> str:
+    """A short, stable name for one configuration (for rate gates and cache keys)."""
+    text = json.dumps([model_list, router_settings], sort_keys=True, default=str)
+    return "router:" + hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def build_router(
+    litellm: Any, model_list: list[dict], router_settings: dict, *, num_retries: int, timeout: float
+) -> Any:
+    """A Router for this configuration; ``router_settings`` win over our defaults."""
+    settings = {"num_retries": num_retries, "timeout": timeout, **router_settings}
+    known = set(litellm.model_cost)
+    router = litellm.Router(model_list=[dict(entry) for entry in model_list], **settings)
+    # The Router enters each deployment's model into litellm's process-wide price map,
+    # without a price when litellm knows none: every later call to that model, routed or
+    # not, would then be priced at a false $0 instead of unknown.
+    models = {entry["litellm_params"]["model"] for entry in model_list}
+    for name in (set(litellm.model_cost) - known) & models:
+        entry = litellm.model_cost[name]
+        if not any(
+            "cost" in key and isinstance(value, (int, float)) for key, value in entry.items()
+        ):
+            del litellm.model_cost[name]
+    return router

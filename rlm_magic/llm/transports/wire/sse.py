@@ -1,0 +1,114 @@
+"""Reading a streamed answer: server-sent events in network-sized pieces, each piece
+split into events and each event's text handed on, with no object per chunk."""
+
+from __future__ import annotations
+
+import json
+
+from .errors import APIConnectionError, connection_error, event_error
+from .parsing import completion_parts
+
+STREAM_ENDED = "Stream ended before a finish_reason was received"
+# Above any real event (a server that sends a whole answer as one event included), and
+# a bound on what one stream may make the kernel hold: past it, a broken (or hostile)
+# stream, not an answer.
+MAX_LINE = 16 << 20
+
+
+class WireStream:
+    """An open server-sent-events answer, read in network-sized pieces: each piece is
+    split into events and each event's text handed on, with no object per chunk."""
+
+    def __init__(self, reply, api_base: str):
+        self.reply, self.headers, self.api_base = reply, reply.headers, api_base
+        self.done = False
+
+    async def pump(self, state, touch) -> None:
+        import aiohttp
+
+        try:
+            if self.reply.content_type == "application/json":
+                # A server that ignores ``stream``: its whole answer at once.
+                raw = await self.reply.read()
+                touch()
+                text, state.finish, state.usage = completion_parts(raw, self.headers, self.api_base)
+                if text:
+                    state.add_text(text)
+                self.done = True
+                return
+            await self._events(state, touch)
+        except aiohttp.ClientError as exc:
+            raise connection_error(exc, self.api_base) from exc
+        except (ValueError, AttributeError, TypeError, KeyError, IndexError) as exc:
+            # An event that is no chunk (bad JSON, ``data: 1``): litellm's connection
+            # error, so the call is retried.
+            raise APIConnectionError(
+                f"the endpoint sent a malformed stream event "
+                f"({type(exc).__name__}: {str(exc)[:200]})",
+                None,
+                self.headers,
+                self.api_base,
+            ) from None
+        if not self.done and state.finish is None:
+            raise APIConnectionError(STREAM_ENDED, None, self.headers, self.api_base)
+
+    async def _events(self, state, touch) -> None:
+        loads, add = json.loads, state.add_text
+        # A line's pieces until its newline comes: each byte is joined and split once
+        # (a long line is not copied again with every read), and a line is bounded.
+        pending: list[bytes] = []
+        pending_size = 0
+        async for data in self.reply.content.iter_any():
+            touch()
+            if pending:  # a line began in an earlier read
+                pending.append(data)
+                pending_size += len(data)
+                if b"\n" not in data:
+                    if pending_size > MAX_LINE:
+                        raise self._too_long()
+                    continue
+                data = b"".join(pending)
+                pending = []
+            lines = data.split(b"\n")
+            rest = lines.pop()
+            if rest:
+                pending.append(rest)
+                pending_size = len(rest)
+                if pending_size > MAX_LINE:
+                    raise self._too_long()
+            for line in lines:
+                if not line.startswith(b"data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == b"[DONE]":
+                    self.done = True
+                    return
+                event = loads(payload)
+                choices = event.get("choices")
+                if choices:
+                    choice = choices[0]
+                    delta = choice.get("delta")
+                    if delta:
+                        piece = delta.get("content")
+                        if piece:
+                            add(piece)
+                    if choice.get("finish_reason"):
+                        state.finish = choice["finish_reason"]
+                if event.get("usage"):
+                    state.usage = event["usage"]
+                if "error" in event:
+                    raise event_error(event, self.headers, self.api_base)
+
+    def _too_long(self) -> APIConnectionError:
+        return APIConnectionError(
+            f"the endpoint sent a stream line over {MAX_LINE} bytes",
+            None,
+            self.headers,
+            self.api_base,
+        )
+
+    async def aclose(self) -> None:
+        if self.done:
+            self.reply.release()  # the connection goes back to the pool
+        else:
+            self.reply.close()  # mid-answer: drop it, so the server stops generating

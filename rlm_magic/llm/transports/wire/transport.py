@@ -1,0 +1,209 @@
+"""The wire transport: OpenAI-compatible chat completions sent straight over aiohttp.
+
+litellm spends ~4 ms of the loop's CPU on every call (logging, cost machinery, response
+objects), twenty times what the HTTP exchange itself costs; with a few hundred answers a
+second that saturates the kernel's loop. For endpoints that speak OpenAI's chat API
+as-is (``routes``), this module sends the request litellm would send and reads the
+answer with a few dictionary lookups. Everything else (the gate, retries, the ledger, the
+cache, redaction) stays in the client; errors are raised as classes with litellm's names,
+status codes and headers (``errors``), so the client classifies and words them the same
+way. litellm stays loaded for prices and token counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from ... import windows
+from ...pricing import cost_of_usage
+from ...ratelimit import non_negative
+from ...streaming import StreamState, stream_completion
+from ..base import Answer, Messages, Request
+from .errors import connection_error, error_for, redirect_error
+from .parsing import completion_parts, finish_reason_of
+from .routes import Route
+from .sessions import session
+from .sse import WireStream
+
+# Prompts counted off the loop above this many characters (usage missing).
+_LARGE_CHARS = 50_000
+
+
+class WireTransport:
+    """Sends one route's requests (see ``base.Transport``)."""
+
+    name = "wire"
+
+    def __init__(self, route: Route, litellm: Any):
+        self.route = route
+        self._litellm = litellm  # for token counts when a provider sends no usage
+
+    def body(self, request: Request) -> tuple[dict, dict]:
+        """The JSON body and the headers of ``request`` (our request dict)."""
+        route = self.route
+        body = {"model": route.sent_model}
+        headers = route.headers
+        for name, value in request.items():
+            if name in ("model", "timeout", "max_retries", "api_base", "api_key"):
+                continue
+            if name == "extra_headers":
+                headers = {**headers, **(value or {})}
+            elif name == "extra_body":
+                body.update(value or {})
+            else:
+                body[name] = value
+        return body, headers
+
+    async def complete(self, request: Request, messages: Messages | None = None) -> Answer:
+        import aiohttp
+
+        body, headers = self.body(request)
+        route = self.route
+        try:
+            async with session().post(
+                route.url, json=body, headers=headers, proxy=route.proxy, allow_redirects=False
+            ) as reply:
+                raw = await reply.read()
+                status, received = reply.status, reply.headers
+        except aiohttp.ClientError as exc:
+            raise connection_error(exc, route.api_base) from exc
+        if status >= 400:
+            raise error_for(status, raw, received, route.api_base)
+        if status >= 300:
+            raise redirect_error(status, received, route.api_base)
+        text, finish, usage = completion_parts(raw, received, route.api_base)
+        messages = messages or request.get("messages")
+        if not usage:
+            return await self._counted_answer(text, finish, received, messages)
+        return self._answer(text, finish, usage, received, messages)
+
+    async def stream(
+        self,
+        request: Request,
+        state: StreamState,
+        *,
+        stall_timeout: float,
+        deadline: float | None,
+        messages: Messages | None = None,
+    ) -> Answer:
+        wire = await stream_completion(
+            self._open, request, state, stall_timeout=stall_timeout, deadline=deadline
+        )
+        messages = messages or request.get("messages")
+        if not state.usage:
+            return await self._counted_answer(
+                state.text, state.finish_reason, wire.headers, messages
+            )
+        return self._answer(state.text, state.finish_reason, state.usage, wire.headers, messages)
+
+    def partial(self, state: StreamState | None, messages: Messages | None) -> Answer | None:
+        """What a cut-off stream received, priced (it is billed all the same)."""
+        if state is None or not state.received:
+            return None
+        return self._answer(state.text, state.finish_reason, state.usage, None, messages)
+
+    async def _open(self, **request: Any) -> WireStream:
+        import aiohttp
+
+        request.pop("timeout", None)  # the stall watch times a stream
+        body, headers = self.body(request)
+        route = self.route
+        try:
+            reply = await session().post(
+                route.url, json=body, headers=headers, proxy=route.proxy, allow_redirects=False
+            )
+        except aiohttp.ClientError as exc:
+            raise connection_error(exc, route.api_base) from exc
+        if reply.status >= 300:
+            try:
+                raw = await reply.read()
+            finally:
+                reply.release()
+            if reply.status < 400:
+                raise redirect_error(reply.status, reply.headers, route.api_base)
+            raise error_for(reply.status, raw, reply.headers, route.api_base)
+        return WireStream(reply, route.api_base)
+
+    async def _counted_answer(self, text: str, finish_reason, headers, messages) -> Answer:
+        """The answer of a provider that sent no usage: its tokens counted as litellm
+        counts them, a large prompt in a thread (the loop stays free)."""
+        if _characters(messages) > _LARGE_CHARS:
+            counts = await asyncio.to_thread(self._count, messages, text)
+        else:
+            counts = self._count(messages, text)
+        return self._answer(text, finish_reason, None, headers, messages, counts)
+
+    def _answer(
+        self,
+        text: str,
+        finish_reason,
+        usage,
+        headers,
+        messages,
+        counts: tuple[int, int] | None = None,
+    ) -> Answer:
+        if usage:
+            get = usage.get
+            details = get("prompt_tokens_details") or {}
+            input_tokens = int(get("prompt_tokens") or 0)
+            output_tokens = int(get("completion_tokens") or 0)
+            read = int(details.get("cached_tokens") or get("cache_read_input_tokens") or 0)
+            written = int(
+                get("cache_creation_input_tokens") or details.get("cache_creation_tokens") or 0
+            )
+        else:  # counted as litellm does when a provider leaves usage out
+            input_tokens, output_tokens = counts or self._counts_on_loop(messages, text)
+            read = written = 0
+        route = self.route
+        cost = cost_of_usage(
+            self._litellm,
+            route.model,
+            route.price_names,
+            input_tokens,
+            output_tokens,
+            read,
+            written,
+            headers,
+        )
+        if cost is None and usage:
+            # A LiteLLM Proxy puts its price of a streamed answer in the usage.
+            cost = non_negative(usage.get("cost"))
+        return Answer(
+            text,
+            finish_reason_of(finish_reason),
+            input_tokens,
+            output_tokens,
+            read,
+            written,
+            cost,
+            headers,
+        )
+
+    def _counts_on_loop(self, messages, text: str) -> tuple[int, int]:
+        """Counts for a cut-off answer (``partial``, which cannot wait for a thread):
+        litellm's for a small prompt, the characters' estimate for a large one."""
+        if _characters(messages) <= _LARGE_CHARS:
+            return self._count(messages, text)
+        model = self.route.model
+        return (
+            windows.estimate_tokens(messages or [], model),
+            round(len(text) / windows.chars_per_token(model)),
+        )
+
+    def _count(self, messages, text: str) -> tuple[int, int]:
+        litellm, model = self._litellm, self.route.model
+        try:
+            prompt = litellm.token_counter(model=model, messages=messages or [])
+            output = litellm.token_counter(model=model, text=text) if text else 0
+            return int(prompt), int(output)
+        except Exception:  # noqa: BLE001 - no tokenizer: about 4 characters a token
+            return max(1, _characters(messages) // 4), len(text) // 4
+
+
+def _characters(messages) -> int:
+    return sum(
+        len(m["content"])
+        for m in messages or ()
+        if isinstance(m, dict) and isinstance(m.get("content"), str)
+    )

@@ -778,7 +778,7 @@ _DEMO_SETTINGS = ("model", "sub_model", "api_base", "api_key")
 
 def register_pretend_prices() -> None:
     """Tell litellm the demo models' pretend prices, so their cost shows."""
-    from .llm.client import _import_litellm
+    from ..llm.client import _import_litellm
 
     litellm = _import_litellm()
     litellm.register_model(

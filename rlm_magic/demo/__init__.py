@@ -198,6 +198,15 @@ class LocalChatServer:
         prompt = sum(len(m.get("content") or "") for m in body.get("messages", []))
         return max(1, prompt // 4), max(1, len(text) // 4)
 
+    async def answer_json(self, body: dict) -> tuple[int, dict]:
+        """(status, JSON body) of a request answered whole: what a batch job's output
+        or error line holds. The batch API reaches the server through this alone."""
+        try:
+            text = await self.answer(body)
+        except HTTPError as error:
+            return error.status, {"error": {"message": error.message, "type": error.kind}}
+        return 200, completion_json(body, text, self.usage_for(body, text), self)
+
 
 class HTTPError(Exception):
     def __init__(
@@ -453,21 +462,16 @@ class BatchJobsAPI:
                     "custom_id": line.get("custom_id"),
                     "error": None,
                 }
-                try:
-                    text = await self.server.answer(body)
-                except HTTPError as error:
-                    record["response"] = {
-                        "status_code": error.status,
-                        "body": {"error": {"message": error.message, "type": error.kind}},
-                    }
+                status, answer = await self.server.answer_json(body)
+                if status != 200:
+                    record["response"] = {"status_code": status, "body": answer}
                     errors.append(json.dumps(record).encode())
                     counts["failed"] += 1
                     return
-                usage = self.server.usage_for(body, text)
                 record["response"] = {
                     "status_code": 200,
                     "request_id": record["id"],
-                    "body": completion_json(body, text, usage, self.server),
+                    "body": answer,
                 }
                 outputs.append(json.dumps(record).encode())
                 counts["completed"] += 1

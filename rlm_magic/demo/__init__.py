@@ -13,12 +13,17 @@ HTTP, JSON. It is **not a language model**:
 
 The demo models carry pretend prices (those of a small hosted model), so cost tracking
 and budgets can be seen working.
+
+The package: ``server`` (the OpenAI-compatible chat server, also the tests' server's
+base), ``batches`` (a provider's batch jobs, served beside it), ``script`` (what the
+demo models answer); this module starts and stops the demo and re-exports their names.
+It imports nothing of rlm-magic but the llm layer (litellm, to register the prices).
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Protocol
 
 from .batches import BatchJobsAPI
 from .script import DemoServer, root_reply, sub_reply, typed_reply, typed_schema
@@ -54,6 +59,16 @@ __all__ = [
 
 # -- starting it from a notebook -------------------------------------------------------
 
+
+class Settings(Protocol):
+    """The settings the demo points at itself: an ``RLM``'s (a layer above this one)."""
+
+    model: str
+    sub_model: str
+    api_base: str
+    api_key: str
+
+
 _server: DemoServer | None = None
 _saved_settings: dict[str, Any] | None = None
 _DEMO_SETTINGS = ("model", "sub_model", "api_base", "api_key")
@@ -84,7 +99,7 @@ def register_pretend_prices() -> None:
     )
 
 
-def start(rlm=None, **latency) -> DemoServer:
+def start(rlm: Settings | None = None, **latency: float) -> DemoServer:
     """Start the demo server (once) and point ``rlm``'s settings at it."""
     global _server, _saved_settings
     if _server is None or not _server.running:
@@ -110,7 +125,7 @@ def _register_prices(server: DemoServer) -> None:
         server.prices_registered.set()
 
 
-def stop(rlm=None) -> None:
+def stop(rlm: Settings | None = None) -> None:
     """Stop the demo server and restore the settings it replaced."""
     global _server, _saved_settings
     if _server is not None:

@@ -1,0 +1,289 @@
+"""The demo model's script: what the scripted root and sub models answer, and when.
+
+Not a language model. As *root* model it plays one RLM strategy, turn by turn, for
+counting questions (look at the context, split it into chunks, fan out with
+``llm_query_batch`` or one child RLM per document, add up, ``FINAL_VAR``); as *sub*
+model it counts lines and classifies sentiment by rule, and fills a typed answer's
+schema with the same rule. ``DemoServer`` picks which of them answers a request and
+waits a deterministic time, so concurrency shows in a notebook and re-runs match.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import re
+import threading
+
+from .server import HTTPError, LocalChatServer, split_tokens
+
+
+class DemoServer(LocalChatServer):
+    """Serves the demo root and sub models, with deterministic latency."""
+
+    def __init__(self, root_latency: float = 0.4, sub_latency: float = 0.25, **kwargs):
+        super().__init__(**kwargs)
+        self.root_latency = root_latency
+        self.sub_latency = sub_latency
+        self.prices_registered = threading.Event()
+
+    async def answer(self, body: dict) -> str:
+        if not self.prices_registered.is_set():
+            # litellm prices a response when it arrives: answer only once it knows the
+            # pretend prices (registered in the background by start()).
+            await asyncio.get_running_loop().run_in_executor(None, self.prices_registered.wait, 60)
+        messages = body.get("messages") or []
+        is_rlm_turn = (
+            bool(messages)
+            and messages[0].get("role") == "system"
+            and "Python REPL" in (messages[0].get("content") or "")
+        )
+        schema = typed_schema(body)
+        if is_rlm_turn:
+            text = root_reply(messages)
+        elif schema:
+            text = typed_reply(messages[-1]["content"], schema)
+        else:
+            text = sub_reply(messages[-1]["content"])
+        # Deterministic latency: a fixed base plus up to 40% more, by prompt hash.
+        base = self.root_latency if is_rlm_turn else self.sub_latency
+        digest = hashlib.sha1(json.dumps(messages).encode()).digest()[0]
+        delay = base * (1 + 0.4 * digest / 255)
+        if body.get("stream") and is_rlm_turn:
+            # A streamed root turn arrives word by word, in the same time in all.
+            body["_pace"] = 0.6 * delay / len(split_tokens(text))
+            delay *= 0.4
+        await asyncio.sleep(delay)
+        return text
+
+    def chunk_delay(self, body: dict, index: int) -> float:
+        return body.get("_pace", 0.0)
+
+    def usage_for(self, body: dict, text: str) -> tuple[int, int]:
+        # A typed request costs the same in JSON mode (the schema in the prompt) as in
+        # structured-output mode, so a notebook's figures do not depend on which was used.
+        prompt = sum(
+            len(_JSON_MODE.sub("", m.get("content") or "")) for m in body.get("messages", [])
+        )
+        return max(1, prompt // 4), max(1, len(text) // 4)
+
+
+_JSON_MODE = re.compile(r"\n\nAnswer with JSON only, matching this JSON schema: .*\Z", re.DOTALL)
+
+
+# Sub-model rules -------------------------------------------------------------------
+
+_COUNT = re.compile(r"Count the lines that contain '([^']+)'(?:, grouped by '([^']+)')?")
+_POSITIVE = {
+    "good",
+    "great",
+    "love",
+    "excellent",
+    "fast",
+    "happy",
+    "recommend",
+    "works",
+    "perfect",
+    "nice",
+    "easy",
+    "helpful",
+    "amazing",
+    "best",
+}
+_NEGATIVE = {
+    "bad",
+    "slow",
+    "broke",
+    "broken",
+    "hate",
+    "terrible",
+    "poor",
+    "refund",
+    "worst",
+    "awful",
+    "crash",
+    "crashes",
+    "late",
+    "disappointed",
+    "useless",
+}
+
+
+def sub_reply(prompt: str) -> str:
+    """Answer a sub-call by rule: counting lines, or classifying sentiment."""
+    count = _COUNT.search(prompt)
+    if count:
+        term, field = count.group(1).lower(), count.group(2)
+        text = prompt[count.end() :]
+        lines = [line for line in text.splitlines() if term in line.lower()]
+        if not field:
+            return json.dumps({"count": len(lines)})
+        tally: dict[str, int] = {}
+        pattern = re.compile(rf"\b{re.escape(field)}=(\S+)")
+        for line in lines:
+            found = pattern.search(line)
+            if found:
+                tally[found.group(1)] = tally.get(found.group(1), 0) + 1
+        return json.dumps(dict(sorted(tally.items())))
+    if "sentiment" in prompt.lower():
+        words = re.findall(r"[a-z']+", prompt.lower().split(":", 1)[-1])
+        score = sum(w in _POSITIVE for w in words) - sum(w in _NEGATIVE for w in words)
+        return "positive" if score > 0 else "negative" if score < 0 else "neutral"
+    length = len(prompt.split())
+    return (
+        f"[demo model] I only answer counting and sentiment prompts; yours had "
+        f"{length} word{'' if length == 1 else 's'}."
+    )
+
+
+def typed_schema(body: dict) -> dict | None:
+    """The schema a typed request asks for: in ``response_format`` (structured outputs),
+    or in the prompt (JSON mode, as rlm-magic words it)."""
+    response_format = body.get("response_format") or {}
+    schema = (response_format.get("json_schema") or {}).get("schema")
+    if schema is None and response_format.get("type") == "json_object":
+        found = re.search(
+            r"matching this JSON schema: (\{.*\})\s*$",
+            (body.get("messages") or [{}])[-1].get("content") or "",
+            re.DOTALL,
+        )
+        schema = json.loads(found.group(1)) if found else None
+    return schema
+
+
+def typed_reply(prompt: str, schema: dict) -> str:
+    """A typed answer (structured outputs): the schema's object, filled in by the
+    sentiment rule. An enum takes the label it contains (positive, negative, neutral),
+    a number the score, a boolean whether it is positive, a string the words that
+    decided."""
+    words = re.findall(r"[a-z']+", prompt.lower().split(":", 1)[-1])
+    good = [w for w in words if w in _POSITIVE]
+    bad = [w for w in words if w in _NEGATIVE]
+    score = len(good) - len(bad)
+    label = "positive" if score > 0 else "negative" if score < 0 else "neutral"
+
+    def resolve(node: dict) -> dict:
+        ref = node.get("$ref", "")
+        if ref.startswith("#/$defs/"):
+            return schema.get("$defs", {}).get(ref.rsplit("/", 1)[1], {})
+        return node
+
+    def fill(node: dict):
+        node = resolve(node)
+        if "enum" in node:
+            return label if label in node["enum"] else node["enum"][0]
+        kind = node.get("type")
+        if kind == "object":
+            return {name: fill(sub) for name, sub in node.get("properties", {}).items()}
+        if kind == "integer":
+            return score
+        if kind == "number":
+            return float(score)
+        if kind == "boolean":
+            return score > 0
+        if kind == "array":
+            return good + bad
+        return ", ".join(good + bad) or "no telling words"
+
+    return json.dumps(fill(schema))
+
+
+# Root-model strategy ---------------------------------------------------------------
+
+
+def _question(messages: list[dict]) -> str:
+    first_user = next((m["content"] for m in messages if m.get("role") == "user"), "")
+    match = re.search(r"Question: (.*?)\n\nThe data is in", first_user, re.DOTALL)
+    return (match.group(1) if match else first_user).strip()
+
+
+def _task(question: str) -> tuple[str | None, str | None]:
+    """(term, field) for questions like: Which service has the most "timeout" lines?"""
+    term = re.search(r"[\"“']([^\"”']+)[\"”']", question)
+    field = re.search(r"\b(?:which|per|by)\s+([a-z_]+?)(?:es|s)?\b", question, re.I)
+    return (term.group(1) if term else None, field.group(1).lower() if field else None)
+
+
+def _earlier_totals(messages: list[dict]) -> bool:
+    """Whether an earlier question of this session left its counts in `totals`."""
+    first_user = next((m["content"] for m in messages if m.get("role") == "user"), "")
+    return (
+        "Earlier questions in this session" in first_user
+        and re.search(r"^Variables in the REPL:.*\btotals\b", first_user, re.M) is not None
+    )
+
+
+def root_reply(messages: list[dict]) -> str:
+    """The next move of the demo strategy, from how many turns came before."""
+    turn = sum(1 for m in messages if m.get("role") == "assistant")
+    question = _question(messages)
+    term, field = _task(question)
+    dict_context = "(dict, length" in (messages[0].get("content") or "")
+    if term is None:
+        # Refused as a provider refuses a request, so the run fails visibly: an answer
+        # saying "I cannot answer" would be shown as a success.
+        raise HTTPError(
+            400,
+            "[demo model] the demo answers counting questions that "
+            "quote the term to count, e.g. Which service has the most "
+            '"timeout" lines? It is a scripted stand-in: use a real model '
+            "for other questions.",
+            "invalid_request_error",
+        )
+    if turn == 0 and _earlier_totals(messages):
+        # A follow-up in a session: the counts of the earlier question are in `totals`.
+        pick = "ranked[-1]" if re.search(r"\b(?:fewest|least)\b", question, re.I) else "ranked[0]"
+        return (
+            "The earlier question's counts are still in `totals`: no new sub-calls "
+            f"needed.\n```repl\nranked = totals.most_common()\nname, count = {pick}\n"
+            f"result = f'{{name}}: {{count}} \"{term}\" lines'\nprint(result)\n```\n"
+            "FINAL_VAR(result)"
+        )
+    if turn == 0:
+        return (
+            "First I look at the context: its type, size and a sample.\n"
+            "```repl\nprint(type(context).__name__, len(context))\n"
+            "sample = list(context)[:3] if isinstance(context, dict) else context[:300]\n"
+            "print(sample)\n```"
+        )
+    if dict_context and turn == 1:
+        # One child RLM per document: each runs this same strategy on its part.
+        return (
+            "The context is a set of documents: I give each to a child RLM, "
+            "concurrently.\n```repl\nnames = list(context)\n"
+            f"answers = rlm_query_batch([{question!r}] * len(names), "
+            "[context[n] for n in names])\n"
+            "per_document = dict(zip(names, answers))\nprint(per_document)\n```"
+        )
+    if dict_context:
+        return (
+            "Each document has its answer.\n```repl\nresult = '; '.join(f'{n}: {a}' "
+            "for n, a in per_document.items())\nprint(result)\n```\nFINAL_VAR(result)"
+        )
+    grouped = f", grouped by '{field}'" if field else ""
+    if turn == 1:
+        return (
+            "I split the lines into chunks and count in every chunk at once.\n"
+            "```repl\nlines = context.splitlines() if isinstance(context, str) "
+            "else [str(row) for row in context]\n"
+            "size = max(1, min(2000, -(-len(lines) // 16)))\n"
+            "chunks = ['\\n'.join(lines[i:i + size]) for i in range(0, len(lines), size)]\n"
+            f"prompt = \"Count the lines that contain '{term}'{grouped}. Answer in JSON.\"\n"
+            "answers = llm_query_batch([prompt + '\\n\\n' + chunk for chunk in chunks])\n"
+            "print(len(chunks), 'chunks;', 'first answers:', answers[:2])\n```"
+        )
+    return (
+        "Now I add up the chunk answers.\n```repl\nfrom collections import Counter\n"
+        "totals = Counter()\nfailed = 0\nfor a in answers:\n"
+        "    if a.startswith('Error:'):\n        failed += 1\n        continue\n"
+        "    totals.update(json.loads(a))\n"
+        + (
+            f"ranked = totals.most_common()\nresult = ', '.join(f'{{k}}: {{v}}' for k, v "
+            f"in ranked)\nresult = f'Most \"{term}\" lines by {field}: ' + result\n"
+            if field
+            else f'result = f\'{{totals["count"]}} lines contain "{term}"\'\n'
+        )
+        + "if failed:\n    result += f' ({failed} chunks failed)'\nprint(result)\n```\n"
+        "FINAL_VAR(result)"
+    )

@@ -28,8 +28,8 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from benchmarks.bench_batch import ServerProcess  # noqa: E402
 from rlm_magic import RLM  # noqa: E402
-from rlm_magic.llm import jobs  # noqa: E402
 from rlm_magic.llm.litellm_loader import import_litellm  # noqa: E402
+from rlm_magic.maps import jobs  # noqa: E402
 
 
 def peak_rss_mb() -> float:

@@ -15,8 +15,8 @@ import pytest
 from rlm_magic import BatchError
 from rlm_magic.errors import ConfigError, LLMQueryError
 from rlm_magic.jupyter.extension import session_rlm
-from rlm_magic.llm import jobs
-from rlm_magic.llm.jobs import BatchJob, JobStore
+from rlm_magic.maps import jobs
+from rlm_magic.maps.jobs import BatchJob, JobStore
 
 from .conftest import make_rlm, run_cell
 
@@ -132,7 +132,7 @@ async def test_a_new_process_reattaches_to_a_job_an_interrupted_one_left(
     script = textwrap.dedent(f"""
         import asyncio, json
         from rlm_magic import RLM
-        from rlm_magic.llm import jobs
+        from rlm_magic.maps import jobs
         jobs.FIRST_POLL_S = 0.02
         rlm = RLM(model="openai/root-model", sub_model="openai/sub-model",
                   api_base={batch_server.base_url!r}, api_key="sk-test", progress=False,

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from rlm_magic.llm.batch import gather_limited
 from rlm_magic.llm.limiter import ConcurrencyLimiter
+from rlm_magic.maps.gather import gather_limited
 
 
 async def test_a_batch_cancelled_before_its_tasks_start_releases_every_slot():

@@ -12,8 +12,8 @@ from pydantic import BaseModel
 
 from rlm_magic import BatchError
 from rlm_magic.errors import ConfigError
-from rlm_magic.llm import jobs
 from rlm_magic.llm.structured import AnswerFormat
+from rlm_magic.maps import jobs
 
 from .conftest import make_rlm
 

@@ -13,11 +13,11 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BatchError, ConfigError, LLMQueryError, interrupt
-from ..llm.batch import BatchOutcome, gather_limited
 from ..llm.messages import as_prompt_list, build_messages, check_max_tokens
-from ..llm.resume import RESUME_AT, KeepingObserver, MapStore
 from ..llm.structured import AnswerFormat, InvalidAnswer, ask, prepare
 from ..llm.usage import CallRecord
+from ..maps.gather import BatchOutcome, gather_limited
+from ..maps.resume import RESUME_AT, KeepingObserver, MapStore
 from .interrupts import run_interruptibly
 from .progress import BatchProgress
 
@@ -211,8 +211,8 @@ class NotebookHelpers:
     async def _batch_job(
         self, conversations, model, max_tokens, return_exceptions, answer_format=None
     ) -> list:
-        from ..llm.jobs import BatchJob
         from ..llm.litellm_loader import load_litellm
+        from ..maps.jobs import BatchJob
         from .job_progress import JobProgress, still_running
 
         if not conversations:

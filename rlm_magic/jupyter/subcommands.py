@@ -87,7 +87,7 @@ def _forget(magics, args):
 
 
 def _jobs(magics, args):
-    from ..llm import jobs
+    from ..maps import jobs
 
     if args[:1] == ["cancel"]:
         if len(args) != 2:

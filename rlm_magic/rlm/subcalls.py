@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, LLMQueryError, PromptTooLongError, describe_exception
-from ..llm.batch import gather_limited
 from ..llm.limiter import ConcurrencyLimiter
 from ..llm.messages import build_messages
 from ..llm.structured import AnswerFormat, ask
 from ..llm.usage import UsageLedger
 from ..llm.windows import is_context_error, prompt_in_error
+from ..maps.gather import gather_limited
 
 if TYPE_CHECKING:
     from .live_turn import LiveTurn

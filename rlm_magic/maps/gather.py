@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
-from .limiter import ConcurrencyLimiter
+from ..llm.limiter import ConcurrencyLimiter
 
 # How many calls may start in one loop iteration: enough to fill the limit quickly,
 # few enough that their request building (1-2 ms of CPU each) never stalls the loop long.

@@ -36,13 +36,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import ConfigError, LLMQueryError, describe_exception
-from .litellm_loader import import_litellm, load_litellm
-from .pricing import batch_rates
+from ..llm.litellm_loader import import_litellm, load_litellm
+from ..llm.pricing import batch_rates
+from ..llm.usage import CallRecord
 from .resume import MapStore
-from .usage import CallRecord
 
 if TYPE_CHECKING:
-    from .client import LLMClient
+    from ..llm.client import LLMClient
 
 # Providers whose batch jobs litellm can create (``litellm.acreate_batch``); the first
 # ones are named in the error a user of any other provider sees.

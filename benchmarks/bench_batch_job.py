@@ -29,7 +29,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 from benchmarks.bench_batch import ServerProcess  # noqa: E402
 from rlm_magic import RLM  # noqa: E402
 from rlm_magic.llm.litellm_loader import import_litellm  # noqa: E402
-from rlm_magic.maps import jobs  # noqa: E402
+from rlm_magic.maps.jobs import batch_job  # noqa: E402
 
 
 def peak_rss_mb() -> float:
@@ -47,7 +47,7 @@ async def heartbeat(stalls: list[tuple[float, float]], period: float = 0.005) ->
 
 async def main(n: int, chars: int) -> None:
     import_litellm()
-    jobs.FIRST_POLL_S, jobs.MAX_POLL_S = 0.2, 0.5
+    batch_job.FIRST_POLL_S, batch_job.MAX_POLL_S = 0.2, 0.5
     server = ServerProcess(latency=0.0)
     try:
         with tempfile.TemporaryDirectory() as cache:

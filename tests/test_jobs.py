@@ -16,7 +16,7 @@ from rlm_magic import BatchError
 from rlm_magic.errors import ConfigError, LLMQueryError
 from rlm_magic.jupyter.extension import session_rlm
 from rlm_magic.maps import jobs
-from rlm_magic.maps.jobs import BatchJob, JobStore
+from rlm_magic.maps.jobs import BatchJob, JobStore, batch_job
 
 from .conftest import make_rlm, run_cell
 
@@ -25,8 +25,8 @@ from .conftest import make_rlm, run_cell
 def batch_server(server, monkeypatch):
     """The local server with its batch jobs forgotten, and polls a few ms apart."""
     server.batch_jobs.reset(step_s=0.05)
-    monkeypatch.setattr(jobs, "FIRST_POLL_S", 0.02)
-    monkeypatch.setattr(jobs, "MAX_POLL_S", 0.05)
+    monkeypatch.setattr(batch_job, "FIRST_POLL_S", 0.02)
+    monkeypatch.setattr(batch_job, "MAX_POLL_S", 0.05)
     yield server
     server.batch_jobs.reset()
 
@@ -132,8 +132,8 @@ async def test_a_new_process_reattaches_to_a_job_an_interrupted_one_left(
     script = textwrap.dedent(f"""
         import asyncio, json
         from rlm_magic import RLM
-        from rlm_magic.maps import jobs
-        jobs.FIRST_POLL_S = 0.02
+        from rlm_magic.maps.jobs import batch_job
+        batch_job.FIRST_POLL_S = 0.02
         rlm = RLM(model="openai/root-model", sub_model="openai/sub-model",
                   api_base={batch_server.base_url!r}, api_key="sk-test", progress=False,
                   cache_dir={str(tmp_path)!r})
@@ -436,7 +436,7 @@ async def test_an_interrupt_while_the_job_is_created_says_how_to_reattach(
 async def test_an_interrupt_while_the_ledger_is_told_never_bills_the_job_twice(
     rlm, batch_server, monkeypatch
 ):
-    monkeypatch.setattr(jobs, "RECORD_SLICE", 1)  # an interrupt can land between records
+    monkeypatch.setattr(batch_job, "RECORD_SLICE", 1)  # an interrupt can land between records
     ledger = rlm.client.ledger
     task = asyncio.ensure_future(rlm.helpers.llm_query_batch(["b1", "b2", "b3"], batch_job=True))
     record = ledger.record

@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from rlm_magic import BatchError
 from rlm_magic.errors import ConfigError
 from rlm_magic.llm.structured import AnswerFormat
-from rlm_magic.maps import jobs
+from rlm_magic.maps.jobs import batch_job
 
 from .conftest import make_rlm
 
@@ -136,7 +136,7 @@ async def test_a_batch_job_gives_typed_answers_and_invalid_ones_are_item_errors(
     rlm, server, monkeypatch
 ):
     server.batch_jobs.reset(step_s=0.01)
-    monkeypatch.setattr(jobs, "FIRST_POLL_S", 0.02)
+    monkeypatch.setattr(batch_job, "FIRST_POLL_S", 0.02)
     with pytest.raises(BatchError) as caught:
         await rlm.helpers.llm_query_batch(["good", "broken"], response_format=Label, batch_job=True)
     assert caught.value.results == [Label(sentiment="positive", score=4), None]

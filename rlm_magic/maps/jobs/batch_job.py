@@ -1,67 +1,36 @@
-"""Provider batch jobs: a map of many prompts run by the provider within 24 hours, at its
-batch price (about half), instead of request by request from the kernel.
-
-The requests are written as one JSONL file, uploaded (litellm's ``acreate_file``), made
-into a job (``acreate_batch``) and waited for (``aretrieve_batch``); the output and error
-files are then read (``afile_content``) and every line goes back to its prompt's place.
-
-Nothing is paid twice: each job is recorded on disk, under the cache folder, keyed by its
-requests (``JobStore``). Running the same map again, after an interrupt or a kernel
-restart, finds the record and reattaches to the job instead of submitting a second one.
-The record is written before the job is created (a provisional one: the uploaded file,
-no job id yet), so a run that died between creating the job and learning its id looks
-the job up among the provider's latest jobs (by its input file) before submitting
-anything; only a job that the provider made but does not list among its latest 500
-could still be submitted twice. A job that failed, expired or was cancelled keeps the answers it
-did collect (a ``MapStore`` under the job's key): running the map again submits only the
-prompts still without an answer. The records are JSON, never pickle, and live where the
-sandbox cannot reach.
-
-The kernel's loop never waits on this work: writing and hashing the file, and reading
-and pricing the results, run in a thread; the results are recorded in the ledger in
-slices, a loop iteration apart.
-"""
+"""A map run as one provider batch job: submitted, or reattached to, and waited for on
+the caller's loop; see the package's docstring for how nothing is paid twice."""
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import os
-import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError, LLMQueryError, describe_exception
-from ..llm.litellm_loader import import_litellm, load_litellm
-from ..llm.pricing import batch_rates
-from ..llm.usage import CallRecord
-from .resume import MapStore
+from ...errors import ConfigError, LLMQueryError, describe_exception
+from ...llm.litellm_loader import load_litellm
+from ...llm.pricing import batch_rates
+from ...llm.usage import CallRecord
+from ..resume import MapStore
+from .files import (
+    ENDPOINT,
+    JobResults,
+    drop_requests,
+    keep_answers,
+    read_results,
+    warm_up,
+    write_requests,
+)
+from .providers import provider_of
+from .records import GAVE_UP, SUBMITTING, JobObserver, JobRecord, JobStore, _take_state
 
 if TYPE_CHECKING:
-    from ..llm.client import LLMClient
-
-# Providers whose batch jobs litellm can create (``litellm.acreate_batch``); the first
-# ones are named in the error a user of any other provider sees.
-BATCH_PROVIDERS = (
-    "openai",
-    "azure",
-    "vertex_ai",
-    "bedrock",
-    "mistral",
-    "litellm_proxy",
-    "hosted_vllm",
-    "xai",
-)
-ENDPOINT = "/v1/chat/completions"
-ENDED = ("completed", "failed", "expired", "cancelled")
-# A job that ended without running everything: a new run keeps what it answered and
-# submits a job of the prompts still without an answer.
-GAVE_UP = ("failed", "expired", "cancelled")
-SUBMITTING = "submitting"  # a provisional record: the file is uploaded, no job id known
+    from ...llm.client import LLMClient
 
 # Polling: soon at first (a small job can be done in seconds), then less and less often
 # (a large one takes hours, and every poll is a request).
@@ -87,277 +56,9 @@ warnings.filterwarnings(
 )
 
 
-@dataclass
-class JobRecord:
-    """What is known about one batch job, as last seen; saved as JSON."""
-
-    key: str
-    id: str | None  # None while provisional (state SUBMITTING)
-    model: str
-    provider: str
-    api_base: str | None
-    total: int
-    state: str = "validating"
-    completed: int = 0
-    failed: int = 0
-    cost_usd: float | None = None
-    billed: bool = False  # its usage is in a ledger already: a re-read costs nothing
-    created_at: float = field(default_factory=time.time)
-    input_file_id: str | None = None
-    output_file_id: str | None = None
-    error_file_id: str | None = None
-    kept: int = 0  # answers carried over from earlier jobs of the same map (not rerun)
-
-    @property
-    def ended(self) -> bool:
-        return self.state in ENDED
-
-    @classmethod
-    def from_json(cls, data: dict) -> JobRecord:
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
-
-
-class JobStore:
-    """Job records, one JSON file each, in ``<cache_dir>/jobs``."""
-
-    def __init__(self, cache_dir: str):
-        self.directory = Path(cache_dir) / "jobs"
-
-    def _path(self, key: str) -> Path:
-        return self.directory / f"{key}.json"
-
-    def get(self, key: str) -> JobRecord | None:
-        try:
-            return JobRecord.from_json(json.loads(self._path(key).read_text()))
-        except (OSError, ValueError, TypeError):
-            return None
-
-    def put(self, record: JobRecord) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        # Written whole, then renamed: a crash mid-write never leaves half a record.
-        temporary = self._path(record.key).with_suffix(f".{os.getpid()}.tmp")
-        temporary.write_text(json.dumps(asdict(record)))
-        os.replace(temporary, self._path(record.key))
-
-    def all(self) -> list[JobRecord]:
-        if not self.directory.is_dir():
-            return []
-        records = [self.get(path.stem) for path in self.directory.glob("*.json")]
-        return sorted((r for r in records if r is not None), key=lambda r: r.created_at)
-
-    def find(self, job_id: str) -> JobRecord | None:
-        """The record of the job with this id, or of the one job whose id begins with it;
-        a prefix that several ids share is an error listing them (every OpenAI batch id
-        begins with ``batch_``: the oldest job must never be picked by chance)."""
-        records = [r for r in self.all() if r.id]
-        exact = [r for r in records if r.id == job_id]
-        if exact:
-            return exact[-1]
-        matches = [r for r in records if r.id.startswith(job_id)]
-        if len(matches) > 1:
-            raise ConfigError(
-                f"{job_id!r} matches {len(matches)} batch jobs: "
-                f"{', '.join(r.id for r in matches)}; give the whole id"
-            )
-        return matches[0] if matches else None
-
-
-class JobObserver(Protocol):
-    def job_changed(self, record: JobRecord) -> None: ...
-
-
-def provider_of(litellm, model: str) -> tuple[str, str]:
-    """(the model's name at its provider, the provider), or a one-line error when that
-    provider cannot run batch jobs."""
-    try:
-        name, provider, _, _ = litellm.get_llm_provider(model)
-    except Exception as exc:  # noqa: BLE001 - litellm's own message says why
-        raise ConfigError(
-            f"batch_job: cannot tell the provider of {model!r} ({describe_exception(exc)})"
-        ) from None
-    if provider not in BATCH_PROVIDERS:
-        raise ConfigError(
-            f"batch_job: {provider} cannot run batch jobs through litellm "
-            f"(model {model!r}); providers that can: "
-            f"{', '.join(BATCH_PROVIDERS[:6])}"
-        )
-    return name, provider
-
-
 # Job creations under way in this process, by key: an interrupted run's creation goes on
 # (shielded), and a re-run of the same map waits for it instead of finding no job yet.
 _creating: dict[str, asyncio.Future] = {}
-
-_WARM_MODULES = (
-    "anyio._backends._asyncio",
-    "litellm.files.main",
-    "litellm.batches.main",
-    "litellm.llms.openai.openai",
-    "litellm.llms.github_copilot.per_user_auth",
-    "litellm.litellm_core_utils.batch_utils",
-)
-_warm = False
-
-
-def warm_up() -> None:
-    """Import what litellm imports (and build the pydantic types it builds) on its first
-    file and batch calls: done on the loop, that took 50-100 ms stalls. In a thread."""
-    global _warm
-    if _warm:
-        return
-    import importlib
-
-    for name in _WARM_MODULES:
-        try:
-            importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - a module this litellm does not have
-            pass
-    try:
-        from litellm.types.llms.openai import OpenAIFileObject
-        from litellm.types.utils import LiteLLMBatch
-
-        for model in (LiteLLMBatch, OpenAIFileObject):
-            model.model_rebuild()
-    except Exception:  # noqa: BLE001 - only a warm-up
-        pass
-    _warm = True
-
-
-def write_requests(
-    path: Path,
-    conversations: Sequence[list[dict]],
-    body: dict,
-    identity: str,
-    redact: Callable[[list[dict]], list[dict]],
-) -> str:
-    """Write one JSONL line per conversation to ``path`` and return the job's key: a hash
-    of every line and of where it goes. Runs in a thread (10,000 lines take ~100 ms)."""
-    digest = hashlib.sha256(identity.encode())
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    with open(path, "wb") as out:
-        for index, messages in enumerate(conversations):
-            line = (
-                json.dumps(
-                    {
-                        "custom_id": str(index),
-                        "method": "POST",
-                        "url": ENDPOINT,
-                        "body": {**body, "messages": redact(messages)},
-                    },
-                    ensure_ascii=False,
-                    sort_keys=True,
-                ).encode()
-                + b"\n"
-            )
-            digest.update(line)
-            out.write(line)
-    return digest.hexdigest()
-
-
-@dataclass
-class JobResults:
-    """A job's answers in prompt order (None where an item failed), its per-item errors,
-    and one usage record per answered item."""
-
-    texts: list[str | None]
-    errors: dict[int, Exception]
-    records: list[CallRecord]
-    cost_usd: float | None
-    answered: list[int] = field(default_factory=list)  # the prompt of each record
-
-
-def read_results(
-    output: bytes | None,
-    errors: bytes | None,
-    total: int,
-    model: str,
-    rates: tuple[float, float] | None,
-    state: str,
-    billed: bool,
-) -> JobResults:
-    """Every line of the output and error files, in its prompt's place. Runs in a thread."""
-    texts: list[str | None] = [None] * total
-    failures: dict[int, Exception] = {}
-    records: list[CallRecord] = []
-    answered: list[int] = []
-    cost = 0.0 if rates is not None else None
-    for line in (output or b"").splitlines():
-        if not line.strip():
-            continue
-        item = json.loads(line)
-        index = int(item.get("custom_id", -1))
-        if not 0 <= index < total:
-            continue
-        response = item.get("response") or {}
-        body = response.get("body") or {}
-        if response.get("status_code") != 200 or item.get("error"):
-            failures[index] = LLMQueryError(model, _line_error(item))
-            continue
-        try:
-            texts[index] = body["choices"][0]["message"].get("content") or ""
-        except (KeyError, IndexError, TypeError):
-            failures[index] = LLMQueryError(model, "the job's answer had no message")
-            continue
-        usage = body.get("usage") or {}
-        prompt = int(usage.get("prompt_tokens") or 0)
-        answer = int(usage.get("completion_tokens") or 0)
-        item_cost = None
-        if rates is not None:
-            item_cost = prompt * rates[0] + answer * rates[1]
-            cost += item_cost
-        records.append(
-            CallRecord(model, prompt, answer, 0.0 if billed else item_cost, cached=billed)
-        )
-        answered.append(index)
-    for line in (errors or b"").splitlines():
-        if line.strip():
-            item = json.loads(line)
-            index = int(item.get("custom_id", -1))
-            if 0 <= index < total:
-                failures[index] = LLMQueryError(model, _line_error(item))
-    for index in range(total):
-        if texts[index] is None and index not in failures:
-            failures[index] = LLMQueryError(model, f"not run: the batch job ended {state}")
-    return JobResults(texts, failures, records, cost, answered)
-
-
-def _line_error(item: dict) -> str:
-    error = item.get("error") or ((item.get("response") or {}).get("body") or {}).get("error")
-    status = (item.get("response") or {}).get("status_code")
-    message = error.get("message") if isinstance(error, dict) else error
-    return f"the batch job's request failed ({status}): {message or 'no reason given'}"
-
-
-def drop_requests(path: Path, answered: set[int]) -> int:
-    """Remove from the request file the lines of prompts already answered; returns how
-    many lines are left. Runs in a thread."""
-    kept_lines = [
-        line
-        for line in path.read_bytes().splitlines(keepends=True)
-        if int(json.loads(line)["custom_id"]) not in answered
-    ]
-    path.write_bytes(b"".join(kept_lines))
-    return len(kept_lines)
-
-
-def keep_answers(
-    store: MapStore, texts: list[str | None], records: list[CallRecord], indices: list[int]
-) -> None:
-    """Keep a job's answers on disk (``indices[n]`` is the prompt of ``records[n]``: the
-    output file is in the order the provider finished), for a later job of the same map
-    to leave out. Runs in a thread."""
-    for index, call in zip(indices, records):
-        store.add(index, _Kept(texts[index], call.model, call.input_tokens, call.output_tokens))
-    store.close()
-
-
-@dataclass
-class _Kept:
-    text: str
-    model: str
-    input_tokens: int
-    output_tokens: int
 
 
 class BatchJob:
@@ -680,31 +381,6 @@ class BatchJob:
             self.observer.job_changed(self.record)
 
 
-def _take_state(record: JobRecord, job) -> bool:
-    """Copy into the record what the provider says of its job (state, counts, result
-    files); whether anything changed."""
-    counts = getattr(job, "request_counts", None)
-    seen = (
-        job.status,
-        getattr(counts, "completed", 0) or 0,
-        getattr(counts, "failed", 0) or 0,
-        getattr(job, "output_file_id", None),
-        getattr(job, "error_file_id", None),
-    )
-    if seen == (
-        record.state,
-        record.completed,
-        record.failed,
-        record.output_file_id,
-        record.error_file_id,
-    ):
-        return False
-    (record.state, record.completed, record.failed, record.output_file_id, record.error_file_id) = (
-        seen
-    )
-    return True
-
-
 def _created(creation: asyncio.Future) -> None:
     for key, running in list(_creating.items()):
         if running is creation:
@@ -717,27 +393,3 @@ async def _creation_done(key: str) -> None:
     creation = _creating.get(key)
     if creation is not None and creation.get_loop() is asyncio.get_running_loop():
         await asyncio.wait([creation])  # its failure is its own run's to report
-
-
-def cancel(cache_dir: str, job_id: str, config) -> JobRecord:
-    """Cancel a recorded job at its provider (blocking: one request, from ``%rlm jobs
-    cancel``); returns its record with the state the provider reports."""
-    store = JobStore(cache_dir)
-    record = store.find(job_id)
-    if record is None:
-        known = ", ".join(r.id for r in store.all()) or "none"
-        raise ConfigError(f"no batch job {job_id!r} recorded (jobs: {known})")
-    litellm = import_litellm()
-    credentials: dict[str, Any] = {"custom_llm_provider": record.provider}
-    if record.api_base:
-        credentials["api_base"] = record.api_base
-    if config.api_key and record.api_base == config.api_base:
-        credentials["api_key"] = config.api_key
-    job = litellm.cancel_batch(batch_id=record.id, **credentials)
-    # Read again: a cell waiting on the job may have recorded its end (and its billing)
-    # meanwhile, which this copy must not overwrite.
-    latest = store.get(record.key) or record
-    if not latest.ended:
-        latest.state = job.status
-        store.put(latest)
-    return latest

@@ -7,6 +7,7 @@ setting involved, so a user can act on it without reading a traceback.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -84,10 +85,15 @@ class StreamStalled(TimeoutError):
     client reports it as an ``LLMQueryError``, keeping the text that had arrived."""
 
 
+class NotSent(Exception):
+    """An item of a map that its caller refused to send as it started (a run's cost
+    budget was spent); nothing was paid for it."""
+
+
 class BatchError(RLMError):
     """Some items of a batch failed; the successful results are kept in ``.results``."""
 
-    def __init__(self, results: list[Any], errors: dict[int, BaseException]):
+    def __init__(self, results: list[Any], errors: Mapping[int, BaseException]):
         self.results = results
         self.errors = errors
         if not errors:

@@ -9,15 +9,15 @@ kernel's own loop.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any, cast
 
-from ..errors import BatchError, ConfigError, LLMQueryError, interrupt
+from ..errors import BatchError, ConfigError, interrupt
+from ..llm.limiter import ConcurrencyLimiter
 from ..llm.messages import as_prompt_list, build_messages, check_max_tokens
-from ..llm.structured import AnswerFormat, InvalidAnswer, ask, prepare
-from ..llm.usage import CallRecord
+from ..llm.structured import AnswerFormat, ask
 from ..maps.gather import BatchOutcome, gather_limited
-from ..maps.resume import RESUME_AT, KeepingObserver, MapStore
+from ..maps.run_map import MapOutcome, MapSpec, run_map
 from .interrupts import run_interruptibly
 from .progress import BatchProgress
 
@@ -108,144 +108,47 @@ class NotebookHelpers:
         prompts = as_prompt_list(prompts, "llm_query_batch")
         check_max_tokens(max_tokens, "llm_query_batch")
         conversations = [build_messages(p, system, caller="llm_query_batch") for p in prompts]
-        answer_format = AnswerFormat(response_format) if response_format is not None else None
+        spec = MapSpec(
+            model=model,
+            max_tokens=max_tokens,
+            answer_format=AnswerFormat(response_format) if response_format is not None else None,
+            resume=resume,
+            batch_job=batch_job,
+        )
         if batch_job:
-            return await self._batch_job(
-                conversations, model, max_tokens, return_exceptions, answer_format
-            )
-        client = self.client
-        redactor = client.redactor()
-        model_name = model or self.rlm.effective_sub_model
-
-        def call(messages):
-            if answer_format is not None:
-                return lambda: ask(
-                    client.complete,
-                    messages,
-                    answer_format,
-                    model_name,
-                    model=model,
-                    max_tokens=max_tokens,
-                    slot_held=True,
-                    redactor=redactor,
-                    stream=True,
-                )
-            # Streamed: a slow model's long answer is timed out on a stall, not cut
-            # off at a total and started again.
-            return lambda: client.complete(
-                messages,
-                model=model,
-                max_tokens=max_tokens,
-                slot_held=True,
-                redactor=redactor,
-                stream=True,
-            )
-
-        def answer(completion):
-            if completion is None:
-                return None
-            return completion.value if answer_format is not None else completion.text
-
+            if not conversations:
+                return []
+            return await self._batch_job(conversations, spec, return_exceptions)
         total = len(prompts)
-        store, kept = None, {}
-        if resume or (resume is None and total >= RESUME_AT):
-            # What the requests are sent with (the max_tokens sent, where they go, a
-            # Router's setup), so answers made under other settings are never handed back.
-            store = await MapStore.open(
-                self.rlm.cache_dir,
-                conversations,
-                {
-                    "model": model or self.rlm.effective_sub_model,
-                    "api_base": client.endpoint.identity,
-                    "max_tokens": max_tokens or self.rlm.max_tokens,
-                    "options": self.rlm.litellm_kwargs,
-                    "format": answer_format.identity() if answer_format else None,
-                },
-            )
-            kept = await store.load_kept()
-            if answer_format is not None:
-                kept = _still_valid(kept, answer_format)
-            _count_kept(client.ledger, kept)
-        missing = [i for i in range(total) if i not in kept]
         progress = BatchProgress(
             total,
             "llm_query_batch",
             enabled=self.rlm.progress and total > 1,
-            hold=client.gate(model).hold_message,
+            hold=self.client.gate(model).hold_message,
         )
-        progress.done = len(kept)
-        observer = KeepingObserver(store, missing, progress) if store else progress
-        outcome = BatchOutcome(len(missing))
-
-        def merged(values: list) -> list:
-            answers = [None] * total
-            for index, entry in kept.items():
-                answers[index] = entry.get("value", entry["text"])
-            for position, index in enumerate(missing):
-                answers[index] = values[position]
-            return answers
-
-        def place(values: list, errors: dict) -> tuple[list, dict]:
-            return merged(values), {missing[p]: error for p, error in errors.items()}
-
-        try:
-            with (
-                progress,
-                _kept_on_interrupt(
-                    outcome, "llm_query_batch", answer, place, on_disk=store is not None
-                ),
-            ):
-                completions, errors = await run_interruptibly(
-                    gather_limited(
-                        [call(conversations[i]) for i in missing], client.limiter, observer, outcome
-                    )
-                )
-        finally:
-            if store is not None:
-                store.close()
-        answers, errors = place([answer(c) for c in completions], errors)
-        if store is not None and not errors:
-            store.remove()  # finished: a re-run is the response cache's business
+        outcome = MapOutcome(total)
+        with progress, _kept_on_interrupt(outcome, "llm_query_batch"):
+            answers, errors = await run_interruptibly(
+                run_map(self.client, conversations, spec, progress, outcome)
+            )
         return _collect(answers, errors, return_exceptions)
 
-    async def _batch_job(
-        self, conversations, model, max_tokens, return_exceptions, answer_format=None
-    ) -> list:
-        from ..llm.litellm_loader import load_litellm
-        from ..maps.jobs import BatchJob
+    async def _batch_job(self, conversations: list, spec: MapSpec, return_exceptions: bool) -> list:
         from .job_progress import JobProgress, still_running
 
-        if not conversations:
-            return []
-        params = {"max_tokens": max_tokens} if max_tokens else {}
-        if answer_format is not None:
-            litellm = await load_litellm()
-            name = model or self.rlm.effective_sub_model
-            prepared = [prepare(m, answer_format, litellm, name) for m in conversations]
-            conversations = [messages for messages, _ in prepared]
-            params["response_format"] = prepared[0][1]
         progress = JobProgress(len(conversations), "llm_query_batch", enabled=self.rlm.progress)
-        job = BatchJob(self.client, conversations, model=model, params=params, observer=progress)
+        outcome = MapOutcome(len(conversations))
         try:
             with progress:
-                results = await run_interruptibly(job.run(), "llm_query_batch")
+                answers, errors = await run_interruptibly(
+                    run_map(self.client, conversations, spec, progress, outcome),
+                    "llm_query_batch",
+                )
         except KeyboardInterrupt:
-            if job.record is None or job.record.ended:
+            record = outcome.job.record if outcome.job is not None else None
+            if record is None or record.ended:
                 raise
-            raise interrupt(still_running(job.record)) from None
-        answers, errors = results.texts, results.errors
-        if answer_format is not None:
-            # A job cannot ask again: an answer that does not validate is its item's error.
-            answers = list(answers)
-            for index, text in enumerate(answers):
-                if text is not None:
-                    try:
-                        answers[index] = answer_format.parse(text)
-                    except InvalidAnswer as problem:
-                        answers[index] = None
-                        errors[index] = LLMQueryError(
-                            job.model, f"the answer did not match the schema ({problem})"
-                        )
+            raise interrupt(still_running(record)) from None
         return _collect(answers, errors, return_exceptions)
 
     async def rlm_query(self, prompt: str, context: Any = None) -> str:
@@ -253,7 +156,7 @@ class NotebookHelpers:
         result = await run_interruptibly(self.rlm.arun(prompt, context=context), "rlm_query")
         if not result.success:
             raise result.as_exception()
-        return result.final_answer
+        return cast(str, result.final_answer)  # a successful run has an answer
 
     async def rlm_query_batch(
         self,
@@ -269,8 +172,6 @@ class NotebookHelpers:
             raise ConfigError(
                 f"rlm_query_batch got {len(prompts)} prompts but {len(contexts)} contexts"
             )
-        from ..llm.limiter import ConcurrencyLimiter
-
         # Child runs hold no client slot while they think (their own calls take slots),
         # so they get a limiter of their own: sharing one could deadlock.
         limiter = ConcurrencyLimiter(lambda: self.rlm.max_concurrency)
@@ -279,7 +180,7 @@ class NotebookHelpers:
             len(prompts), "rlm_query_batch", enabled=self.rlm.progress and len(prompts) > 1
         )
         outcome = BatchOutcome(len(prompts))
-        with progress, _kept_on_interrupt(outcome, "rlm_query_batch", lambda r: r):
+        with progress, _kept_on_interrupt(outcome, "rlm_query_batch"):
             results, errors = await run_interruptibly(
                 gather_limited(calls, limiter, progress, outcome)
             )
@@ -296,10 +197,6 @@ class NotebookHelpers:
         }
 
 
-def _text(completion) -> str | None:
-    return completion.text if completion is not None else None
-
-
 _interrupted_batch: BatchError | None = None
 
 
@@ -310,18 +207,17 @@ def interrupted_batch() -> BatchError | None:
 
 
 @contextlib.contextmanager
-def _kept_on_interrupt(outcome: BatchOutcome, name: str, value, place=None, on_disk: bool = False):
-    """If the batch is interrupted, keep its finished answers and say where they are.
-    ``place`` puts the answers and errors of the prompts sent in their places in the
-    whole map (a resumed map sends only some)."""
+def _kept_on_interrupt(outcome: MapOutcome | BatchOutcome, name: str) -> Iterator[None]:
+    """If the batch is interrupted, keep its finished answers (in the whole map's order:
+    a resumed map sends only some) and say where they are."""
     global _interrupted_batch
     try:
         yield
     except KeyboardInterrupt:
-        results = [value(r) for r in outcome.results]
-        errors = outcome.errors or {}
-        if place is not None:
-            results, errors = place(results, errors)
+        if isinstance(outcome, MapOutcome):
+            results, errors, on_disk = outcome.answers(), outcome.errors(), outcome.on_disk
+        else:
+            results, errors, on_disk = list(outcome.results), dict(outcome.errors), False
         _interrupted_batch = BatchError(results, errors)
         kept = sum(r is not None for r in results)
         where = (
@@ -333,32 +229,6 @@ def _kept_on_interrupt(outcome: BatchOutcome, name: str, value, place=None, on_d
             f"{name} interrupted: the {kept} of {len(results)} answers that had arrived "
             f"are in rlm_magic.interrupted_batch().results{where}"
         ) from None
-
-
-def _still_valid(kept: dict[int, dict], answer_format: AnswerFormat) -> dict[int, dict]:
-    """Kept typed answers parsed before anything is sent (``value``); one that no longer
-    validates (the model class changed, not its schema) is left out: asked again."""
-    valid = {}
-    for index, entry in kept.items():
-        try:
-            valid[index] = {**entry, "value": answer_format.parse(entry["text"])}
-        except InvalidAnswer:
-            continue
-    return valid
-
-
-def _count_kept(ledger, kept: dict[int, dict]) -> None:
-    """Answers an earlier run kept count as cache hits: they cost nothing this time."""
-    for entry in kept.values():
-        ledger.record(
-            CallRecord(
-                entry.get("model", "?"),
-                int(entry.get("input_tokens", 0)),
-                int(entry.get("output_tokens", 0)),
-                0.0,
-                cached=True,
-            )
-        )
 
 
 def _collect(results: list, errors: dict[int, Exception], return_exceptions: bool) -> list:

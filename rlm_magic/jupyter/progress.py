@@ -24,6 +24,7 @@ from typing import Any
 from ..llm.litellm_loader import litellm_is_loading
 from ..llm.ratelimit import hold_message
 from ..llm.usage import format_cost, format_saving
+from ..maps.run_map import MapObserver
 
 MAX_UPDATES_PER_S = 4
 # The first call of a session imports litellm, which takes seconds.
@@ -111,8 +112,8 @@ class _LiveDisplay:
         self._schedule()
 
 
-class BatchProgress(_LiveDisplay):
-    """Counts a batch's items and shows them; also a ``BatchObserver``."""
+class BatchProgress(_LiveDisplay, MapObserver):
+    """Counts a batch's items and shows them; a map's (or a batch's) observer."""
 
     def __init__(
         self,
@@ -137,6 +138,9 @@ class BatchProgress(_LiveDisplay):
         return BarWidget()
 
     # -- observer ---------------------------------------------------------------------
+    def kept(self, count: int) -> None:
+        self.done = count  # answered by an earlier run of the same map
+
     def item_started(self, index: int) -> None:
         self.in_flight += 1
 

@@ -85,20 +85,23 @@ class Redactor:
         return self._pattern is not None
 
 
-async def redact_messages(messages: list[dict], redactor: Redactor) -> list[dict]:
+def redact_conversation(messages: list[dict], redactor: Redactor) -> list[dict]:
     """Every message as it may be sent: with secrets removed. The last line of defence:
     whatever code built the prompt, no environment secret reaches a provider."""
     if not redactor:
         return messages
+    return [
+        {**m, "content": redactor(m["content"])} if isinstance(m.get("content"), str) else m
+        for m in messages
+    ]
 
-    def redact_all() -> list[dict]:
-        return [
-            {**m, "content": redactor(m["content"])} if isinstance(m.get("content"), str) else m
-            for m in messages
-        ]
 
+async def redact_messages(messages: list[dict], redactor: Redactor) -> list[dict]:
+    """``redact_conversation``, in a thread when the messages are large."""
+    if not redactor:
+        return messages
     size = sum(len(m.get("content") or "") for m in messages if isinstance(m.get("content"), str))
-    return await off_loop_if_large(size, redact_all)
+    return await off_loop_if_large(size, redact_conversation, messages, redactor)
 
 
 def redact_failure(error: E, failure: BaseException, redactor: Redactor) -> E:

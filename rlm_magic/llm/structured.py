@@ -214,6 +214,12 @@ class Typed:
         cost = self.completion.cost_usd
         return None if cost is None else cost + self.extra_cost_usd
 
+    @property
+    def incomplete(self) -> bool:
+        """The answer that passed may still have stopped at max_tokens (see
+        ``Completion.incomplete``)."""
+        return bool(self.completion.incomplete)
+
 
 Complete = Callable[..., Awaitable[Any]]
 

@@ -2,7 +2,8 @@
 so running it again after an interrupt, a crash or a kernel restart sends only the
 prompts that have no answer yet. Nothing already paid for is paid again.
 
-A map is known by its requests (model, endpoint, parameters and every conversation):
+A map is known by its requests (``RequestIdentity.map_key``: model, endpoint, parameters
+and every conversation):
 the same cell run again finds its own file, a changed prompt list starts afresh. The
 file is JSON lines under ``<cache_dir>/maps`` (the sandbox never sees the cache folder,
 and JSON is never turned into code). A map that finishes with every answer deletes its
@@ -12,14 +13,16 @@ file: from then on, re-running it is the response cache's business (``RLM.cache`
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import os
 import re
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from ..llm.identity import RequestIdentity
 
 # Maps of at least this many prompts resume by default (``resume=None``): they are the
 # ones where an interrupt throws away real money. Smaller ones resume with resume=True.
@@ -32,31 +35,24 @@ OFF_LOOP_AT = 2000
 _CUT_MARK = re.compile(r"\n\[answer cut off: [^\n]*\]\Z")
 
 
-def map_key(conversations: Sequence[list[dict]], identity: dict[str, Any]) -> str:
-    digest = hashlib.sha256(json.dumps(identity, sort_keys=True, default=repr).encode())
-    for messages in conversations:
-        digest.update(json.dumps(messages, sort_keys=True, ensure_ascii=False).encode())
-        digest.update(b"\n")
-    return digest.hexdigest()
-
-
 class MapStore:
     """The answers one map has received so far, as JSON lines."""
 
     def __init__(self, cache_dir: str, key: str):
         self.path = Path(cache_dir) / "maps" / f"{key}.jsonl"
-        self._file = None
+        self._file: TextIO | None = None
         self._broken = False
         self.left_out = 0  # incomplete answers not kept: a re-run asks them again
 
     @classmethod
     async def open(
-        cls, cache_dir: str, conversations: Sequence[list[dict]], identity: dict[str, Any]
+        cls, cache_dir: str, identity: RequestIdentity, conversations: Sequence[list[dict]]
     ) -> MapStore:
+        """The store of the map of these conversations, asked with this identity."""
         if len(conversations) >= OFF_LOOP_AT:
-            key = await asyncio.to_thread(map_key, conversations, identity)
+            key = await asyncio.to_thread(identity.map_key, conversations)
         else:
-            key = map_key(conversations, identity)
+            key = identity.map_key(conversations)
         return cls(cache_dir, key)
 
     async def load_kept(self) -> dict[int, dict]:
@@ -137,24 +133,3 @@ class MapStore:
             os.unlink(self.path)
         except OSError:  # never written (or the folder is gone): nothing to remove
             pass
-
-
-class KeepingObserver:
-    """Between ``gather_limited`` (which numbers only the prompts it sends) and the
-    batch's progress: keeps each answer in the store, under its index in the whole map."""
-
-    def __init__(self, store: MapStore, indices: list[int], inner=None):
-        self.store, self.indices, self.inner = store, indices, inner
-
-    def item_started(self, index: int) -> None:
-        if self.inner:
-            self.inner.item_started(self.indices[index])
-
-    def item_finished(self, index: int, result) -> None:
-        self.store.add(self.indices[index], result)
-        if self.inner:
-            self.inner.item_finished(self.indices[index], result)
-
-    def item_failed(self, index: int, error: BaseException) -> None:
-        if self.inner:
-            self.inner.item_failed(self.indices[index], error)

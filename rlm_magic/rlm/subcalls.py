@@ -11,15 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
-from ..errors import ConfigError, LLMQueryError, PromptTooLongError, describe_exception
+from ..errors import ConfigError, LLMQueryError, NotSent, PromptTooLongError, describe_exception
 from ..llm.limiter import ConcurrencyLimiter
 from ..llm.messages import build_messages
 from ..llm.structured import AnswerFormat, ask
 from ..llm.usage import UsageLedger
 from ..llm.windows import is_context_error, prompt_in_error
 from ..maps.gather import gather_limited
+from ..maps.run_map import MapObserver, MapSpec, run_map
 
 if TYPE_CHECKING:
     from .live_turn import LiveTurn
@@ -144,10 +145,15 @@ class SubCalls:
         system: str | None = None,
         max_tokens: int | None = None,
         response_format: Any = None,
-        **_ignored,
+        resume: Any = None,
+        batch_job: Any = False,
+        **_ignored: Any,
     ) -> list:
         """Ask many questions concurrently; failures come back as 'Error: ...' in place.
-        With ``response_format`` (a JSON schema), each answer is a validated dict."""
+        With ``response_format`` (a JSON schema), each answer is a validated dict. The
+        map is the notebook's (``maps.run_map``): ``resume`` keeps its answers on disk
+        (by default from 100 prompts on), ``batch_job=True`` runs it as a provider batch
+        job; both within the run's budgets."""
         del model
         if isinstance(prompts, str):
             prompts = [prompts]
@@ -156,22 +162,30 @@ class SubCalls:
         if isinstance(answer_format, str):
             return [answer_format] * len(prompts)
         allowed = self._take_sub_calls(len(prompts))
-        redactor = self.client.redactor()
-        calls = [
-            (
-                lambda p=p: self._sub_call(
-                    p,
-                    system,
-                    max_tokens,
-                    slot_held=True,
-                    redactor=redactor,
-                    answer_format=answer_format,
-                )
-            )
-            for p in prompts[:allowed]
+        tokens = self._tokens(max_tokens)
+        system = system if isinstance(system, str) else None
+        conversations = [
+            build_messages(p if isinstance(p, str) else str(p), system) for p in prompts[:allowed]
         ]
-        answers, errors = await gather_limited(calls, self.client.limiter, _TreeObserver(self.tree))
-        answers = [f"Error: {errors[i]}" if i in errors else a for i, a in enumerate(answers)]
+        spec = MapSpec(
+            model=self.sub_model,
+            max_tokens=tokens,
+            answer_format=answer_format,
+            resume=resume if isinstance(resume, bool) else None,
+            batch_job=batch_job is True,
+            ledger=self.tree.ledger,
+            deadline=lambda: self.deadline,
+            refusal=self._budget_spent,
+        )
+        try:
+            answers, errors = await run_map(self.client, conversations, spec, _TreeObserver(self))
+        except Exception as exc:  # noqa: BLE001 - errors are values inside the REPL
+            # A map that could not run at all (a batch job the provider cannot take).
+            answers, errors = [None] * allowed, dict.fromkeys(range(allowed), exc)
+        answers = [
+            self._error_value(errors[i], tokens) if i in errors else answer
+            for i, answer in enumerate(answers)
+        ]
         return answers + [self._limit_error()] * (len(prompts) - allowed)
 
     async def rlm_query(
@@ -190,7 +204,7 @@ class SubCalls:
         outcome = await self.child_run(prompt, context, self.deadline)
         self.tree.call_ended(failed=not outcome.success)
         if outcome.success:
-            return outcome.final_answer
+            return cast(str, outcome.final_answer)  # a successful run has an answer
         return f"Error: child RLM failed: {outcome.error}"
 
     async def rlm_query_batch(
@@ -215,33 +229,22 @@ class SubCalls:
         prompt: Any,
         system: str | None,
         max_tokens: int | None,
-        slot_held: bool = False,
-        redactor=None,
-        answer_format=None,
+        answer_format: AnswerFormat | None = None,
     ) -> Any:
-        if self.tree.over_budget():
-            return (
-                f"Error: cost budget max_cost_usd=${self.tree.max_cost_usd:g} is spent; "
-                "no request was sent"
-            )
+        """One ``llm_query``: the run's budgets, the sub-model, errors as values."""
+        refused = self._budget_spent()
+        if refused is not None:
+            return f"Error: {refused}"
         prompt = prompt if isinstance(prompt, str) else str(prompt)
-        tokens = (
-            min(max_tokens, self.max_tokens)
-            if isinstance(max_tokens, int) and max_tokens > 0
-            else self.max_tokens
-        )
-        # A batch's items are counted by its observer; a single call counts itself.
-        if not slot_held:
-            self.tree.call_started()
+        tokens = self._tokens(max_tokens)
+        self.tree.call_started()
         messages = build_messages(prompt, system if isinstance(system, str) else None)
         options = dict(
             model=self.sub_model,
             max_tokens=tokens,
             ledger=self.tree.ledger,
-            slot_held=slot_held,
-            redactor=redactor,
-            # Batch items stream too: the timeout is then a stall timeout, and a slow
-            # local model's long answer is not cut off at a total and started again.
+            # Streamed: the timeout is then a stall timeout, and a slow local model's
+            # long answer is not cut off at a total and started again.
             stream=True,
             deadline=self.deadline,
         )
@@ -254,24 +257,36 @@ class SubCalls:
             else:
                 completion = await self.client.complete(messages, **options)
         except Exception as exc:  # noqa: BLE001 - errors are values inside the REPL
-            if not slot_held:
-                self.tree.call_ended(failed=True)
-            if isinstance(exc, PromptTooLongError):
-                return "Error: " + exc.reason.replace("the model takes", "the sub-model takes")
-            if is_context_error(exc):
-                return "Error: " + refusal_advice(
-                    exc, self.client.input_window(self.sub_model), tokens
-                )
-            return (
-                f"Error: {exc}"
-                if isinstance(exc, LLMQueryError)
-                else f"Error: {describe_exception(exc)}"
-            )
-        if not slot_held:
-            self.tree.call_ended()
+            self.tree.call_ended(failed=True)
+            return self._error_value(exc, tokens)
+        self.tree.call_ended()
         if completion.incomplete:  # at max_tokens, or broken off (a stall, a deadline)
             self.cut_answers += 1
         return typed.value if answer_format is not None else completion.text
+
+    def _tokens(self, max_tokens: Any) -> int:
+        """The max_tokens model code asked for, at most the run's."""
+        if isinstance(max_tokens, int) and max_tokens > 0:
+            return min(max_tokens, self.max_tokens)
+        return self.max_tokens
+
+    def _budget_spent(self) -> str | None:
+        """Why no more sub-calls may be sent (the run's cost budget is spent), or None."""
+        if not self.tree.over_budget():
+            return None
+        return f"cost budget max_cost_usd=${self.tree.max_cost_usd:g} is spent; no request was sent"
+
+    def _error_value(self, exc: BaseException, max_tokens: int) -> str:
+        """A failed sub-call as model code sees it: one line, with what to change."""
+        if isinstance(exc, PromptTooLongError):
+            return "Error: " + exc.reason.replace("the model takes", "the sub-model takes")
+        if is_context_error(exc):
+            return "Error: " + refusal_advice(
+                exc, self.client.input_window(self.sub_model), max_tokens
+            )
+        if isinstance(exc, (LLMQueryError, NotSent, ConfigError)):
+            return f"Error: {exc}"
+        return f"Error: {describe_exception(exc)}"
 
     def _take_sub_calls(self, wanted: int) -> int:
         allowed = self.tree.take_sub_calls(wanted)
@@ -314,17 +329,20 @@ def _answer_format(response_format: Any) -> AnswerFormat | str | None:
         return f"Error: {exc}"
 
 
-class _TreeObserver:
-    """Counts a REPL batch's items into the run's status (for the status panel)."""
+class _TreeObserver(MapObserver):
+    """Counts a REPL map's items into the run's status (for the status panel), and the
+    answers cut off (for the model's feedback)."""
 
-    def __init__(self, tree: RunTree):
-        self.tree = tree
+    def __init__(self, calls: SubCalls):
+        self.calls = calls
 
     def item_started(self, index: int) -> None:
-        self.tree.call_started()
+        self.calls.tree.call_started()
 
     def item_finished(self, index: int, result: Any) -> None:
-        self.tree.call_ended(failed=isinstance(result, str) and result.startswith("Error:"))
+        self.calls.tree.call_ended()
+        if result.incomplete:  # at max_tokens, or broken off (a stall, a deadline)
+            self.calls.cut_answers += 1
 
     def item_failed(self, index: int, error: BaseException) -> None:
-        self.tree.call_ended(failed=True)
+        self.calls.tree.call_ended(failed=True)

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 from ...errors import ConfigError, LLMQueryError, describe_exception
 from ...llm.litellm_loader import load_litellm
 from ...llm.pricing import batch_rates
-from ...llm.usage import CallRecord
+from ...llm.redaction import redact_conversation
+from ...llm.usage import CallRecord, UsageLedger
 from ..resume import MapStore
 from .files import (
     ENDPOINT,
@@ -31,6 +32,7 @@ from .records import GAVE_UP, SUBMITTING, JobObserver, JobRecord, JobStore, _tak
 
 if TYPE_CHECKING:
     from ...llm.client import LLMClient
+    from ...llm.identity import RequestIdentity
 
 # Polling: soon at first (a small job can be done in seconds), then less and less often
 # (a large one takes hours, and every poll is a request).
@@ -69,17 +71,21 @@ class BatchJob:
         self,
         client: LLMClient,
         conversations: Sequence[list[dict]],
+        identity: RequestIdentity | None = None,
         *,
-        model: str | None = None,
-        params: dict[str, Any] | None = None,
+        response_format: dict | None = None,
         observer: JobObserver | None = None,
+        ledger: UsageLedger | None = None,
     ):
         self.client = client
         self.config = client.config
         self.conversations = conversations
-        self.model = model or self.config.effective_sub_model
-        self.params = params or {}
+        # What the requests are (None: the client's settings as they are now).
+        self.identity = identity if identity is not None else client.identity()
+        self.model = self.identity.model
+        self.response_format = response_format
         self.observer = observer
+        self.ledger = ledger if ledger is not None else client.ledger
         self.store = JobStore(self.config.cache_dir)
         self.record: JobRecord | None = None
         self.reattached = False
@@ -104,31 +110,17 @@ class BatchJob:
         litellm = await load_litellm()
         self.name, self.provider = provider_of(litellm, self.model)
         redactor = self.client.redactor()
-        body = {
-            "model": self.name,
-            "max_tokens": self.params.get("max_tokens") or self.config.max_tokens,
-            **self.config.litellm_kwargs,
-            **{k: v for k, v in self.params.items() if k != "max_tokens"},
-        }
-        identity = json.dumps([self.provider, self.config.api_base, ENDPOINT])
+        body = self.identity.job_body(self.name, self.response_format)
+        destination = json.dumps([self.provider, self.config.api_base, ENDPOINT])
         staging = self.store.directory / f"staging-{os.getpid()}-{id(self)}.jsonl"
 
-        def redact(messages):
-            return (
-                [
-                    {**m, "content": redactor(m["content"])}
-                    if isinstance(m.get("content"), str)
-                    else m
-                    for m in messages
-                ]
-                if redactor
-                else messages
-            )
+        def redact(messages: list[dict]) -> list[dict]:
+            return redact_conversation(messages, redactor)
 
         try:
             await asyncio.to_thread(warm_up)
             key = await asyncio.to_thread(
-                write_requests, staging, self.conversations, body, identity, redact
+                write_requests, staging, self.conversations, body, destination, redact
             )
             self.answers = MapStore(self.config.cache_dir, f"job-{key}")
             await _creation_done(key)
@@ -350,7 +342,7 @@ class BatchJob:
             record.completed = len(results.records)
             record.failed = record.total - record.kept - record.completed
             self.store.put(record)
-        ledger = self.client.ledger
+        ledger = self.ledger
         for start in range(0, len(results.records), RECORD_SLICE):
             for call in results.records[start : start + RECORD_SLICE]:
                 ledger.record(call)
@@ -362,7 +354,7 @@ class BatchJob:
         for index, entry in self.kept.items():
             results.texts[index] = entry["text"]
             results.errors.pop(index, None)
-            self.client.ledger.record(
+            self.ledger.record(
                 CallRecord(
                     entry.get("model", self.model),
                     int(entry.get("input_tokens", 0)),

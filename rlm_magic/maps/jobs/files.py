@@ -55,12 +55,14 @@ def write_requests(
     path: Path,
     conversations: Sequence[list[dict]],
     body: dict,
-    identity: str,
+    destination: str,
     redact: Callable[[list[dict]], list[dict]],
 ) -> str:
     """Write one JSONL line per conversation to ``path`` and return the job's key: a hash
-    of every line and of where it goes. Runs in a thread (10,000 lines take ~100 ms)."""
-    digest = hashlib.sha256(identity.encode())
+    of every line (the request's identity and its messages: ``body`` is
+    ``RequestIdentity.job_body``) and of where it goes (``destination``). Runs in a
+    thread (10,000 lines take ~100 ms)."""
+    digest = hashlib.sha256(destination.encode())
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     with open(path, "wb") as out:
         for index, messages in enumerate(conversations):

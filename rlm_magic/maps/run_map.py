@@ -1,0 +1,262 @@
+"""One map for the notebook and for model code: ``run_map`` asks a model about each of many
+conversations, concurrently, and loses no answer.
+
+The notebook's ``llm_query_batch`` and the REPL's run the same code; they differ only in
+what they ask (``MapSpec``: the model, budgets, a step's deadline) and in how they report
+(a progress bar and exceptions, or a run's status panel and ``"Error: ..."`` strings),
+which stays with them (``MapObserver``, and the errors ``run_map`` hands back).
+
+A map:
+
+- asks each conversation under the client's concurrency limit (``gather``), streamed;
+- with ``answer_format``, validates every answer, asking again once with the error;
+- keeps its answers on disk as they arrive (``resume``: on by default from
+  ``RESUME_AT`` prompts), so running the same map again sends only the prompts still
+  unanswered; kept typed answers are checked again before they are handed back;
+- or, with ``batch_job``, runs as one provider batch job (``jobs``) at the batch price.
+
+What identifies its requests (the response cache's keys, the kept answers' file, the
+job's record) is one ``RequestIdentity`` (``LLMClient.identity``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..errors import LLMQueryError, NotSent
+from ..llm.litellm_loader import load_litellm
+from ..llm.structured import AnswerFormat, InvalidAnswer, ask, prepare
+from ..llm.usage import CallRecord, UsageLedger
+from .gather import BatchOutcome, gather_limited
+from .resume import RESUME_AT, MapStore
+
+if TYPE_CHECKING:
+    from ..llm.client import LLMClient
+    from ..llm.identity import RequestIdentity
+    from .jobs import BatchJob, JobRecord
+
+Messages = list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class MapSpec:
+    """How a map asks, besides its conversations."""
+
+    model: str | None = None  # None: RLM.sub_model
+    max_tokens: int | None = None  # None: RLM.max_tokens
+    answer_format: AnswerFormat | None = None  # typed answers
+    resume: bool | None = None  # keep answers on disk; None: from RESUME_AT prompts on
+    batch_job: bool = False  # one provider batch job instead of a request each
+    ledger: UsageLedger | None = None  # where its usage goes; None: the client's
+    # When each item must have ended (a REPL step's deadline), read as the item starts.
+    deadline: Callable[[], float | None] | None = None
+    # Asked as each item starts: a reason not to send it (a spent budget), or None.
+    refusal: Callable[[], str | None] | None = None
+
+
+class MapObserver:
+    """What a map reports as it goes, by the index of each item in the whole map; every
+    method does nothing unless a caller's observer does something with it."""
+
+    def kept(self, count: int) -> None:
+        """``count`` items were answered by an earlier run of the same map."""
+
+    def item_started(self, index: int) -> None: ...
+
+    def item_finished(self, index: int, result: Any) -> None:
+        """``result``: the item's ``Completion`` (or ``Typed``, for typed answers)."""
+
+    def item_failed(self, index: int, error: BaseException) -> None: ...
+
+    def job_changed(self, record: JobRecord) -> None:
+        """A batch job's state or counts changed."""
+
+
+class MapOutcome:
+    """Where a map's answers land as they arrive: a caller that keeps it still has every
+    finished answer after an interrupt, in the whole map's order."""
+
+    def __init__(self, total: int):
+        self.total = total
+        self.kept: dict[int, Any] = {}  # index -> value, from an earlier run
+        self.sent: list[int] = list(range(total))  # the indices this run asks
+        self.gathered = BatchOutcome(total)  # by position in ``sent``
+        self.on_disk = False  # its answers are kept for a re-run
+        self.job: BatchJob | None = None  # the batch job, when it runs as one
+        self.answer_format: AnswerFormat | None = None
+
+    def answers(self) -> list[Any]:
+        """Each item's answer (a value), None where none has arrived."""
+        answers: list[Any] = [None] * self.total
+        for index, value in self.kept.items():
+            answers[index] = value
+        for position, index in enumerate(self.sent):
+            answers[index] = _value(self.gathered.results[position], self.answer_format)
+        return answers
+
+    def errors(self) -> dict[int, Exception]:
+        return {self.sent[position]: error for position, error in self.gathered.errors.items()}
+
+
+async def run_map(
+    client: LLMClient,
+    conversations: Sequence[Messages],
+    spec: MapSpec = MapSpec(),
+    observer: MapObserver | None = None,
+    outcome: MapOutcome | None = None,
+) -> tuple[list[Any], dict[int, Exception]]:
+    """Ask about every conversation; return ``(answers, errors)``: ``answers[i]`` is item
+    i's answer (its text, or its validated value), None where it failed, and ``errors``
+    maps the failed items to their exceptions. One failure never stops the others.
+
+    If the map is cancelled (an interrupt), every call under way is cancelled and
+    awaited before the cancellation goes on; ``outcome``, if given, then holds what had
+    arrived."""
+    observer = observer if observer is not None else MapObserver()
+    outcome = outcome if outcome is not None else MapOutcome(len(conversations))
+    answer_format = outcome.answer_format = spec.answer_format
+    identity = client.identity(
+        spec.model, spec.max_tokens, answer_format.identity() if answer_format else None
+    )
+    if spec.batch_job:
+        return await _as_batch_job(client, conversations, identity, spec, observer, outcome)
+    total = len(conversations)
+    ledger = spec.ledger if spec.ledger is not None else client.ledger
+    store = None
+    if spec.resume or (spec.resume is None and total >= RESUME_AT):
+        store = await MapStore.open(client.config.cache_dir, identity, conversations)
+        outcome.kept = _kept_answers(await store.load_kept(), answer_format, ledger)
+        outcome.on_disk = True
+    outcome.sent = [i for i in range(total) if i not in outcome.kept]
+    outcome.gathered = BatchOutcome(len(outcome.sent))
+    observer.kept(len(outcome.kept))
+    redactor = client.redactor()  # one for every item: it scans the environment
+
+    async def ask_one(messages: Messages) -> Any:
+        refused = spec.refusal() if spec.refusal is not None else None
+        if refused is not None:
+            raise NotSent(refused)
+        options: dict[str, Any] = {
+            "model": identity.model,
+            "max_tokens": spec.max_tokens,
+            "ledger": ledger,
+            "slot_held": True,
+            "redactor": redactor,
+            # Streamed: a slow model's long answer is timed out on a stall, not cut off
+            # at a total and started again.
+            "stream": True,
+            "deadline": spec.deadline() if spec.deadline is not None else None,
+        }
+        if answer_format is not None:
+            return await ask(client.complete, messages, answer_format, identity.model, **options)
+        return await client.complete(messages, **options)
+
+    calls = [(lambda m=conversations[i]: ask_one(m)) for i in outcome.sent]
+    try:
+        await gather_limited(
+            calls, client.limiter, _Placed(outcome.sent, observer, store), outcome.gathered
+        )
+    finally:
+        if store is not None:
+            store.close()
+    errors = outcome.errors()
+    if store is not None and not errors:
+        store.remove()  # finished: a re-run is the response cache's business
+    return outcome.answers(), errors
+
+
+async def _as_batch_job(
+    client: LLMClient,
+    conversations: Sequence[Messages],
+    identity: RequestIdentity,
+    spec: MapSpec,
+    observer: MapObserver,
+    outcome: MapOutcome,
+) -> tuple[list[Any], dict[int, Exception]]:
+    from .jobs import BatchJob  # a job's machinery, loaded by the first job
+
+    if not conversations:
+        return [], {}
+    answer_format, response_format = spec.answer_format, None
+    if answer_format is not None:
+        litellm = await load_litellm()
+        prepared = [prepare(m, answer_format, litellm, identity.model) for m in conversations]
+        conversations = [messages for messages, _ in prepared]
+        response_format = prepared[0][1]
+    job = outcome.job = BatchJob(
+        client,
+        conversations,
+        identity,
+        response_format=response_format,
+        observer=observer,
+        ledger=spec.ledger,
+    )
+    results = await job.run()
+    answers: list[Any] = list(results.texts)
+    errors = results.errors
+    if answer_format is not None:
+        # A job cannot ask again: an answer that does not validate is its item's error.
+        for index, text in enumerate(answers):
+            if text is not None:
+                try:
+                    answers[index] = answer_format.parse(text)
+                except InvalidAnswer as problem:
+                    answers[index] = None
+                    errors[index] = LLMQueryError(
+                        job.model, f"the answer did not match the schema ({problem})"
+                    )
+    return answers, errors
+
+
+def _kept_answers(
+    kept: dict[int, dict], answer_format: AnswerFormat | None, ledger: UsageLedger
+) -> dict[int, Any]:
+    """The values of the answers an earlier run kept, by index. A typed one that no longer
+    validates (the model class changed, not its schema) is left out: asked again. They
+    count as cache hits: they cost nothing this time."""
+    values: dict[int, Any] = {}
+    for index, entry in kept.items():
+        if answer_format is None:
+            values[index] = entry["text"]
+        else:
+            try:
+                values[index] = answer_format.parse(entry["text"])
+            except InvalidAnswer:
+                continue
+        ledger.record(
+            CallRecord(
+                entry.get("model", "?"),
+                int(entry.get("input_tokens", 0)),
+                int(entry.get("output_tokens", 0)),
+                0.0,
+                cached=True,
+            )
+        )
+    return values
+
+
+def _value(result: Any, answer_format: AnswerFormat | None) -> Any:
+    if result is None:
+        return None
+    return result.value if answer_format is not None else result.text
+
+
+class _Placed:
+    """Between ``gather_limited`` (which numbers only the items it sends) and the map's
+    observer: each item under its index in the whole map, its answer kept on disk."""
+
+    def __init__(self, indices: list[int], observer: MapObserver, store: MapStore | None):
+        self.indices, self.observer, self.store = indices, observer, store
+
+    def item_started(self, position: int) -> None:
+        self.observer.item_started(self.indices[position])
+
+    def item_finished(self, position: int, result: Any) -> None:
+        if self.store is not None:
+            self.store.add(self.indices[position], result)
+        self.observer.item_finished(self.indices[position], result)
+
+    def item_failed(self, position: int, error: BaseException) -> None:
+        self.observer.item_failed(self.indices[position], error)

@@ -1,0 +1,155 @@
+"""The client's pipeline (cache, prepare, send with retries, record) against a scripted
+transport: the seam every transport fills (``llm.transports.base.Transport``), with no
+HTTP at all. The same behaviours are tested over real HTTP elsewhere; these show that
+the client's rules belong to the client, whichever transport sends."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from rlm_magic.config import RLMConfig
+from rlm_magic.errors import LLMQueryError
+from rlm_magic.llm.client import LLMClient
+from rlm_magic.llm.transports.base import Answer
+
+MODEL = "openai/scripted"
+
+
+def answer(text: str = "fine", finish_reason: str = "stop") -> Answer:
+    return Answer(text, finish_reason, 10, 2, 0, 0, 0.001, None)
+
+
+class HTTPFailure(Exception):
+    """A failed response, as both transports raise it: a status code and headers."""
+
+    def __init__(self, status: int, headers: dict | None = None):
+        super().__init__(f"HTTP {status}")
+        self.status_code = status
+        self.response = SimpleNamespace(headers=headers or {})
+
+
+class BrokenOff(Exception):
+    """A stream that sends ``text`` and then fails with ``failure``."""
+
+    def __init__(self, text: str, failure: BaseException):
+        super().__init__(text)
+        self.text, self.failure = text, failure
+
+
+class ScriptedTransport:
+    """Answers from a script: each step an ``Answer``, an exception to raise, or (for a
+    streamed call) ``BrokenOff``. Records every request it was given."""
+
+    name = "scripted"
+
+    def __init__(self, *steps):
+        self.steps = list(steps)
+        self.requests: list[dict] = []
+
+    async def complete(self, request, messages=None):
+        return self._next(request)
+
+    async def stream(self, request, state, *, stall_timeout, deadline, messages=None):
+        step = self.steps[0]
+        if isinstance(step, BrokenOff):
+            self._next(request, raise_it=False)
+            state.add_text(step.text)
+            raise step.failure
+        found = self._next(request)
+        state.add_text(found.text)
+        return found
+
+    def partial(self, state, messages):
+        if state is None or not state.received:
+            return None
+        return Answer(state.text, None, 10, len(state.text) // 4, 0, 0, 0.0005, None)
+
+    def _next(self, request, raise_it=True):
+        self.requests.append(request)
+        step = self.steps.pop(0)
+        if raise_it and isinstance(step, BaseException):
+            raise step
+        return step
+
+
+def scripted_client(*steps, **settings) -> tuple[LLMClient, ScriptedTransport]:
+    transport = ScriptedTransport(*steps)
+    config = RLMConfig(model=MODEL, retry_backoff=0.01, progress=False, **settings)
+    return LLMClient(config, transport=transport), transport
+
+
+QUESTION = [{"role": "user", "content": "q"}]
+
+
+@pytest.fixture(autouse=True)
+def _litellm(litellm_imported):
+    """The client loads litellm for prices and windows, whatever transport sends."""
+
+
+async def test_every_call_goes_to_the_transport_the_client_was_given():
+    client, transport = scripted_client(answer("hello"))
+    done = await client.complete(QUESTION)
+    assert done.text == "hello" and done.cost_usd == 0.001
+    [request] = transport.requests
+    assert (request["model"], request["messages"], request["max_retries"]) == (MODEL, QUESTION, 0)
+    assert client.transport(MODEL) is transport
+
+
+async def test_a_server_error_is_tried_again_and_the_retry_is_counted():
+    client, transport = scripted_client(HTTPFailure(500), answer())
+    done = await client.complete(QUESTION)
+    assert done.text == "fine" and done.retries == 1
+    [record] = client.ledger.records
+    assert record.retries == 1 and record.error is None
+    assert len(transport.requests) == 2
+
+
+async def test_a_rate_limit_is_waited_out_at_the_gate_and_spends_no_retry():
+    client, transport = scripted_client(HTTPFailure(429, {"retry-after-ms": "20"}), answer())
+    done = await client.complete(QUESTION)
+    assert done.retries == 0
+    [record] = client.ledger.records
+    assert record.rate_limited == 1 and record.retries == 0
+    assert client.gate(MODEL).rate_limited == 1
+
+
+async def test_a_refusal_is_not_tried_again_and_fails_in_one_line():
+    client, transport = scripted_client(HTTPFailure(401))
+    with pytest.raises(LLMQueryError, match=r"^LLM call to 'openai/scripted' failed: "):
+        await client.complete(QUESTION)
+    assert len(transport.requests) == 1
+    [record] = client.ledger.records
+    assert record.error is not None
+
+
+async def test_retries_stop_at_max_retries():
+    client, transport = scripted_client(*[HTTPFailure(503)] * 3, answer(), max_retries=2)
+    with pytest.raises(LLMQueryError, match="after 3 attempts"):
+        await client.complete(QUESTION)
+    assert len(transport.requests) == 3
+
+
+async def test_a_stream_broken_off_after_text_keeps_its_text_and_is_not_asked_again():
+    client, transport = scripted_client(BrokenOff("half an ans", ConnectionError("gone")))
+    done = await client.complete(QUESTION, stream=True)
+    assert done.text.startswith("half an ans\n[answer cut off: ")
+    assert done.incomplete and done.cut_reason
+    assert len(transport.requests) == 1
+    [record] = client.ledger.records
+    assert record.cut_off and record.cost_usd == 0.0005  # what was streamed is billed
+
+
+async def test_an_answer_cut_at_max_tokens_is_marked_cut_off():
+    client, _ = scripted_client(answer("short", finish_reason="length"))
+    done = await client.complete(QUESTION)
+    assert done.cut_off and done.incomplete
+
+
+async def test_the_cache_answers_an_identical_request_without_the_transport(tmp_path):
+    client, transport = scripted_client(answer("once"), cache=True, cache_dir=str(tmp_path))
+    first = await client.complete(QUESTION)
+    again = await client.complete(QUESTION)
+    assert (first.text, again.text, again.cached) == ("once", "once", True)
+    assert len(transport.requests) == 1

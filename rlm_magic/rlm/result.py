@@ -10,6 +10,7 @@ from typing import Any
 
 from ..errors import RLMError
 from ..llm.usage import UsageSummary
+from . import render
 
 
 @dataclass
@@ -154,14 +155,10 @@ class RLMResult:
         )
 
     def _repr_markdown_(self) -> str:
-        from ..jupyter.display import result_markdown
-
-        return result_markdown(self)
+        return render.result_markdown(self)
 
     def _repr_html_(self) -> str:
-        from ..jupyter.display import result_html
-
-        return result_html(self)
+        return render.result_html(self)
 
 
 class RLMRunError(RLMError):

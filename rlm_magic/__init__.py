@@ -7,11 +7,18 @@ Nothing heavy is imported here: litellm loads on the first model call.
 
 from __future__ import annotations
 
-from .errors import BatchError, ConfigError, LLMQueryError, PromptTooLongError, RLMError
+from .errors import (
+    BatchError,
+    ConfigError,
+    LLMQueryError,
+    PromptTooLongError,
+    RLMError,
+    RLMRunError,
+)
 from .jupyter.helpers import interrupted_batch
 from .llm.usage import CallRecord, UsageLedger, UsageSummary, usage
 from .rlm.engine import RLM
-from .rlm.result import CodeRun, Compaction, Iteration, RLMResult, RLMRunError
+from .rlm.result import CodeRun, Compaction, Iteration, RLMResult
 from .rlm.session import RLMSession
 
 __version__ = "0.1.0"

@@ -2,6 +2,32 @@
 
 Each class says in one line what went wrong; each message names the model or the
 setting involved, so a user can act on it without reading a traceback.
+
+What a user may meet (all ``RLMError``, each shown by IPython as its one line)::
+
+    RLMError
+    ├── ConfigError (also a ValueError)  a setting or an argument it cannot use
+    ├── LLMQueryError                    a model call failed after its retries
+    │   └── PromptTooLongError           a prompt cannot fit the window; not sent
+    ├── CompactionError                  the root conversation cannot be made to fit
+    ├── BatchError                       some items failed; .results keeps the others
+    └── RLMRunError                      a run gave no final answer; .result keeps it
+
+And an interrupt stays a ``KeyboardInterrupt`` (``interrupt``), in one line too.
+
+Signals between rlm-magic's own parts, never shown as they are (each becomes one of the
+errors above, or an ``"Error: ..."`` string for model code)::
+
+    RateLimitWaitExceeded   a call waited out rate limits past its time
+    StreamStalled           a stream sent nothing for its stall timeout (a TimeoutError)
+    NotSent                 a map's item refused before sending (a spent budget)
+    InvalidAnswer           a typed answer that does not validate (a ValueError)
+
+Three kinds of errors live beside their code, on purpose: the sandbox's (``repl.bridge.
+BridgeError``, ``repl.steps.StepInterrupted``), because its worker process imports only
+the standard library and the REPL's own modules; and the wire transport's HTTP
+failures (``llm.transports.wire.errors``), which copy litellm's class names so that one
+set of rules reads both transports' failures.
 """
 
 from __future__ import annotations
@@ -75,6 +101,14 @@ class CompactionError(RLMError):
     """The root model's conversation could not be compacted to fit its window."""
 
 
+class RLMRunError(RLMError):
+    """A run did not reach a final answer; ``.result`` holds the partial result."""
+
+    def __init__(self, result: Any):  # an RLMResult (rlm.result: above this module)
+        self.result = result
+        super().__init__(f"RLM run {result.stop_reason or 'failed'}: {result.error}")
+
+
 class RateLimitWaitExceeded(Exception):
     """A call waited for the provider's rate limits longer than ``RLM.rate_limit_wait``
     (or its step's deadline) allows; the client reports it as an ``LLMQueryError``."""
@@ -83,6 +117,10 @@ class RateLimitWaitExceeded(Exception):
 class StreamStalled(TimeoutError):
     """No new token arrived for the stall timeout (or the call's deadline passed); the
     client reports it as an ``LLMQueryError``, keeping the text that had arrived."""
+
+
+class InvalidAnswer(ValueError):
+    """A typed answer that is not JSON, or does not match the schema (one line)."""
 
 
 class NotSent(Exception):

@@ -16,14 +16,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ConfigError, LLMQueryError
+from ..errors import ConfigError, InvalidAnswer, LLMQueryError
 from .litellm_loader import load_litellm
 from .profiles import PROFILES
-
-
-class InvalidAnswer(ValueError):
-    """An answer that is not JSON, or does not match the schema (one line)."""
-
 
 _FENCE = re.compile(r"^\s*```(?:json)?\s*\n(.*?)\n\s*```\s*$", re.DOTALL)
 

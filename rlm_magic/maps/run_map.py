@@ -25,9 +25,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..errors import LLMQueryError, NotSent
+from ..errors import InvalidAnswer, LLMQueryError, NotSent
 from ..llm.litellm_loader import load_litellm
-from ..llm.structured import AnswerFormat, InvalidAnswer, ask, prepare
+from ..llm.structured import AnswerFormat, ask, prepare
 from ..llm.usage import CallRecord, UsageLedger
 from .gather import BatchOutcome, gather_limited
 from .resume import RESUME_AT, MapStore

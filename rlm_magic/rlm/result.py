@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ..errors import RLMError
+from ..errors import RLMRunError
 from ..llm.usage import UsageSummary
 from . import render
 
@@ -159,11 +159,3 @@ class RLMResult:
 
     def _repr_html_(self) -> str:
         return render.result_html(self)
-
-
-class RLMRunError(RLMError):
-    """A run did not reach a final answer; ``.result`` holds the partial result."""
-
-    def __init__(self, result: RLMResult):
-        self.result = result
-        super().__init__(f"RLM run {result.stop_reason or 'failed'}: {result.error}")

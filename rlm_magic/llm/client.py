@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, LLMQueryError, RateLimitWaitExceeded, describe_exception
 from . import cache as response_cache
 from . import litellm_loader, local_servers, retries, windows
+from .call import Call, CallOptions
 from .completion import Completion
 from .endpoints import Endpoint, Endpoints
 from .identity import RequestIdentity
@@ -38,43 +38,14 @@ from .pricing import cache_saving
 from .profiles import PROFILES
 from .prompt_cache import mark_prefix, needs_markers, refuses_markers
 from .ratelimit import RateGate, Ticket, headers_of, is_rate_limit
-from .redaction import Redactor, redact_failure, redact_messages
-from .streaming import OnText, StreamState
+from .redaction import Redactor, redact_messages
+from .streaming import StreamState
 from .transports.base import Answer, Messages, Transport
 from .usage import CallRecord, UsageLedger
 
 if TYPE_CHECKING:
     from ..config import RLMConfig
     from .cache import ResponseCache
-
-
-@dataclass(frozen=True)
-class CallOptions:
-    """How one call is made, beyond the request itself.
-
-    - ``stream``: stream the answer (if ``RLM.stream`` and the provider can); the
-      timeout then applies to a stall, not to the whole answer.
-    - ``on_text``: called on the loop with each piece of streamed text; keep it cheap.
-    - ``deadline``: ``time.monotonic()`` by which the call must have ended, retries
-      included (a REPL step's deadline): timeouts and retries shrink to fit.
-    - ``cache_prefix``: mark the conversation's stable prefix for the provider's prompt
-      cache (when ``RLM.prompt_caching`` and the provider needs markers).
-    - ``may_retry``: asked before a failed attempt starts over; False when starting over
-      would be wrong (a root turn whose code already ran while it streamed).
-    - ``response_format``: the provider's structured-output or JSON mode for this call.
-    """
-
-    stream: bool = False
-    on_text: OnText | None = None
-    deadline: float | None = None
-    cache_prefix: bool = False
-    may_retry: Callable[[], bool] | None = None
-    response_format: dict | None = None  # sent as is; answers are checked by structured.py
-
-    def time_left(self, timeout: float) -> float:
-        if self.deadline is None:
-            return timeout
-        return max(0.01, min(timeout, self.deadline - time.monotonic()))
 
 
 class LLMClient:
@@ -193,7 +164,7 @@ class LLMClient:
         batch runner acquires slots itself so it can start tasks as slots free up).
         ``options``: see ``CallOptions``.
         """
-        call = _Call(
+        call = Call(
             self.identity(model, max_tokens),
             ledger if ledger is not None else self.ledger,
             CallOptions(**options),
@@ -208,7 +179,7 @@ class LLMClient:
         finally:
             litellm_loader.call_ended()
 
-    async def _complete(self, call: _Call, messages: Messages) -> Completion:
+    async def _complete(self, call: Call, messages: Messages) -> Completion:
         hit = self._from_cache(call, messages)
         if hit is not None:
             return hit
@@ -216,7 +187,7 @@ class LLMClient:
         return self._record(call, await self._send(call))
 
     # -- 1. cache ----------------------------------------------------------------------
-    def _from_cache(self, call: _Call, messages: Messages) -> Completion | None:
+    def _from_cache(self, call: Call, messages: Messages) -> Completion | None:
         cache = self.cache
         if cache is None:
             return None
@@ -249,7 +220,7 @@ class LLMClient:
         return completion
 
     # -- 2. prepare --------------------------------------------------------------------
-    async def _prepare(self, call: _Call, messages: Messages) -> None:
+    async def _prepare(self, call: Call, messages: Messages) -> None:
         config, model = self.config, call.model
         call.litellm = litellm = await litellm_loader.load_litellm()
         call.redactor = call.redactor or self.redactor()
@@ -279,14 +250,14 @@ class LLMClient:
         try:
             endpoint.check(model)
         except ConfigError as exc:
-            raise self._failed(call, exc) from None
+            raise call.failed(exc, self.redactor()) from None
         call.retries_allowed, call.attempt_timeout = endpoint.attempts()
         call.transport = endpoint.transport(model, litellm)
         call.gate = endpoint.gate(model)
         call.endpoint = endpoint.identity
 
     # -- 3. send -----------------------------------------------------------------------
-    async def _send(self, call: _Call) -> Answer:
+    async def _send(self, call: Call) -> Answer:
         """Attempts until one answers (or breaks off with text), or the call fails."""
         tokens = call.gate.estimate_tokens(call.characters)
         while True:
@@ -300,7 +271,7 @@ class LLMClient:
             except asyncio.CancelledError:
                 call.gate.failed(ticket)
                 call.spent.add_partial(call.state, call.transport, call.messages)
-                self._record_cancelled(call)
+                call.cancelled()
                 raise
             except Exception as exc:  # noqa: BLE001 - every failure is decided on below
                 failure = exc
@@ -315,12 +286,12 @@ class LLMClient:
                 # gone): that text is the answer, marked; starting over would throw
                 # away what was generated and pay for it again.
                 call.gate.failed(ticket)
-                call.cut_reason = self.redactor()(str(self._explained(call, failure)))
+                call.cut_reason = self.redactor()(str(call.explained(failure)))
                 return partial
             call.spent.add_partial(call.state, call.transport, call.messages)
             await self._after_failure(call, ticket, failure)
 
-    async def _enter_gate(self, call: _Call, tokens: float) -> Ticket:
+    async def _enter_gate(self, call: Call, tokens: float) -> Ticket:
         """Wait for the endpoint's pause, concurrency and pace, within the time this
         call has: its own deadline, and ``RLM.rate_limit_wait`` once rate limited."""
         deadline = (
@@ -332,25 +303,24 @@ class LLMClient:
         try:
             ticket = await call.gate.enter(tokens, deadline)
         except asyncio.CancelledError:
-            self._record_cancelled(call)
+            call.cancelled()
             raise
         except RateLimitWaitExceeded as exc:
             if step_deadline is not None and deadline == step_deadline:
-                raise self._out_of_time(
-                    call,
+                raise call.out_of_time(
                     "before it could be sent"
                     if time.monotonic() >= step_deadline
                     else "while the provider's rate limit held it back",
                 ) from None
-            raise self._rate_limit_failure(
+            raise self._rate_limited_too_long(
                 call, f"the provider's limit would hold it {exc.args[0]:.0f}s more"
             ) from None
         if step_deadline is not None and time.monotonic() >= step_deadline:
             call.gate.failed(ticket)  # nothing is sent that could not finish in time
-            raise self._out_of_time(call, "before it could be sent")
+            raise call.out_of_time("before it could be sent")
         return ticket
 
-    async def _attempt(self, call: _Call) -> Answer:
+    async def _attempt(self, call: Call) -> Answer:
         """One request by the transport, streamed (into ``call.state``) or whole."""
         options = call.options
         if call.state is not None:
@@ -365,7 +335,7 @@ class LLMClient:
             call.transport.complete(call.request), options.time_left(call.attempt_timeout)
         )
 
-    async def _after_failure(self, call: _Call, ticket: Ticket, failure: Exception) -> None:
+    async def _after_failure(self, call: Call, ticket: Ticket, failure: Exception) -> None:
         """Decide on a failed attempt: return to try again (at once, or after a backoff),
         or raise the call's ``LLMQueryError``."""
         gate, config, model = call.gate, self.config, call.model
@@ -377,7 +347,7 @@ class LLMClient:
             call.limited_since = call.limited_since or ticket.sent_at
             if time.monotonic() - call.limited_since < config.rate_limit_wait:
                 return
-            raise self._rate_limit_failure(call, describe_exception(failure)) from failure
+            raise self._rate_limited_too_long(call, describe_exception(failure)) from failure
         gate.failed(ticket)
         windows.learn_from(failure, call.endpoint, model, call.messages)
         if call.marked is not call.messages and refuses_markers(failure):
@@ -408,17 +378,17 @@ class LLMClient:
             or out_of_time
             or final
         ):
-            explained = self._explained(call, failure)
-            raise self._failed(call, explained) from explained
+            explained = call.explained(failure)
+            raise call.failed(explained, self.redactor()) from explained
         call.retries += 1
         try:
             await asyncio.sleep(delay)
         except asyncio.CancelledError:
-            self._record_cancelled(call)
+            call.cancelled()
             raise
 
     # -- 4. record ---------------------------------------------------------------------
-    def _record(self, call: _Call, answer: Answer) -> Completion:
+    def _record(self, call: Call, answer: Answer) -> Completion:
         model = call.model
         completion = Completion(
             answer.text,
@@ -488,144 +458,5 @@ class LLMClient:
             )
         return completion
 
-    # -- how a call ends when it fails -------------------------------------------------
-    def _failed(self, call: _Call, failure: BaseException) -> LLMQueryError:
-        """The call failed for good: record it (with any tokens already billed)."""
-        error = redact_failure(
-            LLMQueryError(
-                call.model, _explain_proxy_failure(failure, call.model), retries=call.retries
-            ),
-            failure,
-            self.redactor(),
-        )
-        self._record_failure(call, str(error))
-        return error
-
-    def _rate_limit_failure(self, call: _Call, why: str) -> LLMQueryError:
-        waited = time.monotonic() - (call.limited_since or time.monotonic())
-        return self._failed(
-            call,
-            RuntimeError(
-                f"rate limited for {waited:.0f}s ({call.rate_limited} rate-limited responses), "
-                f"past RLM.rate_limit_wait={self.config.rate_limit_wait:g}s; {why}"
-            ),
-        )
-
-    def _out_of_time(self, call: _Call, when: str) -> LLMQueryError:
-        error = LLMQueryError(
-            call.model,
-            TimeoutError(f"the REPL step's time ran out {when} (step_timeout)"),
-            retries=call.retries,
-        )
-        self._record_failure(call, str(error))
-        return error
-
-    def _record_cancelled(self, call: _Call) -> None:
-        # A cancelled call may already have been billed in part: it stays in the ledger,
-        # with the tokens it had streamed.
-        self._record_failure(call, "cancelled")
-
-    def _record_failure(self, call: _Call, error: str) -> None:
-        call.ledger.record(
-            call.spent.record(
-                call.model,
-                retries=call.retries,
-                error=error,
-                rate_limited=call.rate_limited,
-                elapsed_s=time.perf_counter() - call.started,
-            )
-        )
-
-    def _explained(self, call: _Call, failure: BaseException) -> BaseException:
-        return retries.explained(failure, call.attempt_timeout, call.options.deadline, call.state)
-
-
-@dataclass(eq=False)
-class _Call:
-    """One call as it goes through the stages: what it asks, and how far it got."""
-
-    identity: RequestIdentity
-    ledger: UsageLedger
-    options: CallOptions
-    redactor: Redactor | None
-    started: float = field(default_factory=time.perf_counter)
-    params: dict = field(init=False)
-    # 1. cache
-    cache: ResponseCache | None = None
-    key: str | None = None
-    # 2. prepare
-    litellm: Any = None
-    messages: Messages = field(default_factory=list)  # redacted, as the model reads them
-    marked: Messages = field(default_factory=list)  # ... with prompt-cache markers, if any
-    characters: int = 0
-    streaming: bool = False
-    request: dict = field(default_factory=dict)
-    retries_allowed: int = 0
-    attempt_timeout: float = 0.0
-    transport: Transport = field(init=False)
-    gate: RateGate = field(init=False)
-    endpoint: str | None = None
-    # 3. send
-    state: StreamState | None = None  # the current streamed attempt's
-    retries: int = 0
-    rate_limited: int = 0  # 429s waited out
-    limited_since: float | None = None  # when this call first met a rate limit
-    cut_reason: str | None = None
-    spent: _Spent = field(default_factory=lambda: _Spent())
-
-    def __post_init__(self) -> None:
-        self.params = self.identity.params(self.options.response_format)
-
-    @property
-    def model(self) -> str:
-        return self.identity.model
-
-
-class _Spent:
-    """Tokens and dollars of attempts that were cut off after the provider had started
-    answering: they are billed, so they go into the call's record."""
-
-    def __init__(self) -> None:
-        self.input_tokens = self.output_tokens = 0
-        self.cost_usd: float | None = None
-
-    def add_partial(
-        self, state: StreamState | None, transport: Transport, messages: Messages
-    ) -> None:
-        answer = transport.partial(state, messages)
-        if answer is None:
-            return
-        self.input_tokens += answer.input_tokens
-        self.output_tokens += answer.output_tokens
-        cost = answer.cost_usd
-        if cost is not None:
-            self.cost_usd = (self.cost_usd or 0.0) + cost
-
-    def record(
-        self,
-        model: str,
-        input_tokens: int = 0,
-        output_tokens: int = 0,
-        cost_usd: float | None = None,
-        **fields: Any,
-    ) -> CallRecord:
-        if self.cost_usd is not None:
-            cost_usd = (cost_usd or 0.0) + self.cost_usd
-        return CallRecord(
-            model,
-            input_tokens + self.input_tokens,
-            output_tokens + self.output_tokens,
-            cost_usd,
-            **fields,
-        )
-
-
-def _explain_proxy_failure(failure: BaseException, model: str) -> BaseException | str:
-    """A LiteLLM Proxy without a database answers an unknown key with a 400 "No connected
-    db." (it would look the key up there): say what that means."""
-    if model.startswith("litellm_proxy/") and "No connected db" in str(failure):
-        return (
-            "the LiteLLM Proxy rejected the API key: it is not the proxy's master "
-            "key, and the proxy has no database to look other keys up in"
-        )
-    return failure
+    def _rate_limited_too_long(self, call: Call, why: str) -> LLMQueryError:
+        return call.rate_limited_too_long(why, self.config.rate_limit_wait, self.redactor())

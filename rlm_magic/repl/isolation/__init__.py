@@ -147,7 +147,8 @@ def policy_for(
 ) -> Policy:
     """The default policy: the interpreter, its standard library and installed
     packages, and the worker's code, all read-only."""
-    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    # rlm_magic/, three folders up from rlm_magic/repl/isolation/__init__.py
+    package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
     # Installed packages, wherever they live, but not the notebook's own folder (an
     # absolute sys.path entry in some kernels): that is where `.env` files are.

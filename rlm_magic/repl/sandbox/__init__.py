@@ -26,11 +26,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from . import bridge, isolation
-from .steps import StepOutput
+from .. import bridge, isolation
+from ..steps import StepOutput
 
 _step_ids = itertools.count(1)
-_WORKER = str(Path(__file__).with_name("worker.py"))
+_WORKER = str(Path(__file__).parent.with_name("worker.py"))  # rlm_magic/repl/worker.py
 _warned_isolation = False
 _PIECE = 2**20  # a large frame is read and checked this many bytes at a time
 _HELD_LIMIT = 64 * 2**20  # helper calls' messages the kernel holds at once, at most

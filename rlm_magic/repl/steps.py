@@ -2,8 +2,8 @@
 
 The in-process REPL (threads of the kernel) and the sandbox worker (a process of its
 own) both compile a block with the helper-call rewrite, run it with its output captured,
-and report a ``StepOutput``. This module imports only the standard library and
-``capture``: the sandbox worker loads it, and must start fast.
+and report a ``StepOutput``. This module imports only the standard library,
+``capture`` and ``helpers``: the sandbox worker loads it, and must start fast.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .capture import OutputSink, captured_into
+from .helpers import HELPER_NAMES
 
 ASYNC_TABLE = "__rlm_async__"
 _LAST_VALUE = "__rlm_last__"
@@ -38,14 +39,6 @@ PRELOADED = (
     *FINISHERS,
     "history",
 )  # history: the root conversation, filled in when it is compacted
-HELPER_NAMES = (
-    "llm_query",
-    "llm_query_batch",
-    "llm_query_batched",
-    "rlm_query",
-    "rlm_query_batch",
-    "rlm_query_batched",
-)
 # asyncio functions whose arguments model code means to run concurrently. Matched as
 # `asyncio.X(...)` or a name imported from asyncio, so concurrent.futures.wait & co.
 # (thread-pool code, which wants the blocking helpers) are left alone. `create_task` is

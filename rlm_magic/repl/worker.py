@@ -44,6 +44,7 @@ import threading  # noqa: E402
 
 from rlm_magic.repl import bridge, isolation  # noqa: E402
 from rlm_magic.repl.capture import OutputSink, routing_installed  # noqa: E402
+from rlm_magic.repl.helpers import BATCH_NAMES  # noqa: E402
 from rlm_magic.repl.steps import (  # noqa: E402
     StepInterrupted,
     StepOutput,
@@ -166,7 +167,7 @@ class Worker:
         future: concurrent.futures.Future = concurrent.futures.Future()
         args = _listed_batch(name, args)
         if (
-            name in _BATCHES
+            name in BATCH_NAMES
             and args
             and isinstance(args[0], list)
             and len(args[0]) > bridge.MAX_VALUES // 2
@@ -368,8 +369,6 @@ _FINAL_LIMIT = bridge.MAX_FROM_SANDBOX - 2**20
 # at most, whatever max_output_chars says: the three fit one frame.
 _STEP_TEXT_LIMIT = 2**17  # x 12 bytes (an escaped astral character) x 3 < 8 MB
 
-_BATCHES = ("llm_query_batch", "llm_query_batched", "rlm_query_batch", "rlm_query_batched")
-
 
 def _fitted_finish(finish: list[str] | None) -> list[str] | None:
     if finish is None:
@@ -409,7 +408,7 @@ def _with_refused(message: dict):
 
 def _listed_batch(name: str, args: tuple) -> tuple:
     """A batch's prompts (and contexts) as lists, so they can be split."""
-    if name not in _BATCHES:
+    if name not in BATCH_NAMES:
         return args
     return tuple(
         list(a) if i < 2 and not isinstance(a, (str, bytes, dict)) and hasattr(a, "__iter__") else a
@@ -422,7 +421,7 @@ def _batch_parts(name: str, args: tuple, kwargs: dict):
     (a single item too large, or more prompts than any run's budget: refused whole)."""
     prompts = args[0] if args else None
     if (
-        name not in _BATCHES
+        name not in BATCH_NAMES
         or not isinstance(prompts, list)
         or not 2 <= len(prompts) <= bridge.MAX_VALUES // 2
     ):

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import bridge, isolation
+from ..helpers import BATCH_NAMES
 from ..steps import StepOutput
 
 _step_ids = itertools.count(1)
@@ -34,7 +35,6 @@ _WORKER = str(Path(__file__).parent.with_name("worker.py"))  # rlm_magic/repl/wo
 _warned_isolation = False
 _PIECE = 2**20  # a large frame is read and checked this many bytes at a time
 _HELD_LIMIT = 64 * 2**20  # helper calls' messages the kernel holds at once, at most
-_BATCHES = ("llm_query_batch", "llm_query_batched", "rlm_query_batch", "rlm_query_batched")
 # What to do where the OS refuses layers.
 if sys.platform.startswith("linux"):
     _REMEDY = (
@@ -520,7 +520,7 @@ class SandboxREPL:
         cut to what is left; the rest are refused here, before the kernel expands them
         (into tasks, or error strings sent back one by one). The worker appends one
         error string per refused prompt, so the model sees what in-process code sees."""
-        if name not in _BATCHES or self.sub_calls_left is None:
+        if name not in BATCH_NAMES or self.sub_calls_left is None:
             return args, kwargs, None
         key = "prompts" if not args else None
         prompts = kwargs.get("prompts") if key else args[0]

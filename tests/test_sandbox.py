@@ -191,6 +191,18 @@ async def test_the_worker_loads_neither_litellm_nor_the_package(rlm, server):
             "rlm_magic.repl.capture",
             "rlm_magic.repl.helpers",
             "rlm_magic.repl.isolation",
+            "rlm_magic.repl.isolation.confinement",
+            "rlm_magic.repl.isolation.filesystem",
+            "rlm_magic.repl.isolation.landlock",
+            "rlm_magic.repl.isolation.limits",
+            "rlm_magic.repl.isolation.linux",
+            "rlm_magic.repl.isolation.namespaces",
+            "rlm_magic.repl.isolation.network",
+            "rlm_magic.repl.isolation.order",
+            "rlm_magic.repl.isolation.policy",
+            "rlm_magic.repl.isolation.privileges",
+            "rlm_magic.repl.isolation.report",
+            "rlm_magic.repl.isolation.syscalls",
             "rlm_magic.repl.steps",
         ]
     )

@@ -2,7 +2,7 @@
 
 Started by ``sandbox.SandboxREPL`` as ``python -I worker.py FD`` (FD: its end of the
 bridge) in a fresh temporary folder with an allow-listed environment. Before it reads
-the context it confines itself (``isolation.py``: namespaces, a filesystem view of its
+the context it confines itself (``isolation``: namespaces, a filesystem view of its
 own, limits, no capabilities, a syscall filter) and reports which layers hold. It
 imports the standard library and the REPL's shared step code only, so it starts in a
 few tens of milliseconds and never loads litellm.
@@ -144,23 +144,20 @@ class Worker:
         self.send({"op": "ready", "isolation": report})
 
     def confine(self, init: dict) -> dict:
-        """Apply the isolation layers in their order (see isolation.py); the kernel
-        maps our ids in between when it runs as root."""
-        confinement = isolation.Confinement(
-            isolation.Policy(**init["policy"]), enabled=init.get("isolate", True)
+        """Apply the isolation layers in their order (see isolation/order.py); the
+        kernel maps our ids in between when it runs as root."""
+
+        def ask_the_kernel_to_map_ids(needs_ids: bool) -> bool:
+            self.send({"op": "unshared", "map_ids": needs_ids})
+            return self.receive_json().get("mapped") is True
+
+        report = isolation.confine(
+            isolation.Policy(**init["policy"]),
+            enabled=init.get("isolate", True),
+            bridge_fd=self.sock.fileno(),
+            map_ids=ask_the_kernel_to_map_ids,
         )
-        needs_ids = confinement.enter_namespaces()
-        self.send({"op": "unshared", "map_ids": needs_ids})
-        mapped = self.receive_json().get("mapped") is True
-        confinement.take_ids(mapped)
-        confinement.fork_into_pid_namespace(self.sock.fileno())
-        confinement.build_filesystem()
-        confinement.set_limits()
-        confinement.drop_privileges()
-        confinement.restrict_with_landlock()
-        confinement.filter_syscalls()
-        confinement.network_check()
-        return confinement.report.as_dict()
+        return report.as_dict()
 
     # -- helper calls ------------------------------------------------------------------------
     def submit(self, name: str, args: tuple, kwargs: dict) -> concurrent.futures.Future:

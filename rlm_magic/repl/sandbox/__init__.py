@@ -22,11 +22,12 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import bridge, isolation
+from ..base import REPL, Helpers, SandboxSettings
 from ..helpers import BATCH_NAMES
 from ..steps import StepOutput
 
@@ -161,28 +162,21 @@ class SandboxREPL:
     def __init__(
         self,
         context: Any,
-        helpers: dict[str, Callable[..., Awaitable[Any]]],
+        helpers: Helpers,
         *,
-        memory_mb: int | None = 4096,
         max_output_chars: int = 20_000,
         secrets: tuple[str | None, ...] = (),
         context_names: tuple[str, ...] = (),
-        settings: Any = None,
+        settings: SandboxSettings | None = None,
         sub_calls_left: Callable[[], int] | None = None,
     ):
         self.context = context
         # Names the context also goes by (a session's context_0): one copy, many names.
         self.context_names = ("context", *context_names)
         self.helpers = helpers
-        self.memory_mb = memory_mb
         self.max_output_chars = max_output_chars
         self.secrets = secrets
-        # The sandbox_* settings (RLM's): disk, processes, environment, strictness.
-        self.disk_mb = getattr(settings, "sandbox_disk_mb", 512)
-        self.max_processes = getattr(settings, "sandbox_max_processes", 128)
-        self.env_names = tuple(getattr(settings, "sandbox_env", ()) or ())
-        self.require_isolation = bool(getattr(settings, "sandbox_require_isolation", False))
-        self.settings = settings
+        self.settings = settings or SandboxSettings()
         # A batch larger than the run's sub-calls left is refused before it is expanded.
         self.sub_calls_left = sub_calls_left
         self.loop = asyncio.get_running_loop()
@@ -249,7 +243,7 @@ class SandboxREPL:
                 [sys.executable, "-I", _WORKER, str(child.fileno())],
                 pass_fds=[child.fileno()],
                 cwd=workdir,
-                env=sandbox_environment(self.secrets, workdir, self.env_names),
+                env=sandbox_environment(self.secrets, workdir, self.settings.env_names),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -264,9 +258,9 @@ class SandboxREPL:
         sandbox = self._sandbox = _Sandbox(process, parent, workdir)
         policy = isolation.policy_for(
             workdir,
-            memory_mb=self.memory_mb,
-            max_processes=self.max_processes,
-            disk_mb=self.disk_mb,
+            memory_mb=self.settings.memory_mb,
+            max_processes=self.settings.max_processes,
+            disk_mb=self.settings.disk_mb,
             host_maps_ids=os.geteuid() == 0,
         )
         init = bridge.frame(
@@ -319,7 +313,7 @@ class SandboxREPL:
         if not missing:
             return
         why = "; ".join(f"{name}: {notes.get(name, 'refused')}" for name in missing)
-        if self.require_isolation:
+        if self.settings.require_isolation:
             raise SandboxError(
                 f"the sandbox is not fully isolated here ({why}); "
                 f"RLM.sandbox_require_isolation is set, so the run does not "
@@ -539,7 +533,7 @@ class SandboxREPL:
                 where[1] = where[1][:left]
             elif isinstance(where, dict) and isinstance(where.get(index), list):
                 where[index] = where[index][:left]
-        limit = getattr(self.settings, "max_sub_calls", None)
+        limit = self.settings.max_sub_calls
         return (
             args,
             kwargs,
@@ -653,7 +647,7 @@ class SandboxREPL:
         value = (await self._request("final_var", "final_var", timeout=30, name=name)).get("value")
         return value if isinstance(value, str) else None
 
-    def rebind(self, helpers: dict[str, Callable[..., Awaitable[Any]]]) -> None:
+    def rebind(self, helpers: Helpers) -> None:
         """Serve the helpers of the next run (a session's REPL outlives its runs)."""
         self.helpers = helpers
 
@@ -771,3 +765,7 @@ def _warn_isolation_once(message: str) -> None:
     if not _warned_isolation:
         _warned_isolation = True
         warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+if TYPE_CHECKING:
+    _: type[REPL] = SandboxREPL  # mypy checks that it has the engine's REPL interface

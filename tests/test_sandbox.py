@@ -13,6 +13,7 @@ import warnings
 import pytest
 
 from rlm_magic.repl import sandbox as sandbox_module
+from rlm_magic.repl.sandbox import isolation_report
 
 from .conftest import make_rlm
 from .test_engine import repl, root_requests
@@ -508,7 +509,7 @@ async def test_without_isolation_the_result_says_so_and_a_warning_says_it_once(
     rlm, server, monkeypatch
 ):
     monkeypatch.setattr(sandbox_module.SandboxREPL, "isolate", False)
-    monkeypatch.setattr(sandbox_module, "_warned_isolation", False)
+    monkeypatch.setattr(isolation_report, "_warned_isolation", False)
     server.script("root-model", [repl("x = 1"), "FINAL(a)", repl("x = 2"), "FINAL(b)"])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

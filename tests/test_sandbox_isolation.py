@@ -152,8 +152,9 @@ async def test_a_worker_whose_code_cannot_be_read_fails_the_start_in_one_line(
     monkeypatch, tmp_path
 ):
     from rlm_magic.repl import sandbox
+    from rlm_magic.repl.sandbox import process
 
-    monkeypatch.setattr(sandbox, "_WORKER", str(tmp_path / "private" / "worker.py"))
+    monkeypatch.setattr(process, "_WORKER", str(tmp_path / "private" / "worker.py"))
     repl = sandbox.SandboxREPL("c", {})
     await repl.start()
     with pytest.raises(sandbox.SandboxError, match="cannot read its own code") as caught:

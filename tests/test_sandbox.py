@@ -190,6 +190,7 @@ async def test_the_worker_loads_neither_litellm_nor_the_package(rlm, server):
             "rlm_magic.repl",
             "rlm_magic.repl.bridge",
             "rlm_magic.repl.capture",
+            "rlm_magic.repl.finishers",
             "rlm_magic.repl.helpers",
             "rlm_magic.repl.isolation",
             "rlm_magic.repl.isolation.confinement",
@@ -204,6 +205,7 @@ async def test_the_worker_loads_neither_litellm_nor_the_package(rlm, server):
             "rlm_magic.repl.isolation.privileges",
             "rlm_magic.repl.isolation.report",
             "rlm_magic.repl.isolation.syscalls",
+            "rlm_magic.repl.namespace",
             "rlm_magic.repl.steps",
         ]
     )

@@ -1,9 +1,10 @@
 """Running one block of model code: the part both REPLs share.
 
 The in-process REPL (threads of the kernel) and the sandbox worker (a process of its
-own) both compile a block with the helper-call rewrite, run it with its output captured,
-and report a ``StepOutput``. This module imports only the standard library,
-``capture`` and ``helpers``: the sandbox worker loads it, and must start fast.
+own) both compile a block with the helper-call rewrite, run it with its output
+captured and the scaffold kept (``finishers``), and report a ``StepOutput``. This
+module and those it imports use only the standard library: the sandbox worker loads
+them, and must start fast.
 """
 
 from __future__ import annotations
@@ -22,23 +23,48 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .capture import OutputSink, captured_into
+from .finishers import (
+    Finish,
+    Listing,
+    answer_dict_finish,
+    final_var,
+    finisher_functions,
+    put_scaffold,
+    ready_answer,
+    restore_scaffold,
+    show_vars,
+)
 from .helpers import HELPER_NAMES
+from .namespace import ASYNC_TABLE, FINISHERS, PRELOADED, PRINT_FINAL, user_variables
 
-ASYNC_TABLE = "__rlm_async__"
+# Names the engine, the REPLs and the worker import from here, wherever they live.
+__all__ = [
+    "ASYNC_TABLE",
+    "FINISHERS",
+    "HELPER_NAMES",
+    "PRELOADED",
+    "Listing",
+    "StepInterrupted",
+    "StepOutput",
+    "Submit",
+    "awaitable_helper",
+    "blocking_helper",
+    "compile_step",
+    "execute_step",
+    "final_var",
+    "format_model_traceback",
+    "install_helpers",
+    "is_step_filename",
+    "preloaded",
+    "prepare_step",
+    "ready_answer",
+    "repl_builtins",
+    "show_vars",
+    "step_filename",
+    "user_variables",
+]
+
 _LAST_VALUE = "__rlm_last__"
-_PRINT_FINAL = "__rlm_print_final__"  # what `print("FINAL(...)")` in model code calls
-# Put into the namespace afresh before every block: the ways to finish and to look.
-FINISHERS = ("FINAL", "FINAL_VAR", "SHOW_VARS")
-# What every REPL namespace starts with besides the helpers; not "the model's variables".
-PRELOADED = (
-    "context",
-    "answer",
-    "asyncio",
-    "re",
-    "json",
-    *FINISHERS,
-    "history",
-)  # history: the root conversation, filled in when it is compacted
 # asyncio functions whose arguments model code means to run concurrently. Matched as
 # `asyncio.X(...)` or a name imported from asyncio, so concurrent.futures.wait & co.
 # (thread-pool code, which wants the blocking helpers) are left alone. `create_task` is
@@ -219,7 +245,7 @@ class _FinishRewriter(ast.NodeTransformer):
         if not isinstance(func, ast.Name):
             return node
         if func.id == "print" and node.args and _starts_with_final(node.args[0]):
-            node.func = ast.copy_location(ast.Name(id=_PRINT_FINAL, ctx=ast.Load()), func)
+            node.func = ast.copy_location(ast.Name(id=PRINT_FINAL, ctx=ast.Load()), func)
         elif (
             func.id == "FINAL_VAR"
             and len(node.args) == 1
@@ -275,8 +301,8 @@ def execute_step(
     The scaffold (FINAL, FINAL_VAR, SHOW_VARS afresh; the helpers and the context
     variables as they were when the block began) is put back after the block, however
     it ended, so the next block never runs with a helper the model replaced."""
-    finish = _Finish(namespace)
-    scaffold = _scaffold(namespace, finish)
+    finish = Finish(namespace)
+    scaffold = put_scaffold(namespace, finish)
     sink.buffer = buffer
     try:
         with captured_into(sink):
@@ -294,8 +320,12 @@ def execute_step(
             except BaseException:  # noqa: BLE001 - shown to the model, as a REPL would
                 output.error = format_model_traceback()
     finally:
-        output.restored = _restore(namespace, scaffold)
-        output.finish = finish.result or _answer_dict(namespace, output)
+        output.restored = restore_scaffold(namespace, scaffold)
+        output.finish = finish.result
+        if output.finish is None:
+            output.finish, error = answer_dict_finish(namespace)
+            if error:
+                output.error = (output.error or "") + error
         if output.error and output.finish and output.finish[0] == "answer dict":
             # Not taken from a block that failed (the engine says so): nor by a later one.
             namespace["answer"]["ready"] = False
@@ -376,22 +406,6 @@ def install_helpers(
         namespace[name] = blocking_helper(name, submit, refuse, templates.get(name))
 
 
-# -- what the engine reads from a namespace ------------------------------------------
-def user_variables(namespace: dict[str, Any]) -> list[str]:
-    """Names of the variables the model made."""
-    hidden = {*PRELOADED, *HELPER_NAMES}
-    return [
-        name
-        for name in namespace
-        if not name.startswith("_") and name not in hidden and not _is_context_name(name)
-    ]
-
-
-def _is_context_name(name: str) -> bool:
-    """A session's earlier contexts (context_0, context_1, ...): given, not made."""
-    return name.startswith("context_") and name[8:].isdigit()
-
-
 def preloaded(namespace: dict[str, Any], context: Any) -> dict[str, Any]:
     """What a REPL namespace starts with besides the helpers (see ``PRELOADED``): the
     context, the ``answer`` protocol, FINAL/FINAL_VAR/SHOW_VARS, an empty ``history``,
@@ -406,162 +420,5 @@ def preloaded(namespace: dict[str, Any], context: Any) -> dict[str, Any]:
         "context": context,
         "answer": {"content": "", "ready": False},
         "history": [],
-        **_finishers(namespace, _Finish(namespace)),
+        **finisher_functions(namespace, Finish(namespace)),
     }
-
-
-class Listing(str):
-    """Text that shows as itself as a block's last value (not as a quoted repr)."""
-
-    def __repr__(self) -> str:
-        return str(self)
-
-
-def show_vars(namespace: dict[str, Any]) -> Listing:
-    """The variables made in this REPL so far, with their types (one per line)."""
-    names = user_variables(namespace)
-    if not names:
-        return Listing("No variables yet.")
-    return Listing("\n".join(f"{name}: {type(namespace[name]).__name__}" for name in names))
-
-
-# -- finishing from code, and the scaffold the model may not break -------------------------
-# FINAL's text beyond this many characters is cut (with a note): the sandbox's bridge
-# takes 128 MB, and a character may take four bytes.
-_FINAL_LIMIT = 16 * 2**20
-_NOT_ANSWERS = {*HELPER_NAMES, *FINISHERS, "asyncio", "re", "json"}
-
-
-class _Finish:
-    """What FINAL / FINAL_VAR / a printed FINAL did during one block (the last wins)."""
-
-    def __init__(self, namespace: dict[str, Any]):
-        self.namespace = namespace
-        self.result: list[str] | None = None
-
-    def final(self, answer: Any) -> None:
-        """Finish the run with ``answer`` once this block ends (a string as it is,
-        anything else as str())."""
-        if answer is None:
-            raise ValueError(
-                "FINAL(None): the answer is None (did a function return "
-                "nothing?); pass the answer itself"
-            )
-        text = _as_text(answer)
-        if not text.strip():
-            raise ValueError(f"FINAL({text!r}): the answer is empty; pass the answer itself")
-        self.result = ["code", _capped(text)]
-
-    def final_var(self, name: Any, _value_given: bool = False) -> None:
-        """Finish the run with the variable called ``name`` once this block ends."""
-        if _value_given:  # FINAL_VAR(total), written bare: total's own value, never
-            return self.final(name)  # the variable a string value happens to name
-        variables = self.namespace
-        if isinstance(name, str):
-            key = name.strip().strip("'\"` ")
-            if key in variables and key not in _NOT_ANSWERS and not key.startswith("_"):
-                return self.final(variables[key])
-            made = ", ".join(user_variables(variables)) or "none yet"
-            raise NameError(
-                f"FINAL_VAR({name!r}): there is no variable named {key!r} "
-                f"(variables: {made}); pass a variable's name, or the "
-                "answer itself with FINAL(answer)"
-            )
-        return self.final(name)
-
-    def print_final(self, *args, **kwargs) -> None:
-        """``print`` for a print whose own text begins with FINAL(: prints it, and
-        finishes with the printed text (the engine reads the answer from it)."""
-        print(*args, **kwargs)
-        sep = kwargs.get("sep")
-        text = (" " if sep is None else str(sep)).join(str(a) for a in args)
-        self.result = ["print", _capped(text)]
-
-
-def _finishers(namespace: dict[str, Any], finish: _Finish) -> dict[str, Any]:
-    import functools
-
-    def FINAL(answer):  # noqa: N802 - the name models are taught
-        return finish.final(answer)
-
-    def FINAL_VAR(name, _value_given=False):  # noqa: N802
-        return finish.final_var(name, _value_given)
-
-    FINAL.__doc__, FINAL_VAR.__doc__ = _Finish.final.__doc__, _Finish.final_var.__doc__
-    return {
-        "FINAL": FINAL,
-        "FINAL_VAR": FINAL_VAR,
-        "SHOW_VARS": functools.partial(show_vars, namespace),
-        _PRINT_FINAL: finish.print_final,
-    }
-
-
-_MISSING = object()
-
-
-def _scaffold(namespace: dict[str, Any], finish: _Finish) -> dict[str, Any]:
-    """Put fresh finishers in, and note the helpers and context variables as they are
-    now (the host may have changed them between blocks: a session's new context)."""
-    namespace.update(_finishers(namespace, finish))
-    guarded = (*FINISHERS, _PRINT_FINAL, *HELPER_NAMES, ASYNC_TABLE, "context")
-    return {
-        name: namespace[name] for name in namespace if name in guarded or _is_context_name(name)
-    }
-
-
-def _restore(namespace: dict[str, Any], scaffold: dict[str, Any]) -> list[str]:
-    """Put back what the block rebound or deleted; the names it touched, for the model."""
-    rebound = []
-    for name, value in scaffold.items():
-        if namespace.get(name, _MISSING) is not value:
-            namespace[name] = value
-            if not name.startswith("_"):
-                rebound.append(name)
-    return rebound
-
-
-def _answer_dict(namespace: dict[str, Any], output: StepOutput) -> list[str] | None:
-    try:
-        answer = ready_answer(namespace)
-    except Exception as exc:  # noqa: BLE001 - a content whose str() fails is the model's
-        output.error = (output.error or "") + (
-            f"answer['content'] could not be read as text: {type(exc).__name__}: {exc}"
-        )
-        return None
-    if answer is not None and not answer.strip():  # refused as FINAL('') is
-        namespace["answer"]["ready"] = False
-        output.error = (output.error or "") + (
-            "answer['content'] is empty, so it is not the answer; answer['ready'] is False again"
-        )
-        return None
-    return None if answer is None else ["answer dict", _capped(answer)]
-
-
-def _as_text(value: Any) -> str:
-    return value if isinstance(value, str) else str(value)
-
-
-def _capped(text: str) -> str:
-    if len(text) <= _FINAL_LIMIT:
-        return text
-    return text[:_FINAL_LIMIT] + (
-        f"\n... [the answer holds {len(text):,} characters, more "
-        f"than a REPL returns ({_FINAL_LIMIT:,}); the rest is cut]"
-    )
-
-
-def ready_answer(namespace: dict[str, Any]) -> str | None:
-    """The ``answer`` dict's content once the model set ``answer["ready"] = True``."""
-    answer = namespace.get("answer")
-    if isinstance(answer, dict) and answer.get("ready"):
-        content = answer.get("content")
-        return content if isinstance(content, str) else str(content)
-    return None
-
-
-def final_var(namespace: dict[str, Any], name: str) -> str | None:
-    """What ``FINAL_VAR(name)`` answers, or None when there is no such variable."""
-    if name not in namespace:
-        return None
-    value = namespace[name]
-    return value if isinstance(value, str) else str(value)

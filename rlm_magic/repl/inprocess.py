@@ -102,12 +102,12 @@ class AsyncREPL:
         """The step the calling thread works for (called with the lock held). A thread
         the model's code started (a ThreadPoolExecutor's) joins the running step on its
         first call; a thread of a stopped step stays with it, and is refused."""
-        thread = threading.current_thread()
-        step = self._threads.get(thread.ident)
+        thread, ident = threading.current_thread(), threading.get_ident()
+        step = self._threads.get(ident)
         if step is None or (step.finished and not step.stopped):
             step = self._current
             if step is not None:
-                self._threads[thread.ident] = step
+                self._threads[ident] = step
                 step.threads.add(thread)
         return step
 

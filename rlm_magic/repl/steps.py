@@ -227,7 +227,7 @@ def blocking_helper(
     call.__name__ = call.__qualname__ = name
     if template is not None:
         call.__doc__ = template.__doc__
-        call.__signature__ = inspect.signature(template)
+        call.__signature__ = inspect.signature(template)  # type: ignore[attr-defined]
     return call
 
 

@@ -41,6 +41,7 @@ import queue  # noqa: E402
 import signal  # noqa: E402
 import socket  # noqa: E402
 import threading  # noqa: E402
+from typing import Any  # noqa: E402
 
 from rlm_magic.repl import bridge, isolation  # noqa: E402
 from rlm_magic.repl.capture import OutputSink, routing_installed  # noqa: E402
@@ -75,7 +76,8 @@ class Worker:
     def __init__(self, sock: socket.socket):
         self.sock = sock
         self.send_lock = threading.Lock()
-        self.calls: dict[int, concurrent.futures.Future] = {}
+        # By call id; the kernel's answers name one, looked up as sent.
+        self.calls: dict[Any, concurrent.futures.Future] = {}
         self.call_ids = itertools.count(1)
         self.calls_lock = threading.Lock()
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -206,11 +208,14 @@ class Worker:
             self.calls[call_id] = future
         with self.send_lock:
             self.sock.sendall(data)
+
         # Model code that stops waiting (a cancelled task, wait_for's timeout) stops the
         # call in the kernel too, as in-process: else it would run on, and be billed.
-        future.add_done_callback(
-            lambda done: done.cancelled() and self.send({"op": "cancel", "id": call_id})
-        )
+        def stop_in_the_kernel(done: concurrent.futures.Future) -> None:
+            if done.cancelled():
+                self.send({"op": "cancel", "id": call_id})
+
+        future.add_done_callback(stop_in_the_kernel)
         return future
 
     def read_forever(self) -> None:
@@ -375,12 +380,13 @@ def _fitted_finish(finish: list[str] | None) -> list[str] | None:
 
 
 def final_text(namespace: dict, name: str) -> str | None:
-    return _fitted(final_var(namespace, name), f"FINAL_VAR({name})")
+    value = final_var(namespace, name)
+    return None if value is None else _fitted(value, f"FINAL_VAR({name})")
 
 
-def _fitted(value: str | None, what: str, limit: int = _FINAL_LIMIT) -> str | None:
+def _fitted(value: str, what: str, limit: int = _FINAL_LIMIT) -> str:
     """An answer's text, cut (with a note) to ``limit`` bytes on the wire."""
-    if value is None or len(value) <= limit // 12:  # 12 bytes a character at most
+    if len(value) <= limit // 12:  # 12 bytes a character at most
         return value
     size = _wire_size(value)
     if size <= limit:

@@ -13,6 +13,7 @@ import warnings
 import pytest
 
 from rlm_magic.repl import sandbox as sandbox_module
+from rlm_magic.repl.sandbox import isolation_report
 
 from .conftest import make_rlm
 from .test_engine import repl, root_requests
@@ -189,7 +190,24 @@ async def test_the_worker_loads_neither_litellm_nor_the_package(rlm, server):
             "rlm_magic.repl",
             "rlm_magic.repl.bridge",
             "rlm_magic.repl.capture",
+            "rlm_magic.repl.finishers",
+            "rlm_magic.repl.fitting",
+            "rlm_magic.repl.helpers",
             "rlm_magic.repl.isolation",
+            "rlm_magic.repl.isolation.confinement",
+            "rlm_magic.repl.isolation.filesystem",
+            "rlm_magic.repl.isolation.landlock",
+            "rlm_magic.repl.isolation.limits",
+            "rlm_magic.repl.isolation.linux",
+            "rlm_magic.repl.isolation.namespaces",
+            "rlm_magic.repl.isolation.network",
+            "rlm_magic.repl.isolation.order",
+            "rlm_magic.repl.isolation.policy",
+            "rlm_magic.repl.isolation.privileges",
+            "rlm_magic.repl.isolation.report",
+            "rlm_magic.repl.isolation.syscalls",
+            "rlm_magic.repl.namespace",
+            "rlm_magic.repl.rewrite",
             "rlm_magic.repl.steps",
         ]
     )
@@ -495,7 +513,7 @@ async def test_without_isolation_the_result_says_so_and_a_warning_says_it_once(
     rlm, server, monkeypatch
 ):
     monkeypatch.setattr(sandbox_module.SandboxREPL, "isolate", False)
-    monkeypatch.setattr(sandbox_module, "_warned_isolation", False)
+    monkeypatch.setattr(isolation_report, "_warned_isolation", False)
     server.script("root-model", [repl("x = 1"), "FINAL(a)", repl("x = 2"), "FINAL(b)"])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

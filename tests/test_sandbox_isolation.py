@@ -133,7 +133,7 @@ def test_the_policy_binds_installed_packages_but_not_the_notebook_folder(monkeyp
     )
     assert str(packages) in policy.read_only
     assert str(notebook) not in policy.read_only and str(tmp_path) not in policy.read_only
-    assert os.path.dirname(os.path.dirname(isolation.__file__)) in policy.read_only
+    assert os.path.dirname(os.path.dirname(bridge.__file__)) in policy.read_only
 
 
 def test_a_frame_counts_its_values_not_the_commas_in_its_text_and_a_hand_made_one_counts_high():
@@ -152,8 +152,9 @@ async def test_a_worker_whose_code_cannot_be_read_fails_the_start_in_one_line(
     monkeypatch, tmp_path
 ):
     from rlm_magic.repl import sandbox
+    from rlm_magic.repl.sandbox import process
 
-    monkeypatch.setattr(sandbox, "_WORKER", str(tmp_path / "private" / "worker.py"))
+    monkeypatch.setattr(process, "_WORKER", str(tmp_path / "private" / "worker.py"))
     repl = sandbox.SandboxREPL("c", {})
     await repl.start()
     with pytest.raises(sandbox.SandboxError, match="cannot read its own code") as caught:

@@ -76,7 +76,9 @@ def pickle_frame_header(length: int) -> bytes:
 
 
 def parse_header(
-    header: bytes, limit: int | None = MAX_FROM_SANDBOX, kinds: tuple[bytes, ...] = (JSON,)
+    header: bytes | bytearray,
+    limit: int | None = MAX_FROM_SANDBOX,
+    kinds: tuple[bytes, ...] = (JSON,),
 ) -> tuple[bytes, int]:
     kind, length = HEADER.unpack(header)
     if kind not in kinds:

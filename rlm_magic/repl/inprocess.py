@@ -23,9 +23,9 @@ import io
 import itertools
 import threading
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from .base import REPL, Helpers
 from .capture import OutputSink, routing_installed
 from .steps import (
     StepInterrupted,
@@ -73,7 +73,7 @@ class AsyncREPL:
     def __init__(
         self,
         namespace: dict[str, Any],
-        helpers: dict[str, Callable[..., Awaitable[Any]]],
+        helpers: Helpers,
         loop: asyncio.AbstractEventLoop | None = None,
     ):
         self.namespace = namespace
@@ -84,6 +84,9 @@ class AsyncREPL:
         self._current: _Step | None = None
         self._closed = False
         self.last_output: StepOutput | None = None
+        # No sandbox, so no isolation to report (the REPL interface's attributes).
+        self.isolation: dict[str, Any] | None = None
+        self.network_isolated: bool | None = None
         self._sink = OutputSink()
         install_helpers(
             namespace,
@@ -99,12 +102,12 @@ class AsyncREPL:
         """The step the calling thread works for (called with the lock held). A thread
         the model's code started (a ThreadPoolExecutor's) joins the running step on its
         first call; a thread of a stopped step stays with it, and is refused."""
-        thread = threading.current_thread()
-        step = self._threads.get(thread.ident)
+        thread, ident = threading.current_thread(), threading.get_ident()
+        step = self._threads.get(ident)
         if step is None or (step.finished and not step.stopped):
             step = self._current
             if step is not None:
-                self._threads[thread.ident] = step
+                self._threads[ident] = step
                 step.threads.add(thread)
         return step
 
@@ -232,7 +235,7 @@ class AsyncREPL:
         for name in names:
             self.namespace[name] = value
 
-    def rebind(self, helpers: dict[str, Callable[..., Awaitable[Any]]]) -> None:
+    def rebind(self, helpers: Helpers) -> None:
         """Serve the helpers of the next run (a session's REPL outlives its runs)."""
         self._helpers = helpers
 
@@ -285,3 +288,7 @@ def _on_loop_thread(loop: asyncio.AbstractEventLoop) -> bool:
         return asyncio.get_running_loop() is loop
     except RuntimeError:
         return False
+
+
+if TYPE_CHECKING:
+    _: type[REPL] = AsyncREPL  # mypy checks that it has the engine's REPL interface

@@ -2,10 +2,11 @@
 
 Started by ``sandbox.SandboxREPL`` as ``python -I worker.py FD`` (FD: its end of the
 bridge) in a fresh temporary folder with an allow-listed environment. Before it reads
-the context it confines itself (``isolation.py``: namespaces, a filesystem view of its
-own, limits, no capabilities, a syscall filter) and reports which layers hold. It
-imports the standard library and the REPL's shared step code only, so it starts in a
-few tens of milliseconds and never loads litellm.
+the context it confines itself (``isolation``: namespaces, a filesystem view of its
+own, limits, no capabilities, a syscall filter) and reports which layers hold. What it
+sends is fitted to the bridge's frames (``fitting``). It imports the standard library
+and the REPL's shared step code only, so it starts in a few tens of milliseconds and
+never loads litellm.
 
 Model code runs on the main thread, so SIGINT from the kernel raises KeyboardInterrupt
 in it and keeps the namespace; a reader thread takes the kernel's messages meanwhile and
@@ -35,15 +36,25 @@ import concurrent.futures  # noqa: E402
 import contextvars  # noqa: E402
 import io  # noqa: E402
 import itertools  # noqa: E402
-import json  # noqa: E402
 import pickle  # noqa: E402
 import queue  # noqa: E402
 import signal  # noqa: E402
 import socket  # noqa: E402
 import threading  # noqa: E402
+from typing import Any  # noqa: E402
 
 from rlm_magic.repl import bridge, isolation  # noqa: E402
 from rlm_magic.repl.capture import OutputSink, routing_installed  # noqa: E402
+from rlm_magic.repl.fitting import (  # noqa: E402
+    VARIABLES_MOST,
+    batch_parts,
+    fitted,
+    fitted_finish,
+    fitted_variables,
+    joined,
+    listed_batch,
+)
+from rlm_magic.repl.helpers import BATCH_NAMES  # noqa: E402
 from rlm_magic.repl.steps import (  # noqa: E402
     StepInterrupted,
     StepOutput,
@@ -60,13 +71,6 @@ from rlm_magic.repl.steps import (  # noqa: E402
 # Output past the model's limit is not sent, but a margin is: the kernel redacts, and a
 # secret straddling the cut must be seen whole to be removed whole.
 _CUT_MARGIN = 8192
-# result.variables: values up to this size cross as JSON, larger ones as a short repr;
-# all of them together fit one frame the kernel takes (see bridge.py).
-_VARIABLE_JSON_LIMIT = 2**20
-_VARIABLES_TOTAL_LIMIT = 6 * 2**20
-_VARIABLES_MOST = 10_000  # variables listed at most (names, result.variables)
-_VARIABLES_VALUE_LIMIT = bridge.MAX_VALUES // 2
-
 _step: contextvars.ContextVar[int | None] = contextvars.ContextVar("rlm_step", default=None)
 
 
@@ -74,7 +78,8 @@ class Worker:
     def __init__(self, sock: socket.socket):
         self.sock = sock
         self.send_lock = threading.Lock()
-        self.calls: dict[int, concurrent.futures.Future] = {}
+        # By call id; the kernel's answers name one, looked up as sent.
+        self.calls: dict[Any, concurrent.futures.Future] = {}
         self.call_ids = itertools.count(1)
         self.calls_lock = threading.Lock()
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -143,30 +148,27 @@ class Worker:
         self.send({"op": "ready", "isolation": report})
 
     def confine(self, init: dict) -> dict:
-        """Apply the isolation layers in their order (see isolation.py); the kernel
-        maps our ids in between when it runs as root."""
-        confinement = isolation.Confinement(
-            isolation.Policy(**init["policy"]), enabled=init.get("isolate", True)
+        """Apply the isolation layers in their order (see isolation/order.py); the
+        kernel maps our ids in between when it runs as root."""
+
+        def ask_the_kernel_to_map_ids(needs_ids: bool) -> bool:
+            self.send({"op": "unshared", "map_ids": needs_ids})
+            return self.receive_json().get("mapped") is True
+
+        report = isolation.confine(
+            isolation.Policy(**init["policy"]),
+            enabled=init.get("isolate", True),
+            bridge_fd=self.sock.fileno(),
+            map_ids=ask_the_kernel_to_map_ids,
         )
-        needs_ids = confinement.enter_namespaces()
-        self.send({"op": "unshared", "map_ids": needs_ids})
-        mapped = self.receive_json().get("mapped") is True
-        confinement.take_ids(mapped)
-        confinement.fork_into_pid_namespace(self.sock.fileno())
-        confinement.build_filesystem()
-        confinement.set_limits()
-        confinement.drop_privileges()
-        confinement.restrict_with_landlock()
-        confinement.filter_syscalls()
-        confinement.network_check()
-        return confinement.report.as_dict()
+        return report.as_dict()
 
     # -- helper calls ------------------------------------------------------------------------
     def submit(self, name: str, args: tuple, kwargs: dict) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
-        args = _listed_batch(name, args)
+        args = listed_batch(name, args)
         if (
-            name in _BATCHES
+            name in BATCH_NAMES
             and args
             and isinstance(args[0], list)
             and len(args[0]) > bridge.MAX_VALUES // 2
@@ -197,22 +199,25 @@ class Worker:
         )
         too_big = bridge.oversize(data[bridge.HEADER.size :])
         if too_big:  # a batch goes in parts that fit; anything else is refused here
-            parts = _batch_parts(name, args, kwargs)
+            parts = batch_parts(name, args, kwargs)
             if parts is None:
                 future.set_exception(ValueError(f"{name}(): {too_big}; send less per call"))
                 return future
-            return _joined(
+            return joined(
                 [self.submit(name, part_args, part_kwargs) for part_args, part_kwargs in parts]
             )
         with self.calls_lock:
             self.calls[call_id] = future
         with self.send_lock:
             self.sock.sendall(data)
+
         # Model code that stops waiting (a cancelled task, wait_for's timeout) stops the
         # call in the kernel too, as in-process: else it would run on, and be billed.
-        future.add_done_callback(
-            lambda done: done.cancelled() and self.send({"op": "cancel", "id": call_id})
-        )
+        def stop_in_the_kernel(done: concurrent.futures.Future) -> None:
+            if done.cancelled():
+                self.send({"op": "cancel", "id": call_id})
+
+        future.add_done_callback(stop_in_the_kernel)
         return future
 
     def read_forever(self) -> None:
@@ -268,10 +273,10 @@ class Worker:
                     }
                 )
             elif op == "names":
-                names = user_variables(self.namespace)[:_VARIABLES_MOST]
+                names = user_variables(self.namespace)[:VARIABLES_MOST]
                 self.send({"op": "names", "names": names})
             elif op == "variables":
-                self.send({"op": "variables", "variables": self.variables()})
+                self.send({"op": "variables", "variables": fitted_variables(self.namespace)})
             elif op == "context":
                 if "error" not in message:
                     for name in message.get("names") or ():
@@ -310,90 +315,20 @@ class Worker:
             "dropped": dropped,
             # The answer of a block that finished the run, fitted beside the
             # step's texts so the frame stays under the bridge's limit.
-            "finish": _fitted_finish(output.finish),
+            "finish": fitted_finish(output.finish),
             "restored": output.restored,
             **{key: text[:keep] if text else text for key, text in parts.items()},
         }
 
-    def variables(self) -> dict:
-        """The model's variables as JSON data where they are JSON-safe and not too
-        large, else as a (shortened) repr."""
-        out, total, values = {}, 0, 0
-        for name in user_variables(self.namespace)[:_VARIABLES_MOST]:
-            value = self.namespace[name]
-            if total >= _VARIABLES_TOTAL_LIMIT:  # the rest by type only: one frame holds all
-                out[name] = {
-                    "repr": "<not returned: the variables are too large>",
-                    "type": type(value).__name__[:200],
-                }
-                continue
-            try:
-                json.dumps(value, allow_nan=False)  # JSON data, or not
-                encoded = bridge.frame({"v": value})[bridge.HEADER.size :]
-            except (TypeError, ValueError, RecursionError):
-                encoded = None
-            # Limits count bytes and values as the kernel does (see bridge.py).
-            size = len(encoded) if encoded is not None else 0
-            count = bridge.count_values(encoded) if encoded is not None else 0
-            if (
-                encoded is not None
-                and size <= min(_VARIABLE_JSON_LIMIT, _VARIABLES_TOTAL_LIMIT - total)
-                and values + count <= _VARIABLES_VALUE_LIMIT
-            ):
-                out[name], total, values = {"json": value}, total + size, values + count
-                continue
-            try:
-                text = repr(value)
-            except Exception as exc:  # noqa: BLE001 - a broken __repr__ is the model's
-                text = f"<{type(value).__name__}: repr failed: {exc}>"
-            if len(text) > 10_000:
-                text = text[:10_000] + f"... [{len(text):,} characters; too large to return]"
-            out[name], total = (
-                {"repr": text, "type": type(value).__name__[:200]},
-                total + _wire_size(text),
-            )
-            values += 3
-        return out
 
-
-def _wire_size(value) -> int:
-    """Bytes ``value`` takes in a frame (strings escaped as ``bridge.frame`` does)."""
-    return len(bridge.frame({"v": value})) - 16
-
-
-# FINAL_VAR's text beyond this many bytes on the wire is cut (with a note), so its
-# frame stays under the bridge's limit.
-_FINAL_LIMIT = bridge.MAX_FROM_SANDBOX - 2**20
 # Each text of a step's result (output, value, error) is cut to this many characters
 # at most, whatever max_output_chars says: the three fit one frame.
 _STEP_TEXT_LIMIT = 2**17  # x 12 bytes (an escaped astral character) x 3 < 8 MB
 
-_BATCHES = ("llm_query_batch", "llm_query_batched", "rlm_query_batch", "rlm_query_batched")
-
-
-def _fitted_finish(finish: list[str] | None) -> list[str] | None:
-    if finish is None:
-        return None
-    how, answer = finish
-    return [how, _fitted(answer, "the FINAL answer", _FINAL_LIMIT // 2)]
-
 
 def final_text(namespace: dict, name: str) -> str | None:
-    return _fitted(final_var(namespace, name), f"FINAL_VAR({name})")
-
-
-def _fitted(value: str | None, what: str, limit: int = _FINAL_LIMIT) -> str | None:
-    """An answer's text, cut (with a note) to ``limit`` bytes on the wire."""
-    if value is None or len(value) <= limit // 12:  # 12 bytes a character at most
-        return value
-    size = _wire_size(value)
-    if size <= limit:
-        return value
-    keep = int(len(value) * limit / size * 0.9)
-    return (
-        value[:keep] + f"\n... [{what} holds {len(value):,} characters, more than "
-        f"the sandbox returns ({limit:,} bytes); the rest is cut]"
-    )
+    value = final_var(namespace, name)
+    return None if value is None else fitted(value, f"FINAL_VAR({name})")
 
 
 def _with_refused(message: dict):
@@ -405,78 +340,6 @@ def _with_refused(message: dict):
         if isinstance(count, int) and 0 < count <= bridge.MAX_VALUES:
             value = value + [str(refused.get("error"))] * count
     return value
-
-
-def _listed_batch(name: str, args: tuple) -> tuple:
-    """A batch's prompts (and contexts) as lists, so they can be split."""
-    if name not in _BATCHES:
-        return args
-    return tuple(
-        list(a) if i < 2 and not isinstance(a, (str, bytes, dict)) and hasattr(a, "__iter__") else a
-        for i, a in enumerate(args)
-    )
-
-
-def _batch_parts(name: str, args: tuple, kwargs: dict):
-    """A batch too large for one frame as parts that fit, or None if it cannot be split
-    (a single item too large, or more prompts than any run's budget: refused whole)."""
-    prompts = args[0] if args else None
-    if (
-        name not in _BATCHES
-        or not isinstance(prompts, list)
-        or not 2 <= len(prompts) <= bridge.MAX_VALUES // 2
-    ):
-        return None
-    contexts = args[1] if len(args) > 1 else kwargs.get("contexts")
-    room, bounds, size, start = bridge.MAX_FROM_SANDBOX * 3 // 4, [], 0, 0
-    for index, prompt in enumerate(prompts):
-        item = _wire_size(prompt) + (
-            _wire_size(contexts[index]) if isinstance(contexts, list) else 0
-        )
-        if item > room:
-            return None
-        if size + item > room:
-            bounds.append(slice(start, index))
-            start, size = index, 0
-        size += item
-    bounds.append(slice(start, None))
-    halves = []
-    for part in bounds:
-        part_args = [prompts[part], *args[1:]]
-        part_kwargs = dict(kwargs)
-        if len(args) > 1 and isinstance(args[1], list) and len(args[1]) == len(prompts):
-            part_args[1] = args[1][part]
-        elif isinstance(kwargs.get("contexts"), list) and len(kwargs["contexts"]) == len(prompts):
-            part_kwargs["contexts"] = kwargs["contexts"][part]
-        halves.append((tuple(part_args), part_kwargs))
-    return halves
-
-
-def _joined(parts: list[concurrent.futures.Future]) -> concurrent.futures.Future:
-    """One future for a batch sent in parts: their answers in order, or the first
-    error; cancelling it cancels them all."""
-    whole: concurrent.futures.Future = concurrent.futures.Future()
-    lock = threading.Lock()
-
-    def settle(_):
-        with lock:
-            if whole.done():
-                return
-            for part in parts:
-                if part.done() and not part.cancelled() and part.exception() is not None:
-                    whole.set_exception(part.exception())
-                    return
-            if not all(part.done() for part in parts):
-                return
-            if any(part.cancelled() for part in parts):
-                whole.cancel()
-                return
-            whole.set_result([answer for part in parts for answer in part.result()])
-
-    whole.add_done_callback(lambda done: done.cancelled() and [p.cancel() for p in parts])
-    for part in parts:
-        part.add_done_callback(settle)
-    return whole
 
 
 def _on_sigint(worker: Worker):

@@ -21,6 +21,7 @@ from ..llm.redaction import off_loop_if_large, redact_messages
 from ..llm.transports import close_loop_clients
 from ..llm.usage import SESSION_LEDGER, UsageLedger
 from ..llm.windows import answer_room, chars_per_token, is_context_error
+from ..repl.base import SandboxSettings
 from ..repl.inprocess import AsyncREPL
 from ..repl.sandbox import SandboxREPL
 from ..repl.steps import FINISHERS, preloaded, repl_builtins
@@ -287,10 +288,9 @@ class Run:
                 self.repl = SandboxREPL(
                     self.context,
                     self.calls.helpers(),
-                    memory_mb=self.rlm.sandbox_memory_mb,
                     max_output_chars=self.max_output_chars,
                     secrets=tuple(self.rlm.configured_secrets()),
-                    settings=self.rlm,
+                    settings=SandboxSettings.from_config(self.rlm),
                     sub_calls_left=self.tree.sub_calls_left,
                 )
                 await self.repl.start()  # the process starts while the root model thinks
@@ -338,11 +338,10 @@ class Run:
                 self.repl = session.repl = SandboxREPL(
                     context,
                     helpers,
-                    memory_mb=self.rlm.sandbox_memory_mb,
                     max_output_chars=self.max_output_chars,
                     secrets=tuple(self.rlm.configured_secrets()),
                     context_names=names[:1],
-                    settings=self.rlm,
+                    settings=SandboxSettings.from_config(self.rlm),
                     sub_calls_left=self.tree.sub_calls_left,
                 )
                 try:

@@ -1,0 +1,87 @@
+"""What the engine needs of a REPL, typed: the ``REPL`` interface both REPLs implement
+(``AsyncREPL`` in threads of this kernel, ``SandboxREPL`` in a process of its own), and
+``SandboxSettings``, the plain values a sandbox runs with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .steps import StepOutput
+
+if TYPE_CHECKING:
+    from ..config import RLMConfig
+
+# The helpers model code calls, by name: coroutine functions served on the kernel's loop.
+Helpers = dict[str, Callable[..., Coroutine[Any, Any, Any]]]
+
+
+class REPL(Protocol):
+    """A namespace that lives for a run (or a session's runs) and runs blocks in it.
+
+    The readers are async because a sandbox has to ask its process."""
+
+    # The running or last block; after a cancelled ``run``, what is known of it.
+    last_output: StepOutput | None
+    # The isolation layers in force (``result.isolation``); None where no sandbox is.
+    isolation: dict[str, Any] | None
+    network_isolated: bool | None
+
+    async def run(self, code: str, timeout: float | None = None) -> StepOutput:
+        """Run one block; never raises for errors in the code itself. If cancelled, it
+        stops the block and re-raises."""
+        ...
+
+    async def final_var(self, name: str) -> str | None:
+        """What ``FINAL_VAR(name)`` answers, or None when there is no such variable."""
+        ...
+
+    async def set_variable(self, name: str, value: Any) -> None: ...
+
+    async def set_context(self, value: Any, names: list[str]) -> None:
+        """A new context, under each of ``names``."""
+        ...
+
+    def rebind(self, helpers: Helpers) -> None:
+        """Serve the helpers of the next run (a session's REPL outlives its runs)."""
+        ...
+
+    async def variable_names(self) -> list[str]:
+        """The names of the variables the model made."""
+        ...
+
+    async def variables(self) -> dict[str, Any]:
+        """The model's variables (``result.variables``)."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+    def close(self) -> None:
+        """``aclose`` without a loop to wait on (the kernel is shutting down)."""
+        ...
+
+
+@dataclass(frozen=True)
+class SandboxSettings:
+    """The settings a sandbox runs with, read once when its REPL is made."""
+
+    memory_mb: int | None = 4096  # address space, per process; None: no limit
+    disk_mb: int = 512  # the working folder's size (a tmpfs)
+    max_processes: int = 128  # processes and threads at once
+    env_names: tuple[str, ...] = ()  # environment variables it may see besides the allowed
+    require_isolation: bool = False  # refuse to start unless every required layer holds
+    max_sub_calls: int | None = None  # named when a batch is cut to the run's budget
+
+    @classmethod
+    def from_config(cls, config: RLMConfig) -> SandboxSettings:
+        """The ``RLM.sandbox_*`` settings (and ``max_sub_calls``) as they are now."""
+        return cls(
+            memory_mb=config.sandbox_memory_mb,
+            disk_mb=config.sandbox_disk_mb,
+            max_processes=config.sandbox_max_processes,
+            env_names=tuple(config.sandbox_env or ()),
+            require_isolation=bool(config.sandbox_require_isolation),
+            max_sub_calls=config.max_sub_calls,
+        )

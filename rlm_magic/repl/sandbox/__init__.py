@@ -1,0 +1,22 @@
+"""The sandboxed REPL: model code runs in a process of its own (``worker.py``), and the
+helpers it calls are served on the kernel's loop, over the bridge.
+
+``repl`` holds ``SandboxREPL``, the REPL the engine runs; ``process`` a sandbox
+process's life (start, handshake, frames, end); ``calls`` the helper calls it makes;
+``isolation_report`` what the kernel makes of the layers the worker reports;
+``environment`` the environment it gets.
+"""
+
+from __future__ import annotations
+
+from .environment import ENVIRONMENT_ALLOWED, sandbox_environment
+from .process import SandboxError
+from .repl import SandboxREPL, SandboxRepr
+
+__all__ = [
+    "ENVIRONMENT_ALLOWED",
+    "SandboxError",
+    "SandboxREPL",
+    "SandboxRepr",
+    "sandbox_environment",
+]

@@ -1,0 +1,404 @@
+"""The sandboxed REPL: model code runs in a process of its own (``worker.py``), and the
+helpers it calls are served here, on the kernel's loop, over the bridge.
+
+``SandboxREPL`` has the in-process REPL's interface (``base.REPL``), so the engine runs
+either. What it adds is the trust boundary: everything the sandbox sends is framed JSON
+under a size limit, checked before use; a sandbox that breaks the protocol, crashes or
+will not stop is killed, the step reports it, and the next step runs in a fresh sandbox
+whose namespace holds only ``context`` and the helpers again. The process's own life is
+in ``process``; the helper calls it makes are served by ``calls``. What is left here,
+about 400 lines, is one concept: the REPL interface's requests, and the listener that
+pairs the sandbox's answers with them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import pickle
+import signal
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .. import bridge, isolation
+from ..base import REPL, Helpers, SandboxSettings
+from ..steps import StepOutput
+from .calls import HelperCalls
+from .isolation_report import insist_on_isolation, read_isolation
+from .process import SandboxError, SandboxProcess, spawn
+
+_step_ids = itertools.count(1)
+
+
+class SandboxRepr(str):
+    """A value that stayed in the sandbox: its ``repr`` there, shown as written."""
+
+    type_name: str
+
+    def __new__(cls, text: str, type_name: str = ""):
+        value = super().__new__(cls, text)
+        value.type_name = type_name
+        return value
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+class SandboxREPL:
+    """A REPL whose namespace lives in a sandbox process for the whole run.
+
+    ``helpers`` maps names to coroutine functions served on this loop (the kernel's).
+    """
+
+    # SIGINT stops a step and keeps the namespace; a step that does not stop this soon
+    # after is killed with its process.
+    STOP_GRACE_S = 0.5
+    # Off only in tests and benchmarks: a machine where the OS refuses every layer.
+    isolate = True
+
+    def __init__(
+        self,
+        context: Any,
+        helpers: Helpers,
+        *,
+        max_output_chars: int = 20_000,
+        secrets: tuple[str | None, ...] = (),
+        context_names: tuple[str, ...] = (),
+        settings: SandboxSettings | None = None,
+        sub_calls_left: Callable[[], int] | None = None,
+    ):
+        self.context = context
+        # Names the context also goes by (a session's context_0): one copy, many names.
+        self.context_names = ("context", *context_names)
+        self.max_output_chars = max_output_chars
+        self.secrets = secrets
+        self.settings = settings or SandboxSettings()
+        self.loop = asyncio.get_running_loop()
+        self.calls = HelperCalls(helpers, self.loop, sub_calls_left, self.settings.max_sub_calls)
+        self.last_output: StepOutput | None = None
+        self.network_isolated: bool | None = None
+        self.isolation: dict[str, Any] | None = None  # the layers in force (result.isolation)
+        self._sandbox: SandboxProcess | None = None
+        self._starting: asyncio.Task | None = None
+        self._listener: asyncio.Task | None = None
+        self._pickled: bytes | None = None
+        self._reply: asyncio.Future | None = None  # the one request awaiting an answer
+        self._reply_op = ""
+        self._step: int | None = None  # the step whose helper calls are served
+        self._overdue: list[str] = []  # replies to requests that timed out
+        self._closed = False
+
+    # -- life cycle ----------------------------------------------------------------------
+    async def start(self) -> None:
+        """Pickle the context (a context that cannot cross fails the run here, before
+        any model is paid) and begin starting the sandbox; its first use waits for it."""
+        try:
+            # Off the loop: a large context takes a while to pickle.
+            self._pickled = await asyncio.to_thread(
+                pickle.dumps, self.context, pickle.HIGHEST_PROTOCOL
+            )
+        except Exception as exc:  # noqa: BLE001 - any pickling failure, one line
+            raise SandboxError(
+                f"the context ({type(self.context).__name__}) cannot be sent to the "
+                f"sandbox: {type(exc).__name__}: {exc}; run with --no-sandbox "
+                "(RLM.sandbox = 'none')"
+            ) from None
+        self._starting = self.loop.create_task(self._start())
+
+    async def _ready(self) -> SandboxProcess:
+        if self._closed:
+            raise RuntimeError("this REPL is closed")
+        if self._starting is None:
+            raise RuntimeError("SandboxREPL.start() was not awaited")
+        if self._starting.done() and self._sandbox is not None and self._sandbox.dead:
+            self._starting = self.loop.create_task(self._start())
+        return await asyncio.shield(self._starting)
+
+    async def _start(self) -> SandboxProcess:
+        old = self._sandbox
+        if old is not None:
+            if self._listener is not None:
+                self._listener.cancel()
+            await old.end()
+        assert self._pickled is not None  # by start()
+        sandbox = self._sandbox = spawn(self.secrets, self.settings.env_names)
+        policy = isolation.policy_for(
+            sandbox.workdir,
+            memory_mb=self.settings.memory_mb,
+            max_processes=self.settings.max_processes,
+            disk_mb=self.settings.disk_mb,
+            host_maps_ids=os.geteuid() == 0,
+        )
+        init = bridge.frame(
+            {
+                "op": "init",
+                "helpers": sorted(self.calls.helpers),
+                "context_names": list(self.context_names),
+                "policy": vars(policy),
+                "isolate": self.isolate,
+            }
+        )
+        try:
+            report = await sandbox.handshake(init, self._pickled)
+            self.isolation = read_isolation(report)
+            self.network_isolated = self.isolation["network"]
+            sandbox.relays = self.isolation["pid"]
+            insist_on_isolation(self.isolation, self.settings.require_isolation)
+        except BaseException as exc:  # cancelled too: no process or folder is left behind
+            sandbox.dead = "failed to start"
+            await sandbox.end()
+            if isinstance(
+                exc, (bridge.BridgeError, EOFError, OSError, asyncio.IncompleteReadError)
+            ):
+                raise SandboxError(f"the sandbox process did not start: {exc}") from None
+            raise
+        self._listener = self.loop.create_task(self._listen(sandbox))
+        return sandbox
+
+    async def aclose(self) -> None:
+        """End the sandbox, however the run ended; no helper call is served again."""
+        self._closed = True
+        self._step = None
+        self.calls.cancel_all()
+        starting, self._starting = self._starting, None
+        if starting is not None:
+            # Cancelled if still starting; a start that failed is read here, so asyncio
+            # does not log "Task exception was never retrieved" for a run that ran no code.
+            starting.cancel()
+            await asyncio.gather(starting, return_exceptions=True)
+        if self._listener is not None:
+            self._listener.cancel()
+        if self._sandbox is not None:
+            self._sandbox.dead = self._sandbox.dead or "closed"
+            await self._sandbox.end()
+
+    def close(self) -> None:
+        """End the sandbox without a loop to wait on: its process is killed and reaped,
+        its socket closed and its folder removed, as ``aclose`` does."""
+        self._closed = True
+        sandbox = self._sandbox
+        if sandbox is not None:
+            sandbox.dead = sandbox.dead or "closed"
+            sandbox.end_now()
+
+    # -- the wire -----------------------------------------------------------------------------
+    async def _listen(self, sandbox: SandboxProcess) -> None:
+        """Read everything the sandbox sends, until it dies or breaks the protocol."""
+        try:
+            while not sandbox.dead:
+                message = await sandbox.read()
+                if message["op"] == "call":
+                    self.calls.serve(sandbox, message, None if self._closed else self._step)
+                elif message["op"] == "cancel":
+                    self.calls.cancel(message.get("id"))
+                elif self._reply is not None and message["op"] == self._reply_op:
+                    if not self._reply.done():
+                        self._reply.set_result(message)
+                elif message["op"] in self._overdue:
+                    self._overdue.remove(message["op"])  # an answer we stopped waiting for
+                else:
+                    raise bridge.BridgeError(f"an unexpected {message['op']!r} message")
+        except asyncio.CancelledError:
+            raise
+        except (asyncio.IncompleteReadError, ConnectionError, OSError):
+            sandbox.dead = sandbox.dead or await sandbox.exit_reason()
+        except bridge.BridgeError as exc:
+            sandbox.dead = sandbox.dead or f"it broke the bridge protocol: {exc}"
+        except Exception as exc:  # noqa: BLE001 - anything odd from the sandbox ends it
+            sandbox.dead = sandbox.dead or (
+                f"it broke the bridge protocol: {type(exc).__name__}: {exc}"
+            )
+        sandbox.kill()
+        if self._reply is not None and not self._reply.done():
+            self._reply.set_exception(SandboxError(sandbox.dead))
+
+    async def _request(self, op: str, reply_op: str, timeout: float, **fields) -> dict:
+        sandbox = await self._ready()
+        if sandbox.dead:
+            raise SandboxError(sandbox.dead)
+        reply = self._expect(reply_op)
+        try:
+            sandbox.send({"op": op, **fields})
+            return await self._await_reply(reply, reply_op, timeout)
+        finally:
+            self._reply = None
+
+    # -- running steps ------------------------------------------------------------------------
+    async def run(self, code: str, timeout: float | None = None) -> StepOutput:
+        """Run one block in the sandbox; never raises for errors in the code itself or a
+        crash of the sandbox. If cancelled, it stops the step and re-raises;
+        ``last_output`` then holds what is known of the step."""
+        output = self.last_output = StepOutput(code=code)
+        step = next(_step_ids)
+        sandbox = await self._ready()  # start-up belongs to the run, not to this step
+        started = time.perf_counter()
+        reply = self._expect("done")
+        self._step = step
+        try:
+            sandbox.send({"op": "run", "step": step, "code": code, "limit": self.max_output_chars})
+            self._take(output, await asyncio.wait_for(asyncio.shield(reply), timeout))
+        except asyncio.TimeoutError:
+            await self._stop(sandbox, reply, output)
+            output.timed_out = True
+            output.error = (
+                f"TimeoutError: this step ran longer than {timeout:g}s and was "
+                "stopped" + self._lost_note(sandbox)
+            )
+        except asyncio.CancelledError:
+            try:
+                await self._stop(sandbox, reply, output)
+            finally:
+                output.error = "KeyboardInterrupt: the run was interrupted"
+            raise
+        except (SandboxError, bridge.BridgeError) as exc:
+            sandbox.kill_because(str(exc))
+            output.error = f"SandboxError: {sandbox.dead}" + self._lost_note(sandbox)
+        finally:
+            self._step = None
+            self._reply = None
+            output.elapsed_s = time.perf_counter() - started
+        return output
+
+    def _expect(self, op: str) -> asyncio.Future:
+        """The future the listener resolves with the sandbox's next ``op`` message."""
+        reply = self._reply = self.loop.create_future()
+        self._reply_op = op
+        reply.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved
+        return reply
+
+    def _take(self, output: StepOutput, reply: dict) -> None:
+        for key in ("stdout", "value", "error"):
+            value = reply.get(key)
+            if value is not None and not isinstance(value, str):
+                raise bridge.BridgeError(f"a step result whose {key} is not text")
+        output.stdout = reply.get("stdout") or ""
+        output.value, output.error = reply.get("value"), reply.get("error")
+        dropped = reply.get("dropped")
+        output.dropped_chars = dropped if isinstance(dropped, int) and dropped > 0 else 0
+        finish, restored = reply.get("finish"), reply.get("restored")
+        if finish is not None and not (
+            isinstance(finish, list)
+            and len(finish) == 2
+            and all(isinstance(x, str) for x in finish)
+        ):
+            raise bridge.BridgeError("a step result whose finish is not [how, answer]")
+        output.finish = finish
+        output.restored = (
+            [name for name in restored if isinstance(name, str)][:50]
+            if isinstance(restored, list)
+            else []
+        )
+
+    async def _stop(
+        self, sandbox: SandboxProcess, reply: asyncio.Future, output: StepOutput
+    ) -> None:
+        """SIGINT first, which keeps the namespace; SIGKILL if the step is still running
+        after the grace period. Helper calls in flight are cancelled either way."""
+        self._step = None
+        self.calls.cancel_all()
+        sandbox.signal(signal.SIGINT)
+        stopped = False
+        try:
+            self._take(output, await asyncio.wait_for(asyncio.shield(reply), self.STOP_GRACE_S))
+            stopped = True
+        except (asyncio.TimeoutError, SandboxError, bridge.BridgeError):
+            pass
+        finally:
+            if not stopped:  # also when cancelled again meanwhile: no step left running
+                sandbox.kill_because("the step did not stop, so its process was killed")
+
+    def _lost_note(self, sandbox: SandboxProcess | None) -> str:
+        if sandbox is None or not sandbox.dead:
+            return ""
+        return (
+            "\nThe sandbox was restarted for your next step: every variable you made "
+            "is lost; `context` and the helpers are there again."
+        )
+
+    # -- what the engine reads -----------------------------------------------------------
+    async def final_var(self, name: str) -> str | None:
+        value = (await self._request("final_var", "final_var", timeout=30, name=name)).get("value")
+        return value if isinstance(value, str) else None
+
+    def rebind(self, helpers: Helpers) -> None:
+        """Serve the helpers of the next run (a session's REPL outlives its runs)."""
+        self.calls.helpers = helpers
+
+    async def set_context(self, value: Any, names: list[str]) -> None:
+        """Send a new context (pickled, kernel to sandbox only) under ``names``; a
+        restarted sandbox gets it as ``context``."""
+        try:
+            pickled = await asyncio.to_thread(pickle.dumps, value, pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # noqa: BLE001 - any pickling failure, one line
+            raise SandboxError(
+                f"the context ({type(value).__name__}) cannot be sent to the "
+                f"sandbox: {type(exc).__name__}: {exc}"
+            ) from None
+        sandbox = await self._ready()
+        if sandbox.dead:
+            raise SandboxError(sandbox.dead)
+        reply = self._expect("context")
+        try:
+            sandbox.write(
+                bridge.frame({"op": "context", "names": names})
+                + bridge.pickle_frame_header(len(pickled))
+                + pickled
+            )
+            answer = await self._await_reply(reply, "context", 60)
+        finally:
+            self._reply = None
+        if answer.get("error"):
+            raise SandboxError(str(answer["error"])[:500])
+        self._pickled = pickled
+        self.context_names = ("context",)  # a restarted sandbox gets the latest as context
+
+    async def set_variable(self, name: str, value: Any) -> None:
+        """Put JSON data into the sandbox's namespace (only ever sent to it, as JSON).
+        Framed in a thread: a long conversation (``history``) is megabytes of JSON."""
+        framed = await asyncio.to_thread(bridge.frame, {"op": "set", "name": name, "value": value})
+        sandbox = await self._ready()
+        if sandbox.dead:
+            raise SandboxError(sandbox.dead)
+        reply = self._expect("set")
+        try:
+            sandbox.write(framed)
+            await self._await_reply(reply, "set", 30)
+        finally:
+            self._reply = None
+
+    async def _await_reply(self, reply: asyncio.Future, op: str, timeout: float) -> dict:
+        try:
+            return await asyncio.wait_for(asyncio.shield(reply), timeout)
+        except asyncio.TimeoutError:
+            self._overdue.append(op)  # if it still comes, it is no protocol breach
+            raise SandboxError(f"the sandbox did not answer {op!r} within {timeout:g}s") from None
+
+    async def variable_names(self) -> list[str]:
+        names = (await self._request("names", "names", timeout=30)).get("names")
+        return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
+
+    async def variables(self) -> dict[str, Any]:
+        """The model's variables as JSON data, or ``SandboxRepr`` strings for the rest.
+        Empty if the sandbox is gone or does not answer in time."""
+        sandbox = self._sandbox
+        if sandbox is None or sandbox.dead or self._closed:
+            return {}
+        try:
+            data = (await self._request("variables", "variables", timeout=5)).get("variables")
+        except (SandboxError, asyncio.TimeoutError, bridge.BridgeError):
+            return {}
+        out = {}
+        for name, entry in (data or {}).items() if isinstance(data, dict) else ():
+            if not isinstance(name, str) or not isinstance(entry, dict):
+                continue
+            if "json" in entry:
+                out[name] = entry["json"]
+            elif isinstance(entry.get("repr"), str):
+                out[name] = SandboxRepr(entry["repr"], str(entry.get("type", "")))
+        return out
+
+
+if TYPE_CHECKING:
+    _: type[REPL] = SandboxREPL  # mypy checks that it has the engine's REPL interface

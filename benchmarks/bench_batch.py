@@ -36,6 +36,7 @@ import aiohttp  # noqa: E402
 import openai  # noqa: E402
 
 import rlm_magic  # noqa: E402
+from rlm_magic.jupyter.helpers import NotebookHelpers as helpers  # noqa: E402
 from rlm_magic.llm.litellm_loader import import_litellm  # noqa: E402
 
 # The same import path as rlm_magic's (it also freezes litellm's objects out of the
@@ -211,7 +212,7 @@ class Bench:
         return self.rlms[concurrency]
 
     async def llm_query_batch(self, n: int, concurrency: int | None = None) -> list:
-        return await self.rlm(concurrency or n).helpers.llm_query_batch(prompts_for(n))
+        return await helpers(self.rlm(concurrency or n)).llm_query_batch(prompts_for(n))
 
     # -- timing --------------------------------------------------------------------------
     def run(self, method, n: int, **kwargs) -> list:

@@ -28,6 +28,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from benchmarks.bench_batch import ServerProcess  # noqa: E402
 from rlm_magic import RLM  # noqa: E402
+from rlm_magic.jupyter.helpers import NotebookHelpers as helpers  # noqa: E402
 from rlm_magic.llm.litellm_loader import import_litellm  # noqa: E402
 from rlm_magic.maps.jobs import batch_job  # noqa: E402
 
@@ -66,7 +67,7 @@ async def main(n: int, chars: int) -> None:
             stalls: list[float] = []
             beat = asyncio.ensure_future(heartbeat(stalls))
             started = time.perf_counter()
-            answers = await rlm.helpers.llm_query_batch(prompts, batch_job=True)
+            answers = await helpers(rlm).llm_query_batch(prompts, batch_job=True)
             elapsed = time.perf_counter() - started
             beat.cancel()
             grown = peak_rss_mb() - before

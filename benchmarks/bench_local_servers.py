@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from rlm_magic import RLM  # noqa: E402
+from rlm_magic.jupyter.helpers import NotebookHelpers as helpers  # noqa: E402
 from tests.llm_server import FakeLLMServer  # noqa: E402
 
 ANSWER_TOKENS = 4096
@@ -62,7 +63,7 @@ async def run(server: FakeLLMServer, scale: float, stream: bool, wire: bool) -> 
         wire_transport=wire,
     )
     started = time.perf_counter()
-    answers = await rlm.helpers.llm_query_batch(
+    answers = await helpers(rlm).llm_query_batch(
         [f"Summarise log part {i}" for i in range(PROMPTS)], return_exceptions=True
     )
     elapsed = time.perf_counter() - started

@@ -41,6 +41,7 @@ if str(ROOT) not in sys.path:
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from rlm_magic import RLM  # noqa: E402
+from rlm_magic.jupyter.helpers import NotebookHelpers as helpers  # noqa: E402
 
 LATENCY = 0.3
 
@@ -161,7 +162,7 @@ async def run_once(server: ServerProcess, scenario: Scenario) -> tuple[float, in
     body = "x" * (scenario.prompt_chars - 8)
     prompts = [f"{i:06d} {body}" for i in range(scenario.prompts)]
     started = time.perf_counter()
-    answers = await rlm.helpers.llm_query_batch(prompts, return_exceptions=True)
+    answers = await helpers(rlm).llm_query_batch(prompts, return_exceptions=True)
     wall = time.perf_counter() - started
     failed = sum(isinstance(a, BaseException) for a in answers)
     from rlm_magic.llm.transports import close_loop_clients

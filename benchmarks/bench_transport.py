@@ -40,6 +40,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import aiohttp  # noqa: E402
 
 import rlm_magic  # noqa: E402
+from rlm_magic.jupyter.helpers import NotebookHelpers as helpers  # noqa: E402
 from rlm_magic.llm.litellm_loader import import_litellm  # noqa: E402
 from rlm_magic.llm.transports import close_loop_clients  # noqa: E402
 
@@ -147,7 +148,7 @@ def batch(wire: bool, progress: bool):
             wire_transport=wire,
             max_retries=0,
         )
-        return await rlm.helpers.llm_query_batch(prompts(n))
+        return await helpers(rlm).llm_query_batch(prompts(n))
 
     return run
 

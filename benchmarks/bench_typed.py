@@ -28,6 +28,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 from pydantic import BaseModel  # noqa: E402
 
 from rlm_magic import RLM  # noqa: E402
+from rlm_magic.jupyter.helpers import NotebookHelpers as helpers  # noqa: E402
 from rlm_magic.llm.litellm_loader import import_litellm  # noqa: E402
 
 SERVER = """
@@ -50,7 +51,7 @@ class Label(BaseModel):
 async def cpu_per_call(rlm: RLM, n: int, typed: bool) -> float:
     prompts = [f"Sentiment of review {i}: it works" for i in range(n)]
     started = time.process_time()
-    answers = await rlm.helpers.llm_query_batch(
+    answers = await helpers(rlm).llm_query_batch(
         prompts, response_format=Label if typed else None, resume=False
     )
     spent = time.process_time() - started

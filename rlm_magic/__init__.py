@@ -17,8 +17,8 @@ from .errors import (
 )
 from .jupyter.helpers import interrupted_batch
 from .llm.usage import CallRecord, UsageLedger, UsageSummary, usage
-from .rlm.engine import RLM
 from .rlm.result import CodeRun, Compaction, Iteration, RLMResult
+from .rlm.runner import RLM
 from .rlm.session import RLMSession
 
 __version__ = "0.1.0"

@@ -7,6 +7,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import pytest  # noqa: E402
 
 from rlm_magic import RLM  # noqa: E402
+from rlm_magic.jupyter.helpers import NotebookHelpers  # noqa: E402
 
 from .llm_server import FakeLLMServer  # noqa: E402
 
@@ -65,6 +66,12 @@ def server(llm_server, litellm_imported):
     yield llm_server
     llm_server.reset()
     profiles.forget()
+
+
+def helpers(rlm: RLM) -> NotebookHelpers:
+    """The notebook's helpers bound to ``rlm``, as ``%load_ext rlm_magic`` puts them in a
+    notebook."""
+    return NotebookHelpers(rlm)
 
 
 def make_rlm(server, **settings) -> RLM:

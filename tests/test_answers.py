@@ -9,7 +9,7 @@ import pytest
 
 from rlm_magic import LLMQueryError
 
-from .conftest import make_rlm
+from .conftest import helpers, make_rlm
 
 
 def repl(code: str) -> str:
@@ -112,6 +112,6 @@ async def test_a_key_quoted_in_a_providers_error_reaches_no_error_text(server, w
     errors = [r.error for r in rlm.client.ledger.records if r.error]
     assert errors and not any(key in e for e in errors)
     with pytest.raises(LLMQueryError) as raised:
-        await rlm.helpers.llm_query("again")
+        await helpers(rlm).llm_query("again")
     shown = "".join(traceback.format_exception(raised.value))  # causes included
     assert "Bearer [REDACTED]" in shown and key not in shown

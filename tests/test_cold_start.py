@@ -13,12 +13,13 @@ pytestmark = pytest.mark.slow
 FIRST_BATCH = """
 import asyncio, sys
 from rlm_magic import RLM
+from rlm_magic.jupyter.helpers import NotebookHelpers
 
 async def main():
     rlm = RLM(model="openai/root-model", sub_model="openai/sub-model", api_base=sys.argv[1],
               api_key="sk-test", progress=True)
     assert "litellm" not in sys.modules
-    print(await rlm.helpers.llm_query_batch(["a", "b"]))
+    print(await NotebookHelpers(rlm).llm_query_batch(["a", "b"]))
 
 asyncio.run(main())
 """

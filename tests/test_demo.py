@@ -74,12 +74,13 @@ def test_starting_the_demo_does_not_wait_for_litellm():
     code = """if True:
         import asyncio, sys, time
         from rlm_magic import RLM, demo
+        from rlm_magic.jupyter.helpers import NotebookHelpers
         rlm = RLM(progress=False)
         started = time.perf_counter()
         demo.start(rlm)
         print(round(time.perf_counter() - started, 3))
         started = time.perf_counter()
-        asyncio.run(rlm.helpers.llm_query("Classify the sentiment: good"))
+        asyncio.run(NotebookHelpers(rlm).llm_query("Classify the sentiment: good"))
         print(round(time.perf_counter() - started, 3))  # litellm's import is in this one
         print(rlm.usage().cost_usd > 0)  # the pretend prices were registered in time
     """

@@ -18,7 +18,7 @@ from rlm_magic.jupyter.extension import session_rlm
 from rlm_magic.maps import jobs
 from rlm_magic.maps.jobs import BatchJob, JobStore, batch_job
 
-from .conftest import make_rlm, run_cell
+from .conftest import helpers, make_rlm, run_cell
 
 
 @pytest.fixture
@@ -79,7 +79,7 @@ async def test_a_batch_job_goes_through_the_providers_states_and_answers_in_orde
 async def test_failed_lines_are_per_item_errors_and_the_others_are_kept(rlm, batch_server):
     batch_server.fail("500", times=1, match="bad")
     with pytest.raises(BatchError) as caught:
-        await rlm.helpers.llm_query_batch(["ok1", "bad", "ok2"], batch_job=True)
+        await helpers(rlm).llm_query_batch(["ok1", "bad", "ok2"], batch_job=True)
     assert caught.value.results == ["echo: ok1", None, "echo: ok2"]
     assert list(caught.value.errors) == [1]
     assert "injected server error" in str(caught.value.errors[1])
@@ -87,7 +87,7 @@ async def test_failed_lines_are_per_item_errors_and_the_others_are_kept(rlm, bat
 
 async def test_usage_is_priced_at_the_providers_batch_prices(batch_server, tmp_path):
     rlm = make_rlm(batch_server, cache_dir=str(tmp_path), sub_model="openai/gpt-4o-mini")
-    await rlm.helpers.llm_query_batch(["a", "b"], batch_job=True)
+    await helpers(rlm).llm_query_batch(["a", "b"], batch_job=True)
     records = rlm.client.ledger.records
     assert [(r.input_tokens, r.output_tokens) for r in records] == [(10, 5), (10, 5)]
     # litellm's price map: $0.075 / $0.30 per million tokens in a batch (half of $0.15 / $0.60).
@@ -100,20 +100,20 @@ async def test_usage_is_priced_at_the_providers_batch_prices(batch_server, tmp_p
 async def test_running_the_same_map_again_reattaches_to_the_job(rlm, batch_server):
     batch_server.batch_jobs.hold.clear()
     prompts = [f"q{i}" for i in range(4)]
-    first = asyncio.ensure_future(rlm.helpers.llm_query_batch(prompts, batch_job=True))
+    first = asyncio.ensure_future(helpers(rlm).llm_query_batch(prompts, batch_job=True))
     job_id = await job_in_progress(batch_server)
     first.cancel()  # as an interrupt would: the job keeps running at the provider
     with pytest.raises(asyncio.CancelledError):
         await first
     assert batch_server.batch_jobs.states(job_id) == "in_progress"
     batch_server.batch_jobs.hold.set()
-    assert await rlm.helpers.llm_query_batch(prompts, batch_job=True) == [
+    assert await helpers(rlm).llm_query_batch(prompts, batch_job=True) == [
         f"echo: {p}" for p in prompts
     ]
     assert list(batch_server.batch_jobs.batches) == [job_id]  # nothing submitted twice
     # A third run reads the finished job again: its answers are not counted as paid twice.
     before = rlm.client.ledger.cost_usd
-    await rlm.helpers.llm_query_batch(prompts, batch_job=True)
+    await helpers(rlm).llm_query_batch(prompts, batch_job=True)
     assert rlm.client.ledger.records[-1].cached and rlm.client.ledger.cost_usd == before
 
 
@@ -123,7 +123,7 @@ async def test_a_new_process_reattaches_to_a_job_an_interrupted_one_left(
 ):
     batch_server.batch_jobs.hold.clear()
     prompts = ["r0", "r1", "r2"]
-    first = asyncio.ensure_future(rlm.helpers.llm_query_batch(prompts, batch_job=True))
+    first = asyncio.ensure_future(helpers(rlm).llm_query_batch(prompts, batch_job=True))
     job_id = await job_in_progress(batch_server)
     first.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -132,13 +132,14 @@ async def test_a_new_process_reattaches_to_a_job_an_interrupted_one_left(
     script = textwrap.dedent(f"""
         import asyncio, json
         from rlm_magic import RLM
+        from rlm_magic.jupyter.helpers import NotebookHelpers
         from rlm_magic.maps.jobs import batch_job
         batch_job.FIRST_POLL_S = 0.02
         rlm = RLM(model="openai/root-model", sub_model="openai/sub-model",
                   api_base={batch_server.base_url!r}, api_key="sk-test", progress=False,
                   cache_dir={str(tmp_path)!r})
         async def main():
-            return await rlm.helpers.llm_query_batch({prompts!r}, batch_job=True)
+            return await NotebookHelpers(rlm).llm_query_batch({prompts!r}, batch_job=True)
         print(json.dumps(asyncio.run(main())))
     """)
     done = await asyncio.to_thread(
@@ -186,7 +187,7 @@ async def test_rlm_jobs_lists_jobs_and_cancels_one(shell, batch_server, tmp_path
     session_rlm(shell).cache_dir = str(tmp_path)
     batch_server.batch_jobs.hold.clear()
     rlm = session_rlm(shell)
-    cell = asyncio.ensure_future(rlm.helpers.llm_query_batch(["c1", "c2"], batch_job=True))
+    cell = asyncio.ensure_future(helpers(rlm).llm_query_batch(["c1", "c2"], batch_job=True))
     job_id = await job_in_progress(batch_server)
     await asyncio.to_thread(batch_server.wait_for, lambda: JobStore(str(tmp_path)).all())
     listing = repr(await run_cell(shell, "%rlm jobs"))
@@ -207,14 +208,14 @@ async def test_a_provider_without_batch_jobs_gets_a_one_line_error(batch_server,
         match=r"^batch_job: anthropic cannot run batch jobs "
         r"through litellm .*providers that can: openai",
     ):
-        await rlm.helpers.llm_query_batch(["a"], batch_job=True)
+        await helpers(rlm).llm_query_batch(["a"], batch_job=True)
     assert batch_server.batch_jobs.batches == {}
 
 
 async def test_a_job_the_provider_has_forgotten_is_submitted_anew(rlm, batch_server):
-    await rlm.helpers.llm_query_batch(["f1"], batch_job=True)
+    await helpers(rlm).llm_query_batch(["f1"], batch_job=True)
     batch_server.batch_jobs.reset(step_s=0.01)  # as a restarted local server would
-    assert await rlm.helpers.llm_query_batch(["f1"], batch_job=True) == ["echo: f1"]
+    assert await helpers(rlm).llm_query_batch(["f1"], batch_job=True) == ["echo: f1"]
     assert len(batch_server.batch_jobs.batches) == 1
 
 
@@ -231,7 +232,7 @@ async def test_a_batch_job_runs_through_a_real_litellm_proxy(litellm_proxy, batc
         cache_dir=str(tmp_path),
         timeout=30,
     )
-    assert await rlm.helpers.llm_query_batch(["x1", "x2"], batch_job=True) == [
+    assert await helpers(rlm).llm_query_batch(["x1", "x2"], batch_job=True) == [
         "echo: x1",
         "echo: x2",
     ]
@@ -268,7 +269,7 @@ async def cancelled_half_way(rlm, batch_server) -> str:
     """Run HALF_DONE as a job and cancel it once its fast prompts are answered."""
     batch_server.batch_jobs.hold_match = "slow"
     batch_server.batch_jobs.hold.clear()  # the fast lines are answered, the slow one waits
-    first = asyncio.ensure_future(rlm.helpers.llm_query_batch(HALF_DONE, batch_job=True))
+    first = asyncio.ensure_future(helpers(rlm).llm_query_batch(HALF_DONE, batch_job=True))
     job_id = await job_in_progress(batch_server)
     assert await asyncio.to_thread(batch_server.wait_for, lambda: batch_server.completed == 2, 30)
     await asyncio.to_thread(jobs.cancel, rlm.cache_dir, job_id, rlm)
@@ -282,7 +283,7 @@ async def cancelled_half_way(rlm, batch_server) -> str:
 async def test_a_job_cancelled_half_way_is_rerun_only_for_its_missing_prompts(rlm, batch_server):
     job_id = await cancelled_half_way(rlm, batch_server)
     prompts = HALF_DONE
-    assert await rlm.helpers.llm_query_batch(prompts, batch_job=True) == [
+    assert await helpers(rlm).llm_query_batch(prompts, batch_job=True) == [
         f"echo: {p}" for p in prompts
     ]
     # The second job held only the prompt the first left: no answer was paid for twice.
@@ -315,7 +316,7 @@ def test_cancel_takes_the_whole_id_or_a_prefix_only_one_job_has(tmp_path):
 
 async def test_a_wait_outlasts_a_few_failed_polls(rlm, batch_server):
     batch_server.batch_jobs.failing_retrieves = 3
-    assert await rlm.helpers.llm_query_batch(["w1", "w2"], batch_job=True) == [
+    assert await helpers(rlm).llm_query_batch(["w1", "w2"], batch_job=True) == [
         "echo: w1",
         "echo: w2",
     ]
@@ -327,7 +328,7 @@ async def test_a_provider_out_of_reach_ends_the_wait_with_one_line_naming_the_jo
 ):
     batch_server.batch_jobs.failing_retrieves = 1000
     with pytest.raises(LLMQueryError) as caught:
-        await rlm.helpers.llm_query_batch(["u1"], batch_job=True)
+        await helpers(rlm).llm_query_batch(["u1"], batch_job=True)
     [job_id] = batch_server.batch_jobs.batches
     message = str(caught.value)
     assert "\n" not in message and f"checking on batch job {job_id} failed" in message
@@ -335,21 +336,21 @@ async def test_a_provider_out_of_reach_ends_the_wait_with_one_line_naming_the_jo
         "the job may still be running at the provider: re-run the cell to reattach"
     )
     batch_server.batch_jobs.failing_retrieves = 0
-    assert await rlm.helpers.llm_query_batch(["u1"], batch_job=True) == ["echo: u1"]
+    assert await helpers(rlm).llm_query_batch(["u1"], batch_job=True) == ["echo: u1"]
     assert list(batch_server.batch_jobs.batches) == [job_id]
 
 
 async def test_a_job_whose_creation_went_unanswered_is_found_not_submitted_again(rlm, batch_server):
     batch_server.batch_jobs.lose_created = True  # the provider made it; the answer was lost
     with pytest.raises(LLMQueryError, match="creating the batch job failed"):
-        await rlm.helpers.llm_query_batch(["n1", "n2"], batch_job=True)
+        await helpers(rlm).llm_query_batch(["n1", "n2"], batch_job=True)
     [job_id] = batch_server.batch_jobs.batches
     # Re-run once the job has ended (a user back later): found ended, it is never polled,
     # so its answers are read from what the lookup saw.
     assert await asyncio.to_thread(
         batch_server.wait_for, lambda: batch_server.batch_jobs.states(job_id) == "completed", 30
     )
-    assert await rlm.helpers.llm_query_batch(["n1", "n2"], batch_job=True) == [
+    assert await helpers(rlm).llm_query_batch(["n1", "n2"], batch_job=True) == [
         "echo: n1",
         "echo: n2",
     ]
@@ -362,7 +363,7 @@ async def test_a_job_seen_ended_whose_answers_were_never_read_is_read_then_compl
 ):
     batch_server.batch_jobs.hold_match = "slow"
     batch_server.batch_jobs.hold.clear()
-    first = asyncio.ensure_future(rlm.helpers.llm_query_batch(HALF_DONE, batch_job=True))
+    first = asyncio.ensure_future(helpers(rlm).llm_query_batch(HALF_DONE, batch_job=True))
     job_id = await job_in_progress(batch_server)
     assert await asyncio.to_thread(batch_server.wait_for, lambda: batch_server.completed == 2, 30)
     first.cancel()  # interrupted while waiting: the job runs on
@@ -379,7 +380,7 @@ async def test_a_job_seen_ended_whose_answers_were_never_read_is_read_then_compl
     record.output_file_id = batch_server.batch_jobs.batches[job_id]["output_file_id"]
     store.put(record)
     batch_server.batch_jobs.hold.set()
-    assert await rlm.helpers.llm_query_batch(HALF_DONE, batch_job=True) == [
+    assert await helpers(rlm).llm_query_batch(HALF_DONE, batch_job=True) == [
         f"echo: {p}" for p in HALF_DONE
     ]
     assert [r["messages"][-1]["content"] for r in batch_server.requests] == [
@@ -396,8 +397,8 @@ async def test_a_lost_creation_is_found_by_its_own_file_not_by_an_earlier_job_of
     await cancelled_half_way(rlm, batch_server)
     batch_server.batch_jobs.lose_created = True
     with pytest.raises(LLMQueryError, match="creating the batch job failed"):
-        await rlm.helpers.llm_query_batch(HALF_DONE, batch_job=True)
-    assert await rlm.helpers.llm_query_batch(HALF_DONE, batch_job=True) == [
+        await helpers(rlm).llm_query_batch(HALF_DONE, batch_job=True)
+    assert await helpers(rlm).llm_query_batch(HALF_DONE, batch_job=True) == [
         f"echo: {p}" for p in HALF_DONE
     ]
     assert len(batch_server.batch_jobs.batches) == 2
@@ -426,7 +427,7 @@ async def test_an_interrupt_while_the_job_is_created_says_how_to_reattach(
     )
     batch_server.batch_jobs.hold_create.set()
     # The creation went on, shielded, and its job is recorded: the re-run reattaches.
-    assert await session_rlm(shell).helpers.llm_query_batch(["i1", "i2"], batch_job=True) == [
+    assert await helpers(session_rlm(shell)).llm_query_batch(["i1", "i2"], batch_job=True) == [
         "echo: i1",
         "echo: i2",
     ]
@@ -438,7 +439,7 @@ async def test_an_interrupt_while_the_ledger_is_told_never_bills_the_job_twice(
 ):
     monkeypatch.setattr(batch_job, "RECORD_SLICE", 1)  # an interrupt can land between records
     ledger = rlm.client.ledger
-    task = asyncio.ensure_future(rlm.helpers.llm_query_batch(["b1", "b2", "b3"], batch_job=True))
+    task = asyncio.ensure_future(helpers(rlm).llm_query_batch(["b1", "b2", "b3"], batch_job=True))
     record = ledger.record
 
     def interrupted_after_the_first(call):
@@ -449,7 +450,7 @@ async def test_an_interrupt_while_the_ledger_is_told_never_bills_the_job_twice(
     monkeypatch.setattr(ledger, "record", interrupted_after_the_first)
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert await rlm.helpers.llm_query_batch(["b1", "b2", "b3"], batch_job=True) == [
+    assert await helpers(rlm).llm_query_batch(["b1", "b2", "b3"], batch_job=True) == [
         "echo: b1",
         "echo: b2",
         "echo: b3",

@@ -18,7 +18,7 @@ from rlm_magic import PromptTooLongError
 from rlm_magic.demo import split_tokens
 from rlm_magic.llm import local_servers, profiles, windows
 
-from .conftest import SUB, make_rlm
+from .conftest import SUB, helpers, make_rlm
 
 
 def repl(code: str) -> str:
@@ -58,7 +58,7 @@ async def test_a_batch_of_answers_longer_than_the_timeout_all_arrive_generated_o
     server.reply_with("sub-model", long_answer)
     rlm = make_rlm(server, timeout=2.0, **transport)
     started = time.monotonic()
-    answers = await rlm.helpers.llm_query_batch([f"question {i}" for i in range(4)])
+    answers = await helpers(rlm).llm_query_batch([f"question {i}" for i in range(4)])
     assert [len(a.split()) for a in answers] == [WORDS] * 4
     assert server.tokens_generated == 4 * WORDS  # no token generated twice
     assert len(server.requests) == 4
@@ -85,7 +85,7 @@ async def test_an_answer_whose_server_went_away_keeps_its_text(server, transport
     server.reply_with("sub-model", long_answer)
     server.drop_at = 30
     rlm = make_rlm(server, **transport)
-    answer = await rlm.helpers.llm_query("q")
+    answer = await helpers(rlm).llm_query("q")
     assert answer.startswith(long_answer({})[:110] + "\n[answer cut off: ")
     assert len(server.requests) == 1  # not asked again from zero
     assert rlm.usage().by_model[SUB].errors == 0
@@ -118,14 +118,14 @@ async def test_a_local_servers_window_is_known_before_the_first_call(server, kin
     assert rlm.client.input_window(SUB) == 4096
     assert path in server.window_asks
     asks = len(server.window_asks)
-    await rlm.helpers.llm_query("again")
+    await helpers(rlm).llm_query("again")
     assert len(server.window_asks) == asks  # asked once per server and model
 
 
 async def test_a_server_that_reports_no_window_costs_no_wait(server):
     rlm = make_rlm(server)
     started = time.monotonic()
-    assert await rlm.helpers.llm_query("x") == "echo: x"
+    assert await helpers(rlm).llm_query("x") == "echo: x"
     assert time.monotonic() - started < 30
     assert rlm.client.input_window(SUB) is None
     assert set(server.window_asks) >= {"/props", "/v1/models", "/api/show"}
@@ -134,14 +134,14 @@ async def test_a_server_that_reports_no_window_costs_no_wait(server):
 async def test_only_openai_compatible_and_ollama_servers_are_asked(server):
     claude = "anthropic/claude-sonnet-4-5"
     rlm = make_rlm(server, sub_model=claude, api_base=server.anthropic_base)
-    assert await rlm.helpers.llm_query("x") == "echo: x"
+    assert await helpers(rlm).llm_query("x") == "echo: x"
     assert server.window_asks == []
 
 
 async def test_a_configured_window_wins_over_ollamas_default(server):
     server.ollama_default = True  # no num_ctx, no model loaded: 4,096 is only a guess
     rlm = make_rlm(server, context_window=32768)
-    assert (await rlm.helpers.llm_query("word " * 5000)).startswith("echo: word")
+    assert (await helpers(rlm).llm_query("word " * 5000)).startswith("echo: word")
     assert rlm.client.input_window(SUB) == 32768
 
 
@@ -149,12 +149,12 @@ async def test_ollamas_default_is_advice_and_the_server_is_asked_again(server, m
     server.ollama_default = True
     rlm = make_rlm(server)
     # ~6,000 tokens over a guessed 4,096: sent all the same (the server decides).
-    assert (await rlm.helpers.llm_query("word " * 5000)).startswith("echo: word")
+    assert (await helpers(rlm).llm_query("word " * 5000)).startswith("echo: word")
     assert rlm.client.input_window(SUB) is None
     assert rlm.client.input_window(SUB, advice=True) == 4096  # for chunk sizes
     monkeypatch.setattr(local_servers, "GUESS_KEPT_S", 0.0)
     server.ollama_loaded = 8192  # loaded since: /api/ps says its window
-    await rlm.helpers.llm_query("again")
+    await helpers(rlm).llm_query("again")
     assert rlm.client.input_window(SUB) == 8192
 
 
@@ -165,7 +165,7 @@ async def test_a_host_off_the_local_network_is_asked_only_its_model_list(server,
     monkeypatch.setattr(local_servers, "is_local", not_local)
     server.reports_window = ("llama.cpp", 4096)
     rlm = make_rlm(server)
-    assert await rlm.helpers.llm_query("x") == "echo: x"
+    assert await helpers(rlm).llm_query("x") == "echo: x"
     assert server.window_asks == ["/v1/models"]
     assert rlm.client.input_window(SUB) is None
 
@@ -188,7 +188,7 @@ async def test_loopback_private_and_link_local_hosts_are_local_and_others_not():
 async def test_a_probe_answer_over_a_megabyte_is_not_read(server):
     server.props_size = 2_000_000
     rlm = make_rlm(server)
-    assert await rlm.helpers.llm_query("x") == "echo: x"
+    assert await helpers(rlm).llm_query("x") == "echo: x"
     assert "/props" in server.window_asks
     assert rlm.client.input_window(SUB) is None
 
@@ -198,7 +198,7 @@ async def test_characters_per_token_are_learned_from_usage_and_advised(server):
     server.chars_per_token = 1.75  # Gemma on log text
     server.reply_with("sub-model", "ok")
     rlm = make_rlm(server, context_window=4096, sandbox="none")
-    await rlm.helpers.llm_query("2024-01-01 ERROR x=1; " * 100)
+    await helpers(rlm).llm_query("2024-01-01 ERROR x=1; " * 100)
     assert windows.chars_per_token(SUB) == pytest.approx(1.75, rel=0.05)
     server.script("root-model", ["FINAL(ok)"])
     await rlm.arun("q", context="c")
@@ -215,11 +215,11 @@ async def test_a_context_refusal_is_not_retried_and_corrects_the_estimate(server
     prose = "The quick brown fox jumps over the lazy dog near the river bank. "
     prompt = prose[:60] * 40  # 2,400 characters: ~600 tokens to us, 1,200 to the server
     with pytest.raises(Exception, match="maximum context length is 1000 tokens"):
-        await rlm.helpers.llm_query(prompt)
+        await helpers(rlm).llm_query(prompt)
     assert len(server.requests) == 1  # never retried
     assert windows.chars_per_token(SUB) == pytest.approx(2.0, rel=0.05)
     with pytest.raises(PromptTooLongError):
-        await rlm.helpers.llm_query(prompt)
+        await helpers(rlm).llm_query(prompt)
     assert len(server.requests) == 1  # the estimate now knows: not sent
 
 
@@ -227,7 +227,7 @@ async def test_a_prompt_that_fits_with_a_smaller_answer_is_sent_with_less_max_to
     # The case: a 3,509-token prompt at max_tokens=4096 on a 4,096-token window.
     server.context_window, server.counts_max_tokens = 4096, True
     rlm = make_rlm(server, context_window=4096)  # max_tokens: the default 4096
-    assert (await rlm.helpers.llm_query("x" * 3509 * 4)).startswith("echo: xxx")
+    assert (await helpers(rlm).llm_query("x" * 3509 * 4)).startswith("echo: xxx")
     sent = server.requests[0]["max_tokens"]
     assert 256 <= sent <= 4096 - 3509
     assert server.context_errors == 0
@@ -236,7 +236,7 @@ async def test_a_prompt_that_fits_with_a_smaller_answer_is_sent_with_less_max_to
 async def test_a_prompt_too_long_says_what_to_cut_with_numbers(server):
     rlm = make_rlm(server, context_window=4096)
     with pytest.raises(PromptTooLongError) as caught:
-        await rlm.helpers.llm_query("x" * 20_000)  # ~5,000 tokens
+        await helpers(rlm).llm_query("x" * 20_000)  # ~5,000 tokens
     message = str(caught.value)
     assert "the model takes 3,840 (its 4,096-token window less 256 for the answer)" in message
     assert "cut the prompt by ~1,16" in message and "characters); split it" in message
@@ -354,7 +354,7 @@ def test_a_cache_saving_at_no_known_price_reads_unknown():
 
 async def test_litellms_logging_worker_does_not_stay_on_the_loop(server):
     rlm = make_rlm(server, wire_transport=False)  # litellm's own transport
-    await rlm.helpers.llm_query("x")
+    await helpers(rlm).llm_query("x")
 
     def workers():
         return [t for t in asyncio.all_tasks() if "_worker_loop" in repr(t.get_coro())]

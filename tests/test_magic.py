@@ -19,7 +19,7 @@ from traitlets import TraitError
 import rlm_magic
 from rlm_magic.jupyter.extension import session_rlm
 
-from .conftest import run_cell
+from .conftest import helpers, run_cell
 from .test_engine import repl
 
 # -- loading ---------------------------------------------------------------------------
@@ -435,7 +435,7 @@ async def test_an_interrupted_batch_counts_its_unfinished_calls_as_cancelled(she
     rlm.progress = True
     server.latency_for = lambda body: 0.0 if "fast" in body["messages"][-1]["content"] else 30
     calls_before = len(rlm.client.ledger)
-    task = asyncio.ensure_future(rlm.helpers.llm_query_batch(["fast", "slow 1", "slow 2"]))
+    task = asyncio.ensure_future(helpers(rlm).llm_query_batch(["fast", "slow 1", "slow 2"]))
     assert await asyncio.to_thread(server.wait_for, lambda: server.in_flight == 2)
     for _ in range(3000):  # streamed: the fast answer's last chunk is read, then counted
         if len(rlm.client.ledger) > calls_before:

@@ -11,7 +11,7 @@ from rlm_magic import BatchError
 from rlm_magic.maps.jobs import batch_job
 from rlm_magic.maps.resume import RESUME_AT
 
-from .conftest import make_rlm
+from .conftest import helpers, make_rlm
 
 
 def repl(code: str) -> str:
@@ -70,7 +70,7 @@ async def test_a_map_kept_by_the_notebook_serves_model_code_asking_the_same(serv
     rlm = make_rlm(server, cache_dir=str(tmp_path), max_retries=0)
     server.fail("500", times=1, match="bad")
     with pytest.raises(BatchError):
-        await rlm.helpers.llm_query_batch(["ok", "bad"], model="openai/sub-model", resume=True)
+        await helpers(rlm).llm_query_batch(["ok", "bad"], model="openai/sub-model", resume=True)
     server.reset()
     server.script("root-model", mapped(["ok", "bad"], resume=True))
     result = await rlm.arun("q", context="c")

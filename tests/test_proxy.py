@@ -8,6 +8,7 @@ import pytest
 
 from rlm_magic import RLM, LLMQueryError
 
+from .conftest import helpers
 from .litellm_proxy import MASTER_KEY
 
 # The real-kernel fixtures, shared with the kernel tests.
@@ -31,7 +32,7 @@ def through(proxy, **settings) -> RLM:
 
 async def test_a_batch_goes_through_the_proxy(litellm_proxy, server):
     rlm = through(litellm_proxy)
-    answers = await rlm.helpers.llm_query_batch([f"p{i}" for i in range(24)])
+    answers = await helpers(rlm).llm_query_batch([f"p{i}" for i in range(24)])
     assert answers == [f"echo: p{i}" for i in range(24)]
     assert len(server.requests_for("sub-model")) == 24
     usage = rlm.usage()
@@ -69,7 +70,7 @@ async def test_the_proxy_s_rate_limit_is_waited_out_losing_no_item(litellm_proxy
     # The proxy allows 3 requests in flight for "limited"; 16 go out at once.
     rlm = through(litellm_proxy, sub_model="litellm_proxy/limited", max_concurrency=16)
     server.latency = 0.2
-    answers = await rlm.helpers.llm_query_batch([f"p{i}" for i in range(20)])
+    answers = await helpers(rlm).llm_query_batch([f"p{i}" for i in range(20)])
     assert answers == [f"echo: p{i}" for i in range(20)]
     usage = rlm.usage()
     assert usage.total.rate_limited > 0 and usage.total.errors == 0
@@ -79,7 +80,7 @@ async def test_the_proxy_s_rate_limit_is_waited_out_losing_no_item(litellm_proxy
 async def test_a_wrong_key_is_one_clear_line(litellm_proxy, server):
     rlm = through(litellm_proxy, api_key="sk-not-the-master-key")
     with pytest.raises(LLMQueryError) as caught:
-        await rlm.helpers.llm_query("x")
+        await helpers(rlm).llm_query("x")
     message = str(caught.value)
     assert message == (
         "LLM call to 'litellm_proxy/sub' failed: the LiteLLM Proxy rejected "
@@ -91,7 +92,7 @@ async def test_a_wrong_key_is_one_clear_line(litellm_proxy, server):
 
 async def test_the_proxy_s_reported_cost_reaches_the_ledger(litellm_proxy, server):
     rlm = through(litellm_proxy, sub_model="litellm_proxy/priced")
-    await rlm.helpers.llm_query("x")
+    await helpers(rlm).llm_query("x")
     [record] = rlm.client.ledger.records
     # gpt-4o-mini's price for 10 input and 5 output tokens, as the proxy computed it.
     assert record.cost_usd == pytest.approx(10 * 0.15e-6 + 5 * 0.6e-6)

@@ -17,14 +17,14 @@ from rlm_magic import LLMQueryError
 from rlm_magic.jupyter.progress import BatchProgress
 from rlm_magic.llm.ratelimit import RateGate, parse_duration, read_headers
 
-from .conftest import make_rlm
+from .conftest import helpers, make_rlm
 
 
 async def test_a_batch_over_the_request_limit_loses_no_item(server):
     rlm = make_rlm(server, max_concurrency=32, max_retries=0)
     server.latency = 0.05
     server.limit_rate(rps=40, burst=10)
-    answers = await rlm.helpers.llm_query_batch([f"p{i}" for i in range(80)])
+    answers = await helpers(rlm).llm_query_batch([f"p{i}" for i in range(80)])
     assert answers == [f"echo: p{i}" for i in range(80)]
     # The first 32 go out before anything is known and 22 of them are turned away;
     # after that, pacing keeps rejections rare.
@@ -40,7 +40,7 @@ async def test_a_batch_over_the_token_limit_loses_no_item(server):
     server.limit_rate(tps=2000, token_burst=2000)
     prompts = [f"{i:03d} " + "x" * 996 for i in range(16)]  # 250 tokens each
     started = time.perf_counter()
-    answers = await rlm.helpers.llm_query_batch(prompts)
+    answers = await helpers(rlm).llm_query_batch(prompts)
     assert answers == [f"echo: {p}" for p in prompts]
     # 4,000 tokens against 2,000 at once and 2,000/s: about a second, paced.
     assert 0.8 < time.perf_counter() - started < 10
@@ -50,7 +50,7 @@ async def test_a_batch_over_the_token_limit_loses_no_item(server):
 async def test_a_server_that_sends_no_headers_loses_no_item(server):
     rlm = make_rlm(server, max_concurrency=32, max_retries=0)
     server.limit_rate(rps=50, burst=10, headers="none")
-    answers = await rlm.helpers.llm_query_batch([f"p{i}" for i in range(60)])
+    answers = await helpers(rlm).llm_query_batch([f"p{i}" for i in range(60)])
     assert answers == [f"echo: p{i}" for i in range(60)]
     assert rlm.usage().total.rate_limited == server.rejected > 0
 
@@ -58,10 +58,10 @@ async def test_a_server_that_sends_no_headers_loses_no_item(server):
 async def test_one_429_pauses_new_calls_to_that_endpoint_until_retry_after(server):
     notebook, run = make_rlm(server), make_rlm(server)  # two users of one endpoint
     server.fail("429", match="first", headers={"retry-after-ms": "800"})
-    first = asyncio.ensure_future(notebook.helpers.llm_query("first"))
+    first = asyncio.ensure_future(helpers(notebook).llm_query("first"))
     assert await asyncio.to_thread(server.wait_for, lambda: server.rejected_at)
     limited_at = server.rejected_at[0]
-    assert await run.helpers.llm_query("second") == "echo: second"
+    assert await helpers(run).llm_query("second") == "echo: second"
     assert await first == "echo: first"
     second_arrived = server.arrivals[server.index_of("second")]
     assert second_arrived - limited_at >= 0.75  # held back for the server's 800 ms
@@ -70,10 +70,10 @@ async def test_one_429_pauses_new_calls_to_that_endpoint_until_retry_after(serve
 async def test_a_pause_leaves_other_models_alone(server):
     rlm = make_rlm(server)
     server.fail("429", model="sub-model", headers={"retry-after-ms": "3000"})
-    paused = asyncio.ensure_future(rlm.helpers.llm_query("held"))
+    paused = asyncio.ensure_future(helpers(rlm).llm_query("held"))
     assert await asyncio.to_thread(server.wait_for, lambda: server.rejected_at)
     started = time.perf_counter()
-    assert await rlm.helpers.llm_query("free", model="openai/other") == "echo: free"
+    assert await helpers(rlm).llm_query("free", model="openai/other") == "echo: free"
     assert time.perf_counter() - started < 1.5
     paused.cancel()
 
@@ -82,7 +82,7 @@ async def test_requests_in_flight_during_a_pause_are_left_alone(server):
     rlm = make_rlm(server, max_concurrency=8)
     server.latency = 0.5
     server.fail("429", match="p0", headers={"retry-after-ms": "1000"})
-    answers = await rlm.helpers.llm_query_batch([f"p{i}" for i in range(8)])
+    answers = await helpers(rlm).llm_query_batch([f"p{i}" for i in range(8)])
     assert answers == [f"echo: p{i}" for i in range(8)]
     # Seven went out with p0 and were answered; only p0 was sent again.
     assert len(server.requests) == 9 and server.cancelled == 0
@@ -91,7 +91,7 @@ async def test_requests_in_flight_during_a_pause_are_left_alone(server):
 async def test_an_interrupt_during_a_pause_stops_at_once(server):
     rlm = make_rlm(server)
     server.fail("429", times=100, headers={"retry-after": "30"})
-    task = asyncio.ensure_future(rlm.helpers.llm_query_batch(["a", "b", "c"]))
+    task = asyncio.ensure_future(helpers(rlm).llm_query_batch(["a", "b", "c"]))
     assert await asyncio.to_thread(server.wait_for, lambda: server.rejected_at)
     await asyncio.sleep(0.05)  # now waiting out the 30 s pause
     started = time.perf_counter()
@@ -110,7 +110,7 @@ async def test_rate_limit_wait_bounds_how_long_an_item_waits(server):
     server.fail("429", times=1000, headers={"retry-after-ms": "200"})
     started = time.perf_counter()
     with pytest.raises(LLMQueryError, match=r"rate limited for 1s .*rate_limit_wait=1s"):
-        await rlm.helpers.llm_query("x")
+        await helpers(rlm).llm_query("x")
     assert time.perf_counter() - started < 2.5
     [record] = rlm.client.ledger.records
     assert record.rate_limited >= 3 and record.retries == 0
@@ -121,14 +121,14 @@ async def test_a_retry_after_past_rate_limit_wait_fails_now_not_later(server):
     server.fail("429", times=1, headers={"retry-after": "3600"})
     started = time.perf_counter()
     with pytest.raises(LLMQueryError, match="would hold it 3600s more"):
-        await rlm.helpers.llm_query("x")
+        await helpers(rlm).llm_query("x")
     assert time.perf_counter() - started < 1.0
     assert len(server.requests) == 1
 
 
 async def test_explicit_rpm_paces_from_the_first_request(server):
     rlm = make_rlm(server, rpm=600, max_concurrency=64)  # 10 requests a second
-    await rlm.helpers.llm_query_batch([f"p{i}" for i in range(25)])
+    await helpers(rlm).llm_query_batch([f"p{i}" for i in range(25)])
     spread = server.arrivals[-1] - server.arrivals[0]
     # A burst of one second's worth, then one every 0.1 s: 15 more take 1.4 s or so.
     assert 1.2 < spread < 5
@@ -137,24 +137,24 @@ async def test_explicit_rpm_paces_from_the_first_request(server):
 
 async def test_cancelled_waiters_give_their_turns_back(server):
     rlm = make_rlm(server, rpm=60, max_concurrency=64)  # one request a second
-    held = asyncio.ensure_future(rlm.helpers.llm_query_batch([f"p{i}" for i in range(50)]))
+    held = asyncio.ensure_future(helpers(rlm).llm_query_batch([f"p{i}" for i in range(50)]))
     assert await asyncio.to_thread(server.wait_for, lambda: len(server.requests) == 1)
     held.cancel()  # 49 calls booked up to 49 s ahead give up
     with pytest.raises(asyncio.CancelledError):
         await held
     await asyncio.sleep(1.1)  # the next turn of the pace
     started = time.perf_counter()
-    assert await rlm.helpers.llm_query("next") == "echo: next"
+    assert await helpers(rlm).llm_query("next") == "echo: next"
     assert time.perf_counter() - started < 1.5
 
 
 async def test_learned_limits_pace_the_next_batch_without_any_429(server):
     rlm = make_rlm(server, max_concurrency=64)
     server.limit_rate(rps=50, burst=20)
-    await rlm.helpers.llm_query_batch([f"a{i}" for i in range(40)])
+    await helpers(rlm).llm_query_batch([f"a{i}" for i in range(40)])
     await asyncio.sleep(0.5)  # the server's bucket refills
     rejected = server.rejected
-    await rlm.helpers.llm_query_batch([f"b{i}" for i in range(40)])
+    await helpers(rlm).llm_query_batch([f"b{i}" for i in range(40)])
     assert server.rejected - rejected <= 2
 
 
@@ -186,10 +186,10 @@ def test_the_progress_line_says_when_a_batch_is_held_back():
 
 async def test_usage_shows_rate_limited_responses_only_once_there_are_some(server):
     rlm = make_rlm(server)
-    await rlm.helpers.llm_query("x")
+    await helpers(rlm).llm_query("x")
     assert "rate limited" not in repr(rlm.usage())
     server.fail("429", headers={"retry-after-ms": "10"})
-    await rlm.helpers.llm_query("y")
+    await helpers(rlm).llm_query("y")
     table = repr(rlm.usage())
     assert "rate limited" in table.splitlines()[0]
     assert table.splitlines()[-1].split()[-1] == "1"
@@ -260,7 +260,7 @@ def test_a_nearly_full_bucket_teaches_no_rate():
 async def test_a_quantized_request_limit_is_paced_by_what_the_server_accepts(server):
     rlm = make_rlm(server, max_concurrency=32, max_retries=0)
     server.limit_rate(rps=50, burst=10, announce_rpm=3000)
-    answers = await rlm.helpers.llm_query_batch([f"p{i}" for i in range(80)])
+    answers = await helpers(rlm).llm_query_batch([f"p{i}" for i in range(80)])
     assert answers == [f"echo: p{i}" for i in range(80)]
     # 22 of the first 32 are turned away before anything is known; trusting the
     # announced 3,000/min would then draw a 429 for nearly every request.
@@ -275,7 +275,7 @@ async def test_a_quantized_token_limit_is_paced_by_what_the_server_accepts(serve
     server.usage = None
     server.limit_rate(tps=4000, token_burst=4000, announce_tpm=1_000_000)
     prompts = [f"{i:03d} " + "x" * 1996 for i in range(24)]  # 500 tokens each
-    answers = await rlm.helpers.llm_query_batch(prompts)
+    answers = await helpers(rlm).llm_query_batch(prompts)
     assert answers == [f"echo: {p}" for p in prompts]
     # 8 of the first 16 before anything is known, and a few while the pace settles (more
     # on a loaded machine); trusting the announced budget would draw one per request.

@@ -12,7 +12,7 @@ from pydantic import BaseModel, field_validator
 
 from rlm_magic import RLM, BatchError
 
-from .conftest import make_rlm
+from .conftest import helpers, make_rlm
 
 
 def maps_in(tmp_path) -> list:
@@ -26,7 +26,7 @@ def lines_kept(cache_dir) -> int:
 async def interrupted_after(rlm, server, prompts, answered: int, **options):
     """Run the map until ``answered`` answers are kept on disk, then cancel it as an
     interrupt would."""
-    task = asyncio.ensure_future(rlm.helpers.llm_query_batch(prompts, **options))
+    task = asyncio.ensure_future(helpers(rlm).llm_query_batch(prompts, **options))
     for _ in range(3000):  # up to 30 s: a cold litellm import, a loaded machine
         if lines_kept(rlm.cache_dir) >= answered:
             break
@@ -49,7 +49,7 @@ async def test_a_rerun_after_an_interrupt_sends_only_the_missing_prompts(server,
     server.reset()
     # A new RLM, as after a kernel restart: only the disk remembers.
     again = make_rlm(server, cache_dir=str(tmp_path))
-    assert await again.helpers.llm_query_batch(prompts, resume=True) == [
+    assert await helpers(again).llm_query_batch(prompts, resume=True) == [
         f"echo: {p}" for p in prompts
     ]
     assert sorted(r["messages"][-1]["content"] for r in server.requests) == ["slow 1", "slow 2"]
@@ -67,7 +67,7 @@ async def test_answers_are_kept_as_json_lines_under_the_cache_folder(server, tmp
 
 async def test_a_finished_map_leaves_no_file_behind(server, tmp_path):
     rlm = make_rlm(server, cache_dir=str(tmp_path))
-    await rlm.helpers.llm_query_batch(["a", "b"], resume=True)
+    await helpers(rlm).llm_query_batch(["a", "b"], resume=True)
     assert maps_in(tmp_path) == []
 
 
@@ -75,9 +75,9 @@ async def test_only_the_failed_prompts_are_asked_again(server, tmp_path):
     rlm = make_rlm(server, cache_dir=str(tmp_path), max_retries=0)
     server.fail("500", times=1, match="bad")
     with pytest.raises(BatchError):
-        await rlm.helpers.llm_query_batch(["ok", "bad"], resume=True)
+        await helpers(rlm).llm_query_batch(["ok", "bad"], resume=True)
     server.reset()
-    assert await rlm.helpers.llm_query_batch(["ok", "bad"], resume=True) == [
+    assert await helpers(rlm).llm_query_batch(["ok", "bad"], resume=True) == [
         "echo: ok",
         "echo: bad",
     ]
@@ -90,10 +90,10 @@ async def test_maps_of_100_prompts_or_more_resume_by_default_and_smaller_ones_do
     rlm = make_rlm(server, cache_dir=str(tmp_path), max_retries=0)
     server.fail("500", times=2, match="bad")
     with pytest.raises(BatchError):
-        await rlm.helpers.llm_query_batch(["ok", "bad"])
+        await helpers(rlm).llm_query_batch(["ok", "bad"])
     assert maps_in(tmp_path) == []
     with pytest.raises(BatchError):
-        await rlm.helpers.llm_query_batch(["bad"] + [f"p{i}" for i in range(99)])
+        await helpers(rlm).llm_query_batch(["bad"] + [f"p{i}" for i in range(99)])
     assert len(maps_in(tmp_path)) == 1
 
 
@@ -102,7 +102,7 @@ async def test_a_cache_folder_that_cannot_be_written_costs_no_answer(server, tmp
     blocked.write_text("a file where the cache folder should be")
     rlm = make_rlm(server, cache_dir=str(blocked))
     with pytest.warns(RuntimeWarning, match="cannot keep this map's answers on disk"):
-        assert await rlm.helpers.llm_query_batch(["a", "b"], resume=True) == ["echo: a", "echo: b"]
+        assert await helpers(rlm).llm_query_batch(["a", "b"], resume=True) == ["echo: a", "echo: b"]
 
 
 def slow_when_asked(server):
@@ -121,7 +121,7 @@ async def test_a_rerun_with_another_max_tokens_asks_every_prompt_again(server, t
     server.reset()
     # The same call (max_tokens=None), but RLM.max_tokens, what is sent, has changed.
     again = make_rlm(server, cache_dir=str(tmp_path), max_tokens=200)
-    await again.helpers.llm_query_batch(["kept", "slow"], resume=True)
+    await helpers(again).llm_query_batch(["kept", "slow"], resume=True)
     assert sorted(r["messages"][-1]["content"] for r in server.requests) == ["kept", "slow"]
     assert {r["max_tokens"] for r in server.requests} == {200}
 
@@ -148,7 +148,7 @@ async def test_a_rerun_through_another_routing_setup_asks_every_prompt_again(ser
     slow_when_asked(server)
     await interrupted_after(routed("openai/sub-model"), server, ["kept", "slow"], 1, resume=True)
     server.reset()
-    await routed("openai/other-model").helpers.llm_query_batch(["kept", "slow"], resume=True)
+    await helpers(routed("openai/other-model")).llm_query_batch(["kept", "slow"], resume=True)
     assert sorted((r["model"], r["messages"][-1]["content"]) for r in server.requests) == [
         ("other-model", "kept"),
         ("other-model", "slow"),
@@ -181,7 +181,7 @@ async def test_a_kept_typed_answer_that_no_longer_validates_is_asked_again(serve
     await interrupted_after(rlm, server, ["kept", "slow"], 1, resume=True, response_format=Count)
     server.reset()
     server.reply_with("sub-model", lambda body: '{"n": 3}')
-    assert await rlm.helpers.llm_query_batch(
+    assert await helpers(rlm).llm_query_batch(
         ["kept", "slow"], resume=True, response_format=SmallCount
     ) == [SmallCount(n=3), SmallCount(n=3)]
     assert len(server.requests) == 2
@@ -194,12 +194,12 @@ async def test_an_answer_that_broke_off_is_asked_again_by_a_rerun(server, tmp_pa
         words if "long" in body["messages"][-1]["content"] else "short answer"
     )
     server.drop_at = 10  # the long answer's server goes away midway
-    first = await rlm.helpers.llm_query_batch(["short", "long"], resume=True)
+    first = await helpers(rlm).llm_query_batch(["short", "long"], resume=True)
     assert first[0] == "short answer" and "[answer cut off: " in first[1]
     server.reset()
     server.default_reply = lambda body: words
     again = make_rlm(server, cache_dir=str(tmp_path))
-    assert (await again.helpers.llm_query_batch(["short", "long"], resume=True)) == [
+    assert (await helpers(again).llm_query_batch(["short", "long"], resume=True)) == [
         "short answer",
         words,
     ]

@@ -11,7 +11,7 @@ from traitlets import TraitError
 from rlm_magic import RLM, LLMQueryError
 from rlm_magic.llm.litellm_loader import load_litellm
 
-from .conftest import make_rlm
+from .conftest import helpers, make_rlm
 from .llm_server import FakeLLMServer
 
 DEAD = "http://127.0.0.1:9/v1"  # nothing listens on the discard port
@@ -45,7 +45,7 @@ def second_server():
 
 async def test_calls_go_through_the_router_to_the_group_s_deployment(server):
     rlm = routed([deployment("sub", "openai/sub-model", server.base_url)])
-    assert await rlm.helpers.llm_query("hi") == "echo: hi"
+    assert await helpers(rlm).llm_query("hi") == "echo: hi"
     [request] = server.requests
     assert request["model"] == "sub-model"
     [record] = rlm.client.ledger.records
@@ -58,7 +58,7 @@ async def test_a_router_leaves_unpriced_models_unpriced_for_everyone(server):
         await load_litellm()
     )
     direct = make_rlm(server)  # the same model, not routed
-    await direct.helpers.llm_query("x")
+    await helpers(direct).llm_query("x")
     assert direct.usage().total.cost_usd is None
 
 
@@ -86,7 +86,7 @@ async def test_a_group_with_a_dead_deployment_loses_no_item(server):
         ],
         max_concurrency=16,
     )
-    answers = await rlm.helpers.llm_query_batch([f"p{i}" for i in range(32)])
+    answers = await helpers(rlm).llm_query_batch([f"p{i}" for i in range(32)])
     assert answers == [f"echo: p{i}" for i in range(32)]
 
 
@@ -94,21 +94,21 @@ async def test_the_router_retries_and_we_do_not_retry_on_top(server):
     rlm = routed([deployment("sub", "openai/sub-model", server.base_url)], max_retries=2)
     server.fail("500", times=5)
     with pytest.raises(LLMQueryError, match="injected server error"):
-        await rlm.helpers.llm_query("x")
+        await helpers(rlm).llm_query("x")
     assert len(server.requests) == 3  # the Router's 1 + 2, not 3 x 3
 
 
 async def test_a_429_through_the_router_is_waited_out(server):
     rlm = routed([deployment("sub", "openai/sub-model", server.base_url)], max_retries=0)
     server.fail("429", times=2, headers={"retry-after-ms": "50"})
-    assert await rlm.helpers.llm_query("x") == "echo: x"
+    assert await helpers(rlm).llm_query("x") == "echo: x"
     assert rlm.usage().total.rate_limited == 2 and rlm.usage().total.errors == 0
 
 
 async def test_an_unknown_group_is_one_clear_line(server):
     rlm = routed([deployment("sub", "openai/sub-model", server.base_url)])
     with pytest.raises(LLMQueryError) as caught:
-        await rlm.helpers.llm_query("x", model="gpt-5")
+        await helpers(rlm).llm_query("x", model="gpt-5")
     assert "'gpt-5' is not a model group of RLM.model_list (its groups: sub)" in str(caught.value)
     assert "\n" not in str(caught.value) and not server.requests
 
@@ -130,7 +130,7 @@ def test_settings_mask_the_keys_inside_the_model_list():
 async def test_keys_in_the_model_list_never_reach_a_model(server):
     key = "sk-live-abcdefghijklmnop"
     rlm = routed([deployment("sub", "openai/sub-model", server.base_url, api_key=key)])
-    assert await rlm.helpers.llm_query(f"my key is {key}") == "echo: my key is [REDACTED]"
+    assert await helpers(rlm).llm_query(f"my key is {key}") == "echo: my key is [REDACTED]"
 
 
 def test_configured_secrets_include_nested_headers_and_environment_references(monkeypatch):
@@ -156,15 +156,15 @@ async def test_the_cache_answers_a_routed_call_again_at_no_cost(server, tmp_path
         cache=True,
         cache_dir=str(tmp_path),
     )
-    await rlm.helpers.llm_query("same")
-    await rlm.helpers.llm_query("same")
+    await helpers(rlm).llm_query("same")
+    await helpers(rlm).llm_query("same")
     assert len(server.requests) == 1 and rlm.usage().total.cache_hits == 1
 
 
 async def test_cancelling_a_routed_batch_leaves_nothing_in_flight(server):
     rlm = routed([deployment("sub", "openai/sub-model", server.base_url)])
     server.latency = 30
-    task = asyncio.ensure_future(rlm.helpers.llm_query_batch([f"p{i}" for i in range(6)]))
+    task = asyncio.ensure_future(helpers(rlm).llm_query_batch([f"p{i}" for i in range(6)]))
     assert await asyncio.to_thread(server.wait_for, lambda: server.in_flight == 6)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):

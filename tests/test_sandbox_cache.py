@@ -12,7 +12,7 @@ import sqlite3
 
 from rlm_magic.llm.cache import FILE_NAME
 
-from .conftest import make_rlm
+from .conftest import helpers, make_rlm
 
 
 class Trap:
@@ -33,9 +33,9 @@ async def test_an_old_pickled_cache_is_never_loaded(server, tmp_path):
     old.commit()
     old.close()
     rlm = make_rlm(server, cache=True, cache_dir=str(tmp_path))
-    assert await rlm.helpers.llm_query("hello") == "echo: hello"
+    assert await helpers(rlm).llm_query("hello") == "echo: hello"
     assert (
-        await make_rlm(server, cache=True, cache_dir=str(tmp_path)).helpers.llm_query("hello")
+        await helpers(make_rlm(server, cache=True, cache_dir=str(tmp_path))).llm_query("hello")
         == "echo: hello"
     )
     assert not marker.exists()
@@ -44,7 +44,7 @@ async def test_an_old_pickled_cache_is_never_loaded(server, tmp_path):
 
 async def test_the_cache_stores_json_and_a_row_that_is_not_an_answer_is_a_miss(server, tmp_path):
     rlm = make_rlm(server, cache=True, cache_dir=str(tmp_path))
-    await rlm.helpers.llm_query("hello")
+    await helpers(rlm).llm_query("hello")
     db = sqlite3.connect(tmp_path / FILE_NAME)
     [(key, value)] = db.execute("SELECT key, value FROM answers").fetchall()
     assert json.loads(value)["text"] == "echo: hello"
@@ -53,5 +53,5 @@ async def test_the_cache_stores_json_and_a_row_that_is_not_an_answer_is_a_miss(s
     db.commit()
     db.close()
     again = make_rlm(server, cache=True, cache_dir=str(tmp_path))
-    assert await again.helpers.llm_query("hello") == "echo: hello"
+    assert await helpers(again).llm_query("hello") == "echo: hello"
     assert len(server.requests_for("sub-model")) == 2  # asked again, not served the row

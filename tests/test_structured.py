@@ -15,7 +15,7 @@ from rlm_magic.errors import ConfigError
 from rlm_magic.llm.structured import AnswerFormat
 from rlm_magic.maps.jobs import batch_job
 
-from .conftest import make_rlm
+from .conftest import helpers, make_rlm
 
 
 class Label(BaseModel):
@@ -40,14 +40,14 @@ def rlm(server, tmp_path):
 
 
 async def test_a_pydantic_model_gives_an_instance_of_it(rlm):
-    answer = await rlm.helpers.llm_query("good", response_format=Label)
+    answer = await helpers(rlm).llm_query("good", response_format=Label)
     assert answer == Label(sentiment="positive", score=4)
 
 
 async def test_a_model_without_schema_support_gets_json_mode_and_the_schema_in_the_prompt(
     rlm, server
 ):
-    await rlm.helpers.llm_query("good", response_format=Label)
+    await helpers(rlm).llm_query("good", response_format=Label)
     request = server.requests[0]
     assert request["response_format"] == {"type": "json_object"}
     assert "matching this JSON schema" in request["messages"][-1]["content"]
@@ -56,7 +56,7 @@ async def test_a_model_without_schema_support_gets_json_mode_and_the_schema_in_t
 async def test_a_model_litellm_says_takes_schemas_gets_the_schema_itself(server, tmp_path):
     server.reply_with("gpt-4o-mini", labelled)
     rlm = make_rlm(server, cache_dir=str(tmp_path), sub_model="openai/gpt-4o-mini")
-    await rlm.helpers.llm_query("good", response_format=Label)
+    await helpers(rlm).llm_query("good", response_format=Label)
     sent = server.requests[0]["response_format"]
     assert sent["type"] == "json_schema"
     assert sent["json_schema"]["schema"]["properties"]["sentiment"]["enum"] == [
@@ -69,7 +69,7 @@ async def test_a_model_litellm_says_takes_schemas_gets_the_schema_itself(server,
 
 async def test_an_invalid_answer_is_asked_again_once_with_the_error(rlm, server):
     server.script("sub-model", ['{"sentiment": "great", "score": 1}'])
-    assert await rlm.helpers.llm_query("good", response_format=Label) == Label(
+    assert await helpers(rlm).llm_query("good", response_format=Label) == Label(
         sentiment="positive", score=4
     )
     retry = server.requests[1]["messages"]
@@ -81,7 +81,7 @@ async def test_an_invalid_answer_is_asked_again_once_with_the_error(rlm, server)
 
 async def test_an_answer_invalid_twice_is_that_items_error_and_the_others_are_kept(rlm, server):
     with pytest.raises(BatchError) as caught:
-        await rlm.helpers.llm_query_batch(["good", "broken"], response_format=Label)
+        await helpers(rlm).llm_query_batch(["good", "broken"], response_format=Label)
     assert caught.value.results == [Label(sentiment="positive", score=4), None]
     assert "did not match the schema twice" in str(caught.value.errors[1])
     assert len(server.requests) == 3  # the good one once, the broken one twice
@@ -93,7 +93,7 @@ async def test_a_json_schema_gives_dicts(rlm):
         "properties": {"sentiment": {"type": "string"}, "score": {"type": "integer"}},
         "required": ["sentiment", "score"],
     }
-    answers = await rlm.helpers.llm_query_batch(["good", "bad"], response_format=schema)
+    answers = await helpers(rlm).llm_query_batch(["good", "bad"], response_format=schema)
     assert answers == [{"sentiment": "positive", "score": 4}, {"sentiment": "negative", "score": 3}]
 
 
@@ -124,11 +124,11 @@ async def test_model_code_gets_validated_dicts_from_a_json_schema(server, tmp_pa
 
 async def test_a_bad_response_format_is_a_one_line_error(rlm, server):
     with pytest.raises(ConfigError, match="^response_format is not a valid JSON schema: "):
-        await rlm.helpers.llm_query("x", response_format={"type": "no-such-type"})
+        await helpers(rlm).llm_query("x", response_format={"type": "no-such-type"})
     with pytest.raises(
         ConfigError, match="^response_format must be a pydantic model class or a JSON schema"
     ):
-        await rlm.helpers.llm_query_batch(["x"], response_format=str)
+        await helpers(rlm).llm_query_batch(["x"], response_format=str)
     assert server.requests == []
 
 
@@ -138,7 +138,9 @@ async def test_a_batch_job_gives_typed_answers_and_invalid_ones_are_item_errors(
     server.batch_jobs.reset(step_s=0.01)
     monkeypatch.setattr(batch_job, "FIRST_POLL_S", 0.02)
     with pytest.raises(BatchError) as caught:
-        await rlm.helpers.llm_query_batch(["good", "broken"], response_format=Label, batch_job=True)
+        await helpers(rlm).llm_query_batch(
+            ["good", "broken"], response_format=Label, batch_job=True
+        )
     assert caught.value.results == [Label(sentiment="positive", score=4), None]
     assert "did not match the schema" in str(caught.value.errors[1])
     [line] = {json.dumps(r.get("response_format")) for r in server.requests}
@@ -192,7 +194,7 @@ async def test_a_notebook_schema_may_use_patterns_and_its_own_definitions(rlm):
             "score": {"$ref": "#/$defs/score"},
         },
     }
-    assert await rlm.helpers.llm_query("good", response_format=schema) == {
+    assert await helpers(rlm).llm_query("good", response_format=schema) == {
         "sentiment": "positive",
         "score": 4,
     }

@@ -14,7 +14,7 @@ import pytest
 from rlm_magic import LLMQueryError
 from rlm_magic.llm.litellm_loader import load_litellm
 
-from .conftest import make_rlm
+from .conftest import helpers, make_rlm
 
 CLAUDE = "anthropic/claude-sonnet-4-5"
 
@@ -39,8 +39,8 @@ async def forbid_litellm_calls(monkeypatch):
 
 async def test_an_openai_compatible_endpoint_is_sent_over_the_wire(rlm, server, monkeypatch):
     await forbid_litellm_calls(monkeypatch)
-    assert await rlm.helpers.llm_query("a") == "echo: a"  # streamed
-    assert await rlm.helpers.llm_query_batch(["b", "c"]) == ["echo: b", "echo: c"]
+    assert await helpers(rlm).llm_query("a") == "echo: a"  # streamed
+    assert await helpers(rlm).llm_query_batch(["b", "c"]) == ["echo: b", "echo: c"]
     assert rlm.client.transport("openai/sub-model").name == "wire"
     assert [r["model"] for r in server.requests] == ["sub-model"] * 3
     assert rlm.usage().total.input_tokens == 30
@@ -57,7 +57,7 @@ async def test_an_anthropic_model_goes_through_litellm(server, monkeypatch):
 
     monkeypatch.setattr(litellm, "acompletion", spy)
     rlm = make_rlm(server, sub_model=CLAUDE, api_base=server.anthropic_base)
-    assert await rlm.helpers.llm_query_batch(["a"]) == ["echo: a"]
+    assert await helpers(rlm).llm_query_batch(["a"]) == ["echo: a"]
     assert sent == [CLAUDE] and rlm.client.transport(CLAUDE).name == "litellm"
 
 
@@ -94,7 +94,7 @@ async def test_parameters_litellm_would_rewrite_send_the_call_through_litellm(se
     odd = make_rlm(server, litellm_kwargs={"drop_params": True})
     assert plain.client.transport("openai/x").name == "wire"
     assert odd.client.transport("openai/x").name == "litellm"
-    await plain.helpers.llm_query_batch(["a"])
+    await helpers(plain).llm_query_batch(["a"])
     body = server.requests[-1]
     assert (body["temperature"], body["seed"], body["top_k"]) == (0.1, 7, 5)
     assert "extra_body" not in body and "max_retries" not in body
@@ -129,7 +129,7 @@ async def test_an_unreachable_endpoint_reads_the_same_on_both_transports(server)
     heads = {}
     for name, rlm in transports(server, api_base=endpoint, max_retries=1).items():
         with pytest.raises(LLMQueryError) as caught:
-            await rlm.helpers.llm_query("x")
+            await helpers(rlm).llm_query("x")
         message = str(caught.value)
         assert len(message.splitlines()) == 1
         heads[name] = message.split(" (")[0]
@@ -182,7 +182,7 @@ async def test_a_429_is_waited_out_and_teaches_the_gate_on_both_transports(serve
                 "x-ratelimit-reset-requests": "2s",
             },
         )
-        assert await rlm.helpers.llm_query_batch(["x"]) == ["echo: x"], name
+        assert await helpers(rlm).llm_query_batch(["x"]) == ["echo: x"], name
         [record] = rlm.client.ledger.records
         assert (record.rate_limited, record.retries, record.error) == (2, 0, None), name
         gate = rlm.client.gate()
@@ -206,7 +206,7 @@ async def test_a_streamed_answer_over_the_wire_arrives_piece_by_piece(rlm, serve
 
 async def test_a_cancelled_wire_request_closes_its_connection(rlm, server):
     server.latency = 30
-    task = asyncio.ensure_future(rlm.helpers.llm_query_batch(["a", "b"]))
+    task = asyncio.ensure_future(helpers(rlm).llm_query_batch(["a", "b"]))
     assert await asyncio.to_thread(server.wait_for, lambda: server.in_flight == 2)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -218,7 +218,7 @@ async def test_each_loop_closes_its_own_connections(rlm, server):
     from rlm_magic.llm.transports import close_loop_clients
     from rlm_magic.llm.transports.wire import sessions
 
-    await rlm.helpers.llm_query_batch(["a"])
+    await helpers(rlm).llm_query_batch(["a"])
     session, _ = sessions._SESSIONS[asyncio.get_running_loop()]
     await close_loop_clients()
     assert session.closed and asyncio.get_running_loop() not in sessions._SESSIONS
@@ -250,7 +250,7 @@ async def test_a_key_from_the_environment_is_read_again_when_it_changes(monkeypa
 async def test_a_price_registered_after_the_first_call_prices_the_next(rlm, server, monkeypatch):
     litellm = await load_litellm()
     monkeypatch.delitem(litellm.model_cost, "openai/late-priced", raising=False)
-    await rlm.helpers.llm_query_batch(["a"], model="openai/late-priced")
+    await helpers(rlm).llm_query_batch(["a"], model="openai/late-priced")
     monkeypatch.setitem(
         litellm.model_cost,
         "openai/late-priced",
@@ -261,7 +261,7 @@ async def test_a_price_registered_after_the_first_call_prices_the_next(rlm, serv
             "mode": "chat",
         },
     )
-    await rlm.helpers.llm_query_batch(["b"], model="openai/late-priced")
+    await helpers(rlm).llm_query_batch(["b"], model="openai/late-priced")
     first, second = rlm.client.ledger.records
     assert first.cost_usd is None
     assert second.cost_usd == pytest.approx(10 * 1e-6 + 5 * 2e-6)
@@ -270,7 +270,7 @@ async def test_a_price_registered_after_the_first_call_prices_the_next(rlm, serv
 async def test_a_vllm_server_is_sent_the_model_name_it_knows(server, monkeypatch):
     await forbid_litellm_calls(monkeypatch)
     rlm = make_rlm(server, sub_model="hosted_vllm/Qwen/Qwen3-8B", api_key=None)
-    assert await rlm.helpers.llm_query_batch(["a"]) == ["echo: a"]
+    assert await helpers(rlm).llm_query_batch(["a"]) == ["echo: a"]
     assert server.requests[-1]["model"] == "Qwen/Qwen3-8B"
 
 
@@ -281,7 +281,7 @@ def test_a_script_s_asyncio_run_closes_the_connections_it_opened(server):
     opened = []
 
     async def query():
-        answer = await rlm.helpers.llm_query_batch(["a"])
+        answer = await helpers(rlm).llm_query_batch(["a"])
         opened.append(sessions._SESSIONS[asyncio.get_running_loop()][0])
         return answer
 

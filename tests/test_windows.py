@@ -10,7 +10,7 @@ from rlm_magic.errors import CompactionError
 from rlm_magic.llm import profiles, windows
 from rlm_magic.rlm.compaction import Conversation
 
-from .conftest import ROOT, make_rlm
+from .conftest import ROOT, helpers, make_rlm
 
 
 def repl(code: str) -> str:
@@ -51,7 +51,7 @@ async def test_a_prompt_that_fits_is_sent(server):
 async def test_notebook_llm_query_raises_prompt_too_long(server):
     rlm = make_rlm(server, context_window=2000, max_tokens=500)
     with pytest.raises(PromptTooLongError) as caught:
-        await rlm.helpers.llm_query(PROSE * 400)
+        await helpers(rlm).llm_query(PROSE * 400)
     assert isinstance(caught.value, LLMQueryError)
     assert "prompt is about" in str(caught.value) and "split it" in str(caught.value)
     assert caught.value.room == 2000 - 256 and caught.value.tokens > 1744
@@ -61,7 +61,7 @@ async def test_notebook_llm_query_raises_prompt_too_long(server):
 async def test_a_window_litellm_knows_is_used_without_configuration(server):
     rlm = make_rlm(server, sub_model="openai/gpt-4o-mini")  # 128k tokens to litellm
     with pytest.raises(PromptTooLongError) as caught:
-        await rlm.helpers.llm_query("word " * 700_000)
+        await helpers(rlm).llm_query("word " * 700_000)
     assert caught.value.room == 128_000 - 256  # max_tokens gives way to a short answer
     assert server.requests == []
 
@@ -70,11 +70,11 @@ async def test_the_window_is_learned_from_the_providers_error(server):
     server.context_window = 1000
     rlm = make_rlm(server)  # no window known: the first oversized prompt is sent
     with pytest.raises(LLMQueryError, match="maximum context length is 1000 tokens"):
-        await rlm.helpers.llm_query(PROSE * 100)
+        await helpers(rlm).llm_query(PROSE * 100)
     assert len(server.requests) == 1
     assert rlm.client.input_window("openai/sub-model") == 1000
     with pytest.raises(PromptTooLongError):
-        await rlm.helpers.llm_query(PROSE * 100)
+        await helpers(rlm).llm_query(PROSE * 100)
     assert len(server.requests) == 1  # the second one was not sent
 
 
@@ -262,7 +262,7 @@ async def test_litellm_is_asked_for_a_model_s_window_off_the_loop(server, monkey
 
     monkeypatch.setattr(litellm, "get_model_info", model_info)
     rlm = make_rlm(server, sub_model="openai/window-probe-model")
-    assert await rlm.helpers.llm_query("x") == "echo: x"
+    assert await helpers(rlm).llm_query("x") == "echo: x"
     # Ours is the first ask, before the request is built (litellm asks again inside).
     assert asked[0] == ("openai/window-probe-model", asked[0][1])
     assert asked[0][1] is not threading.main_thread()

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import types
 
-from ..rlm.engine import RLM
+from ..rlm.runner import RLM
 from . import interrupts
-from .helpers import HELPER_CODES
+from .helpers import HELPER_CODES, NotebookHelpers
 from .magics import RLMMagics, transform_rlm_cell
 
 _STATE_ATTR = "_rlm_magic_state"
@@ -38,7 +38,7 @@ def load(shell) -> None:
     shell.register_magics(magics)
     if transform_rlm_cell not in shell.input_transformers_cleanup:
         shell.input_transformers_cleanup.append(transform_rlm_cell)
-    helpers = rlm.helpers.namespace()
+    helpers = NotebookHelpers(rlm).namespace()  # the notebook's side: built here
     shell.push(helpers)
     shell.user_ns_hidden.update(helpers)  # keep them out of %who
     plain = shell.display_formatter.formatters["text/plain"]

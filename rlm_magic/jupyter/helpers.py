@@ -18,11 +18,12 @@ from ..llm.messages import as_prompt_list, build_messages, check_max_tokens
 from ..llm.structured import AnswerFormat, ask
 from ..maps.gather import BatchOutcome, gather_limited
 from ..maps.run_map import MapOutcome, MapSpec, run_map
+from ..repl.helpers import bound_to
 from .interrupts import run_interruptibly
 from .progress import BatchProgress
 
 if TYPE_CHECKING:
-    from ..rlm.engine import RLM
+    from ..rlm.runner import RLM
 
 
 class NotebookHelpers:
@@ -187,14 +188,8 @@ class NotebookHelpers:
         return _collect(results, errors, return_exceptions)
 
     def namespace(self) -> dict[str, Any]:
-        return {
-            "llm_query": self.llm_query,
-            "llm_query_batch": self.llm_query_batch,
-            "llm_query_batched": self.llm_query_batch,
-            "rlm_query": self.rlm_query,
-            "rlm_query_batch": self.rlm_query_batch,
-            "rlm_query_batched": self.rlm_query_batch,
-        }
+        """The helpers by name (with the official library's spellings too)."""
+        return bound_to(self)
 
 
 _interrupted_batch: BatchError | None = None

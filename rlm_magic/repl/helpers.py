@@ -8,6 +8,7 @@ Standard library only: the sandbox worker imports this.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -31,3 +32,9 @@ HELPER_NAMES = tuple(helper.name for helper in HELPERS)
 BATCH_NAMES = tuple(helper.name for helper in HELPERS if helper.batch)
 # alias -> the helper it serves
 ALIASES = {helper.name: helper.alias_of for helper in HELPERS if helper.alias_of is not None}
+
+
+def bound_to(owner: Any) -> dict[str, Any]:
+    """Every helper name, bound to ``owner``'s method of that name (an alias to the
+    method it serves): the table a REPL, or a notebook, is given."""
+    return {helper.name: getattr(owner, helper.alias_of or helper.name) for helper in HELPERS}

@@ -6,6 +6,15 @@ here: batches run concurrently, so fan out with ``llm_query_batch``.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
+from ..llm.profiles import DEFAULT_CHARS_PER_TOKEN
+from ..llm.windows import answer_room, chars_per_token
+
+if TYPE_CHECKING:
+    from ..llm.client import LLMClient
+    from .session import RLMSession
+
 SYSTEM_PROMPT = """\
 You are answering a question about a context that may be far too large to read at once.
 You work in a Python REPL. Write code in ```repl blocks; each block runs in order and you
@@ -69,7 +78,9 @@ CONTINUE_PROMPT = (
 )
 
 
-def chunk_advice(room_tokens: int | None, chars_per_token: int = 4) -> tuple[str, str]:
+def chunk_advice(
+    room_tokens: int | None, chars_per_token: float = DEFAULT_CHARS_PER_TOKEN
+) -> tuple[str, str]:
     """(what one sub-model prompt can hold, a chunk size to suggest), from the tokens
     the sub-model takes as a prompt; the classic advice when that is unknown."""
     if room_tokens is None:
@@ -126,3 +137,99 @@ def describe_context(context) -> tuple[str, int, str]:
 def _short(value, limit: int = 200) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + "..."
+
+
+class RunPrompts:
+    """A run's system prompt and first message. The system prompt advises how much one
+    sub-call can read: the sub-model's window less its answers' room, at the characters
+    per token its usage showed; it is written again when what is known of either moves
+    enough to change the advice (``refreshed``), and only then (a new system prompt costs
+    the provider's prompt cache its prefix)."""
+
+    def __init__(
+        self,
+        client: LLMClient,
+        *,
+        template: str | None,
+        sub_model: str,
+        max_tokens: int,
+        max_depth: int,
+        depth: int,
+        max_output_chars: int,
+    ):
+        self.client = client
+        self.template = template or SYSTEM_PROMPT
+        self.sub_model = sub_model
+        self.max_tokens = max_tokens
+        self.max_depth, self.depth = max_depth, depth
+        self.max_output_chars = max_output_chars
+        self._described: tuple[str, int, str] | None = None
+        self._advised_for: tuple[int | None, float] = (None, DEFAULT_CHARS_PER_TOKEN)
+
+    def system(self, context: Any) -> str:
+        if self._described is None:
+            self._described = describe_context(context)
+        type_name, length, preview = self._described
+        self._advised_for = self._sub_model_now()
+        reads, chunk = self._chunk_advice()
+        fields = _Fields(
+            context_type=type_name,
+            context_length=length,
+            sub_model_reads=reads,
+            chunk_size=chunk,
+            context_preview=self.client.redactor()(preview),
+            max_depth=self.max_depth,
+            depth_left=self.max_depth - self.depth,
+            max_output_chars=self.max_output_chars,
+        )
+        try:
+            return self.template.format_map(fields)
+        except (ValueError, IndexError):
+            return self.template  # a custom prompt with literal braces: used as written
+
+    def refreshed(self, context: Any) -> str | None:
+        """A new system prompt when a window learned since the last one (or a tokenizer
+        that reads a quarter more or less than it assumed) changes the advice; else None."""
+        window, per_token = self._advised_for
+        now = self._sub_model_now()
+        if now[0] == window and abs(now[1] - per_token) <= 0.25 * per_token:
+            return None
+        return self.system(context)
+
+    def first_message(self, query: str, session: RLMSession | None) -> str:
+        question = (
+            f"Question: {query}\n\nThe data is in the REPL variable `context`. "
+            "Look at it before you answer."
+        )
+        if session is None or not session.exchanges:
+            return question
+        contexts = len(session.contexts)
+        earlier = (
+            f" Earlier contexts of this session: "
+            f"{', '.join(f'context_{i}' for i in range(contexts - 1))}."
+            if contexts > 1
+            else ""
+        )
+        return f"{session.memory()}\n\n{question}{earlier}"
+
+    def _sub_model_now(self) -> tuple[int | None, float]:
+        return (
+            self.client.input_window(self.sub_model, advice=True),
+            chars_per_token(self.sub_model),
+        )
+
+    def _chunk_advice(self) -> tuple[str, str]:
+        """What one sub-call prompt can hold: the sub-model's window less its answers'
+        room, at the characters per token its usage reports showed."""
+        window = self.client.input_window(self.sub_model, advice=True)
+        return chunk_advice(
+            window - answer_room(window, self.max_tokens, self.sub_model) if window else None,
+            chars_per_token(self.sub_model),
+        )
+
+
+class _Fields(dict):
+    """Format fields for a custom system prompt; unknown {names} stay as written."""
+
+    def __missing__(self, key: str) -> str:
+        return "{" + key + "}"

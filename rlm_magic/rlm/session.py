@@ -10,14 +10,25 @@ A failed or interrupted run leaves the session as it was, its variables included
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import ConfigError
 
 if TYPE_CHECKING:
-    from .engine import RLM
+    from ..repl.base import REPL
     from .result import RLMResult
+
+
+class Answerer(Protocol):
+    """What a session asks its questions of: an ``RLM``."""
+
+    sandbox: str
+
+    async def arun(self, query: str, context: Any = None, **overrides: Any) -> RLMResult: ...
+
 
 # The memory shown to the next question: the latest questions in full, their answers
 # cut to this many characters (the variables keep everything).
@@ -38,13 +49,13 @@ class RLMSession:
     ``await session.arun(question, context=...)`` (or ``rlm.arun(..., session=session)``);
     ``await session.aclose()`` ends it (its sandbox process too)."""
 
-    def __init__(self, rlm: RLM, name: str = "session", sandbox: str | None = None):
+    def __init__(self, rlm: Answerer, name: str = "session", sandbox: str | None = None):
         self.rlm = rlm
         self.name = name
         self.sandbox = sandbox or rlm.sandbox
         if self.sandbox not in ("process", "none"):
             raise ConfigError(f"sandbox must be 'process' or 'none', got {self.sandbox!r}")
-        self.repl = None  # made by the first run, kept open between runs
+        self.repl: REPL | None = None  # made by the first run, kept open between runs
         self.namespace: dict[str, Any] | None = None  # the in-process REPL's
         self.contexts: list[Any] = []
         self.exchanges: list[Exchange] = []
@@ -58,11 +69,36 @@ class RLMSession:
         """Ask the next question of this session."""
         return await self.rlm.arun(query, context, session=self, **overrides)
 
-    # -- what the engine uses -------------------------------------------------------------
+    # -- what a run of the session uses -----------------------------------------------------
     @property
     def context(self) -> Any:
         """The latest context given, or None."""
         return self.contexts[-1] if self.contexts else None
+
+    @asynccontextmanager
+    async def answering(self, result: RLMResult) -> AsyncIterator[None]:
+        """Hold the session for one question: on its loop, one question at a time, and
+        the question's ``result`` recorded however its run ends (failed and interrupted
+        runs too)."""
+        self.claim(asyncio.get_running_loop())
+        async with self._busy:
+            try:
+                yield
+            finally:
+                self.record(result)
+
+    def keep(self, repl: REPL, namespace: dict[str, Any] | None = None) -> None:
+        """Keep the REPL a run made (and, in-process, its namespace) for the next ones."""
+        self.repl, self.namespace = repl, namespace
+
+    def context_name(self) -> str:
+        """The name the next context takes besides ``context``: ``context_N``."""
+        return f"context_{len(self.contexts)}"
+
+    def add_context(self, context: Any) -> None:
+        """A context the REPL now holds (only once it does: a failed delivery leaves the
+        session as it was)."""
+        self.contexts.append(context)
 
     def claim(self, loop: asyncio.AbstractEventLoop) -> None:
         if self.closed:

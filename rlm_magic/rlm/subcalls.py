@@ -21,8 +21,10 @@ from ..llm.usage import UsageLedger
 from ..llm.windows import is_context_error, prompt_in_error
 from ..maps.gather import gather_limited
 from ..maps.run_map import MapObserver, MapSpec, run_map
+from ..repl.helpers import bound_to
 
 if TYPE_CHECKING:
+    from ..llm.client import LLMClient
     from .live_turn import LiveTurn
     from .result import RLMResult
 
@@ -74,7 +76,8 @@ class SubCalls:
 
     def __init__(
         self,
-        rlm,
+        client: LLMClient,
+        concurrency: Callable[[], int],
         tree: RunTree,
         *,
         sub_model: str,
@@ -84,7 +87,8 @@ class SubCalls:
         child_run: ChildRun,
         deadline: float | None = None,
     ):
-        self.rlm = rlm
+        self.client = client
+        self.concurrency = concurrency  # child runs at once (RLM.max_concurrency, read live)
         self.tree = tree
         self.sub_model = sub_model
         self.depth = depth
@@ -99,23 +103,12 @@ class SubCalls:
         self.step_deadline: float | None = None
 
     @property
-    def client(self):
-        return self.rlm.client
-
-    @property
     def deadline(self) -> float | None:
         return self.step_deadline or self.outer_deadline
 
     def helpers(self) -> dict[str, Any]:
         """The REPL's helpers by name (with the official library's spellings too)."""
-        return {
-            "llm_query": self.llm_query,
-            "llm_query_batch": self.llm_query_batch,
-            "llm_query_batched": self.llm_query_batch,
-            "rlm_query": self.rlm_query,
-            "rlm_query_batch": self.rlm_query_batch,
-            "rlm_query_batched": self.rlm_query_batch,
-        }
+        return bound_to(self)
 
     async def llm_query(
         self,
@@ -219,7 +212,7 @@ class SubCalls:
                 f"Error: rlm_query_batch got {len(prompts)} prompts and {len(contexts)} contexts"
             ] * len(prompts)
         # Children hold no client slot while they think: a limiter of their own.
-        limiter = ConcurrencyLimiter(lambda: self.rlm.max_concurrency)
+        limiter = ConcurrencyLimiter(self.concurrency)
         calls = [(lambda p=p, c=c: self.rlm_query(p, c)) for p, c in zip(prompts, contexts)]
         answers, errors = await gather_limited(calls, limiter)
         return [f"Error: {errors[i]}" if i in errors else a for i, a in enumerate(answers)]
@@ -239,15 +232,15 @@ class SubCalls:
         tokens = self._tokens(max_tokens)
         self.tree.call_started()
         messages = build_messages(prompt, system if isinstance(system, str) else None)
-        options = dict(
-            model=self.sub_model,
-            max_tokens=tokens,
-            ledger=self.tree.ledger,
+        options: dict[str, Any] = {
+            "model": self.sub_model,
+            "max_tokens": tokens,
+            "ledger": self.tree.ledger,
             # Streamed: the timeout is then a stall timeout, and a slow local model's
             # long answer is not cut off at a total and started again.
-            stream=True,
-            deadline=self.deadline,
-        )
+            "stream": True,
+            "deadline": self.deadline,
+        }
         try:
             if answer_format is not None:
                 typed = await ask(

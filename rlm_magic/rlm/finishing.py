@@ -1,0 +1,168 @@
+"""How a run's answer is taken, and when an answer is not one.
+
+A run finishes when the model gives its answer in one of the accepted forms
+(``replies.ACCEPTED_FORMS``): a ``FINAL(...)`` or ``FINAL_VAR(...)`` marker in its reply,
+a ``FINAL``/``FINAL_VAR`` call in its code, a ``FINAL(...)`` line its code prints, or the
+answer dict set ready. ``Finishing`` reads these against the REPL (a variable's value
+for ``FINAL_VAR``), and refuses what cannot be an answer: a marker cut off with its
+reply, an empty value, an answer given by a block that then failed. ``is_error`` tells an
+answer that is only a failed call's error string.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from .replies import ACCEPTED_FORMS, Final, Reply, read_printed_final, read_reply
+from .result import Iteration, RLMResult
+
+if TYPE_CHECKING:
+    from ..repl.base import REPL
+
+
+class Finishing:
+    """What one run knows about how it may finish, and its answer once it has one."""
+
+    def __init__(self, result: RLMResult):
+        self.result = result
+        self.repl: REPL | None = None  # the run's, once it is open
+        # (answer, how) once a block finished the run: FINAL called or printed in code,
+        # or the answer dict set ready.
+        self.finished: tuple[str, str] | None = None
+        self.cut_off = ""  # where the last root turn was cut ("" if it was whole)
+        self.broken_off: str | None = None  # why the last root turn broke off
+        self._told_restored: set[str] = set()  # scaffold names the model was told of
+
+    def read(self, reply: str) -> Reply:
+        """The reply's blocks and markers. A turn that broke off (a stall, a server
+        gone) is kept as far as it came, but a block it left unclosed is not run: it may
+        be half written."""
+        reading = read_reply(reply)
+        if self.broken_off:
+            reading = replace(reading, fences=[f for f in reading.fences if f.closed])
+            self.broken_off = None
+        return reading
+
+    def readable(self, reading: Reply) -> tuple[Final | None, list[str]]:
+        """The reply's final answer and the problems to tell the model. An answer read
+        by the line rule (no ')' balances it) from a reply cut off (at max_tokens, or
+        broken off by a stall or the step's deadline) may be cut off itself: it is not
+        taken."""
+        final = reading.final
+        if final is not None and self.cut_off and not final.balanced:
+            return None, [
+                f"Your reply was cut off {self.cut_off} inside "
+                f"{final.kind}(...), so its answer may be cut off too; it was "
+                "not taken. Give the "
+                f"answer again, shorter. Accepted forms: {ACCEPTED_FORMS}."
+            ]
+        return final, reading.problems
+
+    async def by_block(
+        self, finish: Sequence[str] | None, outputs: list[str], iteration: Iteration
+    ) -> bool:
+        """Whether a block finished the run (the REPL, in this process or the sandbox's,
+        says how); the answer goes to ``finished``."""
+        if not finish:
+            return False
+        how, answer = finish
+        if how == "print":  # the block printed a FINAL(...) line of its own
+            marker = read_printed_final(answer)
+            if marker is None:
+                outputs.append(
+                    f"Your code printed {answer.strip()[:200]!r}, from which no "
+                    "FINAL(...) answer could be read, so the run goes on. "
+                    f"Accepted forms: {ACCEPTED_FORMS}."
+                )
+                return False
+            resolved, problem = await self.resolve(marker, iteration)
+            if resolved is None:
+                outputs.append(problem)
+                return False
+            answer, how = resolved, "printed marker"
+        self.finished = (answer, "call in code" if how == "code" else how)
+        return True
+
+    def restored_note(self, names: list[str]) -> str:
+        """Tell the model, once per name, that the block rebound a name the REPL
+        provides, and that it is back."""
+        new = [name for name in names if name not in self._told_restored]
+        self._told_restored.update(new)
+        if not new:
+            return ""
+        listed = ", ".join(f"`{name}`" for name in new)
+        return (
+            f"\n[Your code rebound {listed}, which the REPL provides; "
+            f"{'it is' if len(new) == 1 else 'they are'} restored for your next "
+            "blocks. Keep your own values under other names.]"
+        )
+
+    async def resolve(
+        self, marker: Final, iteration: Iteration | None = None
+    ) -> tuple[str | None, str]:
+        """(the answer a marker gives, or None, and the problem to tell the model)."""
+        answer, problem = await self._resolve_marker(marker, iteration)
+        if answer is not None and not answer.strip():  # an empty variable's value
+            return None, (
+                f"{marker.kind}({marker.value}) gives an empty answer, so the "
+                "run goes on. Give the answer itself."
+            )
+        return answer, problem
+
+    async def _resolve_marker(
+        self, marker: Final, iteration: Iteration | None = None
+    ) -> tuple[str | None, str]:
+        repl = self.repl
+        if marker.kind == "FINAL":
+            # FINAL(name), where name is exactly a REPL variable's: a real model's slip
+            # for FINAL_VAR(name). Answer with the value, and say so.
+            value = None
+            if repl is not None and marker.value.isidentifier():
+                try:
+                    if marker.value in await repl.variable_names():
+                        value = await repl.final_var(marker.value)
+                except Exception:  # noqa: BLE001 - a sandbox that cannot say: the text stands
+                    value = None
+                if value is not None:
+                    note = (
+                        f"FINAL({marker.value}) names a REPL variable: answered with "
+                        "its value, as FINAL_VAR would"
+                    )
+                    if iteration is not None:
+                        iteration.notes.append(note)
+                    else:
+                        self.result.notes.append(note)
+                    return value, ""
+            return marker.value, ""
+        value = await repl.final_var(marker.value) if repl else None
+        if value is not None:
+            return value, ""
+        names = ", ".join(await repl.variable_names() if repl else []) or "none yet"
+        return None, (
+            f"FINAL_VAR({marker.value}): there is no variable named "
+            f"{marker.value!r} in the REPL (variables: {names})."
+        )
+
+
+def is_error(answer: str | None) -> bool:
+    """An answer that is a failed call's error string, or only such strings (a
+    FINAL_VAR of a list whose every item is an ``Error:``)."""
+    if not isinstance(answer, str):
+        return False
+    text = answer.strip()
+    if text.startswith("Error:"):
+        return True
+    if text[:1] in "[(" and text[-1:] in "])" and len(text) < 1_000_000:
+        try:
+            items = ast.literal_eval(text)
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            return False
+        return (
+            isinstance(items, (list, tuple))
+            and bool(items)
+            and all(isinstance(item, str) and item.lstrip().startswith("Error:") for item in items)
+        )
+    return False

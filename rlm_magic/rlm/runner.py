@@ -1,0 +1,129 @@
+"""``RLM``: the settings users set (``%config RLM.model = ...``) and the runner of runs.
+
+``RLM`` is the traitlets configurable (``RLMConfig``'s traits, under the name users
+address) and what a run starts from: ``await RLM(...).arun(query, context=...)``. It owns
+what all its runs share (the client: one concurrency limit, one ledger) and its named
+sessions; each ``arun`` builds a ``Run`` (``run``) holding that run's state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from ..config import RLMConfig
+from ..errors import ConfigError
+from ..llm.client import LLMClient
+from ..llm.transports import close_loop_clients
+from ..llm.usage import SESSION_LEDGER, UsageLedger, UsageSummary
+from .result import RLMResult
+from .run import Run
+from .session import RLMSession
+
+
+class RLM(RLMConfig):
+    """Recursive Language Model runner and the ``RLM`` settings of rlm-magic."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._client: LLMClient | None = None
+        self.sessions: dict[str, RLMSession] = {}
+
+    @property
+    def client(self) -> LLMClient:
+        """The client all calls of this RLM go through (one limit, one ledger)."""
+        if self._client is None:
+            self._client = LLMClient(self, UsageLedger(parent=SESSION_LEDGER))
+        return self._client
+
+    def usage(self) -> UsageSummary:
+        """Usage of every call made through this RLM."""
+        return self.client.ledger.summary()
+
+    def session(self, name: str = "session", sandbox: str | None = None) -> RLMSession:
+        """The session called ``name``, started on first use."""
+        existing = self.sessions.get(name)
+        if existing is None or existing.closed:
+            existing = self.sessions[name] = RLMSession(self, name, sandbox)
+        return existing
+
+    async def forget(self, name: str) -> bool:
+        """End the session ``name`` (its sandbox process too); False if there is none."""
+        session = self.sessions.pop(name, None)
+        if session is None:
+            return False
+        await session.aclose()
+        return True
+
+    def start(
+        self,
+        query: str,
+        context: Any = None,
+        *,
+        session: RLMSession | str | None = None,
+        sandbox: str | None = None,
+        **overrides: Any,
+    ) -> Run:
+        """A run, not yet started: ``await run.execute()``; ``run.result`` is kept up
+        to date, so a caller still has the partial result after an interrupt.
+        ``session``: an ``RLMSession``, or the name of one of this RLM's."""
+        if isinstance(session, str):
+            session = self.session(session, sandbox)
+        return Run(self, self.client, query, context, session=session, sandbox=sandbox, **overrides)
+
+    async def arun(
+        self,
+        query: str,
+        context: Any = None,
+        *,
+        model: str | None = None,
+        sub_model: str | None = None,
+        max_iterations: int | None = None,
+        max_depth: int | None = None,
+        namespace: dict[str, Any] | None = None,
+        sandbox: str | None = None,
+        session: RLMSession | str | None = None,
+    ) -> RLMResult:
+        """Answer ``query`` about ``context``; returns an ``RLMResult`` (check ``.success``).
+
+        ``session``: an ``RLMSession`` (or the name of one of this RLM's) to carry on
+        in: its REPL variables, contexts and earlier answers are there for this question.
+
+        ``namespace``: run the REPL in this dict instead of a fresh one (what ``--live``
+        does with the notebook's namespace); such a run is never sandboxed.
+        ``sandbox``: "process" or "none" for this run (default: ``RLM.sandbox``).
+        """
+        return await self.start(
+            query,
+            context,
+            model=model,
+            sub_model=sub_model,
+            max_iterations=max_iterations,
+            max_depth=max_depth,
+            namespace=namespace,
+            sandbox=sandbox,
+            session=session,
+        ).execute()
+
+    async def _run_and_close(self, query: str, context: Any, **overrides) -> RLMResult:
+        try:
+            return await self.arun(query, context, **overrides)
+        finally:
+            await close_loop_clients()  # this loop ends with the run: so do its connections
+
+    def run(self, query: str, context: Any = None, **overrides) -> RLMResult:
+        """Blocking ``arun``, for scripts. In a notebook, ``await rlm.arun(...)``."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            if overrides.get("session") is not None:
+                raise ConfigError(
+                    "RLM.run() cannot carry a session: each call runs on an event loop of "
+                    "its own, and a session's REPL lives on one; use `await rlm.arun(..., "
+                    "session=...)`, e.g. inside one asyncio.run for all the questions"
+                ) from None
+            return asyncio.run(self._run_and_close(query, context, **overrides))
+        raise RuntimeError(
+            "RLM.run() cannot be used inside a running event loop (such as "
+            "a notebook cell): use `await rlm.arun(...)` instead"
+        )

@@ -1,0 +1,149 @@
+"""The REPL a run's code runs in, from its making to its closing.
+
+Where the model's code runs is decided here, once per run:
+
+- in a sandbox process (``RLM.sandbox = "process"``, the default where it can be);
+- in threads of this kernel (``"none"``), in a fresh namespace;
+- in the notebook's own namespace (``--live``): never sandboxed, and every name the run
+  put there is taken out again at its end (the notebook's own values put back);
+- in a session's REPL (``--session``), made by its first run and kept open for the next:
+  a new context joins the earlier ones as ``context_N`` and becomes ``context``.
+
+Whatever ends the run, closing keeps the model's variables (``result.variables``:
+answers already paid for stay reachable) and what isolation held.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..repl.base import REPL, Helpers, SandboxSettings
+from ..repl.inprocess import AsyncREPL
+from ..repl.sandbox import SandboxREPL
+from ..repl.steps import FINISHERS, preloaded, repl_builtins
+from .result import RLMResult
+from .session import RLMSession
+
+# Names a run puts into a live namespace besides the context and helpers.
+_SCAFFOLD = ("__rlm_async__", "__rlm_print_final__", "history")
+
+
+class Workspace:
+    """One run's REPL: ``await open()``, then ``repl``; ``await close(result)`` at the end."""
+
+    def __init__(
+        self,
+        context: Any,
+        helpers: Helpers,
+        *,
+        sandbox: str,
+        settings: SandboxSettings,
+        secrets: tuple[str, ...],
+        max_output_chars: int,
+        sub_calls_left: Any,
+        namespace: dict[str, Any] | None = None,
+        session: RLMSession | None = None,
+    ):
+        self.context = context  # a session's latest, once open, when the run gave none
+        self.helpers = helpers
+        self.sandbox = sandbox
+        self.settings = settings
+        self.secrets = secrets
+        self.max_output_chars = max_output_chars
+        self.sub_calls_left = sub_calls_left
+        self.session = session
+        self.live = namespace is not None
+        self.namespace = (
+            namespace
+            if namespace is not None
+            else {"__name__": "__rlm__", "__builtins__": repl_builtins()}
+        )
+        self.repl: REPL | None = None
+        self._preexisting = set(self.namespace) if self.live else set()  # the notebook's
+        self._touched: list[str] = []
+        self._saved: dict[str, Any] = {}
+
+    async def open(self) -> REPL:
+        namespace = self.namespace
+        injected = preloaded(namespace, self.context)
+        self._touched = [*injected, *self.helpers, *FINISHERS, *_SCAFFOLD]
+        if self.live:
+            self._saved = {name: namespace[name] for name in self._touched if name in namespace}
+        if self.session is not None:
+            await self._session_repl(self.session, injected)
+        elif self.sandbox == "process":
+            self.repl = self._sandbox_repl(self.context)
+            await self.repl.start()  # the process starts while the root model thinks
+        else:
+            namespace.update(injected)
+            self.repl = AsyncREPL(namespace, self.helpers)
+        assert self.repl is not None
+        return self.repl
+
+    def _sandbox_repl(self, context: Any, context_names: tuple[str, ...] = ()) -> SandboxREPL:
+        return SandboxREPL(
+            context,
+            self.helpers,
+            max_output_chars=self.max_output_chars,
+            secrets=self.secrets,
+            context_names=context_names,
+            settings=self.settings,
+            sub_calls_left=self.sub_calls_left,
+        )
+
+    async def _session_repl(self, session: RLMSession, injected: dict[str, Any]) -> None:
+        """The session's REPL, made by its first run and kept: a new context joins the
+        earlier ones as context_N and becomes `context`."""
+        fresh = self.context is not None
+        context = self.context if fresh else session.context
+        names = [session.context_name(), "context"] if fresh else []
+        if session.repl is None:
+            if self.sandbox == "process":
+                # The session owns it from the start: whatever happens next, it is closed.
+                repl = self._sandbox_repl(context, tuple(names[:1]))
+                self.repl = repl
+                session.keep(repl)
+                try:
+                    await repl.start()
+                except BaseException:
+                    session.repl = None  # the run's end closes it; the next run starts anew
+                    raise
+            else:
+                self.namespace.update(injected)
+                self.namespace.update(dict.fromkeys(names, context))
+                self.repl = AsyncREPL(self.namespace, self.helpers)
+                session.keep(self.repl, self.namespace)
+        else:
+            self.repl = session.repl
+            self.repl.rebind(self.helpers)
+            await self.repl.set_variable("answer", {"content": "", "ready": False})
+            if names:
+                await self.repl.set_context(context, names)
+        if fresh:  # only once the REPL has it: a failed delivery leaves the session as it was
+            session.add_context(context)
+        self.context = context
+
+    async def close(self, result: RLMResult) -> None:
+        """Close the REPL, keeping the model's variables whatever ended the run: answers
+        already paid for stay reachable as result.variables. A session's REPL stays
+        open for its next question. A live namespace gets back what it held."""
+        try:
+            if self.repl is not None:
+                await self._close_repl(self.repl, result)
+        finally:
+            if self.live:
+                for name in self._touched:
+                    self.namespace.pop(name, None)
+                self.namespace.update(self._saved)
+
+    async def _close_repl(self, repl: REPL, result: RLMResult) -> None:
+        result.network_isolated = repl.network_isolated
+        result.isolation = repl.isolation
+        try:
+            variables = await repl.variables()
+            result.variables = {
+                name: value for name, value in variables.items() if name not in self._preexisting
+            }
+        finally:
+            if self.session is None or self.session.repl is not repl:
+                await repl.aclose()  # stopped steps may send nothing more

@@ -245,3 +245,21 @@ async def test_a_session_s_first_context_crosses_to_the_sandbox_once(server):
     result = await rlm.session("s").arun("q", context="first")
     assert result.trajectory[0].code[0].output == "True first"  # one copy, two names
     await rlm.forget("s")
+
+
+async def test_each_question_of_a_session_has_its_own_sub_call_budget(server, repl_kind):
+    rlm = make_rlm(server, sandbox=repl_kind, max_sub_calls=3)
+    session = rlm.session("budget")
+    server.script(
+        "root-model",
+        [
+            repl("first = llm_query_batch(['a', 'b', 'c'])"),
+            "FINAL(spent)",
+            repl("second = llm_query_batch(['q1', 'q2'])"),
+            "FINAL_VAR(second)",
+        ],
+    )
+    assert (await session.arun("q", context="c")).success
+    second = await session.arun("another question")
+    assert second.final_answer == str(["echo: q1", "echo: q2"])
+    await rlm.forget("budget")

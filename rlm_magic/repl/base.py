@@ -44,8 +44,9 @@ class REPL(Protocol):
         """A new context, under each of ``names``."""
         ...
 
-    def rebind(self, helpers: Helpers) -> None:
-        """Serve the helpers of the next run (a session's REPL outlives its runs)."""
+    def rebind(self, helpers: Helpers, sub_calls_left: Callable[[], int] | None = None) -> None:
+        """Serve the helpers of the next run (a session's REPL outlives its runs), and
+        count its batches against that run's sub-calls left."""
         ...
 
     async def variable_names(self) -> list[str]:

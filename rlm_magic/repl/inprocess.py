@@ -23,6 +23,7 @@ import io
 import itertools
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .base import REPL, Helpers
@@ -235,8 +236,9 @@ class AsyncREPL:
         for name in names:
             self.namespace[name] = value
 
-    def rebind(self, helpers: Helpers) -> None:
-        """Serve the helpers of the next run (a session's REPL outlives its runs)."""
+    def rebind(self, helpers: Helpers, sub_calls_left: Callable[[], int] | None = None) -> None:
+        """Serve the helpers of the next run (a session's REPL outlives its runs). Its
+        budget is the helpers' own to keep (``sub_calls_left`` matters to a sandbox)."""
         self._helpers = helpers
 
     async def variable_names(self) -> list[str]:

@@ -115,7 +115,7 @@ class Workspace:
                 session.keep(self.repl, self.namespace)
         else:
             self.repl = session.repl
-            self.repl.rebind(self.helpers)
+            self.repl.rebind(self.helpers, self.sub_calls_left)
             await self.repl.set_variable("answer", {"content": "", "ready": False})
             if names:
                 await self.repl.set_context(context, names)

@@ -322,9 +322,11 @@ class SandboxREPL:
         value = (await self._request("final_var", "final_var", timeout=30, name=name)).get("value")
         return value if isinstance(value, str) else None
 
-    def rebind(self, helpers: Helpers) -> None:
-        """Serve the helpers of the next run (a session's REPL outlives its runs)."""
+    def rebind(self, helpers: Helpers, sub_calls_left: Callable[[], int] | None = None) -> None:
+        """Serve the helpers of the next run (a session's REPL outlives its runs), and
+        cut its batches to that run's sub-calls left, not the first run's."""
         self.calls.helpers = helpers
+        self.calls.sub_calls_left = sub_calls_left
 
     async def set_context(self, value: Any, names: list[str]) -> None:
         """Send a new context (pickled, kernel to sandbox only) under ``names``; a

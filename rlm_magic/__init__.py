@@ -7,6 +7,8 @@ Nothing heavy is imported here: litellm loads on the first model call.
 
 from __future__ import annotations
 
+from . import _moved
+from ._version import __version__
 from .errors import (
     BatchError,
     ConfigError,
@@ -21,8 +23,9 @@ from .rlm.result import CodeRun, Compaction, Iteration, RLMResult
 from .rlm.runner import RLM
 from .rlm.session import RLMSession
 
-__version__ = "0.1.0"
+_moved.install()  # module paths of earlier versions still import
 __all__ = [
+    "__version__",
     "RLM",
     "RLMResult",
     "RLMRunError",

@@ -19,7 +19,7 @@ from traitlets import TraitError
 import rlm_magic
 from rlm_magic.jupyter.extension import session_rlm
 
-from .conftest import helpers, run_cell
+from .conftest import helpers, make_rlm, run_cell
 from .test_engine import repl
 
 # -- loading ---------------------------------------------------------------------------
@@ -468,3 +468,31 @@ async def test_no_progress_when_turned_off(shell, server, capsys):
     session_rlm(shell).progress = False
     await run_cell(shell, "await llm_query_batch(['a', 'b'])")
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize(
+    ("old", "name", "now"),
+    [
+        ("rlm_magic.rlm.engine", "RLM", "rlm_magic.rlm.runner"),
+        ("rlm_magic.llm.jobs", "BatchJob", "rlm_magic.maps.jobs"),
+        ("rlm_magic.llm.batch", "gather_limited", "rlm_magic.maps.gather"),
+        ("rlm_magic.llm.resume", "MapStore", "rlm_magic.maps.resume"),
+        ("rlm_magic.llm.openai_wire", "route_for", "rlm_magic.llm.transports.wire"),
+        ("rlm_magic.llm.transport", "Answer", "rlm_magic.llm.transports.base"),
+    ],
+)
+def test_a_module_path_of_an_earlier_version_still_imports_and_says_where_it_went(old, name, now):
+    import importlib
+    import sys
+
+    sys.modules.pop(old, None)
+    with pytest.warns(DeprecationWarning, match=now.replace(".", r"\.")):
+        module = importlib.import_module(old)
+    assert getattr(module, name) is getattr(importlib.import_module(now), name)
+
+
+def test_rlm_helpers_of_an_earlier_version_are_the_notebook_s(server):
+    from rlm_magic.jupyter.helpers import NotebookHelpers
+
+    with pytest.warns(DeprecationWarning, match="NotebookHelpers"):
+        assert isinstance(make_rlm(server).helpers, NotebookHelpers)

@@ -17,6 +17,7 @@ from typing import Any
 
 from ... import windows
 from ...pricing import cost_of_usage
+from ...profiles import DEFAULT_CHARS_PER_TOKEN
 from ...ratelimit import non_negative
 from ...streaming import StreamState, stream_completion
 from ..base import Answer, Messages, Request
@@ -197,8 +198,11 @@ class WireTransport:
             prompt = litellm.token_counter(model=model, messages=messages or [])
             output = litellm.token_counter(model=model, text=text) if text else 0
             return int(prompt), int(output)
-        except Exception:  # noqa: BLE001 - no tokenizer: about 4 characters a token
-            return max(1, _characters(messages) // 4), len(text) // 4
+        except Exception:  # noqa: BLE001 - no tokenizer: the usual characters a token
+            return (
+                max(1, int(_characters(messages) / DEFAULT_CHARS_PER_TOKEN)),
+                int(len(text) / DEFAULT_CHARS_PER_TOKEN),
+            )
 
 
 def _characters(messages) -> int:

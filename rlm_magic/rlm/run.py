@@ -1,12 +1,13 @@
 """The RLM loop: a root model answers a question by writing code in a REPL where the
 context is a variable, calling sub-models on pieces of it, until it gives its answer.
 
-One turn of the loop: the root model is asked (``_root_turn``: the conversation is
+One turn of the loop: the root model is asked (``root_turns``: the conversation is
 compacted first if it nears the model's window; the answer streams in, and with early
 execution its finished blocks start running while it still writes); its reply's blocks
-run in the REPL (``_run_block``: within a step's time, output redacted and cut to what
+run in the REPL (``code_runs``: within a step's time, output redacted and cut to what
 the model may read); and the run ends when an answer is taken (``finishing``), the
-budget is spent, or the turns run out (one last turn then asks for the answer).
+budget is spent (``tree``), or the turns run out (one last turn then asks for the
+answer).
 
 A ``Run`` holds one run's state, so several runs of one ``RLM`` (and a run's child runs,
 for ``rlm_query``) go on at once. Where the REPL lives is ``workspace``'s business, what
@@ -18,25 +19,26 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError, LLMQueryError, PromptTooLongError, describe_exception
-from ..llm.redaction import off_loop_if_large, redact_messages
+from ..errors import ConfigError, describe_exception
+from ..llm.redaction import redact_messages
 from ..llm.usage import UsageLedger
-from ..llm.windows import is_context_error
 from ..repl.base import REPL, SandboxSettings
+from .code_runs import CodeRuns
 from .compaction import Conversation
 from .finishing import Finishing, is_error
 from .live_turn import LiveTurn
 from .prompts import CONTINUE_PROMPT, ITERATION_LIMIT_PROMPT, RunPrompts
 from .replies import ACCEPTED_FORMS, read_final_call
-from .result import CodeRun, Iteration, RLMResult
+from .result import Iteration, RLMResult
+from .root_turns import RootTurns
 from .session import RLMSession
-from .subcalls import RunTree, SubCalls
-from .workspace import Workspace
+from .subcalls import SubCalls
+from .tree import RunTree
+from .workspace import Workspace, where_code_runs
 
 if TYPE_CHECKING:
     from ..config import RLMConfig
@@ -105,7 +107,7 @@ class Run:
             step_timeout=config.step_timeout,
             max_output_chars=config.max_output_chars,
             max_tokens=config.max_tokens,
-            sandbox=_where_code_runs(sandbox, config.sandbox, namespace, session),
+            sandbox=where_code_runs(sandbox, config.sandbox, namespace, session),
             early_execution=config.early_execution and config.stream,
             compact_at=config.compact_at,
         )
@@ -153,7 +155,19 @@ class Run:
             status=self._status,
             compactions=self.result.compactions,
         )
+        self.root = RootTurns(
+            client,
+            self.conversation,
+            self.finishing,
+            self.tree,
+            self.result,
+            model=settings.model,
+            max_tokens=settings.max_tokens,
+            depth=depth,
+            deadline=deadline,
+        )
         self.workspace: Workspace | None = None
+        self.code_runs: CodeRuns | None = None  # once the workspace is open
 
     # What the status panel and the %%rlm cell read.
     @property
@@ -191,8 +205,19 @@ class Run:
                 namespace=self.namespace,
                 session=self.session,
             )
-            self.finishing.repl = await workspace.open()
+            repl = self.finishing.repl = await workspace.open()
             self.context = workspace.context  # a session's latest, when none was given
+            self.code_runs = CodeRuns(
+                repl,
+                self.client,
+                self.calls,
+                self.tree,
+                self.finishing,
+                step_timeout=self.settings.step_timeout,
+                max_output_chars=self.settings.max_output_chars,
+                depth=self.depth,
+                status=self._status,
+            )
             await self._loop(result)
         except asyncio.CancelledError:
             result.stop_reason, result.error = "interrupted", "interrupted by the user"
@@ -253,7 +278,9 @@ class Run:
                 result.final_answer, result.finished_by = final
                 iteration.finished_by, result.stop_reason = result.finished_by, "final"
                 return
-            if self._stopped_by_budget(result):
+            spent = self.tree.budget_spent()
+            if spent is not None:
+                result.stop_reason, result.error = "budget", spent
                 return
             self.conversation.add(reply, feedback)
         await self._last_turn(result)
@@ -283,101 +310,26 @@ class Run:
                 "final_answer holds the model's last reply"
             )
 
-    # -- a root turn, on a conversation that fits the root model's window ---------------
     async def _root_turn(
         self,
         index: int,
         iteration: Iteration | None,
         new_turn: Callable[[], LiveTurn],
-        extra: list[dict] | tuple = (),
+        extra: Sequence[dict] = (),
     ) -> tuple[str, LiveTurn]:
-        """A root turn on the conversation, compacted first when it nears the model's
-        window; a context-length error compacts it once more and tries again."""
-        conversation = self.conversation
+        """A root turn (see ``root_turns``), after the system prompt is written again if
+        what is known of the sub-model's window changed its advice."""
         refreshed = self.prompts.refreshed(self.context)
-        if refreshed is not None and conversation.messages:
-            conversation.messages[0] = {"role": "system", "content": refreshed}
-        record = await conversation.compact_if_near_window(index)
-        if record is not None and iteration is not None:
-            iteration.compaction = record
-        turn = new_turn()
-        try:
-            return await self._ask_root(conversation.messages + list(extra), turn, iteration), turn
-        except LLMQueryError as exc:
-            if not is_context_error(exc) or turn.ran:
-                raise
-        record = await conversation.compact(index, "context error")
-        if iteration is not None:
-            iteration.compaction = record
-        turn = new_turn()
-        try:
-            return await self._ask_root(conversation.messages + list(extra), turn, iteration), turn
-        except PromptTooLongError as exc:
-            # Not a sub-call's "split it": the conversation was just compacted, and
-            # what is left (system prompt, question, summary) is still too long.
-            raise LLMQueryError(
-                self.settings.model,
-                (
-                    f"the root conversation is about {exc.tokens:,} tokens even after "
-                    f"compaction, and the root model takes {exc.room:,}: use a root model "
-                    "with a larger window (RLM.model), or a shorter question"
-                ),
-            ) from None
+        if refreshed is not None and self.conversation.messages:
+            self.conversation.messages[0] = {"role": "system", "content": refreshed}
+        return await self.root.ask(index, iteration, new_turn, extra)
 
-    async def _ask_root(
-        self, messages: list[dict], turn: LiveTurn, iteration: Iteration | None = None
-    ) -> str:
-        """One root turn, streamed into ``turn`` (the panel shows it; with early
-        execution its finished blocks start running). If the turn fails after some of
-        its blocks ran, it is not asked again (its code would run twice): the partial
-        turn stands, with its outputs, and the model is told where it was cut off."""
-        finishing = self.finishing
-        if self.depth == 0:
-            self.tree.live_turn = turn
-        try:
-            completion = await self.client.complete(
-                messages,
-                model=self.settings.model,
-                max_tokens=self.settings.max_tokens,
-                ledger=self.tree.ledger,
-                stream=True,
-                on_text=turn,
-                cache_prefix=True,
-                deadline=self.calls.outer_deadline,
-                may_retry=lambda: not turn.ran,
-            )
-        except BaseException as exc:
-            if turn.ran and iteration is not None and isinstance(exc, Exception):
-                # Cut off after its code ran: the partial turn stands, and _act_on lets
-                # its blocks finish.
-                iteration.broken_off = describe_exception(exc)
-                iteration.early_blocks = turn.ran
-                finishing.cut_off = "before its end"  # its text ends where it broke off
-                return turn.text
-            await turn.cancel()
-            if turn.ran and iteration is not None:  # interrupted: keep what ran
-                iteration.response = turn.text
-                self.result.trajectory.append(iteration)
-            raise
-        finally:
-            if self.depth == 0:
-                self.tree.live_turn = None
-        if iteration is not None:
-            iteration.early_blocks = turn.ran
-        # Stopped at max_tokens or broken off: either way its FINAL may be cut short.
-        finishing.cut_off = (
-            ""
-            if not completion.incomplete
-            else "at max_tokens"
-            if completion.cut_off
-            else "before its end"
-        )
-        # A turn that broke off (a stall, a server gone) is kept as far as it came; a
-        # block it left unclosed is not run (it may be half written).
-        finishing.broken_off = completion.cut_reason
-        if finishing.broken_off and iteration is not None:
-            iteration.broken_off = finishing.broken_off
-        return completion.text
+    async def _run_block(
+        self, number: int, code: str, iteration: Iteration, outputs: list[str]
+    ) -> bool:
+        """Run one block (see ``code_runs``); True when it gave the run its answer."""
+        assert self.code_runs is not None  # blocks run only once the workspace is open
+        return await self.code_runs.run(number, code, iteration, outputs)
 
     async def _share_history(self, history: list[dict]) -> None:
         """The whole conversation as the REPL variable ``history``, redacted as all that
@@ -421,105 +373,6 @@ class Run:
             )
         return "\n\n".join([*outputs, CONTINUE_PROMPT]), None
 
-    async def _run_block(
-        self, number: int, code: str, iteration: Iteration, outputs: list[str]
-    ) -> bool:
-        """Run one block; True when the model's code gave the run its answer."""
-        repl = self.repl
-        assert repl is not None  # blocks run only once the workspace is open
-        self._status("running code")
-        # Sub-calls of this step must end in time for the step to end with their
-        # results and errors in hand: they get a deadline a little before the step's.
-        timeout = self.settings.step_timeout
-        outer = self.calls.outer_deadline
-        if outer is not None:
-            # A child run: its step must be stopped, and unwound, before the parent's
-            # step ends (a stopped step's thread gets up to half a second to unwind).
-            timeout = max(0.1, min(timeout, outer - time.monotonic() - 0.5))
-        # A tenth of the step, at least half a second (less only for very short steps:
-        # a quarter of them), at most two.
-        margin = min(2.0, max(0.1 * timeout, min(0.5, timeout / 4)))
-        self.calls.step_deadline = time.monotonic() + timeout - margin
-        cut_before = self.calls.cut_answers
-        try:
-            step = await repl.run(code, timeout=timeout)
-        except BaseException:
-            # Interrupted mid-step: keep what the step printed in the trajectory.
-            partial = repl.last_output
-            if partial is not None:
-                shown = self.client.redactor().head(
-                    partial.as_text(), self.settings.max_output_chars
-                )
-                iteration.code.append(CodeRun(code, shown, partial.elapsed_s, error=True))
-            raise
-        finally:
-            self.calls.step_deadline = None
-            if self.tree.live_turn is not None and self.depth == 0:
-                self._status("thinking")  # an early block ended; the model still writes
-        seen = await self._as_model_sees_it(step.as_text(), step.dropped_chars)
-        cut = self.calls.cut_answers - cut_before
-        if cut:
-            iteration.cut_answers += cut
-            seen += (
-                f"\n[{cut} sub-call answer{'s' if cut > 1 else ''} of this step "
-                f"{'are' if cut > 1 else 'is'} cut off (stopped at max_tokens, or "
-                "broken off); ask for shorter answers or smaller pieces]"
-            )
-        seen += self.finishing.restored_note(step.restored)
-        finish = step.finish
-        if finish and step.error is not None:
-            # An answer given before the block failed or was stopped is not taken: the
-            # failure may be the check that should have kept it from being the answer.
-            called = "answer['ready'] was set" if finish[0] == "answer dict" else "FINAL was called"
-            failure = step.error.strip().splitlines()[-1]
-            seen += f"\n[{called}, but the block then failed: {failure}; the run goes on]"
-            finish = None
-        iteration.code.append(CodeRun(code, seen, step.elapsed_s, error=step.error is not None))
-        outputs.append(f"Output of block {number}:\n{seen}")
-        return await self.finishing.by_block(finish, outputs, iteration)
-
-    async def _as_model_sees_it(self, text: str, dropped: int = 0) -> str:
-        """Step output as the model sees it: secrets removed, cut to max_output_chars
-        with a note. ``dropped``: characters the sandbox already left out."""
-        limit = self.settings.max_output_chars
-        redact = self.client.redactor()
-        if len(text) <= limit:
-            return await off_loop_if_large(len(text), redact, text)
-        head = await off_loop_if_large(limit, redact.head, text, limit)
-        return (
-            head + f"\n... [output cut: {len(text) + dropped - limit:,} more characters not "
-            "shown; print smaller slices]"
-        )
-
-    # -- budgets -----------------------------------------------------------------------------
-    def _stopped_by_budget(self, result: RLMResult) -> bool:
-        self._warn_if_budget_is_blind()
-        if not self.tree.over_budget():
-            return False
-        result.stop_reason = "budget"
-        result.error = (
-            f"cost budget exceeded: spent ${self.tree.ledger.cost_usd:.4f} of "
-            f"max_cost_usd=${self.tree.max_cost_usd:g}"
-        )
-        return True
-
-    def _warn_if_budget_is_blind(self) -> None:
-        tree = self.tree
-        if tree.max_cost_usd is None or tree.warned_unpriced:
-            return
-        unpriced = [
-            row.model for row in tree.ledger.summary().by_model.values() if row.unpriced_calls
-        ]
-        if unpriced:
-            tree.warned_unpriced = True
-            warnings.warn(
-                f"max_cost_usd is set, but litellm has no price for "
-                f"{', '.join(unpriced)}: those calls count as $0 against the "
-                "budget",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-
     # -- child runs and the status panel ---------------------------------------------------
     async def _child_run(self, prompt: str, context: Any, deadline: float | None) -> RLMResult:
         """A child RLM for ``rlm_query``: the sub-model as its root, this run's tree."""
@@ -546,22 +399,3 @@ class Run:
             if iteration is not None:
                 self.tree.iteration = iteration
                 self.tree.max_iterations = self.settings.max_iterations
-
-
-def _where_code_runs(
-    asked: str | None, configured: str, namespace: dict | None, session: RLMSession | None
-) -> str:
-    """ "process" or "none": never sandboxed in the notebook's namespace; a session's REPL
-    runs where it began."""
-    where = "none" if namespace is not None else (asked or configured)
-    if session is not None:
-        if asked is not None and asked != session.sandbox:
-            kept = "in a sandbox process" if session.sandbox == "process" else "in this kernel"
-            raise ConfigError(
-                f"session {session.name!r} runs its code {kept}; it "
-                f"cannot switch to sandbox={asked!r}"
-            )
-        where = session.sandbox  # the REPL it keeps
-    if where not in ("process", "none"):
-        raise ValueError(f"sandbox must be 'process' or 'none', got {where!r}")
-    return where

@@ -3,21 +3,19 @@
 
 Model code may not choose its model (the sub-model is pinned), may not spend past the
 run's sub-call and cost budgets, and sees failures as ``"Error: ..."`` strings, never as
-exceptions. ``RunTree`` is what a run shares with its child runs: the ledger, the
-budget, and the counts the status panel shows.
+exceptions. A model code's map is the notebook's (``maps.run_map``), reporting its way.
+The budgets and counts a run shares with its children are its ``tree.RunTree``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import ConfigError, LLMQueryError, NotSent, PromptTooLongError, describe_exception
 from ..llm.limiter import ConcurrencyLimiter
 from ..llm.messages import build_messages
 from ..llm.structured import AnswerFormat, ask
-from ..llm.usage import UsageLedger
 from ..llm.windows import is_context_error, prompt_in_error
 from ..maps.gather import gather_limited
 from ..maps.run_map import MapObserver, MapSpec, run_map
@@ -25,50 +23,11 @@ from ..repl.helpers import bound_to
 
 if TYPE_CHECKING:
     from ..llm.client import LLMClient
-    from .live_turn import LiveTurn
     from .result import RLMResult
+    from .tree import RunTree
 
 # Runs a child RLM: (prompt, context, deadline) -> its result.
 ChildRun = Callable[[str, Any, "float | None"], Awaitable["RLMResult"]]
-
-
-@dataclass
-class RunTree:
-    """What a run shares with its child runs: ledger, sub-call budget, and the counts
-    the status panel shows (read by it a few times a second)."""
-
-    ledger: UsageLedger
-    max_sub_calls: int
-    max_cost_usd: float | None
-    sub_calls: int = 0
-    in_flight: int = 0
-    done: int = 0
-    failed: int = 0
-    phase: str = "starting"
-    warned_unpriced: bool = False
-    iteration: int = 0
-    max_iterations: int = 0
-    live_turn: LiveTurn | None = None  # the root turn streaming in, for the panel
-
-    def sub_calls_left(self) -> int:
-        return self.max_sub_calls - self.sub_calls
-
-    def take_sub_calls(self, wanted: int) -> int:
-        """Reserve up to ``wanted`` sub-calls; returns how many are allowed."""
-        allowed = max(0, min(wanted, self.max_sub_calls - self.sub_calls))
-        self.sub_calls += allowed
-        return allowed
-
-    def call_started(self) -> None:
-        self.in_flight += 1
-
-    def call_ended(self, failed: bool = False) -> None:
-        self.in_flight -= 1
-        self.failed += failed
-        self.done += not failed
-
-    def over_budget(self) -> bool:
-        return self.max_cost_usd is not None and self.ledger.cost_usd > self.max_cost_usd
 
 
 class SubCalls:

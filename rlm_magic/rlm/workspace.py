@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import ConfigError
 from ..repl.base import REPL, Helpers, SandboxSettings
 from ..repl.inprocess import AsyncREPL
 from ..repl.sandbox import SandboxREPL
@@ -147,3 +148,22 @@ class Workspace:
         finally:
             if self.session is None or self.session.repl is not repl:
                 await repl.aclose()  # stopped steps may send nothing more
+
+
+def where_code_runs(
+    asked: str | None, configured: str, namespace: dict | None, session: RLMSession | None
+) -> str:
+    """ "process" or "none": never sandboxed in the notebook's namespace; a session's REPL
+    runs where it began."""
+    where = "none" if namespace is not None else (asked or configured)
+    if session is not None:
+        if asked is not None and asked != session.sandbox:
+            kept = "in a sandbox process" if session.sandbox == "process" else "in this kernel"
+            raise ConfigError(
+                f"session {session.name!r} runs its code {kept}; it "
+                f"cannot switch to sandbox={asked!r}"
+            )
+        where = session.sandbox  # the REPL it keeps
+    if where not in ("process", "none"):
+        raise ValueError(f"sandbox must be 'process' or 'none', got {where!r}")
+    return where

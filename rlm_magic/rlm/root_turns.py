@@ -1,0 +1,136 @@
+"""Asking the root model for a turn of the conversation.
+
+The conversation is compacted first when it nears the model's window, and once more
+when the provider refuses it as too long anyway. The answer streams into a ``LiveTurn``:
+the status panel shows it and, with early execution, its finished blocks start running
+while the model still writes. A turn that fails after some of its blocks ran is not
+asked again (its code would run twice): what arrived stands, and the model is told where
+it was cut off. ``finishing`` hears where a turn was cut, which decides whether a final
+answer in it may be taken.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from ..errors import LLMQueryError, PromptTooLongError, describe_exception
+from ..llm.windows import is_context_error
+from .compaction import Conversation
+from .finishing import Finishing
+from .live_turn import LiveTurn
+from .result import Iteration, RLMResult
+
+if TYPE_CHECKING:
+    from ..llm.client import LLMClient
+    from .tree import RunTree
+
+
+class RootTurns:
+    """The root model's turns of one run."""
+
+    def __init__(
+        self,
+        client: LLMClient,
+        conversation: Conversation,
+        finishing: Finishing,
+        tree: RunTree,
+        result: RLMResult,
+        *,
+        model: str,
+        max_tokens: int,
+        depth: int,
+        deadline: float | None,
+    ):
+        self.client, self.conversation, self.finishing = client, conversation, finishing
+        self.tree, self.result = tree, result
+        self.model, self.max_tokens, self.depth = model, max_tokens, depth
+        self.deadline = deadline  # a child run's: its parent's step must end in time
+
+    async def ask(
+        self,
+        index: int,
+        iteration: Iteration | None,
+        new_turn: Callable[[], LiveTurn],
+        extra: Sequence[dict] = (),
+    ) -> tuple[str, LiveTurn]:
+        """Turn ``index``: its reply and the turn it streamed into."""
+        conversation = self.conversation
+        record = await conversation.compact_if_near_window(index)
+        if record is not None and iteration is not None:
+            iteration.compaction = record
+        turn = new_turn()
+        try:
+            return await self._ask(conversation.messages + list(extra), turn, iteration), turn
+        except LLMQueryError as exc:
+            if not is_context_error(exc) or turn.ran:
+                raise
+        record = await conversation.compact(index, "context error")
+        if iteration is not None:
+            iteration.compaction = record
+        turn = new_turn()
+        try:
+            return await self._ask(conversation.messages + list(extra), turn, iteration), turn
+        except PromptTooLongError as exc:
+            # Not a sub-call's "split it": the conversation was just compacted, and
+            # what is left (system prompt, question, summary) is still too long.
+            raise LLMQueryError(
+                self.model,
+                (
+                    f"the root conversation is about {exc.tokens:,} tokens even after "
+                    f"compaction, and the root model takes {exc.room:,}: use a root model "
+                    "with a larger window (RLM.model), or a shorter question"
+                ),
+            ) from None
+
+    async def _ask(
+        self, messages: list[dict], turn: LiveTurn, iteration: Iteration | None = None
+    ) -> str:
+        """One root turn, streamed into ``turn``."""
+        finishing = self.finishing
+        if self.depth == 0:
+            self.tree.live_turn = turn
+        try:
+            completion = await self.client.complete(
+                messages,
+                model=self.model,
+                max_tokens=self.max_tokens,
+                ledger=self.tree.ledger,
+                stream=True,
+                on_text=turn,
+                cache_prefix=True,
+                deadline=self.deadline,
+                may_retry=lambda: not turn.ran,
+            )
+        except BaseException as exc:
+            if turn.ran and iteration is not None and isinstance(exc, Exception):
+                # Cut off after its code ran: the partial turn stands, and the run lets
+                # its blocks finish.
+                iteration.broken_off = describe_exception(exc)
+                iteration.early_blocks = turn.ran
+                finishing.cut_off = "before its end"  # its text ends where it broke off
+                return turn.text
+            await turn.cancel()
+            if turn.ran and iteration is not None:  # interrupted: keep what ran
+                iteration.response = turn.text
+                self.result.trajectory.append(iteration)
+            raise
+        finally:
+            if self.depth == 0:
+                self.tree.live_turn = None
+        if iteration is not None:
+            iteration.early_blocks = turn.ran
+        # Stopped at max_tokens or broken off: either way its FINAL may be cut short.
+        finishing.cut_off = (
+            ""
+            if not completion.incomplete
+            else "at max_tokens"
+            if completion.cut_off
+            else "before its end"
+        )
+        # A turn that broke off (a stall, a server gone) is kept as far as it came; a
+        # block it left unclosed is not run (it may be half written).
+        finishing.broken_off = completion.cut_reason
+        if finishing.broken_off and iteration is not None:
+            iteration.broken_off = finishing.broken_off
+        return completion.text

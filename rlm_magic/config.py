@@ -1,8 +1,10 @@
 """Settings of rlm-magic: one traitlets configurable, so ``%config RLM.model = ...`` and
 ``c.RLM.model = ...`` in ``ipython_config.py`` both work.
 
-``RLMConfig`` holds the traits; the engine class ``rlm_magic.RLM`` subclasses it, so the
-configurable users address is named ``RLM``.
+``RLMConfig`` holds the traits; the runner class ``rlm_magic.RLM`` subclasses it, so the
+configurable users address is named ``RLM``. One concept (the settings: each trait with
+its help, its check and its one-line error), past 400 lines because there are forty of
+them; their help is what ``%config RLM`` shows.
 """
 
 from __future__ import annotations

@@ -17,6 +17,10 @@ and the ledger. Where calls go, and by which transport, is the endpoint's busine
 (``endpoints``): litellm's ``acompletion``, a Router's, or the wire transport; always on
 the caller's running loop (litellm caches its async HTTP clients per event loop), and
 never litellm's blocking ``completion``.
+
+One concept past 400 lines: the pipeline, each stage a short method, kept together so
+that a call can be followed from ``complete`` to its record in one file. A call's own
+state and how it ends are ``call``'s; the retry rules ``retries``'.
 """
 
 from __future__ import annotations

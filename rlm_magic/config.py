@@ -51,6 +51,19 @@ def _at_least(minimum):
     return check
 
 
+def _none_or(accepted, requirement: str):
+    """A check: None, or a value ``accepted`` takes; else a one-line error that says
+    ``requirement`` (a NaN is never accepted: it compares false)."""
+
+    def check(self, proposal):
+        value = proposal["value"]
+        if value is not None and not accepted(value):
+            raise TraitError(f"RLM.{proposal['trait'].name} must be {requirement}, got {value!r}")
+        return value
+
+    return check
+
+
 def _positive(self, proposal):
     value = proposal["value"]
     if not value > 0:
@@ -325,35 +338,14 @@ class RLMConfig(Configurable):
             raise TraitError("RLM.router_settings may not set model_list: use RLM.model_list")
         return proposal["value"]
 
-    @validate("rpm", "tpm")
-    def _check_rate(self, proposal):
-        value = proposal["value"]
-        if value is not None and not value > 0:
-            raise TraitError(
-                f"RLM.{proposal['trait'].name} must be > 0 or None (learned), got {value!r}"
-            )
-        return value
-
-    @validate("max_cost_usd")
-    def _check_cost(self, proposal):
-        value = proposal["value"]
-        if value is not None and value < 0:
-            raise TraitError(f"RLM.max_cost_usd must be >= 0 or None, got {value!r}")
-        return value
-
-    @validate("context_window")
-    def _check_window(self, proposal):
-        value = proposal["value"]
-        if value is not None and value < 256:
-            raise TraitError(f"RLM.context_window must be >= 256 tokens or None, got {value!r}")
-        return value
-
-    @validate("compact_at")
-    def _check_compact_at(self, proposal):
-        value = proposal["value"]
-        if not 0.1 <= value <= 1.0:
-            raise TraitError(f"RLM.compact_at must be between 0.1 and 1.0, got {value!r}")
-        return value
+    _check_rate = validate("rpm", "tpm")(_none_or(lambda v: v > 0, "> 0 or None (learned)"))
+    _check_cost = validate("max_cost_usd")(_none_or(lambda v: v >= 0, ">= 0 or None"))
+    _check_window = validate("context_window")(
+        _none_or(lambda v: v >= 256, ">= 256 tokens or None")
+    )
+    _check_compact_at = validate("compact_at")(
+        _none_or(lambda v: 0.1 <= v <= 1.0, "between 0.1 and 1.0")
+    )
 
     # -- derived --------------------------------------------------------------------------
     @property

@@ -74,8 +74,9 @@ def helpers(rlm: RLM) -> NotebookHelpers:
     return NotebookHelpers(rlm)
 
 
-def make_rlm(server, **settings) -> RLM:
-    defaults = dict(
+def server_settings(server) -> dict:
+    """The settings every test's RLM starts from: the local server, fast retries."""
+    return dict(
         model=ROOT,
         sub_model=SUB,
         api_base=server.base_url,
@@ -84,12 +85,27 @@ def make_rlm(server, **settings) -> RLM:
         progress=False,
         timeout=10,
     )
-    return RLM(**{**defaults, **settings})
+
+
+def make_rlm(server, **settings) -> RLM:
+    return RLM(**{**server_settings(server), **settings})
 
 
 @pytest.fixture
 def rlm(server):
     return make_rlm(server)
+
+
+@pytest.fixture
+def batch_server(server, monkeypatch):
+    """The local server with its batch jobs forgotten, and polls a few ms apart."""
+    from rlm_magic.maps.jobs import batch_job
+
+    server.batch_jobs.reset(step_s=0.05)
+    monkeypatch.setattr(batch_job, "FIRST_POLL_S", 0.02)
+    monkeypatch.setattr(batch_job, "MAX_POLL_S", 0.05)
+    yield server
+    server.batch_jobs.reset()
 
 
 @pytest.fixture(scope="session")
@@ -108,15 +124,7 @@ def shell(ipython_shell, server):
 
     rlm = session_rlm(ipython_shell)
     saved = {name: getattr(rlm, name) for name in rlm.class_trait_names(config=True)}
-    for name, value in dict(
-        model=ROOT,
-        sub_model=SUB,
-        api_base=server.base_url,
-        api_key="sk-test",
-        retry_backoff=0.01,
-        progress=False,
-        timeout=10,
-    ).items():
+    for name, value in server_settings(server).items():
         setattr(rlm, name, value)
     yield ipython_shell
     for name, value in saved.items():

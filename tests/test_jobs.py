@@ -22,16 +22,6 @@ from .conftest import helpers, make_rlm, run_cell
 
 
 @pytest.fixture
-def batch_server(server, monkeypatch):
-    """The local server with its batch jobs forgotten, and polls a few ms apart."""
-    server.batch_jobs.reset(step_s=0.05)
-    monkeypatch.setattr(batch_job, "FIRST_POLL_S", 0.02)
-    monkeypatch.setattr(batch_job, "MAX_POLL_S", 0.05)
-    yield server
-    server.batch_jobs.reset()
-
-
-@pytest.fixture
 def rlm(batch_server, tmp_path):
     return make_rlm(batch_server, cache_dir=str(tmp_path))
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 
 from rlm_magic import BatchError
-from rlm_magic.maps.jobs import batch_job
 from rlm_magic.maps.resume import RESUME_AT
 
 from .conftest import helpers, make_rlm
@@ -26,15 +25,6 @@ def mapped(prompts: list[str], **options) -> list[str]:
     """A root model that maps ``prompts`` in its code and answers with the list."""
     arguments = "".join(f", {name}={value!r}" for name, value in options.items())
     return [repl(f"answers = llm_query_batch({prompts!r}{arguments})"), "FINAL_VAR(answers)"]
-
-
-@pytest.fixture
-def batch_server(server, monkeypatch):
-    server.batch_jobs.reset(step_s=0.02)
-    monkeypatch.setattr(batch_job, "FIRST_POLL_S", 0.02)
-    monkeypatch.setattr(batch_job, "MAX_POLL_S", 0.05)
-    yield server
-    server.batch_jobs.reset()
 
 
 async def test_model_code_s_map_keeps_its_answers_and_a_rerun_pays_only_for_the_missing(

@@ -3,6 +3,9 @@ and text line as any batch (see ``progress``), and the one line an interrupt lea
 
 from __future__ import annotations
 
+import html
+
+from .._tables import html_table, text_table
 from ..llm.usage import format_cost
 from .progress import BatchProgress
 
@@ -76,20 +79,9 @@ class JobsView:
     def __repr__(self) -> str:
         if not self.records:
             return "No batch jobs recorded (llm_query_batch(..., batch_job=True) makes one)."
-        rows = [self.COLUMNS, *self._rows()]
-        widths = [max(len(row[i]) for row in rows) for i in range(len(self.COLUMNS))]
-        return "\n".join(
-            "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows
-        )
+        return text_table(self.COLUMNS, self._rows(), numbers_right=False)
 
     def _repr_html_(self) -> str:
-        import html
-
         if not self.records:
             return f"<p>{html.escape(repr(self))}</p>"
-        head = "".join(f"<th>{c}</th>" for c in self.COLUMNS)
-        body = "".join(
-            "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
-            for row in self._rows()
-        )
-        return f"<table><tr>{head}</tr>{body}</table>"
+        return html_table(self.COLUMNS, self._rows())

@@ -7,9 +7,10 @@ holds the totals of everything, while each run can still report its own.
 
 from __future__ import annotations
 
-import html
 import threading
 from dataclasses import asdict, dataclass, field, replace
+
+from .._tables import html_table, text_table
 
 # The ``error`` of a call that was cancelled (an interrupt, a cancelled task): counted
 # apart from failures, since nothing went wrong with the model or the request.
@@ -188,30 +189,15 @@ class UsageSummary:
     def __repr__(self) -> str:
         if not self.by_model:
             return "No LLM calls yet."
-        rows = [self._columns, *self._rows()]
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        lines = [
-            "  ".join(
-                c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))
-            )
-            for r in rows
-        ]
-        lines.insert(1, "  ".join("-" * w for w in widths))
-        return "\n".join(lines)
+        return text_table(self._columns, self._rows(), rule=True)
 
     def _repr_html_(self) -> str:
         if not self.by_model:
             return "<p>No LLM calls yet.</p>"
-        head = "".join(f"<th>{html.escape(c)}</th>" for c in self._columns)
-        body = "".join(
-            ("<tr class='rlm-total'>" if row[0] == "total" and len(self.by_model) > 1 else "<tr>")
-            + "".join(f"<td>{html.escape(c)}</td>" for c in row)
-            + "</tr>"
-            for row in self._rows()
-        )
-        return (
-            f"<table class='rlm-usage'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-        )
+        rows = self._rows()
+        total = len(self.by_model) > 1  # the last row is the total, in bold
+        classes = [None] * (len(rows) - 1) + ["rlm-total"] if total else []
+        return html_table(self._columns, rows, css_class="rlm-usage", row_classes=classes)
 
 
 def format_cost(cost: float | None, unpriced_calls: int = 0) -> str:

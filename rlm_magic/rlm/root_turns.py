@@ -41,8 +41,11 @@ class RootTurns:
         max_tokens: int,
         depth: int,
         deadline: float | None,
+        new_system_prompt: Callable[[], str | None],
     ):
         self.client, self.conversation, self.finishing = client, conversation, finishing
+        # A system prompt written again since the last turn (its advice changed), or None.
+        self.new_system_prompt = new_system_prompt
         self.tree, self.result = tree, result
         self.model, self.max_tokens, self.depth = model, max_tokens, depth
         self.deadline = deadline  # a child run's: its parent's step must end in time
@@ -56,6 +59,9 @@ class RootTurns:
     ) -> tuple[str, LiveTurn]:
         """Turn ``index``: its reply and the turn it streamed into."""
         conversation = self.conversation
+        system = self.new_system_prompt()
+        if system is not None and conversation.messages:
+            conversation.messages[0] = {"role": "system", "content": system}
         record = await conversation.compact_if_near_window(index)
         if record is not None and iteration is not None:
             iteration.compaction = record

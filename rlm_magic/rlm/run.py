@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -165,6 +164,7 @@ class Run:
             max_tokens=settings.max_tokens,
             depth=depth,
             deadline=deadline,
+            new_system_prompt=lambda: self.prompts.refreshed(self.context),
         )
         self.workspace: Workspace | None = None
         self.code_runs: CodeRuns | None = None  # once the workspace is open
@@ -262,7 +262,7 @@ class Run:
                     else None
                 )
 
-            reply, turn = await self._root_turn(index, iteration, new_turn)
+            reply, turn = await self.root.ask(index, iteration, new_turn)
             iteration.response = reply
             result.trajectory.append(iteration)
             feedback, final = await self._act_on(reply, iteration, turn, outputs)
@@ -289,7 +289,7 @@ class Run:
         """Out of iterations: one last chance to answer, without running code."""
         limit = self.settings.max_iterations
         self._status("thinking", iteration=limit)
-        reply, _ = await self._root_turn(
+        reply, _ = await self.root.ask(
             limit + 1, None, LiveTurn, extra=[{"role": "user", "content": ITERATION_LIMIT_PROMPT}]
         )
         reading = self.finishing.read(reply)
@@ -309,20 +309,6 @@ class Run:
                 f"no FINAL answer within max_iterations={limit}; "
                 "final_answer holds the model's last reply"
             )
-
-    async def _root_turn(
-        self,
-        index: int,
-        iteration: Iteration | None,
-        new_turn: Callable[[], LiveTurn],
-        extra: Sequence[dict] = (),
-    ) -> tuple[str, LiveTurn]:
-        """A root turn (see ``root_turns``), after the system prompt is written again if
-        what is known of the sub-model's window changed its advice."""
-        refreshed = self.prompts.refreshed(self.context)
-        if refreshed is not None and self.conversation.messages:
-            self.conversation.messages[0] = {"role": "system", "content": refreshed}
-        return await self.root.ask(index, iteration, new_turn, extra)
 
     async def _run_block(
         self, number: int, code: str, iteration: Iteration, outputs: list[str]

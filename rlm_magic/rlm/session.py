@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .._tables import html_table, text_table
 from ..errors import ConfigError
 
 if TYPE_CHECKING:
@@ -228,23 +229,9 @@ class SessionsView:
     def __repr__(self) -> str:
         if not self.sessions:
             return "No sessions."
-        rows = [self._HEAD, *self._rows()]
-        widths = [max(len(r[i]) for r in rows) for i in range(len(self._HEAD))]
-        return "\n".join(
-            "  ".join(
-                c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))
-            )
-            for r in rows
-        )
+        return text_table(self._HEAD, self._rows())
 
     def _repr_html_(self) -> str:
-        import html
-
         if not self.sessions:
             return "<p>No sessions.</p>"
-        head = "".join(f"<th>{h}</th>" for h in self._HEAD)
-        body = "".join(
-            "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
-            for row in self._rows()
-        )
-        return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+        return html_table(self._HEAD, self._rows())

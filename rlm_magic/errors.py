@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 
 class RLMError(Exception):
@@ -153,7 +153,8 @@ def interrupt(message: str) -> KeyboardInterrupt:
     through the rewritten cell) would add nothing. It stays a plain KeyboardInterrupt,
     so ``except KeyboardInterrupt`` and clients reading the error's name see one."""
     error = KeyboardInterrupt(message)
-    error._render_traceback_ = lambda: [f"KeyboardInterrupt: {message}"]
+    # An attribute IPython looks for, which KeyboardInterrupt does not declare.
+    cast(Any, error)._render_traceback_ = lambda: [f"KeyboardInterrupt: {message}"]
     return error
 
 
@@ -203,9 +204,10 @@ def _one_line(text: str) -> str:
 def _causes(exc: BaseException) -> list[BaseException]:
     """``exc`` and the exceptions it was raised from, outermost first."""
     chain: list[BaseException] = []
-    while exc is not None and exc not in chain:
-        chain.append(exc)
-        exc = exc.__cause__ or exc.__context__
+    link: BaseException | None = exc
+    while link is not None and link not in chain:
+        chain.append(link)
+        link = link.__cause__ or link.__context__
     return chain
 
 

@@ -165,7 +165,7 @@ class UsageSummary:
         return rows
 
     def _cells(self, row: ModelUsage) -> tuple[str, ...]:
-        cells = (
+        cells: tuple[str, ...] = (
             row.model,
             str(row.calls),
             str(row.cache_hits),

@@ -179,7 +179,8 @@ def _fences(text: str) -> list[Fence]:
             i += 1
             continue
         indent, ticks, language = len(opening.group(1)), opening.group(2), opening.group(3)
-        start, body_lines = offset, []
+        start = offset
+        body_lines: list[str] = []
         offset += len(line)
         i += 1
         closed = False

@@ -53,6 +53,10 @@ class ConfigError(RLMError, ValueError):
 class LLMQueryError(RLMError):
     """A model call failed after its retries; carries the model and the cause."""
 
+    # The HTTP status of the failure, where the code raising it sets one (a batch job's
+    # calls); read like the providers' own, getattr(error, "status_code", None).
+    status_code: int | None = None
+
     def __init__(self, model: str, cause: BaseException | str, *, retries: int = 0):
         self.model = model
         self.cause = cause

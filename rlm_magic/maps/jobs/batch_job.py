@@ -9,6 +9,7 @@ import os
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -130,7 +131,7 @@ class BatchJob:
             if record is not None and record.state in GAVE_UP:
                 if not record.billed:  # its answers were never read: read and keep them
                     self.record = record
-                    await self._collect(litellm)
+                    await self._collect(litellm, record)
                 self._retire(record)
                 record = None
             self.kept = await self.answers.load_kept()
@@ -147,8 +148,8 @@ class BatchJob:
         if self.record is None:
             return await self._from_kept()
         self._changed()
-        await self._wait(litellm)
-        return await self._collect(litellm)
+        await self._wait(litellm, self.record)
+        return await self._collect(litellm, self.record)
 
     def _retire(self, record: JobRecord) -> None:
         """Keep a job that gave up in the list (``%rlm jobs``, with its cost) under a key
@@ -211,8 +212,7 @@ class BatchJob:
         credentials = self._credentials()
         for _ in range(LOOKUP_PAGES):
             page = await self._patiently(
-                "looking up",
-                lambda after=after: litellm.alist_batches(after=after, limit=100, **credentials),
+                "looking up", partial(litellm.alist_batches, after=after, limit=100, **credentials)
             )
             jobs = list(getattr(page, "data", None) or [])
             for job in jobs:
@@ -279,9 +279,8 @@ class BatchJob:
         self.store.put(record)
         return record
 
-    async def _wait(self, litellm) -> None:
+    async def _wait(self, litellm, record: JobRecord) -> None:
         interval = FIRST_POLL_S
-        record = self.record
         while not record.ended:
             await asyncio.sleep(interval)
             interval = min(MAX_POLL_S, interval * POLL_GROWTH)
@@ -308,8 +307,7 @@ class BatchJob:
         )
         return found.content
 
-    async def _collect(self, litellm) -> JobResults:
-        record = self.record
+    async def _collect(self, litellm, record: JobRecord) -> JobResults:
         output = await self._read_file(litellm, record.output_file_id)
         errors = await self._read_file(litellm, record.error_file_id)
         rates = await asyncio.to_thread(batch_rates, litellm, self.name, self.provider)
@@ -325,12 +323,11 @@ class BatchJob:
         )
         # Shielded: the job is billed once in the record and once in the ledger, even if
         # an interrupt lands between the two.
-        await asyncio.shield(self._settle(results))
+        await asyncio.shield(self._settle(record, results))
         self._changed()
         return self._with_kept(results)
 
-    async def _settle(self, results: JobResults) -> None:
-        record = self.record
+    async def _settle(self, record: JobRecord, results: JobResults) -> None:
         if not record.billed:
             if record.state in GAVE_UP:  # the next run submits only what is unanswered
                 await asyncio.to_thread(

@@ -98,7 +98,8 @@ class PromptTooLongError(LLMQueryError):
         self.args = (f"{self.reason} (not sent to {model!r})",)
 
     def __str__(self) -> str:
-        return self.args[0]
+        message: str = self.args[0]  # set in __init__
+        return message
 
 
 class CompactionError(RLMError):

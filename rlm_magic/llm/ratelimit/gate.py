@@ -65,7 +65,7 @@ class RateGate:
         self._sent: deque[float] = deque(maxlen=512)  # send times of recent answers
         self._started: deque[Ticket] = deque(maxlen=4096)  # recent requests sent
         self._first_refusal: float | None = None
-        self._sleepers: set[asyncio.Future] = set()
+        self._sleepers: set[asyncio.Future[None]] = set()
 
     # -- settings ----------------------------------------------------------------------
     def configure(self, rpm: float | None, tpm: float | None) -> None:
@@ -299,7 +299,7 @@ class RateGate:
         return None
 
 
-def _set_done(future: asyncio.Future) -> None:
+def _set_done(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
 

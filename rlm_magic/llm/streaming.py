@@ -71,7 +71,7 @@ class StreamState:
     def received(self) -> bool:
         return bool(self._pieces)
 
-    def response(self, litellm, messages):
+    def response(self, litellm: Any, messages: list[dict[str, Any]] | None) -> Any:
         """The whole (or partial) answer as one ModelResponse, with usage: the
         provider's when it sent it, else counted by litellm's tokenizer."""
         if not self.chunks:

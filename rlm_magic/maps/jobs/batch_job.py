@@ -7,7 +7,7 @@ import asyncio
 import json
 import os
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
@@ -61,7 +61,7 @@ warnings.filterwarnings(
 
 # Job creations under way in this process, by key: an interrupted run's creation goes on
 # (shielded), and a re-run of the same map waits for it instead of finding no job yet.
-_creating: dict[str, asyncio.Future] = {}
+_creating: dict[str, asyncio.Future[JobRecord]] = {}
 
 
 class BatchJob:
@@ -71,10 +71,10 @@ class BatchJob:
     def __init__(
         self,
         client: LLMClient,
-        conversations: Sequence[list[dict]],
+        conversations: Sequence[list[dict[str, Any]]],
         identity: RequestIdentity | None = None,
         *,
-        response_format: dict | None = None,
+        response_format: dict[str, Any] | None = None,
         observer: JobObserver | None = None,
         ledger: UsageLedger | None = None,
     ):
@@ -90,7 +90,7 @@ class BatchJob:
         self.store = JobStore(self.config.cache_dir)
         self.record: JobRecord | None = None
         self.reattached = False
-        self.kept: dict[int, dict] = {}
+        self.kept: dict[int, dict[str, Any]] = {}
 
     def _credentials(self) -> dict[str, Any]:
         # Retries are ours (_patiently): the SDK's own would also retry a job's creation
@@ -115,7 +115,7 @@ class BatchJob:
         destination = json.dumps([self.provider, self.config.api_base, ENDPOINT])
         staging = self.store.directory / f"staging-{os.getpid()}-{id(self)}.jsonl"
 
-        def redact(messages: list[dict]) -> list[dict]:
+        def redact(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             return redact_conversation(messages, redactor)
 
         try:
@@ -156,7 +156,7 @@ class BatchJob:
         of its own: the map's key goes to the job of the prompts it left."""
         self.store.put(JobRecord(**{**asdict(record), "key": f"{record.key}-{record.id}"}))
 
-    async def _patiently(self, what: str, call: Callable[[], Any]):
+    async def _patiently(self, what: str, call: Callable[[], Awaitable[Any]]) -> Any:
         """``call()``, tried again with backoff when it fails for a passing reason (the
         network, a 5xx, a 429); a final failure is one line naming the job."""
         delay = FIRST_POLL_S
@@ -182,7 +182,7 @@ class BatchJob:
         error.status_code = getattr(exc, "status_code", None)
         return error
 
-    async def _still_known(self, litellm, record: JobRecord) -> bool:
+    async def _still_known(self, litellm: Any, record: JobRecord) -> bool:
         """Whether the provider still has the recorded job (a local server restarted, or
         an account changed, forgets it): if not, the map is submitted anew."""
         self.record = record
@@ -201,7 +201,7 @@ class BatchJob:
             raise
         return True
 
-    async def _look_up(self, litellm, record: JobRecord) -> JobRecord | None:
+    async def _look_up(self, litellm: Any, record: JobRecord) -> JobRecord | None:
         """A provisional record: an earlier run uploaded the file and may have created
         the job without learning its id (its kernel died, or the answer was lost). Find
         the job among the provider's latest (LOOKUP_PAGES pages, newest first) by its
@@ -228,7 +228,7 @@ class BatchJob:
             after = jobs[-1].id
         return None
 
-    async def _submit(self, litellm, key: str, staging: Path) -> JobRecord:
+    async def _submit(self, litellm: Any, key: str, staging: Path) -> JobRecord:
         data = await asyncio.to_thread(staging.read_bytes)
         credentials = self._credentials()
         upload = {"file": ("requests.jsonl", data), "purpose": "batch", **credentials}
@@ -258,7 +258,9 @@ class BatchJob:
         creation.add_done_callback(_created)
         return await asyncio.shield(creation)
 
-    async def _create(self, litellm, record: JobRecord, credentials) -> JobRecord:
+    async def _create(
+        self, litellm: Any, record: JobRecord, credentials: dict[str, Any]
+    ) -> JobRecord:
         try:
             job = await litellm.acreate_batch(
                 completion_window="24h",
@@ -279,7 +281,7 @@ class BatchJob:
         self.store.put(record)
         return record
 
-    async def _wait(self, litellm, record: JobRecord) -> None:
+    async def _wait(self, litellm: Any, record: JobRecord) -> None:
         interval = FIRST_POLL_S
         while not record.ended:
             await asyncio.sleep(interval)
@@ -298,16 +300,17 @@ class BatchJob:
                 self.store.put(record)
                 self._changed()
 
-    async def _read_file(self, litellm, file_id: str | None) -> bytes | None:
+    async def _read_file(self, litellm: Any, file_id: str | None) -> bytes | None:
         if not file_id:
             return None
         credentials = self._credentials()
         found = await self._patiently(
             "reading the results of", lambda: litellm.afile_content(file_id=file_id, **credentials)
         )
-        return found.content
+        content: bytes = found.content
+        return content
 
-    async def _collect(self, litellm, record: JobRecord) -> JobResults:
+    async def _collect(self, litellm: Any, record: JobRecord) -> JobResults:
         output = await self._read_file(litellm, record.output_file_id)
         errors = await self._read_file(litellm, record.error_file_id)
         rates = await asyncio.to_thread(batch_rates, litellm, self.name, self.provider)
@@ -370,7 +373,7 @@ class BatchJob:
             self.observer.job_changed(self.record)
 
 
-def _created(creation: asyncio.Future) -> None:
+def _created(creation: asyncio.Future[JobRecord]) -> None:
     for key, running in list(_creating.items()):
         if running is creation:
             del _creating[key]

@@ -83,7 +83,7 @@ class RLMConfig(Configurable):
     litellm_kwargs = Dict(
         help="Extra keyword arguments for litellm.acompletion, e.g. {'temperature': 0}."
     ).tag(config=True)
-    model_list = List(
+    model_list: List[dict[str, Any]] = List(
         help="A LiteLLM Router model list: [{'model_name': 'sub', "
         "'litellm_params': {'model': ..., 'api_key': ...}}, ...]. When "
         "set, calls go through the Router and model / sub_model name its "

@@ -27,7 +27,19 @@ class Answerer(Protocol):
 
     sandbox: str
 
-    async def arun(self, query: str, context: Any = None, **overrides: Any) -> RLMResult: ...
+    async def arun(
+        self,
+        query: str,
+        context: Any = None,
+        *,
+        model: str | None = None,
+        sub_model: str | None = None,
+        max_iterations: int | None = None,
+        max_depth: int | None = None,
+        namespace: dict[str, Any] | None = None,
+        sandbox: str | None = None,
+        session: RLMSession | str | None = None,
+    ) -> RLMResult: ...
 
 
 # The memory shown to the next question: the latest questions in full, their answers

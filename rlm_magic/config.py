@@ -8,6 +8,7 @@ configurable users address is named ``RLM``.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -39,8 +40,12 @@ def default_cache_dir() -> str:
     return os.path.join(base, "rlm-magic")
 
 
-def _at_least(minimum):
-    def check(self, proposal):
+# What traitlets hands a validator: the trait, its owner and the proposed value.
+Proposal = Mapping[str, Any]
+
+
+def _at_least(minimum: int) -> Callable[[RLMConfig, Proposal], Any]:
+    def check(self: RLMConfig, proposal: Proposal) -> Any:
         value = proposal["value"]
         if value < minimum:
             raise TraitError(f"RLM.{proposal['trait'].name} must be >= {minimum}, got {value!r}")
@@ -49,7 +54,7 @@ def _at_least(minimum):
     return check
 
 
-def _positive(self, proposal):
+def _positive(self: RLMConfig, proposal: Proposal) -> Any:
     value = proposal["value"]
     if not value > 0:
         raise TraitError(f"RLM.{proposal['trait'].name} must be > 0, got {value!r}")
@@ -240,24 +245,24 @@ class RLMConfig(Configurable):
     ).tag(config=True)
 
     @default("model")
-    def _default_model(self):
+    def _default_model(self) -> str:
         return os.environ.get("RLM_MODEL") or "gpt-4o-mini"
 
     @default("sub_model")
-    def _default_sub_model(self):
+    def _default_sub_model(self) -> str:
         return os.environ.get("RLM_SUB_MODEL", "")
 
     @default("sandbox")
-    def _default_sandbox(self):
+    def _default_sandbox(self) -> str:
         return "process" if os.name == "posix" else "none"  # it needs fork and fd passing
 
     @default("cache_dir")
-    def _default_cache_dir(self):
+    def _default_cache_dir(self) -> str:
         return default_cache_dir()
 
     @validate("model")
-    def _check_model(self, proposal):
-        value = proposal["value"].strip()
+    def _check_model(self, proposal: Proposal) -> str:
+        value: str = proposal["value"].strip()
         if not value:
             raise TraitError(
                 "RLM.model must be a non-empty litellm model string, e.g. 'gpt-4o-mini'"
@@ -265,12 +270,13 @@ class RLMConfig(Configurable):
         return value
 
     @validate("sub_model")
-    def _check_sub_model(self, proposal):
-        return proposal["value"].strip()
+    def _check_sub_model(self, proposal: Proposal) -> str:
+        value: str = proposal["value"]
+        return value.strip()
 
     @validate("api_base")
-    def _check_api_base(self, proposal):
-        value = proposal["value"]
+    def _check_api_base(self, proposal: Proposal) -> str | None:
+        value: str | None = proposal["value"]
         if value is None or value == "":
             return None
         parsed = urlparse(value)
@@ -279,12 +285,13 @@ class RLMConfig(Configurable):
         return value.rstrip("/")
 
     @validate("api_key")
-    def _check_api_key(self, proposal):
-        return proposal["value"] or None
+    def _check_api_key(self, proposal: Proposal) -> str | None:
+        value: str | None = proposal["value"]
+        return value or None
 
     @validate("litellm_kwargs")
-    def _check_litellm_kwargs(self, proposal):
-        value = proposal["value"]
+    def _check_litellm_kwargs(self, proposal: Proposal) -> dict[str, Any]:
+        value: dict[str, Any] = proposal["value"]
         clash = sorted(set(value) & _OWNED_KWARGS)
         if clash:
             raise TraitError(
@@ -303,29 +310,30 @@ class RLMConfig(Configurable):
     _check_sandbox_processes = validate("sandbox_max_processes")(_at_least(8))
 
     @validate("sandbox")
-    def _check_sandbox(self, proposal):
-        value = proposal["value"].strip().lower()
+    def _check_sandbox(self, proposal: Proposal) -> str:
+        value: str = proposal["value"].strip().lower()
         if value not in ("process", "none"):
             raise TraitError(f"RLM.sandbox must be 'process' or 'none', got {proposal['value']!r}")
         return value
 
     @validate("model_list")
-    def _check_model_list(self, proposal):
+    def _check_model_list(self, proposal: Proposal) -> list[dict[str, Any]]:
         try:
             return check_model_list(proposal["value"])
         except ValueError as exc:
             raise TraitError(str(exc)) from None
 
     @validate("router_settings")
-    def _check_router_settings(self, proposal):
-        clash = sorted(set(proposal["value"]) & {"model_list"})
+    def _check_router_settings(self, proposal: Proposal) -> dict[str, Any]:
+        value: dict[str, Any] = proposal["value"]
+        clash = sorted(set(value) & {"model_list"})
         if clash:
             raise TraitError("RLM.router_settings may not set model_list: use RLM.model_list")
-        return proposal["value"]
+        return value
 
     @validate("rpm", "tpm")
-    def _check_rate(self, proposal):
-        value = proposal["value"]
+    def _check_rate(self, proposal: Proposal) -> float | None:
+        value: float | None = proposal["value"]
         if value is not None and not value > 0:
             raise TraitError(
                 f"RLM.{proposal['trait'].name} must be > 0 or None (learned), got {value!r}"
@@ -333,22 +341,22 @@ class RLMConfig(Configurable):
         return value
 
     @validate("max_cost_usd")
-    def _check_cost(self, proposal):
-        value = proposal["value"]
+    def _check_cost(self, proposal: Proposal) -> float | None:
+        value: float | None = proposal["value"]
         if value is not None and value < 0:
             raise TraitError(f"RLM.max_cost_usd must be >= 0 or None, got {value!r}")
         return value
 
     @validate("context_window")
-    def _check_window(self, proposal):
-        value = proposal["value"]
+    def _check_window(self, proposal: Proposal) -> int | None:
+        value: int | None = proposal["value"]
         if value is not None and value < 256:
             raise TraitError(f"RLM.context_window must be >= 256 tokens or None, got {value!r}")
         return value
 
     @validate("compact_at")
-    def _check_compact_at(self, proposal):
-        value = proposal["value"]
+    def _check_compact_at(self, proposal: Proposal) -> float:
+        value: float = proposal["value"]
         if not 0.1 <= value <= 1.0:
             raise TraitError(f"RLM.compact_at must be between 0.1 and 1.0, got {value!r}")
         return value
@@ -372,7 +380,7 @@ class RLMConfig(Configurable):
             }
         )
 
-    def settings(self, *, mask_secrets: bool = True) -> dict:
+    def settings(self, *, mask_secrets: bool = True) -> dict[str, Any]:
         """The effective value of every setting, with secrets masked."""
         values = {name: getattr(self, name) for name in sorted(self.class_trait_names(config=True))}
         values["sub_model"] = self.effective_sub_model
@@ -386,7 +394,7 @@ class RLMConfig(Configurable):
         return values
 
 
-def check_model_list(value: Any) -> list[dict]:
+def check_model_list(value: Any) -> list[dict[str, Any]]:
     """``value`` if it is a Router model list; otherwise a one-line ``ValueError``."""
     if not isinstance(value, list):
         raise ValueError(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import html
 import threading
 from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 # The ``error`` of a call that was cancelled (an interrupt, a cancelled task): counted
 # apart from failures, since nothing went wrong with the model or the request.
@@ -125,7 +126,7 @@ class UsageSummary:
     def cost_usd(self) -> float | None:
         return self.total.cost_usd
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "by_model": {name: asdict(row) for name, row in self.by_model.items()},
             "total": asdict(self.total),

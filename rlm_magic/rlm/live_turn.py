@@ -29,7 +29,7 @@ class LiveTurn:
         self._fence_pending = False
         self.ran = 0  # blocks run (or running) so far
         self.stopped = False
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
 
     # -- the text -------------------------------------------------------------------
     def __call__(self, piece: str | None) -> None:

@@ -19,7 +19,7 @@ import asyncio
 import itertools
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -230,7 +230,9 @@ class Run:
             iteration = Iteration(index=index, response="")
             outputs: list[str] = []
 
-            def new_turn(iteration: Iteration = iteration, outputs: list = outputs) -> LiveTurn:
+            def new_turn(
+                iteration: Iteration = iteration, outputs: list[str] = outputs
+            ) -> LiveTurn:
                 return LiveTurn(
                     (lambda n, code: self._run_block(n, code, iteration, outputs))
                     if settings.early_execution
@@ -289,7 +291,7 @@ class Run:
         index: int,
         iteration: Iteration | None,
         new_turn: Callable[[], LiveTurn],
-        extra: list[dict] | tuple = (),
+        extra: Sequence[dict[str, Any]] = (),
     ) -> tuple[str, LiveTurn]:
         """A root turn on the conversation, compacted first when it nears the model's
         window; a context-length error compacts it once more and tries again."""
@@ -325,7 +327,7 @@ class Run:
             ) from None
 
     async def _ask_root(
-        self, messages: list[dict], turn: LiveTurn, iteration: Iteration | None = None
+        self, messages: list[dict[str, Any]], turn: LiveTurn, iteration: Iteration | None = None
     ) -> str:
         """One root turn, streamed into ``turn`` (the panel shows it; with early
         execution its finished blocks start running). If the turn fails after some of
@@ -379,7 +381,7 @@ class Run:
             iteration.broken_off = finishing.broken_off
         return completion.text
 
-    async def _share_history(self, history: list[dict]) -> None:
+    async def _share_history(self, history: list[dict[str, Any]]) -> None:
         """The whole conversation as the REPL variable ``history``, redacted as all that
         the model's code can see is (the sandbox's code must not read a secret either)."""
         shared = await redact_messages([dict(m) for m in history], self.client.redactor())
@@ -549,7 +551,7 @@ class Run:
 
 
 def _where_code_runs(
-    asked: str | None, configured: str, namespace: dict | None, session: RLMSession | None
+    asked: str | None, configured: str, namespace: dict[str, Any] | None, session: RLMSession | None
 ) -> str:
     """ "process" or "none": never sandboxed in the notebook's namespace; a session's REPL
     runs where it began."""

@@ -77,7 +77,7 @@ class RLMSession:
         self.loop: asyncio.AbstractEventLoop | None = None  # where its REPL lives
         self._busy = asyncio.Lock()
 
-    async def arun(self, query: str, context: Any = None, **overrides) -> RLMResult:
+    async def arun(self, query: str, context: Any = None, **overrides: Any) -> RLMResult:
         """Ask the next question of this session."""
         return await self.rlm.arun(query, context, session=self, **overrides)
 
@@ -210,7 +210,7 @@ class RLMSession:
         self.namespace = None
 
 
-_CLOSING: set[asyncio.Task] = set()
+_CLOSING: set[asyncio.Task[None]] = set()
 
 
 class SessionsView:

@@ -48,13 +48,13 @@ __all__ = [
 ]
 
 
-def load_ipython_extension(shell) -> None:
+def load_ipython_extension(shell: object) -> None:  # an IPython InteractiveShell
     from .jupyter import extension
 
     extension.load(shell)
 
 
-def unload_ipython_extension(shell) -> None:
+def unload_ipython_extension(shell: object) -> None:
     from .jupyter import extension
 
     extension.unload(shell)

@@ -17,7 +17,7 @@ import importlib.util
 import sys
 import types
 import warnings
-from typing import Any
+from typing import Any, cast
 
 # Old path -> the module that is the old module now.
 MOVED = {
@@ -93,4 +93,4 @@ def install() -> None:
     from .rlm.runner import RLM
 
     if not hasattr(RLM, "helpers"):
-        RLM.helpers = property(_notebook_helpers)
+        cast(Any, RLM).helpers = property(_notebook_helpers)  # (not an attribute RLM declares)

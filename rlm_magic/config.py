@@ -10,6 +10,7 @@ them; their help is what ``%config RLM`` shows.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -41,8 +42,12 @@ def default_cache_dir() -> str:
     return os.path.join(base, "rlm-magic")
 
 
-def _at_least(minimum):
-    def check(self, proposal):
+# What traitlets hands a validator: the trait, its owner and the proposed value.
+Proposal = Mapping[str, Any]
+
+
+def _at_least(minimum: int) -> Callable[[RLMConfig, Proposal], Any]:
+    def check(self: RLMConfig, proposal: Proposal) -> Any:
         value = proposal["value"]
         if value < minimum:
             raise TraitError(f"RLM.{proposal['trait'].name} must be >= {minimum}, got {value!r}")
@@ -51,11 +56,13 @@ def _at_least(minimum):
     return check
 
 
-def _none_or(accepted, requirement: str):
+def _none_or(
+    accepted: Callable[[Any], bool], requirement: str
+) -> Callable[[RLMConfig, Proposal], Any]:
     """A check: None, or a value ``accepted`` takes; else a one-line error that says
     ``requirement`` (a NaN is never accepted: it compares false)."""
 
-    def check(self, proposal):
+    def check(self: RLMConfig, proposal: Proposal) -> Any:
         value = proposal["value"]
         if value is not None and not accepted(value):
             raise TraitError(f"RLM.{proposal['trait'].name} must be {requirement}, got {value!r}")
@@ -64,7 +71,7 @@ def _none_or(accepted, requirement: str):
     return check
 
 
-def _positive(self, proposal):
+def _positive(self: RLMConfig, proposal: Proposal) -> Any:
     value = proposal["value"]
     if not value > 0:
         raise TraitError(f"RLM.{proposal['trait'].name} must be > 0, got {value!r}")
@@ -98,7 +105,7 @@ class RLMConfig(Configurable):
     litellm_kwargs = Dict(
         help="Extra keyword arguments for litellm.acompletion, e.g. {'temperature': 0}."
     ).tag(config=True)
-    model_list = List(
+    model_list: List[dict[str, Any]] = List(
         help="A LiteLLM Router model list: [{'model_name': 'sub', "
         "'litellm_params': {'model': ..., 'api_key': ...}}, ...]. When "
         "set, calls go through the Router and model / sub_model name its "
@@ -255,24 +262,24 @@ class RLMConfig(Configurable):
     ).tag(config=True)
 
     @default("model")
-    def _default_model(self):
+    def _default_model(self) -> str:
         return os.environ.get("RLM_MODEL") or "gpt-4o-mini"
 
     @default("sub_model")
-    def _default_sub_model(self):
+    def _default_sub_model(self) -> str:
         return os.environ.get("RLM_SUB_MODEL", "")
 
     @default("sandbox")
-    def _default_sandbox(self):
+    def _default_sandbox(self) -> str:
         return "process" if os.name == "posix" else "none"  # it needs fork and fd passing
 
     @default("cache_dir")
-    def _default_cache_dir(self):
+    def _default_cache_dir(self) -> str:
         return default_cache_dir()
 
     @validate("model")
-    def _check_model(self, proposal):
-        value = proposal["value"].strip()
+    def _check_model(self, proposal: Proposal) -> str:
+        value: str = proposal["value"].strip()
         if not value:
             raise TraitError(
                 "RLM.model must be a non-empty litellm model string, e.g. 'gpt-4o-mini'"
@@ -280,12 +287,13 @@ class RLMConfig(Configurable):
         return value
 
     @validate("sub_model")
-    def _check_sub_model(self, proposal):
-        return proposal["value"].strip()
+    def _check_sub_model(self, proposal: Proposal) -> str:
+        value: str = proposal["value"]
+        return value.strip()
 
     @validate("api_base")
-    def _check_api_base(self, proposal):
-        value = proposal["value"]
+    def _check_api_base(self, proposal: Proposal) -> str | None:
+        value: str | None = proposal["value"]
         if value is None or value == "":
             return None
         parsed = urlparse(value)
@@ -294,12 +302,13 @@ class RLMConfig(Configurable):
         return value.rstrip("/")
 
     @validate("api_key")
-    def _check_api_key(self, proposal):
-        return proposal["value"] or None
+    def _check_api_key(self, proposal: Proposal) -> str | None:
+        value: str | None = proposal["value"]
+        return value or None
 
     @validate("litellm_kwargs")
-    def _check_litellm_kwargs(self, proposal):
-        value = proposal["value"]
+    def _check_litellm_kwargs(self, proposal: Proposal) -> dict[str, Any]:
+        value: dict[str, Any] = proposal["value"]
         clash = sorted(set(value) & _OWNED_KWARGS)
         if clash:
             raise TraitError(
@@ -318,25 +327,26 @@ class RLMConfig(Configurable):
     _check_sandbox_processes = validate("sandbox_max_processes")(_at_least(8))
 
     @validate("sandbox")
-    def _check_sandbox(self, proposal):
-        value = proposal["value"].strip().lower()
+    def _check_sandbox(self, proposal: Proposal) -> str:
+        value: str = proposal["value"].strip().lower()
         if value not in ("process", "none"):
             raise TraitError(f"RLM.sandbox must be 'process' or 'none', got {proposal['value']!r}")
         return value
 
     @validate("model_list")
-    def _check_model_list(self, proposal):
+    def _check_model_list(self, proposal: Proposal) -> list[dict[str, Any]]:
         try:
             return check_model_list(proposal["value"])
         except ValueError as exc:
             raise TraitError(str(exc)) from None
 
     @validate("router_settings")
-    def _check_router_settings(self, proposal):
-        clash = sorted(set(proposal["value"]) & {"model_list"})
+    def _check_router_settings(self, proposal: Proposal) -> dict[str, Any]:
+        value: dict[str, Any] = proposal["value"]
+        clash = sorted(set(value) & {"model_list"})
         if clash:
             raise TraitError("RLM.router_settings may not set model_list: use RLM.model_list")
-        return proposal["value"]
+        return value
 
     _check_rate = validate("rpm", "tpm")(_none_or(lambda v: v > 0, "> 0 or None (learned)"))
     _check_cost = validate("max_cost_usd")(_none_or(lambda v: v >= 0, ">= 0 or None"))
@@ -366,7 +376,7 @@ class RLMConfig(Configurable):
             }
         )
 
-    def settings(self, *, mask_secrets: bool = True) -> dict:
+    def settings(self, *, mask_secrets: bool = True) -> dict[str, Any]:
         """The effective value of every setting, with secrets masked."""
         values = {name: getattr(self, name) for name in sorted(self.class_trait_names(config=True))}
         values["sub_model"] = self.effective_sub_model
@@ -380,7 +390,7 @@ class RLMConfig(Configurable):
         return values
 
 
-def check_model_list(value: Any) -> list[dict]:
+def check_model_list(value: Any) -> list[dict[str, Any]]:
     """``value`` if it is a Router model list; otherwise a one-line ``ValueError``."""
     if not isinstance(value, list):
         raise ValueError(

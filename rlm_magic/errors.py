@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 
 class RLMError(Exception):
@@ -52,6 +52,10 @@ class ConfigError(RLMError, ValueError):
 
 class LLMQueryError(RLMError):
     """A model call failed after its retries; carries the model and the cause."""
+
+    # The HTTP status of the failure, where the code raising it sets one (a batch job's
+    # calls); read like the providers' own, getattr(error, "status_code", None).
+    status_code: int | None = None
 
     def __init__(self, model: str, cause: BaseException | str, *, retries: int = 0):
         self.model = model
@@ -94,7 +98,8 @@ class PromptTooLongError(LLMQueryError):
         self.args = (f"{self.reason} (not sent to {model!r})",)
 
     def __str__(self) -> str:
-        return self.args[0]
+        message: str = self.args[0]  # set in __init__
+        return message
 
 
 class CompactionError(RLMError):
@@ -153,7 +158,8 @@ def interrupt(message: str) -> KeyboardInterrupt:
     through the rewritten cell) would add nothing. It stays a plain KeyboardInterrupt,
     so ``except KeyboardInterrupt`` and clients reading the error's name see one."""
     error = KeyboardInterrupt(message)
-    error._render_traceback_ = lambda: [f"KeyboardInterrupt: {message}"]
+    # An attribute IPython looks for, which KeyboardInterrupt does not declare.
+    cast(Any, error)._render_traceback_ = lambda: [f"KeyboardInterrupt: {message}"]
     return error
 
 
@@ -203,9 +209,10 @@ def _one_line(text: str) -> str:
 def _causes(exc: BaseException) -> list[BaseException]:
     """``exc`` and the exceptions it was raised from, outermost first."""
     chain: list[BaseException] = []
-    while exc is not None and exc not in chain:
-        chain.append(exc)
-        exc = exc.__cause__ or exc.__context__
+    link: BaseException | None = exc
+    while link is not None and link not in chain:
+        chain.append(link)
+        link = link.__cause__ or link.__context__
     return chain
 
 

@@ -234,8 +234,9 @@ def _collect(results: list, errors: dict[int, Exception], return_exceptions: boo
     raise BatchError(results, errors)
 
 
-# Code objects of the helpers, to recognise a helper coroutine that was never awaited.
-HELPER_CODES = {
+# Code objects of the helpers, to recognise a helper coroutine that was never awaited
+# (looked up with whatever an object has as its cr_code, None included).
+HELPER_CODES: dict[object, str] = {
     fn.__code__: fn.__name__
     for fn in (
         NotebookHelpers.llm_query,

@@ -18,9 +18,12 @@ import itertools
 import signal
 import threading
 from collections.abc import Awaitable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from ..errors import interrupt
+
+if TYPE_CHECKING:
+    from types import FrameType
 
 T = TypeVar("T")
 
@@ -130,7 +133,7 @@ def _keyboard_interrupt_is_safe() -> bool:
     if shell_module is None or shell_module.InteractiveShell.initialized() is False:
         return True
     run_code = shell_module.InteractiveShell.run_code.__code__
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         if frame.f_code is run_code:
             return True

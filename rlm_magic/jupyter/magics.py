@@ -12,7 +12,7 @@ import asyncio
 import keyword
 import string
 import sys
-from typing import Any
+from typing import Any, cast
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
@@ -138,7 +138,8 @@ def transform_rlm_cell(lines: list[str]) -> list[str]:
 # console's is_complete_request) skips transformers marked this way. Unmarked, the
 # rewrite above would hide the "%%" from its rule that a cell magic is incomplete until
 # a blank line, and Enter after the %%rlm line would run a cell with no question.
-transform_rlm_cell.has_side_effects = True
+# (An attribute functions do not declare, hence the cast.)
+cast(Any, transform_rlm_cell).has_side_effects = True
 
 
 async def run_rlm_cell(line: str, body: str, shell=None):

@@ -19,7 +19,7 @@ import html
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from ..llm.litellm_loader import litellm_is_loading
 from ..llm.ratelimit import hold_message
@@ -60,6 +60,17 @@ def from_a_terminal_client(request: dict) -> bool:
     return bool(content.get("allow_stdin")) and "cellId" not in metadata
 
 
+class _View(Protocol):
+    """What a live display shows itself in: a widget view, or a ``TextLine``. Each
+    takes the display it was made for (a widget view, its own kind of display)."""
+
+    def show(self, display: Any) -> None: ...
+
+    def update(self, display: Any) -> None: ...
+
+    def finish(self, display: Any, line: str) -> None: ...
+
+
 class _LiveDisplay:
     """Shows a view, refreshes it on a timer while the work runs, then settles it.
 
@@ -68,7 +79,7 @@ class _LiveDisplay:
 
     def __init__(self, enabled: bool):
         self.started = time.perf_counter()
-        self._view = None
+        self._view: _View | None = None
         self._timer: asyncio.TimerHandle | None = None
         if enabled:
             self._view = self._widget_view() if widgets_available() else TextLine()
@@ -77,20 +88,21 @@ class _LiveDisplay:
     def elapsed_s(self) -> float:
         return time.perf_counter() - self.started
 
-    def line(self) -> str:
+    def line(self, *, stopped: bool = False) -> str:
         raise NotImplementedError
 
     def final_line(self, exc_type) -> str:
         interrupted = exc_type is not None and not issubclass(exc_type, Exception)
         return self.line(stopped=True) + (" (interrupted)" if interrupted else "")
 
-    def _widget_view(self):
+    def _widget_view(self) -> _View:
         raise NotImplementedError
 
     def __enter__(self):
-        if self._view is not None:
-            self._view.show(self)
-            self._schedule()
+        view = self._view
+        if view is not None:
+            view.show(self)
+            self._schedule(view)
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -100,16 +112,16 @@ class _LiveDisplay:
         if self._view is not None:
             self._view.finish(self, self.final_line(exc_type))
 
-    def _schedule(self) -> None:
+    def _schedule(self, view: _View) -> None:
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return  # no loop, no live updates: the final line still shows
-        self._timer = loop.call_later(1 / MAX_UPDATES_PER_S, self._tick)
+        self._timer = loop.call_later(1 / MAX_UPDATES_PER_S, self._tick, view)
 
-    def _tick(self) -> None:
-        self._view.update(self)  # elapsed time moves even when nothing else did
-        self._schedule()
+    def _tick(self, view: _View) -> None:
+        view.update(self)  # elapsed time moves even when nothing else did
+        self._schedule(view)
 
 
 class BatchProgress(_LiveDisplay, MapObserver):
@@ -134,7 +146,7 @@ class BatchProgress(_LiveDisplay, MapObserver):
         self.cost_usd: float | None = None
         super().__init__(enabled)
 
-    def _widget_view(self):
+    def _widget_view(self) -> BarWidget:
         return BarWidget()
 
     # -- observer ---------------------------------------------------------------------
@@ -188,7 +200,7 @@ class RunStatus(_LiveDisplay):
         self.result_shown = result_shown
         super().__init__(enabled)
 
-    def _widget_view(self):
+    def _widget_view(self) -> StatusWidget:
         return StatusWidget()
 
     def line(self, phase: str | None = None, stopped: bool = False, with_text: bool = True) -> str:

@@ -63,7 +63,7 @@ class ResponseCache:
             "CREATE TABLE IF NOT EXISTS answers (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
         )
 
-    def get(self, key: str) -> dict | None:
+    def get(self, key: str) -> dict[str, Any] | None:
         row = self._db.execute("SELECT value FROM answers WHERE key = ?", (key,)).fetchone()
         if row is None:
             return None
@@ -73,7 +73,7 @@ class ResponseCache:
             return None
         return value if _is_answer(value) else None
 
-    def set(self, key: str, value: dict) -> None:
+    def set(self, key: str, value: dict[str, Any]) -> None:
         self._db.execute(
             "INSERT OR REPLACE INTO answers VALUES (?, ?)",
             (key, json.dumps(value, ensure_ascii=False)),
@@ -83,7 +83,8 @@ class ResponseCache:
         self._db.execute("DELETE FROM answers")
 
     def __len__(self) -> int:
-        return self._db.execute("SELECT COUNT(*) FROM answers").fetchone()[0]
+        count: int = self._db.execute("SELECT COUNT(*) FROM answers").fetchone()[0]
+        return count
 
     def close(self) -> None:
         self._db.close()

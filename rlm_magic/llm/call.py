@@ -43,7 +43,8 @@ class CallOptions:
     deadline: float | None = None
     cache_prefix: bool = False
     may_retry: Callable[[], bool] | None = None
-    response_format: dict | None = None  # sent as is; answers are checked by structured.py
+    # Sent as is; answers are checked by structured.py.
+    response_format: dict[str, Any] | None = None
 
     def time_left(self, timeout: float) -> float:
         if self.deadline is None:
@@ -60,7 +61,7 @@ class Call:
     options: CallOptions
     redactor: Redactor | None
     started: float = field(default_factory=time.perf_counter)
-    params: dict = field(init=False)
+    params: dict[str, Any] = field(init=False)
     # 1. cache
     cache: ResponseCache | None = None
     key: str | None = None
@@ -70,7 +71,7 @@ class Call:
     marked: Messages = field(default_factory=list)  # ... with prompt-cache markers, if any
     characters: int = 0
     streaming: bool = False
-    request: dict = field(default_factory=dict)
+    request: dict[str, Any] = field(default_factory=dict)
     retries_allowed: int = 0
     attempt_timeout: float = 0.0
     transport: Transport = field(init=False)

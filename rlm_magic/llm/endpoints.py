@@ -47,7 +47,7 @@ class Endpoint(Protocol):
         """(how many times the client retries a failed call, seconds per attempt)."""
         ...
 
-    def request(self, model: str, messages: Messages, params: dict) -> Request:
+    def request(self, model: str, messages: Messages, params: dict[str, Any]) -> Request:
         """The request as litellm takes it (the wire transport sends the same)."""
         ...
 
@@ -81,7 +81,7 @@ class ProviderEndpoint:
     def attempts(self) -> tuple[int, float]:
         return self.config.max_retries, self.config.timeout
 
-    def request(self, model: str, messages: Messages, params: dict) -> Request:
+    def request(self, model: str, messages: Messages, params: dict[str, Any]) -> Request:
         config = self.config
         request = {
             "model": model,

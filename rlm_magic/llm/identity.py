@@ -37,14 +37,14 @@ class RequestIdentity:
     # A typed answer's schema (``structured.AnswerFormat.identity``), or None.
     answer_format: str | None = None
 
-    def params(self, response_format: dict | None = None) -> dict[str, Any]:
+    def params(self, response_format: dict[str, Any] | None = None) -> dict[str, Any]:
         """The request's parameters besides model and messages, as sent."""
         params = {"max_tokens": self.max_tokens, **self.options}
         if response_format is not None:
             params["response_format"] = response_format
         return params
 
-    def cache_key(self, messages: Messages, response_format: dict | None = None) -> str:
+    def cache_key(self, messages: Messages, response_format: dict[str, Any] | None = None) -> str:
         """The response cache's key of one request: these messages as sent."""
         return _digest(
             {
@@ -75,7 +75,9 @@ class RequestIdentity:
             digest.update(b"\n")
         return digest.hexdigest()
 
-    def job_body(self, name_at_provider: str, response_format: dict | None = None) -> dict:
+    def job_body(
+        self, name_at_provider: str, response_format: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         """The body of each request of a provider batch job, but its messages (the job's
         key is a hash of the file these bodies make)."""
         return {"model": name_at_provider, **self.params(response_format)}

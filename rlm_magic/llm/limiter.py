@@ -17,7 +17,7 @@ class ConcurrencyLimiter:
     def __init__(self, limit: Callable[[], int]):
         self._limit = limit
         self._holders = 0
-        self._waiters: deque[asyncio.Future] = deque()
+        self._waiters: deque[asyncio.Future[None]] = deque()
 
     @property
     def holders(self) -> int:
@@ -55,5 +55,5 @@ class ConcurrencyLimiter:
     async def __aenter__(self) -> None:
         await self.acquire()
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         self.release()

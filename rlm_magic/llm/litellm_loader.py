@@ -17,7 +17,7 @@ from typing import Any
 _litellm: Any = None
 _lock: asyncio.Lock | None = None
 _calls = 0  # model calls under way, in every client of the process
-_parking: set[asyncio.Task] = set()  # held: the loop keeps only weak references to tasks
+_parking: set[asyncio.Task[Any]] = set()  # held: the loop keeps only weak references to tasks
 
 
 def import_litellm() -> Any:

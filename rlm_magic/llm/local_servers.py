@@ -149,7 +149,7 @@ async def _probe(api_base: str, model: str, api_key: str | None) -> tuple[int | 
     timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT)
     async with aiohttp.ClientSession(timeout=timeout, headers=headers) as session:
 
-        async def get(path_or_url: str, post: dict | None = None) -> Any:
+        async def get(path_or_url: str, post: dict[str, Any] | None = None) -> Any:
             if not local and path_or_url.startswith("/"):
                 return None  # a local server's own endpoint: not asked of other hosts
             url = path_or_url if path_or_url.startswith("http") else root + path_or_url

@@ -9,7 +9,9 @@ from typing import Any
 from ..errors import ConfigError
 
 
-def build_messages(prompt: str, system: str | None, *, caller: str = "llm_query") -> list[dict]:
+def build_messages(
+    prompt: str, system: str | None, *, caller: str = "llm_query"
+) -> list[dict[str, Any]]:
     if not isinstance(prompt, str):
         raise ConfigError(f"{caller} expects the prompt as a str, got {type(prompt).__name__}")
     if system is not None and not isinstance(system, str):
@@ -31,13 +33,13 @@ def as_prompt_list(prompts: Any, caller: str) -> list[str]:
                 else ""
             )
         )
-    prompts = list(prompts)
-    for index, prompt in enumerate(prompts):
+    listed: list[str] = list(prompts)
+    for index, prompt in enumerate(listed):
         if not isinstance(prompt, str):
             raise ConfigError(
                 f"{caller}: prompt {index} is a {type(prompt).__name__}, expected str"
             )
-    return prompts
+    return listed
 
 
 def check_max_tokens(max_tokens: int | None, caller: str) -> None:

@@ -40,7 +40,7 @@ def cost_of_response(response: Any, litellm: Any) -> float | None:
     return float(cost) if cost is not None else None
 
 
-def price_entry(litellm: Any, names: Sequence[str]) -> dict | None:
+def price_entry(litellm: Any, names: Sequence[str]) -> dict[str, Any] | None:
     """The first of ``names`` that litellm's price map prices, looked up at each answer
     (prices registered meanwhile count)."""
     prices = litellm.model_cost
@@ -65,10 +65,10 @@ def cost_of_usage(
     proxy's price in ``headers``; else None."""
     entry = price_entry(litellm, names)
     if entry is not None and not _tiered(entry):
-        base = entry["input_cost_per_token"]
-        output = entry.get("output_cost_per_token") or 0.0
-        read_price = entry.get("cache_read_input_token_cost")
-        write_price = entry.get("cache_creation_input_token_cost")
+        base: float = entry["input_cost_per_token"]
+        output: float = entry.get("output_cost_per_token") or 0.0
+        read_price: float | None = entry.get("cache_read_input_token_cost")
+        write_price: float | None = entry.get("cache_creation_input_token_cost")
         return (
             (input_tokens - cache_read - cache_written) * base
             + cache_read * (base if read_price is None else read_price)
@@ -77,6 +77,8 @@ def cost_of_usage(
         )
     if entry is not None:  # priced by the prompt's size: litellm knows the tiers
         try:
+            prompt: float
+            completion: float
             prompt, completion = litellm.cost_per_token(
                 model=model,
                 prompt_tokens=input_tokens,
@@ -90,10 +92,10 @@ def cost_of_usage(
     return float(cost) if cost is not None else None
 
 
-_TIERED: dict[int, tuple[dict, bool]] = {}
+_TIERED: dict[int, tuple[dict[str, Any], bool]] = {}
 
 
-def _tiered(entry: dict) -> bool:
+def _tiered(entry: dict[str, Any]) -> bool:
     """Whether a price depends on the prompt's size (``..._above_128k_tokens``)."""
     known = _TIERED.get(id(entry))
     if known is None or known[0] is not entry:

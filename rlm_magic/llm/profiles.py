@@ -26,6 +26,9 @@ from typing import Any
 # tokenizers): every estimate of tokens from characters starts here.
 DEFAULT_CHARS_PER_TOKEN = 4.0
 
+# What a rate gate is known by: (model, endpoint, key id).
+GateKey = tuple[str, str, str]
+
 
 @dataclass
 class ModelProfile:
@@ -62,7 +65,7 @@ class EndpointProfile:
     # A guessed window (Ollama's default) and when it was guessed: advice only.
     window_guess: tuple[int, float] | None = None
     # The server being asked right now (one probe at a time).
-    probe: asyncio.Future | None = None
+    probe: asyncio.Future[Any] | None = None
 
 
 @dataclass
@@ -71,7 +74,7 @@ class Profiles:
     endpoints: dict[tuple[str | None, str], EndpointProfile] = field(default_factory=dict)
     # The rate gates of each event loop (their waiters are futures of that loop), by
     # (model, endpoint, key id): see ``ratelimit.gate_for``.
-    gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple, Any]] = field(
+    gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[GateKey, Any]] = field(
         default_factory=weakref.WeakKeyDictionary
     )
 

@@ -11,6 +11,7 @@ content blocks they do not know.
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Any
 
 from .profiles import PROFILES
 
@@ -21,7 +22,7 @@ _EPHEMERAL = {"type": "ephemeral"}
 _RECENT_MARKED = 2
 
 
-def needs_markers(litellm, model: str) -> bool:
+def needs_markers(litellm: Any, model: str) -> bool:
     """True for providers whose prompt cache works only with explicit breakpoints."""
     profile = PROFILES.known_model(model)
     if profile is not None and profile.refuses_cache_markers:
@@ -30,7 +31,7 @@ def needs_markers(litellm, model: str) -> bool:
 
 
 @lru_cache(maxsize=64)
-def _provider_needs_markers(litellm, model: str) -> bool:
+def _provider_needs_markers(litellm: Any, model: str) -> bool:
     try:
         _, provider, _, _ = litellm.get_llm_provider(model)
     except Exception:  # noqa: BLE001 - an unknown model gets no markers
@@ -43,7 +44,7 @@ def _provider_needs_markers(litellm, model: str) -> bool:
     )
 
 
-def mark_prefix(messages: list[dict]) -> list[dict]:
+def mark_prefix(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A copy of ``messages`` with ``cache_control`` breakpoints, in litellm's format
     (text content blocks), on the system prompt and the newest user messages."""
     marked = list(messages)
@@ -69,7 +70,7 @@ def refuses_markers(exc: BaseException) -> bool:
     )
 
 
-def cache_figures(usage) -> tuple[int, int]:
+def cache_figures(usage: Any) -> tuple[int, int]:
     """(input tokens read from the provider's cache, input tokens written to it), from
     the fields litellm fills: ``prompt_tokens_details.cached_tokens`` (OpenAI, Gemini,
     and Anthropic's reads), ``cache_read_input_tokens`` and

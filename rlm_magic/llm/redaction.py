@@ -11,7 +11,7 @@ import functools
 import json
 import re
 from collections.abc import Callable, Iterable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from .._secrets import MIN_SECRET_LENGTH, environment_secrets
 
@@ -23,7 +23,7 @@ REDACTED = "[REDACTED]"
 OFF_LOOP_CHARS = 256_000
 
 
-async def off_loop_if_large(size: int, redact: Callable[..., T], *args) -> T:
+async def off_loop_if_large(size: int, redact: Callable[..., T], *args: Any) -> T:
     """Run ``redact(*args)`` here, or in a thread when it has ``size`` > OFF_LOOP_CHARS
     characters to scan."""
     if size > OFF_LOOP_CHARS:
@@ -32,7 +32,7 @@ async def off_loop_if_large(size: int, redact: Callable[..., T], *args) -> T:
 
 
 @functools.lru_cache(maxsize=16)
-def _pattern(secrets: frozenset[str]) -> re.Pattern | None:
+def _pattern(secrets: frozenset[str]) -> re.Pattern[str] | None:
     if not secrets:
         return None
     # Longest first, so a secret that contains another is removed whole.
@@ -85,7 +85,7 @@ class Redactor:
         return self._pattern is not None
 
 
-def redact_conversation(messages: list[dict], redactor: Redactor) -> list[dict]:
+def redact_conversation(messages: list[dict[str, Any]], redactor: Redactor) -> list[dict[str, Any]]:
     """Every message as it may be sent: with secrets removed. The last line of defence:
     whatever code built the prompt, no environment secret reaches a provider."""
     if not redactor:
@@ -96,7 +96,9 @@ def redact_conversation(messages: list[dict], redactor: Redactor) -> list[dict]:
     ]
 
 
-async def redact_messages(messages: list[dict], redactor: Redactor) -> list[dict]:
+async def redact_messages(
+    messages: list[dict[str, Any]], redactor: Redactor
+) -> list[dict[str, Any]]:
     """``redact_conversation``, in a thread when the messages are large."""
     if not redactor:
         return messages

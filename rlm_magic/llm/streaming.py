@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from types import TracebackType
 from typing import Any
 
 from ..errors import StreamStalled
@@ -30,9 +31,9 @@ class StreamState:
         self.first_token_at: float | None = None
         # Set by the wire transport, which hands on text, not chunk objects.
         self.finish: str | None = None
-        self.usage: dict | None = None
+        self.usage: dict[str, Any] | None = None
 
-    def add(self, chunk) -> None:
+    def add(self, chunk: Any) -> None:
         self.chunks.append(chunk)
         choices = getattr(chunk, "choices", None)
         piece = getattr(choices[0].delta, "content", None) if choices else None
@@ -62,7 +63,7 @@ class StreamState:
             return self.finish
         for chunk in reversed(self.chunks[-4:]):
             choices = getattr(chunk, "choices", None) or []
-            reason = getattr(choices[0], "finish_reason", None) if choices else None
+            reason: str | None = getattr(choices[0], "finish_reason", None) if choices else None
             if reason:
                 return reason
         return None
@@ -71,7 +72,7 @@ class StreamState:
     def received(self) -> bool:
         return bool(self._pieces)
 
-    def response(self, litellm, messages):
+    def response(self, litellm: Any, messages: list[dict[str, Any]] | None) -> Any:
         """The whole (or partial) answer as one ModelResponse, with usage: the
         provider's when it sent it, else counted by litellm's tokenizer."""
         if not self.chunks:
@@ -100,13 +101,13 @@ class StreamState:
 
 
 async def stream_completion(
-    acompletion,
-    request: dict,
+    acompletion: Callable[..., Awaitable[Any]],
+    request: dict[str, Any],
     state: StreamState,
     *,
     stall_timeout: float,
     deadline: float | None = None,
-):
+) -> Any:
     """Run one streamed request to its end, feeding ``state`` (which then holds the
     text and usage); returns the stream, for its headers. A stream with a ``pump``
     method feeds ``state`` itself (the wire transport); litellm's is iterated. Raises
@@ -163,7 +164,7 @@ class _StallWatch:
     def touch(self) -> None:
         self.last = time.monotonic()
 
-    async def __aenter__(self):
+    async def __aenter__(self) -> _StallWatch:
         self.loop = asyncio.get_running_loop()
         task = asyncio.current_task()
         if task is None:  # a stream is always read by a task; the watch cancels it
@@ -174,7 +175,12 @@ class _StallWatch:
         self._handle = self.loop.call_later(self._next_check(), self._check)
         return self
 
-    async def __aexit__(self, exc_type, exc, tb):
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
         self._handle.cancel()
         if self.expired and exc_type is asyncio.CancelledError:
             # Our own cancel, not the user's: turn it into a timeout.
@@ -208,6 +214,6 @@ class _StallWatch:
         return f"no new tokens for {self.seconds:g}s"
 
 
-def _cancelling(task) -> int:
+def _cancelling(task: asyncio.Task[Any]) -> int:
     counter = getattr(task, "cancelling", None)  # Python 3.11+
     return counter() if counter is not None else 0

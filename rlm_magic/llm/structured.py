@@ -14,11 +14,14 @@ import json
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from ..errors import ConfigError, InvalidAnswer, LLMQueryError
 from .litellm_loader import load_litellm
 from .profiles import PROFILES
+
+if TYPE_CHECKING:
+    from .completion import Completion
 
 _FENCE = re.compile(r"^\s*```(?:json)?\s*\n(.*?)\n\s*```\s*$", re.DOTALL)
 
@@ -74,7 +77,7 @@ class AnswerFormat:
         """What distinguishes this format in a cache or resume key."""
         return self._schema_text
 
-    def request(self, structured: bool) -> dict:
+    def request(self, structured: bool) -> dict[str, Any]:
         """The ``response_format`` to send: the schema itself where the provider takes
         one, plain JSON mode elsewhere (the schema then goes in the prompt)."""
         if structured:
@@ -151,7 +154,7 @@ def _refuse_outside_references(schema: Any, trusted: bool) -> None:
                 stack.append(value)
 
 
-def _retrieve_nothing(uri: str):
+def _retrieve_nothing(uri: str) -> NoReturn:
     from referencing.exceptions import NoSuchResource
 
     raise NoSuchResource(ref=uri)
@@ -162,7 +165,7 @@ def _name(title: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "_", str(title))[:64] or "answer"
 
 
-def supports_schema(litellm, model: str) -> bool:
+def supports_schema(litellm: Any, model: str) -> bool:
     """Whether litellm says ``model`` takes a JSON schema. Asked once per model and size
     of litellm's price map: a model registered later (``litellm.register_model``) is
     asked again."""
@@ -183,7 +186,7 @@ class Typed:
     of a first attempt that did not."""
 
     value: Any
-    completion: Any
+    completion: Completion
     extra_input_tokens: int = 0
     extra_output_tokens: int = 0
     extra_cost_usd: float = 0.0
@@ -220,8 +223,8 @@ Complete = Callable[..., Awaitable[Any]]
 
 
 def prepare(
-    messages: list[dict], answer_format: AnswerFormat, litellm, model: str
-) -> tuple[list[dict], dict]:
+    messages: list[dict[str, Any]], answer_format: AnswerFormat, litellm: Any, model: str
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The messages and ``response_format`` of a typed request to ``model``."""
     structured = supports_schema(litellm, model)
     if not structured:
@@ -236,10 +239,10 @@ def prepare(
 
 async def ask(
     complete: Complete,
-    messages: list[dict],
+    messages: list[dict[str, Any]],
     answer_format: AnswerFormat,
     model_name: str,
-    **options,
+    **options: Any,
 ) -> Typed:
     """One typed call: ``complete(messages, response_format=..., **options)`` returns a
     completion; its text is validated, and asked for once more with the error if it

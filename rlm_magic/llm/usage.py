@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 from .._tables import html_table, text_table
 
@@ -126,7 +127,7 @@ class UsageSummary:
     def cost_usd(self) -> float | None:
         return self.total.cost_usd
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "by_model": {name: asdict(row) for name, row in self.by_model.items()},
             "total": asdict(self.total),
@@ -166,7 +167,7 @@ class UsageSummary:
         return rows
 
     def _cells(self, row: ModelUsage) -> tuple[str, ...]:
-        cells = (
+        cells: tuple[str, ...] = (
             row.model,
             str(row.calls),
             str(row.cache_hits),

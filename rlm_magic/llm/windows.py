@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from ..errors import PromptTooLongError
@@ -74,7 +74,7 @@ def prompt_in_error(exc: BaseException | None) -> int | None:
     return _number_in_error(exc, _PROMPT_IN_MESSAGE)
 
 
-def _number_in_error(exc: BaseException | None, patterns) -> int | None:
+def _number_in_error(exc: BaseException | None, patterns: Iterable[re.Pattern[str]]) -> int | None:
     """The first number one of ``patterns`` finds in the error or its causes."""
     for error in _chain(exc):
         for pattern in patterns:
@@ -85,7 +85,10 @@ def _number_in_error(exc: BaseException | None, patterns) -> int | None:
 
 
 def learn_from(
-    exc: BaseException, endpoint: str | None, model: str, messages: list[dict] | None = None
+    exc: BaseException,
+    endpoint: str | None,
+    model: str,
+    messages: list[dict[str, Any]] | None = None,
 ) -> int | None:
     """Remember the window a context-length error names, and the characters per token
     its count of the prompt shows (``messages``: the prompt refused); returns the
@@ -106,7 +109,7 @@ def learn_from(
 
 def learn_usage(
     model: str,
-    messages: list[dict],
+    messages: list[dict[str, Any]],
     input_tokens: int,
     output_tokens: int = 0,
     finished: bool = False,
@@ -220,14 +223,14 @@ def shortest_answer(max_tokens: int) -> int:
     return min(max_tokens, MIN_ANSWER)
 
 
-def estimate_tokens(messages: list[dict], model: str | None = None) -> int:
+def estimate_tokens(messages: list[dict[str, Any]], model: str | None = None) -> int:
     """Tokens of a conversation by its characters: cheap, and as right as the model's
     learned characters per token (4 until its usage says)."""
     return int(_characters(messages) / chars_per_token(model)) + _MESSAGE_OVERHEAD * len(messages)
 
 
 async def fit_answer(
-    litellm: Any, model: str, messages: list[dict], window: int, max_tokens: int
+    litellm: Any, model: str, messages: list[dict[str, Any]], window: int, max_tokens: int
 ) -> int:
     """``max_tokens`` to send with this prompt: as asked when prompt and answer fit
     the window, less when only a shorter answer fits (a server would refuse the
@@ -252,7 +255,7 @@ async def fit_answer(
 
 
 async def prompt_tokens_over(
-    litellm: Any, model: str, messages: list[dict], room: int
+    litellm: Any, model: str, messages: list[dict[str, Any]], room: int
 ) -> int | None:
     """The prompt's tokens when they are over ``room``, else None.
 
@@ -281,15 +284,15 @@ async def prompt_tokens_over(
     return exact if exact > room else None
 
 
-def _count(litellm: Any, model: str, messages: list[dict]) -> int:
+def _count(litellm: Any, model: str, messages: list[dict[str, Any]]) -> int:
     return int(litellm.token_counter(model=model, messages=messages))
 
 
-def _characters(messages: list[dict]) -> int:
+def _characters(messages: list[dict[str, Any]]) -> int:
     return sum(len(m["content"]) for m in messages if isinstance(m.get("content"), str))
 
 
-def _chain(exc: BaseException | None):
+def _chain(exc: BaseException | None) -> Iterator[BaseException]:
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))

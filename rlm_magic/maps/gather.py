@@ -53,7 +53,7 @@ async def gather_limited(
     """
     outcome = outcome or BatchOutcome(len(calls))
     results, errors = outcome.results, outcome.errors
-    tasks: list[asyncio.Task] = []
+    tasks: list[asyncio.Task[None]] = []
 
     async def run(index: int) -> None:
         try:

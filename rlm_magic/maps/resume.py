@@ -19,7 +19,7 @@ import re
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
     from ..llm.identity import RequestIdentity
@@ -46,7 +46,10 @@ class MapStore:
 
     @classmethod
     async def open(
-        cls, cache_dir: str, identity: RequestIdentity, conversations: Sequence[list[dict]]
+        cls,
+        cache_dir: str,
+        identity: RequestIdentity,
+        conversations: Sequence[list[dict[str, Any]]],
     ) -> MapStore:
         """The store of the map of these conversations, asked with this identity."""
         if len(conversations) >= OFF_LOOP_AT:
@@ -55,7 +58,7 @@ class MapStore:
             key = identity.map_key(conversations)
         return cls(cache_dir, key)
 
-    async def load_kept(self) -> dict[int, dict]:
+    async def load_kept(self) -> dict[int, dict[str, Any]]:
         """``load``, in a thread when the file is large (10,000 answers: ~30 ms)."""
         try:
             large = self.path.stat().st_size > 1_000_000
@@ -63,10 +66,10 @@ class MapStore:
             return {}
         return await asyncio.to_thread(self.load) if large else self.load()
 
-    def load(self) -> dict[int, dict]:
+    def load(self) -> dict[int, dict[str, Any]]:
         """Answers kept by earlier runs, by prompt index. A line cut short by a crash is
         skipped: that prompt is simply asked again."""
-        kept: dict[int, dict] = {}
+        kept: dict[int, dict[str, Any]] = {}
         try:
             with open(self.path, encoding="utf-8") as lines:
                 for line in lines:
@@ -81,7 +84,7 @@ class MapStore:
             pass
         return kept
 
-    def add(self, index: int, completion) -> None:
+    def add(self, index: int, completion: Any) -> None:
         """Keep one answer, at once: the process may die right after. A disk that
         fails (full, read-only) must not cost the paid answer: warn once, keep none.
         An incomplete answer (cut at max_tokens, broken off by a stall or a deadline)

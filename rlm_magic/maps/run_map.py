@@ -211,7 +211,7 @@ async def _as_batch_job(
 
 
 def _kept_answers(
-    kept: dict[int, dict], answer_format: AnswerFormat | None, ledger: UsageLedger
+    kept: dict[int, dict[str, Any]], answer_format: AnswerFormat | None, ledger: UsageLedger
 ) -> dict[int, Any]:
     """The values of the answers an earlier run kept, by index. A typed one that no longer
     validates (the model class changed, not its schema) is left out: asked again. They

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import socket
 import struct
+from typing import Any
 
 HEADER = struct.Struct(">cQ")
 JSON, PICKLE = b"J", b"P"
@@ -52,8 +53,10 @@ def _dumps(message: dict, encode_string) -> str:
             + '"'
         )
 
-    make = json.encoder.c_make_encoder or json.encoder._make_iterencode
-    if json.encoder.c_make_encoder is not None:
+    # json's own encoder factories, which typeshed does not declare.
+    encoders: Any = json.encoder
+    make = encoders.c_make_encoder or encoders._make_iterencode
+    if encoders.c_make_encoder is not None:
         encoder = make({}, _plain, text, None, ":", ",", False, False, True)
     else:  # a Python without the _json accelerator
         encoder = make({}, _plain, text, None, float.__repr__, ":", ",", False, False, True)

@@ -20,6 +20,7 @@ import contextvars
 import io
 import sys
 import threading
+from typing import Any, cast
 
 _target: contextvars.ContextVar[io.TextIOBase | None] = contextvars.ContextVar(
     "rlm_capture_target", default=None
@@ -59,18 +60,19 @@ class _StreamRouter(io.TextIOBase):
     def fileno(self):
         return self._fallback.fileno()
 
+    # typeshed declares TextIOBase.encoding a writable attribute; CPython's is read-only.
     @property
-    def encoding(self):
+    def encoding(self):  # type: ignore[override]
         return getattr(self._fallback, "encoding", "utf-8")
 
     def __getattr__(self, name):
         return getattr(self._fallback, name)
 
 
-def _start_in_starters_context(thread: threading.Thread):
+def _start_in_starters_context(thread: threading.Thread) -> None:
     if _target.get() is not None:
         context, run = contextvars.copy_context(), thread.run
-        thread.run = lambda: context.run(run)
+        cast(Any, thread).run = lambda: context.run(run)  # (mypy forbids assigning a method)
     return _thread_start(thread)
 
 
@@ -82,7 +84,8 @@ def routing_installed():
         if _active == 0:
             _saved = (sys.stdout, sys.stderr)
             sys.stdout, sys.stderr = _StreamRouter(sys.stdout), _StreamRouter(sys.stderr)
-            threading.Thread.start = _start_in_starters_context
+            # Patched on purpose (mypy forbids assigning to a method, hence the casts).
+            cast(Any, threading.Thread).start = _start_in_starters_context
         _active += 1
     try:
         yield
@@ -91,7 +94,7 @@ def routing_installed():
             _active -= 1
             if _active == 0:
                 sys.stdout, sys.stderr = _saved
-                threading.Thread.start = _thread_start
+                cast(Any, threading.Thread).start = _thread_start
                 _saved = ()
 
 

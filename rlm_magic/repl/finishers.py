@@ -75,7 +75,7 @@ class Finish:
             )
         return self.final(name)
 
-    def print_final(self, *args, **kwargs) -> None:
+    def print_final(self, *args: Any, **kwargs: Any) -> None:
         """``print`` for a print whose own text begins with FINAL(: prints it, and
         finishes with the printed text (the engine reads the answer from it)."""
         print(*args, **kwargs)
@@ -87,10 +87,10 @@ class Finish:
 def finisher_functions(namespace: dict[str, Any], finish: Finish) -> dict[str, Any]:
     import functools
 
-    def FINAL(answer):  # noqa: N802 - the name models are taught
+    def FINAL(answer: Any) -> None:  # noqa: N802 - the name models are taught
         return finish.final(answer)
 
-    def FINAL_VAR(name, _value_given=False):  # noqa: N802
+    def FINAL_VAR(name: Any, _value_given: bool = False) -> None:  # noqa: N802
         return finish.final_var(name, _value_given)
 
     FINAL.__doc__, FINAL_VAR.__doc__ = Finish.final.__doc__, Finish.final_var.__doc__

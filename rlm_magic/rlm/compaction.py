@@ -16,11 +16,17 @@ budget or breaks off is asked for once more, shorter; one that breaks off again 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import CompactionError, LLMQueryError
 from ..llm.windows import answer_room, chars_per_token, estimate_tokens, is_context_error
 from .prompts import AFTER_COMPACTION_PROMPT, SUMMARY_PROMPT
 from .result import Compaction
+
+if TYPE_CHECKING:
+    from ..llm.client import LLMClient
+    from ..llm.completion import Completion
+    from ..llm.usage import UsageLedger
 
 
 class Conversation:
@@ -29,14 +35,14 @@ class Conversation:
 
     def __init__(
         self,
-        client,
+        client: LLMClient,
         *,
         model: str,
         max_tokens: int,
         compact_at: float,
-        ledger,
+        ledger: UsageLedger,
         deadline: float | None,
-        share_history: Callable[[list[dict]], Awaitable[None]],
+        share_history: Callable[[list[dict[str, Any]]], Awaitable[None]],
         status: Callable[[str], None],
         compactions: list[Compaction],
     ):
@@ -49,8 +55,8 @@ class Conversation:
         self._share_history = share_history  # puts `history` into the REPL
         self._status = status
         self.compactions = compactions  # the result's list: records are added to it
-        self.messages: list[dict] = []
-        self.history: list[dict] = []
+        self.messages: list[dict[str, Any]] = []
+        self.history: list[dict[str, Any]] = []
 
     def start(self, system: str, first: str) -> None:
         self.messages = [{"role": "system", "content": system}, {"role": "user", "content": first}]
@@ -58,7 +64,7 @@ class Conversation:
         self._compacted_length = len(self.messages)
         self._compacted_size = self.size()
 
-    def size(self, messages: list[dict] | None = None) -> int:
+    def size(self, messages: list[dict[str, Any]] | None = None) -> int:
         """Estimated tokens of ``messages`` (the conversation's), as the model reads."""
         return estimate_tokens(self.messages if messages is None else messages, self.model)
 
@@ -135,7 +141,7 @@ class Conversation:
             self._compacted_size,
             sum(c.input_tokens for c in spent),
             sum(c.output_tokens for c in spent),
-            None if None in costs else sum(costs),
+            None if None in costs else sum(cast("list[float]", costs)),
             summary,
             cut_off=completion.cut_off,
         )
@@ -143,7 +149,7 @@ class Conversation:
         self._status("thinking")
         return record
 
-    async def _summarise(self, before: int, replaced: int, shorter: bool = False):
+    async def _summarise(self, before: int, replaced: int, shorter: bool = False) -> Completion:
         """One summary call (``shorter``: asked for half its budget, so that it ends
         within it). A prompt refused as too long is cut further and sent once more."""
         for share in (0.9, 0.6):  # the estimate may be short for code: then less
@@ -209,12 +215,14 @@ def _no_larger(summary: str, replaced: int, per_token: float) -> str:
     return summary[: max(0, limit - 60)] + "\n[summary cut to fit the conversation it replaces]"
 
 
-def _fitted(messages: list[dict], room: int, model: str | None = None) -> list[dict]:
+def _fitted(
+    messages: list[dict[str, Any]], room: int, model: str | None = None
+) -> list[dict[str, Any]]:
     """The conversation cut to about ``room`` tokens for its summary: the system prompt
     and question, then the latest exchanges that fit (the oldest are left out whole;
     a single exchange too big alone keeps its head and tail)."""
 
-    def estimate(part):
+    def estimate(part: list[dict[str, Any]]) -> int:
         return estimate_tokens(part, model)
 
     head, tail = messages[:2], messages[2:]
@@ -239,7 +247,7 @@ def _fitted(messages: list[dict], room: int, model: str | None = None) -> list[d
     return [*head, *tail]
 
 
-def _with_user_message(messages: list[dict], text: str) -> list[dict]:
+def _with_user_message(messages: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
     """``text`` as the next user message; joined to the last one if that is the
     user's too (some providers refuse two user messages in a row)."""
     last = messages[-1]

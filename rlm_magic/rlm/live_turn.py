@@ -29,7 +29,7 @@ class LiveTurn:
         self._fence_pending = False
         self.ran = 0  # blocks run (or running) so far
         self.stopped = False
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
 
     # -- the text -------------------------------------------------------------------
     def __call__(self, piece: str | None) -> None:
@@ -40,10 +40,11 @@ class LiveTurn:
             self._scanned = 0
             return
         self._pieces.append(piece)
-        if self._run_block is not None:
+        run_block = self._run_block
+        if run_block is not None:
             self._fence_pending = self._fence_pending or "`" in piece
             if self._fence_pending and "\n" in piece:
-                self._scan()
+                self._scan(run_block)
 
     @property
     def text(self) -> str:
@@ -56,7 +57,7 @@ class LiveTurn:
         return "\n".join(line if len(line) <= width else line[: width - 1] + "…" for line in shown)
 
     # -- early execution ------------------------------------------------------------
-    def _scan(self) -> None:
+    def _scan(self, run_block: RunBlock) -> None:
         """Queue blocks whose closing fence line is complete. Only whole lines are
         parsed, so the blocks found are exactly the first blocks of the final text."""
         text = self.text
@@ -68,16 +69,16 @@ class LiveTurn:
         found = code_blocks(whole, streaming=True)  # the reader the engine uses
         if len(found) > len(self._codes) and found[: self.ran] == self._codes[: self.ran]:
             self._codes = found
-            self._start()
+            self._start(run_block)
 
-    def _start(self) -> None:
+    def _start(self, run_block: RunBlock) -> None:
         if self._task is None and not self.stopped:
-            self._task = asyncio.ensure_future(self._work())
+            self._task = asyncio.ensure_future(self._work(run_block))
 
-    async def _work(self) -> None:
+    async def _work(self, run_block: RunBlock) -> None:
         while self.ran < len(self._codes) and not self.stopped:
             self.ran += 1
-            if await self._run_block(self.ran, self._codes[self.ran - 1]):
+            if await run_block(self.ran, self._codes[self.ran - 1]):
                 self.stopped = True
         self._task = None
 
@@ -87,7 +88,8 @@ class LiveTurn:
 
     async def finish(self, blocks: list[str]) -> None:
         """The turn is complete: run the blocks not yet run, in order, and wait."""
-        if self._run_block is None:
+        run_block = self._run_block
+        if run_block is None:
             return
         if blocks[: self.ran] != self.executed:
             raise RuntimeError(
@@ -95,7 +97,7 @@ class LiveTurn:
                 "blocks had run, and the new answer's code differs"
             )
         self._codes = list(blocks)  # a running worker picks the new ones up
-        self._start()
+        self._start(run_block)
         try:
             if self._task is not None:
                 await self._task

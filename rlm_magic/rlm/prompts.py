@@ -106,7 +106,7 @@ def _short_number(value: int) -> str:
     return f"{value / 1000:g}k" if value >= 1000 else str(value)
 
 
-def describe_context(context) -> tuple[str, int, str]:
+def describe_context(context: Any) -> tuple[str, int, str]:
     """(type name, length, preview) of a context of any type, without copying it."""
     type_name = type(context).__name__
     if context is None:
@@ -134,7 +134,7 @@ def describe_context(context) -> tuple[str, int, str]:
     return type_name, length, preview
 
 
-def _short(value, limit: int = 200) -> str:
+def _short(value: Any, limit: int = 200) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + "..."
 
@@ -228,7 +228,7 @@ class RunPrompts:
         )
 
 
-class _Fields(dict):
+class _Fields(dict[str, Any]):
     """Format fields for a custom system prompt; unknown {names} stay as written."""
 
     def __missing__(self, key: str) -> str:

@@ -41,7 +41,8 @@ def _highlight(code: str) -> str:
         from pygments.lexers import PythonLexer
     except ImportError:
         return f"<pre>{html.escape(code)}</pre>"
-    return highlight(code, PythonLexer(), HtmlFormatter(noclasses=True, nowrap=False))
+    highlighted: str = highlight(code, PythonLexer(), HtmlFormatter(noclasses=True, nowrap=False))
+    return highlighted
 
 
 def _status_line(result: Any) -> str:
@@ -102,7 +103,7 @@ def result_html(result: Any) -> str:
     return "".join(parts)
 
 
-def compaction_line(compaction) -> str:
+def compaction_line(compaction: Any) -> str:  # a result.Compaction
     """One line on a compaction: why, how much smaller, what the summary cost."""
     from ..llm.usage import format_cost
 
@@ -115,7 +116,7 @@ def compaction_line(compaction) -> str:
     )
 
 
-def _compaction_html(compaction) -> str:
+def _compaction_html(compaction: Any) -> str:
     return (
         f"<details class='rlm-compaction'><summary>{html.escape(compaction_line(compaction))}"
         f"</summary><pre>{html.escape(compaction.summary)}</pre></details>"

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 CODE_LANGUAGES = frozenset({"repl", "python", "py", "python3", "py3"})
@@ -183,7 +184,8 @@ def _fences(text: str) -> list[Fence]:
             i += 1
             continue
         indent, ticks, language = len(opening.group(1)), opening.group(2), opening.group(3)
-        start, body_lines = offset, []
+        start = offset
+        body_lines: list[str] = []
         offset += len(line)
         i += 1
         closed = False
@@ -287,7 +289,7 @@ def _prose(text: str, fences: list[Fence]) -> list[str]:
     return segments
 
 
-def _marker(segment: str, match: re.Match, limit: int) -> tuple[Final | None, str]:
+def _marker(segment: str, match: re.Match[str], limit: int) -> tuple[Final | None, str]:
     kind, start = match.group(1), match.end()
     area = segment[start:limit]
     end, balanced, readings = _argument_end(area)
@@ -346,7 +348,7 @@ def _argument_end(area: str) -> tuple[int | None, bool, tuple[int, int] | None]:
     return None, False, None
 
 
-def _closers(area: str):
+def _closers(area: str) -> Iterator[tuple[int, str | None]]:
     """Each ')' of ``area`` that balances the "FINAL(" before it, with what makes it read
     as a list marker or a percentage ("1", "a", "ii", "%"), or None. Parentheses in a
     quoted span of one line and those of emoticons do not count."""

@@ -12,7 +12,7 @@ answer in it may be taken.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import LLMQueryError, PromptTooLongError, describe_exception
 from ..llm.windows import is_context_error
@@ -55,7 +55,7 @@ class RootTurns:
         index: int,
         iteration: Iteration | None,
         new_turn: Callable[[], LiveTurn],
-        extra: Sequence[dict] = (),
+        extra: Sequence[dict[str, Any]] = (),
     ) -> tuple[str, LiveTurn]:
         """Turn ``index``: its reply and the turn it streamed into."""
         conversation = self.conversation
@@ -90,7 +90,7 @@ class RootTurns:
             ) from None
 
     async def _ask(
-        self, messages: list[dict], turn: LiveTurn, iteration: Iteration | None = None
+        self, messages: list[dict[str, Any]], turn: LiveTurn, iteration: Iteration | None = None
     ) -> str:
         """One root turn, streamed into ``turn``."""
         finishing = self.finishing

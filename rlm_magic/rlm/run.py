@@ -255,7 +255,9 @@ class Run:
             iteration = Iteration(index=index, response="")
             outputs: list[str] = []
 
-            def new_turn(iteration: Iteration = iteration, outputs: list = outputs) -> LiveTurn:
+            def new_turn(
+                iteration: Iteration = iteration, outputs: list[str] = outputs
+            ) -> LiveTurn:
                 return LiveTurn(
                     (lambda n, code: self._run_block(n, code, iteration, outputs))
                     if settings.early_execution
@@ -317,7 +319,7 @@ class Run:
         assert self.code_runs is not None  # blocks run only once the workspace is open
         return await self.code_runs.run(number, code, iteration, outputs)
 
-    async def _share_history(self, history: list[dict]) -> None:
+    async def _share_history(self, history: list[dict[str, Any]]) -> None:
         """The whole conversation as the REPL variable ``history``, redacted as all that
         the model's code can see is (the sandbox's code must not read a secret either)."""
         shared = await redact_messages([dict(m) for m in history], self.client.redactor())

@@ -24,7 +24,7 @@ from .session import RLMSession
 class RLM(RLMConfig):
     """Recursive Language Model runner and the ``RLM`` settings of rlm-magic."""
 
-    def __init__(self, **kwargs):
+    def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._client: LLMClient | None = None
         self.sessions: dict[str, RLMSession] = {}
@@ -105,13 +105,13 @@ class RLM(RLMConfig):
             session=session,
         ).execute()
 
-    async def _run_and_close(self, query: str, context: Any, **overrides) -> RLMResult:
+    async def _run_and_close(self, query: str, context: Any, **overrides: Any) -> RLMResult:
         try:
             return await self.arun(query, context, **overrides)
         finally:
             await close_loop_clients()  # this loop ends with the run: so do its connections
 
-    def run(self, query: str, context: Any = None, **overrides) -> RLMResult:
+    def run(self, query: str, context: Any = None, **overrides: Any) -> RLMResult:
         """Blocking ``arun``, for scripts. In a notebook, ``await rlm.arun(...)``."""
         try:
             asyncio.get_running_loop()

@@ -28,7 +28,19 @@ class Answerer(Protocol):
 
     sandbox: str
 
-    async def arun(self, query: str, context: Any = None, **overrides: Any) -> RLMResult: ...
+    async def arun(
+        self,
+        query: str,
+        context: Any = None,
+        *,
+        model: str | None = None,
+        sub_model: str | None = None,
+        max_iterations: int | None = None,
+        max_depth: int | None = None,
+        namespace: dict[str, Any] | None = None,
+        sandbox: str | None = None,
+        session: RLMSession | str | None = None,
+    ) -> RLMResult: ...
 
 
 # The memory shown to the next question: the latest questions in full, their answers
@@ -66,7 +78,7 @@ class RLMSession:
         self.loop: asyncio.AbstractEventLoop | None = None  # where its REPL lives
         self._busy = asyncio.Lock()
 
-    async def arun(self, query: str, context: Any = None, **overrides) -> RLMResult:
+    async def arun(self, query: str, context: Any = None, **overrides: Any) -> RLMResult:
         """Ask the next question of this session."""
         return await self.rlm.arun(query, context, session=self, **overrides)
 
@@ -199,7 +211,7 @@ class RLMSession:
         self.namespace = None
 
 
-_CLOSING: set[asyncio.Task] = set()
+_CLOSING: set[asyncio.Task[None]] = set()
 
 
 class SessionsView:

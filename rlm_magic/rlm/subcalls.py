@@ -77,7 +77,7 @@ class SubCalls:
         system: str | None = None,
         max_tokens: int | None = None,
         response_format: Any = None,
-        **_ignored,
+        **_ignored: Any,
     ) -> Any:
         """Ask the sub-model one question; a failure comes back as 'Error: ...'. With
         ``response_format`` (a JSON schema), the answer is a validated dict."""
@@ -100,7 +100,7 @@ class SubCalls:
         resume: Any = None,
         batch_job: Any = False,
         **_ignored: Any,
-    ) -> list:
+    ) -> list[Any]:
         """Ask many questions concurrently; failures come back as 'Error: ...' in place.
         With ``response_format`` (a JSON schema), each answer is a validated dict. The
         map is the notebook's (``maps.run_map``): ``resume`` keeps its answers on disk
@@ -141,7 +141,7 @@ class SubCalls:
         return answers + [self._limit_error()] * (len(prompts) - allowed)
 
     async def rlm_query(
-        self, prompt: Any, context: Any = None, model: str | None = None, **_ignored
+        self, prompt: Any, context: Any = None, model: str | None = None, **_ignored: Any
     ) -> str:
         """Solve a sub-problem with a child RLM (or llm_query at the depth limit)."""
         del model
@@ -149,7 +149,8 @@ class SubCalls:
         if self.depth >= self.max_depth:
             if context is not None:
                 prompt = f"{prompt}\n\nContext:\n{context}"
-            return await self.llm_query(prompt)
+            answer: str = await self.llm_query(prompt)  # (a str without response_format)
+            return answer
         if not self._take_sub_calls(1):
             return self._limit_error()
         self.tree.call_started()
@@ -160,7 +161,7 @@ class SubCalls:
         return f"Error: child RLM failed: {outcome.error}"
 
     async def rlm_query_batch(
-        self, prompts: Any, contexts: Any = None, model: str | None = None, **_ignored
+        self, prompts: Any, contexts: Any = None, model: str | None = None, **_ignored: Any
     ) -> list[str]:
         """Run child RLMs concurrently; answers in order, failures as 'Error: ...'."""
         del model

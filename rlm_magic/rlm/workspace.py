@@ -151,7 +151,7 @@ class Workspace:
 
 
 def where_code_runs(
-    asked: str | None, configured: str, namespace: dict | None, session: RLMSession | None
+    asked: str | None, configured: str, namespace: dict[str, Any] | None, session: RLMSession | None
 ) -> str:
     """ "process" or "none": never sandboxed in the notebook's namespace; a session's REPL
     runs where it began."""

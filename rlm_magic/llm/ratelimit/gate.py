@@ -65,7 +65,7 @@ class RateGate:
         self._sent: deque[float] = deque(maxlen=512)  # send times of recent answers
         self._started: deque[Ticket] = deque(maxlen=4096)  # recent requests sent
         self._first_refusal: float | None = None
-        self._sleepers: set[asyncio.Future] = set()
+        self._sleepers: set[asyncio.Future[None]] = set()
 
     # -- settings ----------------------------------------------------------------------
     def configure(self, rpm: float | None, tpm: float | None) -> None:
@@ -148,7 +148,7 @@ class RateGate:
         self._sent.append(ticket.sent_at)  # what got through, should we learn blind
         for pacer in (self.requests, self.tokens):
             if pacer.probed and pacer.rate:
-                pacer.probe(now)
+                pacer.probe(pacer.rate, now)
                 if pacer.rate > 1.25 * pacer.booked_rate:
                     self._rebook(now)
         if input_tokens:
@@ -178,7 +178,7 @@ class RateGate:
         # The headers' pace was kept when this request went out, yet it was refused;
         # or the refusal's own retry-after-ms belies the headers' rate.
         refusing = self._refusing(found, ticket)
-        contradicted = [
+        contradicted: list[tuple[Pacer, str, float | None]] = [
             (pacer, kind, None)
             for pacer, kind in refusing
             if pacer.rate
@@ -220,10 +220,14 @@ class RateGate:
             self._last_decrease = now
             if not found.any_limits:
                 self._learn_blind(now)
-            for pacer, kind, implied in contradicted:
+            for pacer, kind, bound in contradicted:
                 if pacer.rate:
                     pacer.contradicted(
-                        self._accepted(kind, now), now, implied, at_once=implied is not None
+                        pacer.rate,
+                        self._accepted(kind, now),
+                        now,
+                        bound,
+                        at_once=bound is not None,
                     )
             self.cap = max(self._needed_concurrency(), holding / 2, 1.0)
 
@@ -267,14 +271,14 @@ class RateGate:
         pacer = self.requests
         recent = sum(1 for t in self._sent if t > now - 1.0)
         if pacer.rate:
-            pacer.set_rate(pacer.rate * RATE_DECREASE)
+            rate = pacer.set_rate(pacer.rate * RATE_DECREASE)
             pacer.slow_start = False
         elif recent:
-            pacer.set_rate(max(1.0, recent * RATE_DECREASE))
+            rate = pacer.set_rate(max(1.0, recent * RATE_DECREASE))
             pacer.slow_start = True
         else:
             return  # nothing got through yet to learn from: the pause and the cap act
-        pacer.blind, pacer.grown_at, pacer.booked_rate = True, now, pacer.rate
+        pacer.blind, pacer.grown_at, pacer.booked_rate = True, now, rate
 
     def _needed_concurrency(self) -> float:
         """Little's law: the requests in flight that the known rate keeps busy."""
@@ -295,7 +299,7 @@ class RateGate:
         return None
 
 
-def _set_done(future: asyncio.Future) -> None:
+def _set_done(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
 

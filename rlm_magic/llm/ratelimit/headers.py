@@ -97,7 +97,7 @@ def read_headers(headers: Mapping[str, Any] | None) -> Headers:
     def reading(kind: str, anthropic: str) -> Reading:
         get = found.get
 
-        def either(field: str):
+        def either(field: str) -> Any:
             return get(
                 f"x-ratelimit-{field}-{kind}", get(f"anthropic-ratelimit-{anthropic}-{field}")
             )

@@ -92,51 +92,59 @@ class Pacer:
                 self.stamp = now
             self.level = min(self.level, reading.remaining)
 
-    def probe(self, now: float) -> None:
-        """Raise a blind rate a little, in proportion to the time since the last raise."""
+    def probe(self, rate: float, now: float) -> None:
+        """Raise a blind rate a little, in proportion to the time since the last raise.
+        ``rate`` is the pacer's own (the gate probes only a limit that has one)."""
         growth = SLOW_START_GROWTH if self.slow_start else STEADY_GROWTH
-        if self.distrusted and self.knee and self.rate >= self.knee:
+        if self.distrusted and self.knee and rate >= self.knee:
             growth = KNEE_GROWTH
         elapsed = min(1.0, max(0.0, now - self.grown_at))
         self.grown_at = now
-        rate = self.rate * (1 + growth * elapsed)
+        rate = rate * (1 + growth * elapsed)
         if self.distrusted and self.header_rate:
             rate = min(rate, self.header_rate)
-        self.set_rate(rate)
-        self.capacity = max(1.0, self.rate * 0.1)  # blind: bursts of a tenth of a second
+        rate = self.set_rate(rate)
+        self.capacity = max(1.0, rate * 0.1)  # blind: bursts of a tenth of a second
 
     def contradicted(
-        self, accepted: float, now: float, bound: float | None = None, at_once: bool = False
+        self,
+        rate: float,
+        accepted: float,
+        now: float,
+        bound: float | None = None,
+        at_once: bool = False,
     ) -> None:
-        """A 429 although we paced to the headers' rate: after ``CONTRADICTIONS`` of
-        them (or ``at_once``), pace by ``accepted`` (what the server took per second)
-        instead, at most ``bound`` (the refill a retry-after-ms implies)."""
+        """A 429 although we paced to the headers' rate (``rate``, the pacer's own): after
+        ``CONTRADICTIONS`` of them (or ``at_once``), pace by ``accepted`` (what the server
+        took per second) instead, at most ``bound`` (the refill a retry-after-ms implies)."""
         self.contradictions += 1
         if not (self.distrusted or at_once or self.contradictions >= CONTRADICTIONS):
             return
         if not self.distrusted:
-            self.distrusted, self.header_rate = True, self.rate
-        start = accepted if accepted > 0 else (bound or self.rate * RATE_DECREASE)
+            self.distrusted, self.header_rate = True, rate
+        start = accepted if accepted > 0 else (bound or rate * RATE_DECREASE)
         if bound:
             start = min(start, bound)
         self.knee = start
-        self.set_rate(min(start, self.rate) * ACCEPTED_SHARE)
-        self.capacity = max(1.0, self.rate * 0.1)
+        rate = self.set_rate(min(start, rate) * ACCEPTED_SHARE)
+        self.capacity = max(1.0, rate * 0.1)
         self.level = min(self.level, self.capacity)
         self.grown_at = self.learned_at = now
-        self.booked_rate = self.rate
+        self.booked_rate = rate
 
     @property
     def probed(self) -> bool:
         """The rate is our guess, raised while answers come: blind, or headers distrusted."""
         return self.blind or self.distrusted
 
-    def set_rate(self, rate: float) -> None:
+    def set_rate(self, rate: float) -> float:
+        """Pace at ``rate`` (within the user's ceiling); returns the rate now paced at."""
         if self.ceiling:
             rate = min(rate, self.ceiling)
-        self.rate = max(rate, 0.01)
-        self.capacity = max(1.0, min(self.capacity or self.rate, self.rate))
+        self.rate = rate = max(rate, 0.01)
+        self.capacity = max(1.0, min(self.capacity or rate, rate))
         self.level = min(self.level, self.capacity)
+        return rate
 
 
 def _smooth(old: float | None, new: float, weight: float = 0.3) -> float:

@@ -7,7 +7,7 @@ break them; the blocking ``litellm.completion`` is never used.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from ..pricing import cost_of_response
@@ -50,7 +50,7 @@ class LiteLLMTransport:
         response = state.response(self.litellm, messages)
         return None if response is None else self._answer(response, None)
 
-    def _answer(self, response: Any, headers: dict | None) -> Answer:
+    def _answer(self, response: Any, headers: Mapping[str, Any] | None) -> Answer:
         choices = getattr(response, "choices", None) or [None]
         choice = choices[0]
         message = getattr(choice, "message", None)
@@ -68,6 +68,7 @@ class LiteLLMTransport:
         )
 
 
-def _response_headers(response: Any) -> dict | None:
+def _response_headers(response: Any) -> Mapping[str, Any] | None:
     hidden = getattr(response, "_hidden_params", None) or {}
-    return hidden.get("additional_headers")
+    headers: Mapping[str, Any] | None = hidden.get("additional_headers")
+    return headers

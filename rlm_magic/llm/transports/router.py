@@ -49,7 +49,7 @@ class RouterEndpoint:
         each of its attempts within ``RLM.timeout``."""
         return 0, self.config.timeout * (self.config.max_retries + 1)
 
-    def request(self, model: str, messages: Messages, params: dict) -> Request:
+    def request(self, model: str, messages: Messages, params: dict[str, Any]) -> Request:
         # Keys and endpoints are the deployments', in the model list.
         return {
             "model": model,
@@ -91,11 +91,11 @@ class RouterTransport(LiteLLMTransport):
     name = "router"
 
 
-def groups(model_list: list[dict]) -> list[str]:
+def groups(model_list: list[dict[str, Any]]) -> list[str]:
     return sorted({entry["model_name"] for entry in model_list})
 
 
-def deployments(model_list: list[dict], group: str) -> list[str]:
+def deployments(model_list: list[dict[str, Any]], group: str) -> list[str]:
     """The litellm model strings behind a group (what litellm's model info knows)."""
     return [
         str(entry.get("litellm_params", {}).get("model"))
@@ -104,14 +104,19 @@ def deployments(model_list: list[dict], group: str) -> list[str]:
     ]
 
 
-def identity(model_list: list[dict], router_settings: dict) -> str:
+def identity(model_list: list[dict[str, Any]], router_settings: dict[str, Any]) -> str:
     """A short, stable name for one configuration (for rate gates and cache keys)."""
     text = json.dumps([model_list, router_settings], sort_keys=True, default=str)
     return "router:" + hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def build_router(
-    litellm: Any, model_list: list[dict], router_settings: dict, *, num_retries: int, timeout: float
+    litellm: Any,
+    model_list: list[dict[str, Any]],
+    router_settings: dict[str, Any],
+    *,
+    num_retries: int,
+    timeout: float,
 ) -> Any:
     """A Router for this configuration; ``router_settings`` win over our defaults."""
     settings = {"num_retries": num_retries, "timeout": timeout, **router_settings}

@@ -7,8 +7,9 @@ import asyncio
 import json
 import os
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -60,7 +61,7 @@ warnings.filterwarnings(
 
 # Job creations under way in this process, by key: an interrupted run's creation goes on
 # (shielded), and a re-run of the same map waits for it instead of finding no job yet.
-_creating: dict[str, asyncio.Future] = {}
+_creating: dict[str, asyncio.Future[JobRecord]] = {}
 
 
 class BatchJob:
@@ -70,10 +71,10 @@ class BatchJob:
     def __init__(
         self,
         client: LLMClient,
-        conversations: Sequence[list[dict]],
+        conversations: Sequence[list[dict[str, Any]]],
         identity: RequestIdentity | None = None,
         *,
-        response_format: dict | None = None,
+        response_format: dict[str, Any] | None = None,
         observer: JobObserver | None = None,
         ledger: UsageLedger | None = None,
     ):
@@ -89,7 +90,7 @@ class BatchJob:
         self.store = JobStore(self.config.cache_dir)
         self.record: JobRecord | None = None
         self.reattached = False
-        self.kept: dict[int, dict] = {}
+        self.kept: dict[int, dict[str, Any]] = {}
 
     def _credentials(self) -> dict[str, Any]:
         # Retries are ours (_patiently): the SDK's own would also retry a job's creation
@@ -114,7 +115,7 @@ class BatchJob:
         destination = json.dumps([self.provider, self.config.api_base, ENDPOINT])
         staging = self.store.directory / f"staging-{os.getpid()}-{id(self)}.jsonl"
 
-        def redact(messages: list[dict]) -> list[dict]:
+        def redact(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             return redact_conversation(messages, redactor)
 
         try:
@@ -130,7 +131,7 @@ class BatchJob:
             if record is not None and record.state in GAVE_UP:
                 if not record.billed:  # its answers were never read: read and keep them
                     self.record = record
-                    await self._collect(litellm)
+                    await self._collect(litellm, record)
                 self._retire(record)
                 record = None
             self.kept = await self.answers.load_kept()
@@ -147,15 +148,15 @@ class BatchJob:
         if self.record is None:
             return await self._from_kept()
         self._changed()
-        await self._wait(litellm)
-        return await self._collect(litellm)
+        await self._wait(litellm, self.record)
+        return await self._collect(litellm, self.record)
 
     def _retire(self, record: JobRecord) -> None:
         """Keep a job that gave up in the list (``%rlm jobs``, with its cost) under a key
         of its own: the map's key goes to the job of the prompts it left."""
         self.store.put(JobRecord(**{**asdict(record), "key": f"{record.key}-{record.id}"}))
 
-    async def _patiently(self, what: str, call: Callable[[], Any]):
+    async def _patiently(self, what: str, call: Callable[[], Awaitable[Any]]) -> Any:
         """``call()``, tried again with backoff when it fails for a passing reason (the
         network, a 5xx, a 429); a final failure is one line naming the job."""
         delay = FIRST_POLL_S
@@ -181,7 +182,7 @@ class BatchJob:
         error.status_code = getattr(exc, "status_code", None)
         return error
 
-    async def _still_known(self, litellm, record: JobRecord) -> bool:
+    async def _still_known(self, litellm: Any, record: JobRecord) -> bool:
         """Whether the provider still has the recorded job (a local server restarted, or
         an account changed, forgets it): if not, the map is submitted anew."""
         self.record = record
@@ -200,7 +201,7 @@ class BatchJob:
             raise
         return True
 
-    async def _look_up(self, litellm, record: JobRecord) -> JobRecord | None:
+    async def _look_up(self, litellm: Any, record: JobRecord) -> JobRecord | None:
         """A provisional record: an earlier run uploaded the file and may have created
         the job without learning its id (its kernel died, or the answer was lost). Find
         the job among the provider's latest (LOOKUP_PAGES pages, newest first) by its
@@ -211,8 +212,7 @@ class BatchJob:
         credentials = self._credentials()
         for _ in range(LOOKUP_PAGES):
             page = await self._patiently(
-                "looking up",
-                lambda after=after: litellm.alist_batches(after=after, limit=100, **credentials),
+                "looking up", partial(litellm.alist_batches, after=after, limit=100, **credentials)
             )
             jobs = list(getattr(page, "data", None) or [])
             for job in jobs:
@@ -228,7 +228,7 @@ class BatchJob:
             after = jobs[-1].id
         return None
 
-    async def _submit(self, litellm, key: str, staging: Path) -> JobRecord:
+    async def _submit(self, litellm: Any, key: str, staging: Path) -> JobRecord:
         data = await asyncio.to_thread(staging.read_bytes)
         credentials = self._credentials()
         upload = {"file": ("requests.jsonl", data), "purpose": "batch", **credentials}
@@ -258,7 +258,9 @@ class BatchJob:
         creation.add_done_callback(_created)
         return await asyncio.shield(creation)
 
-    async def _create(self, litellm, record: JobRecord, credentials) -> JobRecord:
+    async def _create(
+        self, litellm: Any, record: JobRecord, credentials: dict[str, Any]
+    ) -> JobRecord:
         try:
             job = await litellm.acreate_batch(
                 completion_window="24h",
@@ -279,9 +281,8 @@ class BatchJob:
         self.store.put(record)
         return record
 
-    async def _wait(self, litellm) -> None:
+    async def _wait(self, litellm: Any, record: JobRecord) -> None:
         interval = FIRST_POLL_S
-        record = self.record
         while not record.ended:
             await asyncio.sleep(interval)
             interval = min(MAX_POLL_S, interval * POLL_GROWTH)
@@ -299,17 +300,17 @@ class BatchJob:
                 self.store.put(record)
                 self._changed()
 
-    async def _read_file(self, litellm, file_id: str | None) -> bytes | None:
+    async def _read_file(self, litellm: Any, file_id: str | None) -> bytes | None:
         if not file_id:
             return None
         credentials = self._credentials()
         found = await self._patiently(
             "reading the results of", lambda: litellm.afile_content(file_id=file_id, **credentials)
         )
-        return found.content
+        content: bytes = found.content
+        return content
 
-    async def _collect(self, litellm) -> JobResults:
-        record = self.record
+    async def _collect(self, litellm: Any, record: JobRecord) -> JobResults:
         output = await self._read_file(litellm, record.output_file_id)
         errors = await self._read_file(litellm, record.error_file_id)
         rates = await asyncio.to_thread(batch_rates, litellm, self.name, self.provider)
@@ -325,12 +326,11 @@ class BatchJob:
         )
         # Shielded: the job is billed once in the record and once in the ledger, even if
         # an interrupt lands between the two.
-        await asyncio.shield(self._settle(results))
+        await asyncio.shield(self._settle(record, results))
         self._changed()
         return self._with_kept(results)
 
-    async def _settle(self, results: JobResults) -> None:
-        record = self.record
+    async def _settle(self, record: JobRecord, results: JobResults) -> None:
         if not record.billed:
             if record.state in GAVE_UP:  # the next run submits only what is unanswered
                 await asyncio.to_thread(
@@ -373,7 +373,7 @@ class BatchJob:
             self.observer.job_changed(self.record)
 
 
-def _created(creation: asyncio.Future) -> None:
+def _created(creation: asyncio.Future[JobRecord]) -> None:
     for key, running in list(_creating.items()):
         if running is creation:
             del _creating[key]

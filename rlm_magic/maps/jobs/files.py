@@ -9,6 +9,7 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ...errors import LLMQueryError
 from ...llm.usage import CallRecord
@@ -53,10 +54,10 @@ def warm_up() -> None:
 
 def write_requests(
     path: Path,
-    conversations: Sequence[list[dict]],
-    body: dict,
+    conversations: Sequence[list[dict[str, Any]]],
+    body: dict[str, Any],
     destination: str,
-    redact: Callable[[list[dict]], list[dict]],
+    redact: Callable[[list[dict[str, Any]]], list[dict[str, Any]]],
 ) -> str:
     """Write one JSONL line per conversation to ``path`` and return the job's key: a hash
     of every line (the request's identity and its messages: ``body`` is
@@ -151,7 +152,7 @@ def read_results(
     return JobResults(texts, failures, records, cost, answered)
 
 
-def _line_error(item: dict) -> str:
+def _line_error(item: dict[str, Any]) -> str:
     error = item.get("error") or ((item.get("response") or {}).get("body") or {}).get("error")
     status = (item.get("response") or {}).get("status_code")
     message = error.get("message") if isinstance(error, dict) else error

@@ -3,11 +3,14 @@ cancelling a recorded job there (``%rlm jobs cancel``)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...errors import ConfigError, describe_exception
 from ...llm.litellm_loader import import_litellm
 from .records import JobRecord, JobStore
+
+if TYPE_CHECKING:
+    from ...config import RLMConfig
 
 # Providers whose batch jobs litellm can create (``litellm.acreate_batch``); the first
 # ones are named in the error a user of any other provider sees.
@@ -23,7 +26,7 @@ BATCH_PROVIDERS = (
 )
 
 
-def provider_of(litellm, model: str) -> tuple[str, str]:
+def provider_of(litellm: Any, model: str) -> tuple[str, str]:
     """(the model's name at its provider, the provider), or a one-line error when that
     provider cannot run batch jobs."""
     try:
@@ -41,7 +44,7 @@ def provider_of(litellm, model: str) -> tuple[str, str]:
     return name, provider
 
 
-def cancel(cache_dir: str, job_id: str, config) -> JobRecord:
+def cancel(cache_dir: str, job_id: str, config: RLMConfig) -> JobRecord:
     """Cancel a recorded job at its provider (blocking: one request, from ``%rlm jobs
     cancel``); returns its record with the state the provider reports."""
     store = JobStore(cache_dir)

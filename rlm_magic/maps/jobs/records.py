@@ -8,7 +8,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from ...errors import ConfigError
 
@@ -45,7 +45,7 @@ class JobRecord:
         return self.state in ENDED
 
     @classmethod
-    def from_json(cls, data: dict) -> JobRecord:
+    def from_json(cls, data: dict[str, Any]) -> JobRecord:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
 
@@ -99,7 +99,7 @@ class JobObserver(Protocol):
     def job_changed(self, record: JobRecord) -> None: ...
 
 
-def _take_state(record: JobRecord, job) -> bool:
+def _take_state(record: JobRecord, job: Any) -> bool:
     """Copy into the record what the provider says of its job (state, counts, result
     files); whether anything changed."""
     counts = getattr(job, "request_counts", None)

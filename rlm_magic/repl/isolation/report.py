@@ -9,6 +9,7 @@ Standard library only: the sandbox worker imports this.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 LAYERS = ("user", "pid", "filesystem", "network", "syscalls", "processes", "memory")
 # Layers that together make "full isolation" (RLM.sandbox_require_isolation). The
@@ -27,5 +28,5 @@ class Report:
         self.layers[layer] = False
         self.notes.setdefault(layer, why)
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -53,7 +53,13 @@ def seccomp_program(audit_arch: int, table: dict[str, int], foreign: int | None)
     ALLOW, KILL = 0x7FFF0000, 0x80000000
     EPERM, ENOSYS = 0x00050000 | errno.EPERM, 0x00050000 | errno.ENOSYS
     denied = [table[name] for name in DENIED_SYSCALLS if name in table]
-    code: list[tuple] = [(LD, 0, 0, 4), (JEQ, 1, 0, audit_arch), (RET, 0, 0, KILL), (LD, 0, 0, 0)]
+    # (op, jump if true, jump if false, k); a jump may name a label, resolved below.
+    code: list[tuple[int, int | str, int | str, int]] = [
+        (LD, 0, 0, 4),
+        (JEQ, 1, 0, audit_arch),
+        (RET, 0, 0, KILL),
+        (LD, 0, 0, 0),
+    ]
     if foreign is not None:
         code.append((JGE, "deny", 0, foreign))
     code += [(JEQ, "deny", 0, nr) for nr in denied]

@@ -6,10 +6,15 @@ words them the same way whichever transport sent the request."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from typing import Any
+
+# A response's headers as aiohttp gives them (a case-insensitive mapping), or a dict.
+ResponseHeaders = Mapping[str, Any]
 
 
 class _Response:
-    def __init__(self, headers):
+    def __init__(self, headers: ResponseHeaders):
         self.headers = headers
 
 
@@ -20,7 +25,7 @@ class WireError(Exception):
         self,
         message: str,
         status_code: int | None = None,
-        headers=None,
+        headers: ResponseHeaders | None = None,
         api_base: str | None = None,
     ):
         super().__init__(message)
@@ -92,7 +97,9 @@ _CONTEXT_PHRASES = (
 )
 
 
-def error_for(status: int, body: bytes, headers, api_base: str) -> WireError:
+def error_for(
+    status: int, body: bytes, headers: ResponseHeaders | None, api_base: str
+) -> WireError:
     """The exception litellm would raise for this HTTP answer, with the provider's
     own sentence as its message."""
     message = _message_of(body) or f"Error code: {status}"
@@ -126,7 +133,7 @@ _STATUS_OF_KIND = {
 }
 
 
-def event_error(event: dict, headers, api_base: str) -> WireError:
+def event_error(event: dict[str, Any], headers: ResponseHeaders | None, api_base: str) -> WireError:
     """The exception for an error event inside a stream, by the error's own code or
     type, as ``error_for`` reads an HTTP error (a prompt over the window included)."""
     error = event.get("error")
@@ -144,7 +151,7 @@ def event_error(event: dict, headers, api_base: str) -> WireError:
     return error_for(status or 500, json.dumps(event).encode(), headers, api_base)
 
 
-def redirect_error(status: int, headers, api_base: str) -> APIError:
+def redirect_error(status: int, headers: ResponseHeaders | None, api_base: str) -> APIError:
     """A chat request is never sent on to where a redirect points: its headers (keys)
     and prompt would go to another host."""
     from urllib.parse import urlsplit

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
-from .errors import APIError, event_error
+from .errors import APIError, ResponseHeaders, event_error
 
 
-def completion_parts(raw: bytes, headers, api_base: str) -> tuple[str, object, object]:
-    """(text, finish reason, usage) of an unstreamed chat completion's body."""
+def completion_parts(
+    raw: bytes, headers: ResponseHeaders | None, api_base: str
+) -> tuple[str, Any, Any]:
+    """(text, finish reason, usage) of an unstreamed chat completion's body (the reason
+    and the usage as the JSON has them)."""
     try:
         data = json.loads(raw)
         if isinstance(data, dict) and "error" in data and "choices" not in data:
@@ -26,12 +30,13 @@ def completion_parts(raw: bytes, headers, api_base: str) -> tuple[str, object, o
         ) from None
 
 
-_FINISH: dict = {"stop": "stop", "length": "length", None: None}
+_FINISH: dict[Any, Any] = {"stop": "stop", "length": "length", None: None}
 
 
-def finish_reason_of(reason):
+def finish_reason_of(reason: Any) -> Any:
     """The finish reason as litellm reports it (``max_tokens`` is "length",
-    ``eos_token`` "stop"...), by litellm's own table; remembered per word."""
+    ``eos_token`` "stop"...), by litellm's own table; remembered per word. (A reason
+    litellm cannot map stays as it came, whatever the server sent.)"""
     try:
         known = _FINISH.get(reason, _FINISH)
     except TypeError:  # not a word at all (a broken server's list or object)

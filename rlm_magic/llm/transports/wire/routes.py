@@ -83,7 +83,7 @@ _OWN = frozenset(
 )
 
 
-def fits(params: dict) -> bool:
+def fits(params: dict[str, Any]) -> bool:
     """Whether a request with these extra parameters can go over the wire unchanged."""
     return all(name in CHAT_PARAMETERS or name in _OWN for name in params)
 
@@ -105,7 +105,7 @@ class Route:
     proxy: str | None = None  # from HTTP(S)_PROXY / NO_PROXY, as litellm's clients
 
 
-_ROUTES: dict[tuple, Route | None] = {}
+_ROUTES: dict[tuple[str | None, ...], Route | None] = {}
 # The environment a route may be read from: a change (a key set later) resolves anew.
 _ENVIRONMENT = tuple(
     name for names in (*(b for b, _ in _BASES.values()), *_KEYS.values()) for name in names

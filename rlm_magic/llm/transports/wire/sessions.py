@@ -6,11 +6,15 @@ from __future__ import annotations
 import asyncio
 import json
 import weakref
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from ...litellm_loader import ssl_context
 
-_SESSIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# Each loop's (aiohttp session, the generator that closes it with the loop).
+_SESSIONS: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, tuple[Any, AsyncGenerator[None, None]]
+] = weakref.WeakKeyDictionary()
 
 
 def session() -> Any:
@@ -35,7 +39,9 @@ def session() -> Any:
     return entry[0]
 
 
-async def _closed_with_loop(loop, session):
+async def _closed_with_loop(
+    loop: asyncio.AbstractEventLoop, session: Any
+) -> AsyncGenerator[None, None]:
     """Closes ``session`` when its loop shuts down (``asyncio.run`` closes every open
     async generator then), for scripts that never call ``close_loop_clients``: an
     unclosed session would complain at exit, and keep its loop alive until then."""

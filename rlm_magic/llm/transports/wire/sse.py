@@ -4,9 +4,14 @@ split into events and each event's text handed on, with no object per chunk."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from .errors import APIConnectionError, connection_error, event_error
 from .parsing import completion_parts
+
+if TYPE_CHECKING:
+    from ...streaming import StreamState
 
 STREAM_ENDED = "Stream ended before a finish_reason was received"
 # Above any real event (a server that sends a whole answer as one event included), and
@@ -19,11 +24,11 @@ class WireStream:
     """An open server-sent-events answer, read in network-sized pieces: each piece is
     split into events and each event's text handed on, with no object per chunk."""
 
-    def __init__(self, reply, api_base: str):
+    def __init__(self, reply: Any, api_base: str):  # reply: an aiohttp ClientResponse
         self.reply, self.headers, self.api_base = reply, reply.headers, api_base
         self.done = False
 
-    async def pump(self, state, touch) -> None:
+    async def pump(self, state: StreamState, touch: Callable[[], None]) -> None:
         import aiohttp
 
         try:
@@ -52,7 +57,7 @@ class WireStream:
         if not self.done and state.finish is None:
             raise APIConnectionError(STREAM_ENDED, None, self.headers, self.api_base)
 
-    async def _events(self, state, touch) -> None:
+    async def _events(self, state: StreamState, touch: Callable[[], None]) -> None:
         loads, add = json.loads, state.add_text
         # A line's pieces until its newline comes: each byte is joined and split once
         # (a long line is not copied again with every read), and a line is bounded.

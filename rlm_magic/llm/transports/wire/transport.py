@@ -13,6 +13,7 @@ way. litellm stays loaded for prices and token counts.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from typing import Any
 
 from ... import windows
@@ -21,7 +22,7 @@ from ...profiles import DEFAULT_CHARS_PER_TOKEN
 from ...ratelimit import non_negative
 from ...streaming import StreamState, stream_completion
 from ..base import Answer, Messages, Request
-from .errors import connection_error, error_for, redirect_error
+from .errors import ResponseHeaders, connection_error, error_for, redirect_error
 from .parsing import completion_parts, finish_reason_of
 from .routes import Route
 from .sessions import session
@@ -40,7 +41,7 @@ class WireTransport:
         self.route = route
         self._litellm = litellm  # for token counts when a provider sends no usage
 
-    def body(self, request: Request) -> tuple[dict, dict]:
+    def body(self, request: Request) -> tuple[dict[str, Any], dict[str, str]]:
         """The JSON body and the headers of ``request`` (our request dict)."""
         route = self.route
         body = {"model": route.sent_model}
@@ -126,7 +127,13 @@ class WireTransport:
             raise error_for(reply.status, raw, reply.headers, route.api_base)
         return WireStream(reply, route.api_base)
 
-    async def _counted_answer(self, text: str, finish_reason, headers, messages) -> Answer:
+    async def _counted_answer(
+        self,
+        text: str,
+        finish_reason: Any,
+        headers: ResponseHeaders | None,
+        messages: Messages | None,
+    ) -> Answer:
         """The answer of a provider that sent no usage: its tokens counted as litellm
         counts them, a large prompt in a thread (the loop stays free)."""
         if _characters(messages) > _LARGE_CHARS:
@@ -138,10 +145,10 @@ class WireTransport:
     def _answer(
         self,
         text: str,
-        finish_reason,
-        usage,
-        headers,
-        messages,
+        finish_reason: Any,
+        usage: Mapping[str, Any] | None,
+        headers: ResponseHeaders | None,
+        messages: Messages | None,
         counts: tuple[int, int] | None = None,
     ) -> Answer:
         if usage:
@@ -181,7 +188,7 @@ class WireTransport:
             headers,
         )
 
-    def _counts_on_loop(self, messages, text: str) -> tuple[int, int]:
+    def _counts_on_loop(self, messages: Messages | None, text: str) -> tuple[int, int]:
         """Counts for a cut-off answer (``partial``, which cannot wait for a thread):
         litellm's for a small prompt, the characters' estimate for a large one."""
         if _characters(messages) <= _LARGE_CHARS:
@@ -192,7 +199,7 @@ class WireTransport:
             round(len(text) / windows.chars_per_token(model)),
         )
 
-    def _count(self, messages, text: str) -> tuple[int, int]:
+    def _count(self, messages: Messages | None, text: str) -> tuple[int, int]:
         litellm, model = self._litellm, self.route.model
         try:
             prompt = litellm.token_counter(model=model, messages=messages or [])
@@ -205,7 +212,7 @@ class WireTransport:
             )
 
 
-def _characters(messages) -> int:
+def _characters(messages: Messages | None) -> int:
     return sum(
         len(m["content"])
         for m in messages or ()

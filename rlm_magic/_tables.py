@@ -35,8 +35,10 @@ def html_table(
     *,
     css_class: str | None = None,
     row_classes: Sequence[str | None] = (),
+    sections: bool = True,
 ) -> str:
-    """An HTML table, every cell escaped; ``row_classes[i]``: row i's class, if any."""
+    """An HTML table, every cell escaped; ``row_classes[i]``: row i's class, if any;
+    without ``sections``, rows straight in the table (no ``<thead>``/``<tbody>``)."""
     classes = list(row_classes) + [None] * (len(rows) - len(row_classes))
     head_cells = "".join(f"<th>{html.escape(cell)}</th>" for cell in head)
     body = "".join(
@@ -46,4 +48,6 @@ def html_table(
         for row, css in zip(rows, classes)
     )
     opening = f"<table class='{css_class}'>" if css_class else "<table>"
+    if not sections:
+        return f"{opening}<tr>{head_cells}</tr>{body}</table>"
     return f"{opening}<thead><tr>{head_cells}</tr></thead><tbody>{body}</tbody></table>"

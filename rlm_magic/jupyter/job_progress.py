@@ -84,4 +84,5 @@ class JobsView:
     def _repr_html_(self) -> str:
         if not self.records:
             return f"<p>{html.escape(repr(self))}</p>"
-        return html_table(self.COLUMNS, self._rows())
+        # As %rlm jobs always showed it (the example notebooks keep its output).
+        return html_table(self.COLUMNS, self._rows(), sections=False)

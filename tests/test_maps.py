@@ -1,7 +1,7 @@
 """One map for the notebook and for model code: model code's ``llm_query_batch`` keeps its
-answers for a re-run, gives typed answers and runs as a provider batch job through the
-same code as the notebook's, reporting in its own way (errors as values, the run's
-budgets); and one request identity keys the response cache, kept answers and jobs."""
+answers for a re-run and gives typed answers through the same code as the notebook's,
+reporting in its own way (errors as values, the run's budgets); and one request
+identity keys the response cache, kept answers and jobs."""
 
 from __future__ import annotations
 
@@ -68,29 +68,17 @@ async def test_a_map_kept_by_the_notebook_serves_model_code_asking_the_same(serv
     assert sub_prompts(server) == ["bad"]
 
 
-async def test_model_code_s_batch_job_answers_in_order_at_the_batch_price(batch_server, tmp_path):
-    batch_server.script("root-model", mapped(["a", "b", "c"], batch_job=True))
+async def test_model_code_s_batch_job_option_is_ignored_and_runs_ordinary_sub_calls(
+    batch_server, tmp_path
+):
+    # A provider's job outlives any step, and its cost is known only at its end: model
+    # code's maps never submit one (the option is ignored, as before).
+    batch_server.script("root-model", mapped(["a", "b"], batch_job=True))
     rlm = make_rlm(batch_server, cache_dir=str(tmp_path))
     result = await rlm.arun("q", context="c")
-    assert result.final_answer == str(["echo: a", "echo: b", "echo: c"])
-    assert len(batch_server.batch_jobs.batches) == 1  # one job, not a request each
-    assert result.usage.by_model["openai/sub-model"].calls == 3  # the run's ledger has them
-
-
-async def test_a_batch_job_the_provider_cannot_run_is_an_error_value(server, tmp_path):
-    server.script("root-model", mapped(["a", "b"], batch_job=True))
-    rlm = make_rlm(server, cache_dir=str(tmp_path), sub_model="anthropic/claude-sonnet-4-5")
-    result = await rlm.arun("q", context="c")
-    assert (
-        result.variables["answers"]
-        == [
-            "Error: batch_job: anthropic cannot run batch jobs through litellm (model "
-            "'anthropic/claude-sonnet-4-5'); providers that can: openai, azure, vertex_ai, "
-            "bedrock, mistral, litellm_proxy"
-        ]
-        * 2
-    )
-    assert server.requests_for("claude-sonnet-4-5") == []
+    assert result.final_answer == str(["echo: a", "echo: b"])
+    assert batch_server.batch_jobs.batches == {}
+    assert sorted(sub_prompts(batch_server)) == ["a", "b"]
 
 
 async def test_model_code_s_typed_map_gives_validated_dicts(server, tmp_path):

@@ -98,14 +98,16 @@ class SubCalls:
         max_tokens: int | None = None,
         response_format: Any = None,
         resume: Any = None,
-        batch_job: Any = False,
         **_ignored: Any,
     ) -> list[Any]:
         """Ask many questions concurrently; failures come back as 'Error: ...' in place.
         With ``response_format`` (a JSON schema), each answer is a validated dict. The
-        map is the notebook's (``maps.run_map``): ``resume`` keeps its answers on disk
-        (by default from 100 prompts on), ``batch_job=True`` runs it as a provider batch
-        job; both within the run's budgets."""
+        map is the notebook's (``maps.run_map``), within the run's budgets: ``resume``
+        keeps its answers on disk (by default from 100 prompts on).
+
+        Not ``batch_job`` (ignored, as any other option is): a provider's job runs for
+        minutes to hours, past any step's time, and what it costs is known only when it
+        ends, so it could not be held to the run's budget."""
         del model
         if isinstance(prompts, str):
             prompts = [prompts]
@@ -124,16 +126,11 @@ class SubCalls:
             max_tokens=tokens,
             answer_format=answer_format,
             resume=resume if isinstance(resume, bool) else None,
-            batch_job=batch_job is True,
             ledger=self.tree.ledger,
             deadline=lambda: self.deadline,
             refusal=self._budget_spent,
         )
-        try:
-            answers, errors = await run_map(self.client, conversations, spec, _TreeObserver(self))
-        except Exception as exc:  # noqa: BLE001 - errors are values inside the REPL
-            # A map that could not run at all (a batch job the provider cannot take).
-            answers, errors = [None] * allowed, dict.fromkeys(range(allowed), exc)
+        answers, errors = await run_map(self.client, conversations, spec, _TreeObserver(self))
         answers = [
             self._error_value(errors[i], tokens) if i in errors else answer
             for i, answer in enumerate(answers)
@@ -237,7 +234,7 @@ class SubCalls:
             return "Error: " + refusal_advice(
                 exc, self.client.input_window(self.sub_model), max_tokens
             )
-        if isinstance(exc, (LLMQueryError, NotSent, ConfigError)):
+        if isinstance(exc, (LLMQueryError, NotSent)):
             return f"Error: {exc}"
         return f"Error: {describe_exception(exc)}"
 

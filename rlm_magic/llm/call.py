@@ -60,7 +60,7 @@ class Call:
     ledger: UsageLedger
     options: CallOptions
     redactor: Redactor | None
-    started: float = field(default_factory=time.perf_counter)
+    started: float = 0.0  # once it holds a slot of the concurrency limit (perf_counter)
     params: dict[str, Any] = field(init=False)
     # 1. cache
     cache: ResponseCache | None = None

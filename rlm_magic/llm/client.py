@@ -184,6 +184,7 @@ class LLMClient:
             litellm_loader.call_ended()
 
     async def _complete(self, call: Call, messages: Messages) -> Completion:
+        call.started = time.perf_counter()  # its time counts from when it holds a slot
         hit = self._from_cache(call, messages)
         if hit is not None:
             return hit

@@ -263,3 +263,18 @@ async def test_each_question_of_a_session_has_its_own_sub_call_budget(server, re
     second = await session.arun("another question")
     assert second.final_answer == str(["echo: q1", "echo: q2"])
     await rlm.forget("budget")
+
+
+async def test_a_later_question_names_its_own_sub_call_limit(server, repl_kind):
+    rlm = make_rlm(server, sandbox=repl_kind, max_sub_calls=3)
+    session = rlm.session("limits")
+    server.script(
+        "root-model",
+        ["FINAL(first)", repl("second = llm_query_batch(['q1', 'q2'])"), "FINAL_VAR(second)"],
+    )
+    assert (await session.arun("q", context="c")).success
+    rlm.max_sub_calls = 1  # %config between the questions
+    second = await session.arun("another question")
+    refused = "Error: max_sub_calls=1 reached for this run; no request was sent"
+    assert second.variables["second"] == ["echo: q1", refused]
+    await rlm.forget("limits")

@@ -18,6 +18,15 @@ if TYPE_CHECKING:
 Helpers = dict[str, Callable[..., Coroutine[Any, Any, Any]]]
 
 
+class SubCallBudget(Protocol):
+    """A run's sub-call budget, as a REPL sees it: a batch larger than what is left is
+    cut before the kernel expands it (the run's ``tree.RunTree``)."""
+
+    max_sub_calls: int
+
+    def sub_calls_left(self) -> int: ...
+
+
 class REPL(Protocol):
     """A namespace that lives for a run (or a session's runs) and runs blocks in it.
 
@@ -44,9 +53,9 @@ class REPL(Protocol):
         """A new context, under each of ``names``."""
         ...
 
-    def rebind(self, helpers: Helpers, sub_calls_left: Callable[[], int] | None = None) -> None:
+    def rebind(self, helpers: Helpers, budget: SubCallBudget) -> None:
         """Serve the helpers of the next run (a session's REPL outlives its runs), and
-        count its batches against that run's sub-calls left."""
+        count its batches against that run's budget."""
         ...
 
     async def variable_names(self) -> list[str]:
@@ -73,16 +82,14 @@ class SandboxSettings:
     max_processes: int = 128  # processes and threads at once
     env_names: tuple[str, ...] = ()  # environment variables it may see besides the allowed
     require_isolation: bool = False  # refuse to start unless every required layer holds
-    max_sub_calls: int | None = None  # named when a batch is cut to the run's budget
 
     @classmethod
     def from_config(cls, config: RLMConfig) -> SandboxSettings:
-        """The ``RLM.sandbox_*`` settings (and ``max_sub_calls``) as they are now."""
+        """The ``RLM.sandbox_*`` settings as they are now."""
         return cls(
             memory_mb=config.sandbox_memory_mb,
             disk_mb=config.sandbox_disk_mb,
             max_processes=config.sandbox_max_processes,
             env_names=tuple(config.sandbox_env or ()),
             require_isolation=bool(config.sandbox_require_isolation),
-            max_sub_calls=config.max_sub_calls,
         )

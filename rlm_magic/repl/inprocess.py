@@ -23,10 +23,9 @@ import io
 import itertools
 import threading
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .base import REPL, Helpers
+from .base import REPL, Helpers, SubCallBudget
 from .capture import OutputSink, routing_installed
 from .steps import (
     StepInterrupted,
@@ -236,9 +235,9 @@ class AsyncREPL:
         for name in names:
             self.namespace[name] = value
 
-    def rebind(self, helpers: Helpers, sub_calls_left: Callable[[], int] | None = None) -> None:
+    def rebind(self, helpers: Helpers, budget: SubCallBudget) -> None:
         """Serve the helpers of the next run (a session's REPL outlives its runs). Its
-        budget is the helpers' own to keep (``sub_calls_left`` matters to a sandbox)."""
+        budget is the helpers' own to keep (a sandbox cuts batches to it early)."""
         self._helpers = helpers
 
     async def variable_names(self) -> list[str]:

@@ -201,7 +201,7 @@ class Run:
                 settings=SandboxSettings.from_config(self.config),
                 secrets=tuple(self.config.configured_secrets()),
                 max_output_chars=self.settings.max_output_chars,
-                sub_calls_left=self.tree.sub_calls_left,
+                budget=self.tree,
                 namespace=self.namespace,
                 session=self.session,
             )

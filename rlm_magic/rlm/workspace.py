@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import ConfigError
-from ..repl.base import REPL, Helpers, SandboxSettings
+from ..repl.base import REPL, Helpers, SandboxSettings, SubCallBudget
 from ..repl.inprocess import AsyncREPL
 from ..repl.sandbox import SandboxREPL
 from ..repl.steps import FINISHERS, preloaded, repl_builtins
@@ -41,7 +41,7 @@ class Workspace:
         settings: SandboxSettings,
         secrets: tuple[str, ...],
         max_output_chars: int,
-        sub_calls_left: Any,
+        budget: SubCallBudget,
         namespace: dict[str, Any] | None = None,
         session: RLMSession | None = None,
     ):
@@ -51,7 +51,7 @@ class Workspace:
         self.settings = settings
         self.secrets = secrets
         self.max_output_chars = max_output_chars
-        self.sub_calls_left = sub_calls_left
+        self.budget = budget  # the run's sub-calls: a sandbox cuts batches to it early
         self.session = session
         self.live = namespace is not None
         self.namespace = (
@@ -89,7 +89,7 @@ class Workspace:
             secrets=self.secrets,
             context_names=context_names,
             settings=self.settings,
-            sub_calls_left=self.sub_calls_left,
+            budget=self.budget,
         )
 
     async def _session_repl(self, session: RLMSession, injected: dict[str, Any]) -> None:
@@ -116,7 +116,7 @@ class Workspace:
                 session.keep(self.repl, self.namespace)
         else:
             self.repl = session.repl
-            self.repl.rebind(self.helpers, self.sub_calls_left)
+            self.repl.rebind(self.helpers, self.budget)
             await self.repl.set_variable("answer", {"content": "", "ready": False})
             if names:
                 await self.repl.set_context(context, names)

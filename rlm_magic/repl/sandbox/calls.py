@@ -10,11 +10,10 @@ prompts in the kernel's memory at once are refused, not queued.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Any
 
 from .. import bridge
-from ..base import Helpers
+from ..base import Helpers, SubCallBudget
 from ..helpers import BATCH_NAMES
 from .process import SandboxProcess
 
@@ -28,14 +27,12 @@ class HelperCalls:
         self,
         helpers: Helpers,
         loop: asyncio.AbstractEventLoop,
-        sub_calls_left: Callable[[], int] | None,
-        max_sub_calls: int | None,
+        budget: SubCallBudget | None,
     ):
         self.helpers = helpers
         self.loop = loop
         # A batch larger than the run's sub-calls left is refused before it is expanded.
-        self.sub_calls_left = sub_calls_left
-        self.max_sub_calls = max_sub_calls  # named in the refusal
+        self.budget = budget
         self.tasks: set[asyncio.Task] = set()
         self.by_id: dict[Any, asyncio.Task] = {}  # by the sandbox's call id
         self.held = 0  # bytes of the calls being served
@@ -123,13 +120,14 @@ class HelperCalls:
         cut to what is left; the rest are refused here, before the kernel expands them
         (into tasks, or error strings sent back one by one). The worker appends one
         error string per refused prompt, so the model sees what in-process code sees."""
-        if name not in BATCH_NAMES or self.sub_calls_left is None:
+        budget = self.budget
+        if name not in BATCH_NAMES or budget is None:
             return args, kwargs, None
         key = "prompts" if not args else None
         prompts = kwargs.get("prompts") if key else args[0]
         if not isinstance(prompts, list):
             return args, kwargs, None
-        left = max(self.sub_calls_left(), 0)
+        left = max(budget.sub_calls_left(), 0)
         if len(prompts) <= left:
             return args, kwargs, None
         args, kwargs = list(args), dict(kwargs)
@@ -148,7 +146,7 @@ class HelperCalls:
             {
                 "count": len(prompts) - left,
                 "error": (
-                    f"Error: max_sub_calls={self.max_sub_calls} reached for this run; "
+                    f"Error: max_sub_calls={budget.max_sub_calls} reached for this run; "
                     "no request was sent"
                 ),
             },

@@ -19,11 +19,10 @@ import os
 import pickle
 import signal
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import bridge, isolation
-from ..base import REPL, Helpers, SandboxSettings
+from ..base import REPL, Helpers, SandboxSettings, SubCallBudget
 from ..steps import StepOutput
 from .calls import HelperCalls
 from .isolation_report import insist_on_isolation, read_isolation
@@ -67,7 +66,7 @@ class SandboxREPL:
         secrets: tuple[str | None, ...] = (),
         context_names: tuple[str, ...] = (),
         settings: SandboxSettings | None = None,
-        sub_calls_left: Callable[[], int] | None = None,
+        budget: SubCallBudget | None = None,
     ):
         self.context = context
         # Names the context also goes by (a session's context_0): one copy, many names.
@@ -76,7 +75,7 @@ class SandboxREPL:
         self.secrets = secrets
         self.settings = settings or SandboxSettings()
         self.loop = asyncio.get_running_loop()
-        self.calls = HelperCalls(helpers, self.loop, sub_calls_left, self.settings.max_sub_calls)
+        self.calls = HelperCalls(helpers, self.loop, budget)
         self.last_output: StepOutput | None = None
         self.network_isolated: bool | None = None
         self.isolation: dict[str, Any] | None = None  # the layers in force (result.isolation)
@@ -322,11 +321,11 @@ class SandboxREPL:
         value = (await self._request("final_var", "final_var", timeout=30, name=name)).get("value")
         return value if isinstance(value, str) else None
 
-    def rebind(self, helpers: Helpers, sub_calls_left: Callable[[], int] | None = None) -> None:
+    def rebind(self, helpers: Helpers, budget: SubCallBudget) -> None:
         """Serve the helpers of the next run (a session's REPL outlives its runs), and
-        cut its batches to that run's sub-calls left, not the first run's."""
+        cut its batches to that run's budget, not the first run's."""
         self.calls.helpers = helpers
-        self.calls.sub_calls_left = sub_calls_left
+        self.calls.budget = budget
 
     async def set_context(self, value: Any, names: list[str]) -> None:
         """Send a new context (pickled, kernel to sandbox only) under ``names``; a

@@ -1,19 +1,21 @@
 """Module paths and names of earlier versions, kept importable for code that used them.
 
-Modules moved to the layer they belong to (see docs/dev/architecture.md). An old path
-still imports, with a ``DeprecationWarning`` that names the new one: it is the very
-module that holds its names now, or, for a module split in several, a module whose
-names are found where each went. ``RLM.helpers`` (the notebook's helpers bound to an
-``RLM``) likewise: the notebook layer builds them now, as ``NotebookHelpers(rlm)``.
-Nothing inside rlm-magic imports an old path.
+Modules moved to the layer they belong to (see docs/dev/architecture.md). What an old
+path or name gave still comes, with a ``DeprecationWarning`` that says where it is now:
+
+- a module that moved whole (``MOVED``): its old path is the very module it is now;
+- names that moved (``NAMES``): the module they were in (a module that is gone, or one
+  that is still there) looks each up where it went;
+- ``RLM.helpers`` (the notebook's helpers bound to an ``RLM``): the notebook layer builds
+  them now, as ``NotebookHelpers(rlm)``.
+
+Nothing inside rlm-magic uses an old path or name.
 """
 
 from __future__ import annotations
 
 import importlib
-import importlib.abc
 import importlib.machinery
-import importlib.util
 import sys
 import types
 import warnings
@@ -23,51 +25,160 @@ from typing import Any, cast
 MOVED = {
     "rlm_magic.llm.batch": "rlm_magic.maps.gather",
     "rlm_magic.llm.resume": "rlm_magic.maps.resume",
-    "rlm_magic.llm.jobs": "rlm_magic.maps.jobs",
     "rlm_magic.llm.openai_wire": "rlm_magic.llm.transports.wire",
     "rlm_magic.llm.routing": "rlm_magic.llm.transports.router",
 }
-# Old path -> where each of its names went.
-SPLIT = {
-    "rlm_magic.rlm.engine": {"RLM": "rlm_magic.rlm.runner", "Run": "rlm_magic.rlm.run"},
+_RATE = "rlm_magic.llm.ratelimit.pacer"
+_JOB = "rlm_magic.maps.jobs.batch_job"
+# Module -> each name that moved out of it -> "module:name" where it is now.
+NAMES: dict[str, dict[str, str]] = {
+    # modules that are gone
+    "rlm_magic.rlm.engine": {"RLM": "rlm_magic.rlm.runner:RLM", "Run": "rlm_magic.rlm.run:Run"},
     "rlm_magic.llm.transport": {
-        "Answer": "rlm_magic.llm.transports.base",
-        "LiteLLMTransport": "rlm_magic.llm.transports.litellm",
+        "Answer": "rlm_magic.llm.transports.base:Answer",
+        "LiteLLMTransport": "rlm_magic.llm.transports.litellm:LiteLLMTransport",
+        "close_loop_sessions": "rlm_magic.llm.transports.wire.sessions:close_sessions",
+    },
+    "rlm_magic.llm.jobs": {
+        **{
+            name: f"rlm_magic.maps.jobs:{name}"
+            for name in ("BatchJob", "JobObserver", "JobRecord", "JobResults", "JobStore")
+        },
+        **{
+            name: f"rlm_magic.maps.jobs.providers:{name}"
+            for name in ("BATCH_PROVIDERS", "cancel", "provider_of")
+        },
+        **{
+            name: f"rlm_magic.maps.jobs.records:{name}"
+            for name in ("ENDED", "GAVE_UP", "SUBMITTING")
+        },
+        **{
+            name: f"rlm_magic.maps.jobs.files:{name}"
+            for name in (
+                "ENDPOINT",
+                "warm_up",
+                "write_requests",
+                "read_results",
+                "drop_requests",
+                "keep_answers",
+            )
+        },
+        **{
+            name: f"{_JOB}:{name}"
+            for name in (
+                "FIRST_POLL_S",
+                "MAX_POLL_S",
+                "POLL_GROWTH",
+                "RECORD_SLICE",
+                "POLL_ATTEMPTS",
+                "FINAL_STATUSES",
+                "LOOKUP_PAGES",
+            )
+        },
+        "batch_rates": "rlm_magic.llm.pricing:batch_rates",
+    },
+    # modules that are still there
+    "rlm_magic.llm.client": {
+        "load_litellm": "rlm_magic.llm.litellm_loader:load_litellm",
+        "_import_litellm": "rlm_magic.llm.litellm_loader:import_litellm",
+        "litellm_is_loading": "rlm_magic.llm.litellm_loader:litellm_is_loading",
+        "close_loop_clients": "rlm_magic.llm.transports:close_loop_clients",
+        "is_retryable": "rlm_magic.llm.retries:is_retryable",
+        "explain_proxy_failure": "rlm_magic.llm.call:explain_proxy_failure",
+        "PROXY_COST_HEADER": "rlm_magic.llm.pricing:LITELLM_PROXY_COST_HEADER",
+        "_cost_of": "rlm_magic.llm.pricing:cost_of_response",
+    },
+    "rlm_magic.llm.windows": {
+        "forget_learned": "rlm_magic.llm.profiles:forget",
+        "CHARS_PER_TOKEN": "rlm_magic.llm.profiles:DEFAULT_CHARS_PER_TOKEN",
+    },
+    "rlm_magic.llm.local_servers": {"forget": "rlm_magic.llm.profiles:forget"},
+    "rlm_magic.llm.cache": {"request_key": "rlm_magic.llm.identity:_digest"},
+    "rlm_magic.llm.prompt_cache": {"saving": "rlm_magic.llm.pricing:cache_saving"},
+    "rlm_magic.llm.streaming": {"StreamStalled": "rlm_magic.errors:StreamStalled"},
+    "rlm_magic.llm.ratelimit": {
+        "RateLimitWaitExceeded": "rlm_magic.errors:RateLimitWaitExceeded",
+        "DEFAULT_CHARS_PER_TOKEN": "rlm_magic.llm.profiles:DEFAULT_CHARS_PER_TOKEN",
+        **{
+            name: f"{_RATE}:{name}"
+            for name in (
+                "FIRST_BLIND_PAUSE_S",
+                "MAX_BLIND_PAUSE_S",
+                "RATE_DECREASE",
+                "SLOW_START_GROWTH",
+                "STEADY_GROWTH",
+                "CONTRADICTIONS",
+                "QUANTIZED_FACTOR",
+                "KNEE_GROWTH",
+                "ACCEPTED_SHARE",
+            )
+        },
+    },
+    "rlm_magic.jupyter.display": {
+        name: f"rlm_magic.rlm.render:{name}"
+        for name in ("result_html", "result_markdown", "compaction_line")
     },
 }
 
 
-class _OldPaths(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Finds an old path only when no module of that name exists (it runs after the
-    usual finders)."""
+class _OldPaths:
+    """A finder and loader of old paths (``sys.meta_path``'s protocol; not its ABCs,
+    whose import costs the package's import ~13 ms). It finds an old path only when no
+    module of that name exists: it runs after the usual finders."""
+
+    def __init__(self) -> None:
+        self._specs: dict[str, importlib.machinery.ModuleSpec | None] = {}
 
     def find_spec(
         self, fullname: str, path: Any = None, target: Any = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname in MOVED or fullname in SPLIT:
-            return importlib.util.spec_from_loader(fullname, self)
+        if fullname in MOVED or fullname in NAMES:
+            return importlib.machinery.ModuleSpec(fullname, cast(Any, self))  # a Loader by protocol
         return None
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
         name = spec.name
         if name in MOVED:
             _warn(f"{name} moved to {MOVED[name]}")
-            return importlib.import_module(MOVED[name])
-        places = SPLIT[name]
-        _warn(f"{name} was split: " + ", ".join(f"{n} is in {m}" for n, m in places.items()))
+            module = importlib.import_module(MOVED[name])
+            self._specs[name] = module.__spec__  # put back once the import has run
+            return module
+        _warn(f"{name} is gone: each of its names says where it went")
         module = types.ModuleType(name, f"Names of the old {name}, now elsewhere.")
-
-        def __getattr__(attribute: str) -> Any:  # noqa: N807 - the module hook's name
-            if attribute not in places:
-                raise AttributeError(f"module {name!r} has no attribute {attribute!r}")
-            return getattr(importlib.import_module(places[attribute]), attribute)
-
-        module.__getattr__ = __getattr__  # type: ignore[method-assign]
-        module.__all__ = list(places)  # type: ignore[attr-defined]
+        _look_up_moved_names(module, name)
+        cast(Any, module).__all__ = list(NAMES[name])
         return module
 
     def exec_module(self, module: types.ModuleType) -> None:
-        pass  # made whole by create_module
+        # The import machinery gave an alias the old path's spec: the module keeps its own,
+        # so that importlib.reload (and %autoreload) still find its file.
+        old = module.__spec__.name if module.__spec__ is not None else None
+        if old in self._specs:
+            module.__spec__ = self._specs.pop(old)
+            module.__loader__ = getattr(module.__spec__, "loader", None)
+
+
+def _look_up_moved_names(module: types.ModuleType, name: str) -> None:
+    """``module.<old name>`` (and ``from module import <old name>``) finds it where it
+    went, with a warning; every other missing name is an AttributeError, as before."""
+    places = NAMES[name]
+    existing = module.__dict__.get("__getattr__")
+
+    def __getattr__(attribute: str) -> Any:  # noqa: N807 - the module hook's name
+        where = places.get(attribute)
+        if where is None:
+            if existing is not None:
+                return existing(attribute)
+            raise AttributeError(f"module {name!r} has no attribute {attribute!r}")
+        target, _, new_name = where.partition(":")
+        warnings.warn(
+            f"{name}.{attribute} moved to {target}.{new_name}; the old name will go",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(importlib.import_module(target), new_name)
+
+    cast(Any, module).__getattr__ = __getattr__
 
 
 def _warn(message: str) -> None:
@@ -75,7 +186,7 @@ def _warn(message: str) -> None:
 
 
 def _notebook_helpers(rlm: Any) -> Any:
-    """``RLM.helpers``, as before: the notebook's helpers bound to this RLM."""
+    """``RLM.helpers``, as before: the notebook's helpers bound to this RLM (one each)."""
     from .jupyter.helpers import NotebookHelpers
 
     warnings.warn(
@@ -83,14 +194,23 @@ def _notebook_helpers(rlm: Any) -> Any:
         DeprecationWarning,
         stacklevel=2,
     )
-    return NotebookHelpers(rlm)
+    helpers = rlm.__dict__.get("_notebook_helpers")
+    if helpers is None:
+        helpers = rlm.__dict__["_notebook_helpers"] = NotebookHelpers(rlm)
+    return helpers
 
 
 def install() -> None:
     """Make the old paths and names importable (once per process)."""
     if not any(isinstance(finder, _OldPaths) for finder in sys.meta_path):
         sys.meta_path.append(_OldPaths())
+    from .jupyter import display  # noqa: F401 - a small module the package does not load
     from .rlm.runner import RLM
+
+    for name in NAMES:  # the modules still there (those that are gone come by the finder)
+        module = sys.modules.get(name)
+        if module is not None:
+            _look_up_moved_names(module, name)
 
     if not hasattr(RLM, "helpers"):
         cast(Any, RLM).helpers = property(_notebook_helpers)  # (not an attribute RLM declares)

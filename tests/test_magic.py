@@ -487,8 +487,39 @@ def test_a_module_path_of_an_earlier_version_still_imports_and_says_where_it_wen
 
     sys.modules.pop(old, None)
     with pytest.warns(DeprecationWarning, match=now.replace(".", r"\.")):
-        module = importlib.import_module(old)
-    assert getattr(module, name) is getattr(importlib.import_module(now), name)
+        found = getattr(importlib.import_module(old), name)
+    assert found is getattr(importlib.import_module(now), name)
+
+
+@pytest.mark.parametrize(
+    ("module", "name", "now"),
+    [
+        ("rlm_magic.llm.client", "load_litellm", "rlm_magic.llm.litellm_loader"),
+        ("rlm_magic.llm.windows", "forget_learned", "rlm_magic.llm.profiles"),
+        ("rlm_magic.llm.ratelimit", "RateLimitWaitExceeded", "rlm_magic.errors"),
+        ("rlm_magic.jupyter.display", "result_html", "rlm_magic.rlm.render"),
+    ],
+)
+def test_a_name_that_moved_out_of_a_module_is_still_found_there(module, name, now):
+    import importlib
+
+    with pytest.warns(DeprecationWarning, match=now.replace(".", r"\.")):
+        found = getattr(importlib.import_module(module), name)
+    assert found is not None
+    with pytest.raises(AttributeError):
+        importlib.import_module(module).no_such_name  # noqa: B018 - the lookup is the test
+
+
+def test_a_module_imported_by_its_old_path_still_reloads():
+    import importlib
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import rlm_magic.llm.resume  # noqa: F401 - its old path
+    module = importlib.import_module("rlm_magic.maps.resume")
+    assert module.__spec__.name == "rlm_magic.maps.resume"
+    assert importlib.reload(module) is module
 
 
 def test_rlm_helpers_of_an_earlier_version_are_the_notebook_s(server):

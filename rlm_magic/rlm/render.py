@@ -10,6 +10,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from ..llm.usage import format_cost
 from .replies import with_code_as_pointers
 
 # ``result`` below is an ``RLMResult``: typed as Any, since result.py imports this module
@@ -47,8 +48,6 @@ def _highlight(code: str) -> str:
 
 def _status_line(result: Any) -> str:
     usage = result.usage
-    from ..llm.usage import format_cost
-
     status = "answered" if result.success else (result.stop_reason or "failed")
     compacted = f"{len(result.compactions)} compaction(s) · " if result.compactions else ""
     return (
@@ -105,8 +104,6 @@ def result_html(result: Any) -> str:
 
 def compaction_line(compaction: Any) -> str:  # a result.Compaction
     """One line on a compaction: why, how much smaller, what the summary cost."""
-    from ..llm.usage import format_cost
-
     cost = format_cost(compaction.cost_usd)
     return (
         f"Conversation compacted ({compaction.reason}): ~{compaction.tokens_before:,} "

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from .._tables import html_table, text_table
 from ..errors import ConfigError
+from ..llm.usage import format_cost
 
 if TYPE_CHECKING:
     from ..repl.base import REPL
@@ -178,8 +179,6 @@ class RLMSession:
         }
 
     def __repr__(self) -> str:
-        from ..llm.usage import format_cost
-
         return (
             f"RLMSession({self.name!r}: {len(self.exchanges)} question(s), "
             f"{len(self.contexts)} context(s), {len(self.variable_names)} variable(s), "
@@ -221,8 +220,6 @@ class SessionsView:
         self.sessions = sessions
 
     def _rows(self) -> list[tuple[str, ...]]:
-        from ..llm.usage import format_cost
-
         return [
             (
                 s.name,

@@ -79,7 +79,7 @@ def _positive(self: RLMConfig, proposal: Proposal) -> Any:
 
 
 class RLMConfig(Configurable):
-    """Settings shared by the notebook helpers and the ``%%rlm`` engine."""
+    """Settings shared by the notebook helpers and ``%%rlm`` runs."""
 
     # -- models and provider ------------------------------------------------------------
     model = Unicode(

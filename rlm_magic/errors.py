@@ -11,7 +11,8 @@ What a user may meet (all ``RLMError``, each shown by IPython as its one line)::
     │   └── PromptTooLongError           a prompt cannot fit the window; not sent
     ├── CompactionError                  the root conversation cannot be made to fit
     ├── BatchError                       some items failed; .results keeps the others
-    └── RLMRunError                      a run gave no final answer; .result keeps it
+    ├── RLMRunError                      a run gave no final answer; .result keeps it
+    └── SandboxError (a RuntimeError)    the sandbox process could not start or be used
 
 And an interrupt stays a ``KeyboardInterrupt`` (``interrupt``), in one line too.
 
@@ -122,6 +123,11 @@ class RateLimitWaitExceeded(Exception):
 class StreamStalled(TimeoutError):
     """No new token arrived for the stall timeout (or the call's deadline passed); the
     client reports it as an ``LLMQueryError``, keeping the text that had arrived."""
+
+
+class SandboxError(RLMError, RuntimeError):
+    """The sandbox process could not be started or used (a run reports it in
+    ``result.error``)."""
 
 
 class InvalidAnswer(ValueError):

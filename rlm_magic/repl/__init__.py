@@ -1,6 +1,6 @@
 """Running the model's code: a REPL in threads of this kernel, or in a sandbox process.
 
-- ``base``: the ``REPL`` interface the engine uses, and ``SandboxSettings``.
+- ``base``: the ``REPL`` interface the run uses, and ``SandboxSettings``.
 - ``inprocess``: ``AsyncREPL``, steps in worker threads of the kernel.
 - ``sandbox``: ``SandboxREPL``, steps in a process of their own, served over the bridge.
 - ``steps``: compiling and running one block (shared by both); ``rewrite``, the block's

@@ -1,4 +1,4 @@
-"""What the engine needs of a REPL, typed: the ``REPL`` interface both REPLs implement
+"""What a run needs of a REPL, typed: the ``REPL`` interface both REPLs implement
 (``AsyncREPL`` in threads of this kernel, ``SandboxREPL`` in a process of its own), and
 ``SandboxSettings``, the plain values a sandbox runs with.
 """

@@ -77,7 +77,7 @@ class Finish:
 
     def print_final(self, *args: Any, **kwargs: Any) -> None:
         """``print`` for a print whose own text begins with FINAL(: prints it, and
-        finishes with the printed text (the engine reads the answer from it)."""
+        finishes with the printed text (the run reads the answer from it)."""
         print(*args, **kwargs)
         sep = kwargs.get("sep")
         text = (" " if sep is None else str(sep)).join(str(a) for a in args)

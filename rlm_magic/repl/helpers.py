@@ -1,7 +1,7 @@
 """The helpers model code calls, in one table: their names, which take a batch of
 prompts, and which are another's alias (the official RLM library's spellings).
 
-The REPLs, the sandbox worker, the engine and the notebook all read their names here.
+The REPLs, the sandbox worker, the run and the notebook all read their names here.
 Standard library only: the sandbox worker imports this.
 """
 

@@ -224,7 +224,7 @@ class AsyncREPL:
                 self.KILL_INTERVAL_S,
             )
 
-    # -- what the engine reads (async, like the sandbox's, which has to ask) ---------
+    # -- what the run reads (async, like the sandbox's, which has to ask) ---------
     async def final_var(self, name: str) -> str | None:
         return final_var(self.namespace, name)
 
@@ -292,4 +292,4 @@ def _on_loop_thread(loop: asyncio.AbstractEventLoop) -> bool:
 
 
 if TYPE_CHECKING:
-    _: type[REPL] = AsyncREPL  # mypy checks that it has the engine's REPL interface
+    _: type[REPL] = AsyncREPL  # mypy checks that it has the run's REPL interface

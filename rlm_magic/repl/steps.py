@@ -38,7 +38,7 @@ from .helpers import HELPER_NAMES
 from .namespace import ASYNC_TABLE, FINISHERS, PRELOADED, user_variables
 from .rewrite import FinishRewriter, HelperCallRewriter
 
-# Names the engine, the REPLs and the worker import from here, wherever they live.
+# Names the run, the REPLs and the worker import from here, wherever they live.
 __all__ = [
     "ASYNC_TABLE",
     "FINISHERS",
@@ -89,7 +89,7 @@ class StepOutput:
     dropped_chars: int = 0
     # How the block finished the run, if it did: [how, answer], how being "code" (it
     # called FINAL/FINAL_VAR), "print" (it printed a FINAL(...) line, the answer being
-    # the printed text, read by the engine) or "answer dict".
+    # the printed text, read by the run) or "answer dict".
     finish: list[str] | None = None
     # Scaffold names the block rebound (llm_query, context, ...), put back after it.
     restored: list[str] = field(default_factory=list)
@@ -174,7 +174,7 @@ def execute_step(
             if error:
                 output.error = (output.error or "") + error
         if output.error and output.finish and output.finish[0] == "answer dict":
-            # Not taken from a block that failed (the engine says so): nor by a later one.
+            # Not taken from a block that failed (the run says so): nor by a later one.
             namespace["answer"]["ready"] = False
 
 

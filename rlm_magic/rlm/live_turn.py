@@ -66,7 +66,7 @@ class LiveTurn:
         if len(whole) <= self._scanned:
             return
         self._scanned = len(whole)
-        found = code_blocks(whole, streaming=True)  # the reader the engine uses
+        found = code_blocks(whole, streaming=True)  # the reader the run uses
         if len(found) > len(self._codes) and found[: self.ran] == self._codes[: self.ran]:
             self._codes = found
             self._start(run_block)

@@ -86,7 +86,7 @@ class Fence:
 
 @dataclass(frozen=True)
 class Reply:
-    """A reply as the engine acts on it."""
+    """A reply as the run acts on it."""
 
     text: str  # normalised line endings
     fences: list[Fence] = field(default_factory=list)

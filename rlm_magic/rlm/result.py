@@ -52,7 +52,7 @@ class Iteration:
     broken_off: str | None = None  # why the turn's text broke off after its code ran
     compaction: Compaction | None = None  # the conversation was compacted before it
     cut_answers: int = 0  # sub-call answers that stopped at max_tokens
-    notes: list[str] = field(default_factory=list)  # how the engine read the reply
+    notes: list[str] = field(default_factory=list)  # how the run read the reply
     finished_by: str = ""  # the turn that ended the run: how (see RLMResult.finished_by)
 
 
@@ -88,7 +88,7 @@ class RLMResult:
     variables: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     # Where the root conversation was summarised to fit the model's window.
     compactions: list[Compaction] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)  # the engine's notes on the last turn
+    notes: list[str] = field(default_factory=list)  # the run's notes on the last turn
 
     @property
     def answer(self) -> str | None:

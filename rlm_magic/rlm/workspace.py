@@ -20,8 +20,9 @@ from typing import Any
 from ..errors import ConfigError
 from ..repl.base import REPL, Helpers, SandboxSettings, SubCallBudget
 from ..repl.inprocess import AsyncREPL
+from ..repl.namespace import FINISHERS
 from ..repl.sandbox import SandboxREPL
-from ..repl.steps import FINISHERS, preloaded, repl_builtins
+from ..repl.steps import preloaded, repl_builtins
 from .result import RLMResult
 from .session import RLMSession
 

@@ -1,7 +1,7 @@
 """The sandboxed REPL: model code runs in a process of its own (``worker.py``), and the
 helpers it calls are served on the kernel's loop, over the bridge.
 
-``repl`` holds ``SandboxREPL``, the REPL the engine runs; ``process`` a sandbox
+``repl`` holds ``SandboxREPL``, the REPL a run uses; ``process`` a sandbox
 process's life (start, handshake, frames, end); ``calls`` the helper calls it makes;
 ``isolation_report`` what the kernel makes of the layers the worker reports;
 ``environment`` the environment it gets.
@@ -9,8 +9,8 @@ process's life (start, handshake, frames, end); ``calls`` the helper calls it ma
 
 from __future__ import annotations
 
+from ...errors import SandboxError
 from .environment import ENVIRONMENT_ALLOWED, sandbox_environment
-from .process import SandboxError
 from .repl import SandboxREPL, SandboxRepr
 
 __all__ = [

@@ -10,8 +10,8 @@ import sys
 import warnings
 from typing import Any
 
+from ...errors import SandboxError
 from .. import bridge, isolation
-from .process import SandboxError
 
 _warned_isolation = False
 # What to do where the OS refuses layers.

@@ -17,15 +17,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ...errors import SandboxError
 from .. import bridge, isolation
 from .environment import sandbox_environment
 
 _WORKER = str(Path(__file__).parent.with_name("worker.py"))  # rlm_magic/repl/worker.py
 _PIECE = 2**20  # a large frame is read and checked this many bytes at a time
-
-
-class SandboxError(RuntimeError):
-    """The sandbox process could not be started or used."""
 
 
 class SandboxProcess:

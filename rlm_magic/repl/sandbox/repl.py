@@ -1,7 +1,7 @@
 """The sandboxed REPL: model code runs in a process of its own (``worker.py``), and the
 helpers it calls are served here, on the kernel's loop, over the bridge.
 
-``SandboxREPL`` has the in-process REPL's interface (``base.REPL``), so the engine runs
+``SandboxREPL`` has the in-process REPL's interface (``base.REPL``), so a run uses
 either. What it adds is the trust boundary: everything the sandbox sends is framed JSON
 under a size limit, checked before use; a sandbox that breaks the protocol, crashes or
 will not stop is killed, the step reports it, and the next step runs in a fresh sandbox
@@ -316,7 +316,7 @@ class SandboxREPL:
             "is lost; `context` and the helpers are there again."
         )
 
-    # -- what the engine reads -----------------------------------------------------------
+    # -- what the run reads -----------------------------------------------------------
     async def final_var(self, name: str) -> str | None:
         value = (await self._request("final_var", "final_var", timeout=30, name=name)).get("value")
         return value if isinstance(value, str) else None
@@ -402,4 +402,4 @@ class SandboxREPL:
 
 
 if TYPE_CHECKING:
-    _: type[REPL] = SandboxREPL  # mypy checks that it has the engine's REPL interface
+    _: type[REPL] = SandboxREPL  # mypy checks that it has the run's REPL interface

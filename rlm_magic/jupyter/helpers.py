@@ -209,10 +209,7 @@ def _kept_on_interrupt(outcome: MapOutcome | BatchOutcome, name: str) -> Iterato
     try:
         yield
     except KeyboardInterrupt:
-        if isinstance(outcome, MapOutcome):
-            results, errors, on_disk = outcome.answers(), outcome.errors(), outcome.on_disk
-        else:
-            results, errors, on_disk = list(outcome.results), dict(outcome.errors), False
+        results, errors, on_disk = outcome.answers(), outcome.failures(), outcome.on_disk
         _interrupted_batch = BatchError(results, errors)
         kept = sum(r is not None for r in results)
         where = (

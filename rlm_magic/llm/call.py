@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING, Any
 from ..errors import LLMQueryError
 from . import retries
 from .identity import RequestIdentity
+from .messages import Messages
 from .redaction import Redactor, redact_failure
 from .streaming import OnText, StreamState
-from .transports.base import Messages, Transport
+from .transports.base import Transport
 from .usage import CallRecord, UsageLedger
 
 if TYPE_CHECKING:

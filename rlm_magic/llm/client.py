@@ -38,13 +38,14 @@ from .completion import Completion
 from .endpoints import Endpoint, Endpoints
 from .identity import RequestIdentity
 from .limiter import ConcurrencyLimiter
+from .messages import Messages
 from .pricing import cache_saving
 from .profiles import PROFILES
 from .prompt_cache import mark_prefix, needs_markers, refuses_markers
 from .ratelimit import RateGate, Ticket, headers_of, is_rate_limit
 from .redaction import Redactor, redact_messages
 from .streaming import StreamState
-from .transports.base import Answer, Messages, Transport
+from .transports.base import Answer, Transport
 from .usage import CallRecord, UsageLedger
 
 if TYPE_CHECKING:

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .messages import Messages
 from .ratelimit import RateGate, gate_for
-from .transports.base import Messages, Request, Transport
+from .transports.base import Request, Transport
 from .transports.litellm import LiteLLMTransport
 from .transports.router import RouterEndpoint, identity
 from .transports.wire import WireTransport, fits, route_for

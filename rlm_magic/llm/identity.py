@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-Messages = list[dict[str, Any]]
+from .messages import Messages
 
 
 @dataclass(frozen=True)

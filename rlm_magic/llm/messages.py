@@ -8,6 +8,9 @@ from typing import Any
 
 from ..errors import ConfigError
 
+# A conversation, as every model call takes it: {"role": ..., "content": ...} dicts.
+Messages = list[dict[str, Any]]
+
 
 def build_messages(
     prompt: str, system: str | None, *, caller: str = "llm_query"

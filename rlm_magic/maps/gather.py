@@ -32,6 +32,15 @@ class BatchOutcome:
         self.results: list[Any] = [None] * size
         self.errors: dict[int, Exception] = {}
 
+    on_disk = False  # a batch's answers are kept only in memory (see run_map for maps)
+
+    def answers(self) -> list[Any]:
+        """Each call's result, None where none has arrived."""
+        return list(self.results)
+
+    def failures(self) -> dict[int, Exception]:
+        return dict(self.errors)
+
     @property
     def finished(self) -> int:
         return sum(r is not None for r in self.results) + len(self.errors)

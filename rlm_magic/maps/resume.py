@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from ..llm.usage import CallRecord
+
 if TYPE_CHECKING:
     from ..llm.identity import RequestIdentity
 
@@ -136,3 +138,15 @@ class MapStore:
             os.unlink(self.path)
         except OSError:  # never written (or the folder is gone): nothing to remove
             pass
+
+
+def kept_call(entry: dict[str, Any], model: str) -> CallRecord:
+    """A kept answer as the ledger counts it: a cache hit, free this time (``model``:
+    the one it was asked of, when an older file did not say)."""
+    return CallRecord(
+        entry.get("model", model),
+        int(entry.get("input_tokens", 0)),
+        int(entry.get("output_tokens", 0)),
+        0.0,
+        cached=True,
+    )

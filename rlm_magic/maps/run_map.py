@@ -27,17 +27,16 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidAnswer, LLMQueryError, NotSent
 from ..llm.litellm_loader import load_litellm
+from ..llm.messages import Messages
 from ..llm.structured import AnswerFormat, ask, prepare
-from ..llm.usage import CallRecord, UsageLedger
+from ..llm.usage import UsageLedger
 from .gather import BatchOutcome, gather_limited
-from .resume import RESUME_AT, MapStore
+from .resume import RESUME_AT, MapStore, kept_call
 
 if TYPE_CHECKING:
     from ..llm.client import LLMClient
     from ..llm.identity import RequestIdentity
     from .jobs import BatchJob, JobRecord
-
-Messages = list[dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -96,7 +95,8 @@ class MapOutcome:
             answers[index] = _value(self.gathered.results[position], self.answer_format)
         return answers
 
-    def errors(self) -> dict[int, Exception]:
+    def failures(self) -> dict[int, Exception]:
+        """The items that failed, by index in the whole map."""
         return {self.sent[position]: error for position, error in self.gathered.errors.items()}
 
 
@@ -161,7 +161,7 @@ async def run_map(
     finally:
         if store is not None:
             store.close()
-    errors = outcome.errors()
+    errors = outcome.failures()
     if store is not None and not errors:
         store.remove()  # finished: a re-run is the response cache's business
     return outcome.answers(), errors
@@ -225,15 +225,7 @@ def _kept_answers(
                 values[index] = answer_format.parse(entry["text"])
             except InvalidAnswer:
                 continue
-        ledger.record(
-            CallRecord(
-                entry.get("model", "?"),
-                int(entry.get("input_tokens", 0)),
-                int(entry.get("output_tokens", 0)),
-                0.0,
-                cached=True,
-            )
-        )
+        ledger.record(kept_call(entry, "?"))
     return values
 
 

@@ -12,7 +12,8 @@ Which one a call takes is the endpoint's choice (``..endpoints``).
 from __future__ import annotations
 
 from ..litellm_loader import loaded_litellm
-from .base import Answer, Messages, Request, Transport
+from ..messages import Messages
+from .base import Answer, Request, Transport
 from .wire.sessions import close_sessions
 
 

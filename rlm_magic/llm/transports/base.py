@@ -14,13 +14,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ..messages import Messages
 from ..streaming import StreamState
 
 # A chat request as litellm takes it: model, messages, timeout, max_retries and the
 # parameters (max_tokens, temperature, response_format...); api_base and api_key
 # when the endpoint is the user's own.
 Request = dict[str, Any]
-Messages = list[dict[str, Any]]
 
 
 @dataclass(frozen=True)

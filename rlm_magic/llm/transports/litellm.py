@@ -10,10 +10,11 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from ..messages import Messages
 from ..pricing import cost_of_response
 from ..prompt_cache import cache_figures
 from ..streaming import StreamState, stream_completion
-from .base import Answer, Messages, Request
+from .base import Answer, Request
 
 
 class LiteLLMTransport:

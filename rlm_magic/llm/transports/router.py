@@ -19,8 +19,9 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from ...errors import ConfigError
+from ..messages import Messages
 from ..ratelimit import RateGate, gate_for
-from .base import Messages, Request
+from .base import Request
 from .litellm import LiteLLMTransport
 
 if TYPE_CHECKING:

@@ -17,8 +17,8 @@ from ...errors import ConfigError, LLMQueryError, describe_exception
 from ...llm.litellm_loader import load_litellm
 from ...llm.pricing import batch_rates
 from ...llm.redaction import redact_conversation
-from ...llm.usage import CallRecord, UsageLedger
-from ..resume import MapStore
+from ...llm.usage import UsageLedger
+from ..resume import MapStore, kept_call
 from .files import (
     ENDPOINT,
     JobResults,
@@ -354,15 +354,7 @@ class BatchJob:
         for index, entry in self.kept.items():
             results.texts[index] = entry["text"]
             results.errors.pop(index, None)
-            self.ledger.record(
-                CallRecord(
-                    entry.get("model", self.model),
-                    int(entry.get("input_tokens", 0)),
-                    int(entry.get("output_tokens", 0)),
-                    0.0,
-                    cached=True,
-                )
-            )
+            self.ledger.record(kept_call(entry, self.model))
         return results
 
     async def _from_kept(self) -> JobResults:

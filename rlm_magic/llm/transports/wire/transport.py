@@ -17,11 +17,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from ... import windows
+from ...messages import Messages
 from ...pricing import cost_of_usage
 from ...profiles import DEFAULT_CHARS_PER_TOKEN
 from ...ratelimit import non_negative
 from ...streaming import StreamState, stream_completion
-from ..base import Answer, Messages, Request
+from ..base import Answer, Request
 from .errors import ResponseHeaders, connection_error, error_for, redirect_error
 from .parsing import completion_parts, finish_reason_of
 from .routes import Route

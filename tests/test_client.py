@@ -153,3 +153,10 @@ async def test_the_cache_answers_an_identical_request_without_the_transport(tmp_
     again = await client.complete(QUESTION)
     assert (first.text, again.text, again.cached) == ("once", "once", True)
     assert len(transport.requests) == 1
+
+
+async def test_a_transport_given_to_the_client_takes_every_call_whatever_the_settings():
+    deployment = {"model_name": MODEL, "litellm_params": {"model": "openai/elsewhere"}}
+    client, transport = scripted_client(answer("mine"), model_list=[deployment])
+    assert (await client.complete(QUESTION)).text == "mine"
+    assert len(transport.requests) == 1

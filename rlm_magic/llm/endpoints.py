@@ -6,21 +6,23 @@ effect on the next one):
 - ``ProviderEndpoint``: a provider or a server of the user's (``RLM.api_base`` and
   ``RLM.api_key``, else litellm's environment variables). OpenAI-compatible endpoints go
   over the wire transport, every other provider through litellm.
-- ``RouterEndpoint`` (``transports.router``): a LiteLLM Router for ``RLM.model_list``.
+- ``RouterEndpoint``: a LiteLLM Router for ``RLM.model_list`` (``transports.router``):
+  it retries and fails over itself, so the client adds no retries of its own.
 
 A test (or another front end) can give the client a transport of its own: every call
-then goes to it, with the provider endpoint's gate and retries.
+then goes to it, with the provider endpoint's gate and retries, whatever the settings.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..errors import ConfigError
 from .messages import Messages
 from .ratelimit import RateGate, gate_for
 from .transports.base import Request, Transport
 from .transports.litellm import LiteLLMTransport
-from .transports.router import RouterEndpoint, identity
+from .transports.router import RouterTransport, build_router, deployments, groups, identity
 from .transports.wire import WireTransport, fits, route_for
 
 if TYPE_CHECKING:
@@ -70,7 +72,7 @@ class ProviderEndpoint:
 
     def __init__(self, config: RLMConfig, transport: Transport | None = None):
         self.config = config
-        self._transport = transport
+        self.given_transport = transport  # sends every call when given
 
     @property
     def identity(self) -> str | None:
@@ -102,8 +104,8 @@ class ProviderEndpoint:
     def transport(self, model: str, litellm: Any) -> Transport:
         """Straight over the wire when the endpoint is OpenAI-compatible and the request
         is OpenAI's as it stands, else through litellm."""
-        if self._transport is not None:
-            return self._transport
+        if self.given_transport is not None:
+            return self.given_transport
         config = self.config
         if config.wire_transport and fits(config.litellm_kwargs):
             route = route_for(litellm, model, config.api_base, config.api_key)
@@ -119,6 +121,64 @@ class ProviderEndpoint:
         return []
 
 
+class RouterEndpoint:
+    """Calls go through one Router, built once for one configuration."""
+
+    probes_local_servers = False  # its deployments' windows come from litellm's model info
+
+    def __init__(self, config: RLMConfig, identity: str):
+        self.config = config
+        self.identity = identity
+        self._router: Any = None
+
+    def check(self, model: str) -> None:
+        known = groups(self.config.model_list)
+        if model not in known:
+            raise ConfigError(
+                f"{model!r} is not a model group of RLM.model_list (its groups: {', '.join(known)})"
+            )
+
+    def attempts(self) -> tuple[int, float]:
+        """(retries of ours, seconds an attempt may take): the Router retries itself,
+        each of its attempts within ``RLM.timeout``."""
+        return 0, self.config.timeout * (self.config.max_retries + 1)
+
+    def request(self, model: str, messages: Messages, params: dict[str, Any]) -> Request:
+        # Keys and endpoints are the deployments', in the model list.
+        return {
+            "model": model,
+            "messages": messages,
+            "timeout": self.config.timeout,
+            "max_retries": 0,
+            **params,
+        }
+
+    def transport(self, model: str, litellm: Any) -> LiteLLMTransport:
+        return RouterTransport(self.router(litellm).acompletion, litellm)
+
+    def router(self, litellm: Any) -> Any:
+        if self._router is None:
+            self._router = build_router(
+                litellm,
+                self.config.model_list,
+                self.config.router_settings,
+                num_retries=self.config.max_retries,
+                timeout=self.config.timeout,
+            )
+        return self._router
+
+    def gate(self, model: str) -> RateGate:
+        # A group's deployments send headers of their own limits, not the group's:
+        # through a Router the gate pauses on 429s but learns no pace from headers.
+        config = self.config
+        return gate_for(
+            model, self.identity, None, config.rpm, config.tpm, learns_from_headers=False
+        )
+
+    def models_behind(self, model: str) -> list[str]:
+        return deployments(self.config.model_list, model)
+
+
 class Endpoints:
     """A client's endpoint for its settings as they are now: the provider's, or a Router
     built once per model list (and its retries and timeout)."""
@@ -130,7 +190,7 @@ class Endpoints:
 
     def current(self) -> Endpoint:
         config = self.config
-        if not config.model_list:
+        if not config.model_list or self.provider.given_transport is not None:
             return self.provider
         name = identity(config.model_list, config.router_settings)
         key = (name, config.max_retries, config.timeout)

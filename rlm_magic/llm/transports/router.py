@@ -9,81 +9,17 @@ another; it gets ``RLM.max_retries`` as its ``num_retries``, and rlm-magic adds 
 retries of its own on top (3 x 3 attempts would hide a dead group for minutes). A 429
 that the Router could not route around still reaches our rate gate and is waited out
 like any other. Everything else of ours (the limiter, cache, ledger, redaction,
-interrupts) is unchanged.
+interrupts) is unchanged. Where the client's calls go with a model list, and how they
+are retried, is ``endpoints.RouterEndpoint``'s.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ...errors import ConfigError
-from ..messages import Messages
-from ..ratelimit import RateGate, gate_for
-from .base import Request
 from .litellm import LiteLLMTransport
-
-if TYPE_CHECKING:
-    from ...config import RLMConfig
-
-
-class RouterEndpoint:
-    """Calls go through one Router, built once for one configuration."""
-
-    probes_local_servers = False  # its deployments' windows come from litellm's model info
-
-    def __init__(self, config: RLMConfig, identity: str):
-        self.config = config
-        self.identity = identity
-        self._router: Any = None
-
-    def check(self, model: str) -> None:
-        known = groups(self.config.model_list)
-        if model not in known:
-            raise ConfigError(
-                f"{model!r} is not a model group of RLM.model_list (its groups: {', '.join(known)})"
-            )
-
-    def attempts(self) -> tuple[int, float]:
-        """(retries of ours, seconds an attempt may take): the Router retries itself,
-        each of its attempts within ``RLM.timeout``."""
-        return 0, self.config.timeout * (self.config.max_retries + 1)
-
-    def request(self, model: str, messages: Messages, params: dict[str, Any]) -> Request:
-        # Keys and endpoints are the deployments', in the model list.
-        return {
-            "model": model,
-            "messages": messages,
-            "timeout": self.config.timeout,
-            "max_retries": 0,
-            **params,
-        }
-
-    def transport(self, model: str, litellm: Any) -> LiteLLMTransport:
-        return RouterTransport(self.router(litellm).acompletion, litellm)
-
-    def router(self, litellm: Any) -> Any:
-        if self._router is None:
-            self._router = build_router(
-                litellm,
-                self.config.model_list,
-                self.config.router_settings,
-                num_retries=self.config.max_retries,
-                timeout=self.config.timeout,
-            )
-        return self._router
-
-    def gate(self, model: str) -> RateGate:
-        # A group's deployments send headers of their own limits, not the group's:
-        # through a Router the gate pauses on 429s but learns no pace from headers.
-        config = self.config
-        return gate_for(
-            model, self.identity, None, config.rpm, config.tpm, learns_from_headers=False
-        )
-
-    def models_behind(self, model: str) -> list[str]:
-        return deployments(self.config.model_list, model)
 
 
 class RouterTransport(LiteLLMTransport):

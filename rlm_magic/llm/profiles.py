@@ -4,14 +4,18 @@ A model's window, how many characters its tokenizer reads per token, how long it
 finished answers run, whether its provider streams or takes prompt-cache markers or a
 JSON schema; what a local server says of its window; the pace an endpoint's rate limits
 allow. Each fact is learned once (from an answer, an error, a probe or litellm's model
-info) and serves every later call of the session. ``forget()`` forgets all of it at once:
-after a server was restarted with other settings, or between tests, so that nothing one
-test taught leaks into the next through a model's name.
+info) and serves every later call of the session. ``forget()`` forgets all of it at once,
+the rate gates' pauses and paces included: after a server was restarted with other
+settings, or between tests, so that nothing one test taught leaks into the next through
+a model's name.
 
 Facts about a model (by its name, whichever endpoint serves it) are a ``ModelProfile``;
 facts about a model at one endpoint (``RLM.api_base``, or a Router configuration) are an
 ``EndpointProfile``. Rate gates hold what they learned themselves (see ``ratelimit``)
-and are kept here per event loop. The code that learns a fact is the code that uses it
+and are kept here per event loop. (A gate also keeps a running estimate of characters
+per token, for pacing a token limit before a response says what a prompt cost; the
+model's own figure here, learned from usage reports of prompts large enough to say,
+sizes windows and chunks. Both start from ``DEFAULT_CHARS_PER_TOKEN``.) The code that learns a fact is the code that uses it
 (``windows``, ``local_servers``, ``client``...): this module only keeps them.
 """
 

@@ -15,8 +15,9 @@ facts about a model at one endpoint (``RLM.api_base``, or a Router configuration
 and are kept here per event loop. (A gate also keeps a running estimate of characters
 per token, for pacing a token limit before a response says what a prompt cost; the
 model's own figure here, learned from usage reports of prompts large enough to say,
-sizes windows and chunks. Both start from ``DEFAULT_CHARS_PER_TOKEN``.) The code that learns a fact is the code that uses it
-(``windows``, ``local_servers``, ``client``...): this module only keeps them.
+sizes windows and chunks. Both start from ``DEFAULT_CHARS_PER_TOKEN``.) The code that
+learns a fact is the code that uses it (``windows``, ``local_servers``, ``client``...):
+this module only keeps them.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -287,6 +288,22 @@ async def test_a_job_cancelled_half_way_is_rerun_only_for_its_missing_prompts(rl
     listed = {r.id: r.state for r in JobStore(rlm.cache_dir).all()}
     second = list(batch_server.batch_jobs.batches)[1]
     assert listed == {job_id: "cancelled", second: "completed"}
+
+
+def test_two_writers_of_one_job_record_at_once_both_succeed_and_leave_it_whole(tmp_path):
+    # `%rlm jobs cancel` runs in a thread while the job's poll writes the same record.
+    store = JobStore(str(tmp_path))
+    records = [jobs.JobRecord("k", f"batch_{n}", "m", "openai", None, 1) for n in range(2)]
+
+    def write_often(record):
+        for _ in range(300):
+            store.put(record)
+
+    with ThreadPoolExecutor(2) as pool:
+        for writer in [pool.submit(write_often, r) for r in records]:
+            writer.result()  # raises what the writer raised
+    assert store.get("k").id in {"batch_0", "batch_1"}
+    assert [p.name for p in (tmp_path / "jobs").iterdir()] == ["k.json"]
 
 
 def test_cancel_takes_the_whole_id_or_a_prefix_only_one_job_has(tmp_path):

@@ -3,8 +3,10 @@ again finds its job's record and reattaches instead of paying for a second job."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -67,10 +69,18 @@ class JobStore:
 
     def put(self, record: JobRecord) -> None:
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        # Written whole, then renamed: a crash mid-write never leaves half a record.
-        temporary = self._path(record.key).with_suffix(f".{os.getpid()}.tmp")
-        temporary.write_text(json.dumps(asdict(record)))
-        os.replace(temporary, self._path(record.key))
+        # Written whole, then renamed: a crash mid-write never leaves half a record. Each
+        # write gets its own temporary file: `%rlm jobs cancel` (a thread) and the job's own
+        # poll (the loop) may write the same record at once in one process.
+        handle, temporary = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
+        try:
+            with os.fdopen(handle, "w") as file:
+                file.write(json.dumps(asdict(record)))
+            os.replace(temporary, self._path(record.key))
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+            raise
 
     def all(self) -> list[JobRecord]:
         if not self.directory.is_dir():

@@ -10,7 +10,7 @@ A failed or interrupted run leaves the session as it was, its variables included
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -29,19 +29,9 @@ class Answerer(Protocol):
 
     sandbox: str
 
-    async def arun(
-        self,
-        query: str,
-        context: Any = None,
-        *,
-        model: str | None = None,
-        sub_model: str | None = None,
-        max_iterations: int | None = None,
-        max_depth: int | None = None,
-        namespace: dict[str, Any] | None = None,
-        sandbox: str | None = None,
-        session: RLMSession | str | None = None,
-    ) -> RLMResult: ...
+    # A session only forwards its caller's keywords, so the RLM's signature is not repeated.
+    @property
+    def arun(self) -> Callable[..., Awaitable[RLMResult]]: ...
 
 
 # The memory shown to the next question: the latest questions in full, their answers

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from rlm_magic import BatchError
+from rlm_magic import RLM, BatchError
 from rlm_magic.errors import ConfigError, LLMQueryError
 from rlm_magic.jupyter.extension import session_rlm
 from rlm_magic.maps import jobs
@@ -319,6 +319,15 @@ def test_cancel_takes_the_whole_id_or_a_prefix_only_one_job_has(tmp_path):
         r"batch_1, batch_7; give the whole id$",
     ):
         store.find("batch_")
+
+
+def test_cancelling_an_unknown_id_lists_the_known_jobs_and_skips_a_provisional_one(tmp_path):
+    # A provisional record (its job's creation was never confirmed) has no id to cancel.
+    store = JobStore(str(tmp_path))
+    store.put(jobs.JobRecord("a", "batch_1", "m", "openai", None, 1))
+    store.put(jobs.JobRecord("b", None, "m", "openai", None, 1))
+    with pytest.raises(ConfigError, match=r"^no batch job 'batch_9' recorded \(jobs: batch_1\)$"):
+        jobs.cancel(str(tmp_path), "batch_9", RLM())
 
 
 async def test_a_wait_outlasts_a_few_failed_polls(rlm, batch_server):

@@ -156,6 +156,7 @@ def test_ipython_config_file_settings_apply():
         ("max_depth", 0, -1, ">= 0"),
         ("max_sub_calls", 0, -5, ">= 0"),
         ("max_cost_usd", 0.5, -1.0, ">= 0"),
+        ("max_cost_usd", 0.5, float("nan"), ">= 0"),  # a NaN budget could never trip
         ("step_timeout", 1.0, -1.0, "> 0"),
         ("max_output_chars", 10, 0, ">= 1"),
         ("sandbox", "process", "docker", "'process' or 'none'"),

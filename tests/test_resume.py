@@ -205,3 +205,23 @@ async def test_an_answer_that_broke_off_is_asked_again_by_a_rerun(server, tmp_pa
     ]
     assert [r["messages"][-1]["content"] for r in server.requests] == ["long"]
     assert maps_in(tmp_path) == []  # every answer whole: the file goes
+
+
+async def test_a_typed_answer_cut_at_max_tokens_is_asked_again_by_a_rerun(server, tmp_path):
+    # "cut" parses, but the model was stopped; "bad" fails, so the map's file stays.
+    server.reply_with("sub-model", lambda body: '{"n": 7}')
+    server.finish_word = "length"
+    server.fail("500", times=1, match="bad")
+    rlm = make_rlm(server, cache_dir=str(tmp_path), max_retries=0)
+    with pytest.raises(BatchError):
+        await helpers(rlm).llm_query_batch(["cut", "bad"], resume=True, response_format=Count)
+    server.reset()
+    server.reply_with("sub-model", lambda body: '{"n": 3}')
+    assert (
+        await helpers(rlm).llm_query_batch(["cut", "bad"], resume=True, response_format=Count)
+        == [Count(n=3)] * 2
+    )
+    assert sorted(r["messages"][0]["content"].split("\n")[0] for r in server.requests) == [
+        "bad",
+        "cut",
+    ]

@@ -171,6 +171,10 @@ def test_ctrl_c_stops_a_batch_with_one_clear_line(client, request, llm_server):
     try:
         terminal.child.send("await llm_query_batch(['a', 'b'])\r")
         assert llm_server.wait_for(lambda: llm_server.in_flight == 2, timeout=30)
+        # Ctrl-C once the client shows the batch running, as a person would: jupyter_console
+        # takes a Ctrl-C before it marks the cell as executing as one at its prompt (it
+        # redraws the prompt and interrupts nothing), and a loaded machine can delay that.
+        terminal.child.expect("llm_query_batch: 0/2", timeout=30)
         pressed = time.perf_counter()
         terminal.child.sendintr()  # Ctrl-C
         shown = terminal.next_prompt(timeout=15)

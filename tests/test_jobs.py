@@ -51,14 +51,18 @@ async def job_in_progress(server) -> str:
 async def test_a_batch_job_goes_through_the_providers_states_and_answers_in_order(
     rlm, batch_server
 ):
-    batch_server.batch_jobs.hold.clear()  # kept in progress until the client has seen it
-    batch_server.batch_jobs.step_s = 0.3  # validating and finalizing last a few polls
+    # Each state held until the client has seen it: a poll late on a loaded machine
+    # must not skip one. (A job's creation answers "validating".)
+    batch_server.batch_jobs.hold.clear()
+    batch_server.batch_jobs.hold_finalizing.clear()
     seen = Seen()
     job = BatchJob(rlm.client, conversations([f"p{i}" for i in range(5)]), observer=seen)
     running = asyncio.ensure_future(job.run())
     await job_in_progress(batch_server)
     await asyncio.to_thread(batch_server.wait_for, lambda: "in_progress" in seen.states)
     batch_server.batch_jobs.hold.set()
+    await asyncio.to_thread(batch_server.wait_for, lambda: "finalizing" in seen.states)
+    batch_server.batch_jobs.hold_finalizing.set()
     results = await running
     assert results.texts == [f"echo: p{i}" for i in range(5)]
     assert seen.states == ["validating", "in_progress", "finalizing", "completed"]

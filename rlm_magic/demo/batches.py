@@ -28,7 +28,8 @@ class BatchJobsAPI:
     (``cancelling``, then ``cancelled`` with what had finished).
 
     ``step_s`` is the time a job spends in each of validating and finalizing;
-    ``hold`` (cleared) keeps jobs in progress until it is set again; with ``hold_match``
+    ``hold`` (cleared) keeps jobs in progress until it is set again, and
+    ``hold_finalizing`` (cleared) keeps them finalizing; with ``hold_match``
     set, only the lines whose last message contains it wait (the others are answered,
     as a job cancelled or expired half-way leaves some done). For the failures a
     client must survive: ``failing_retrieves`` answers that many job reads with a 503;
@@ -41,6 +42,7 @@ class BatchJobsAPI:
         self.concurrency = concurrency
         self.hold = threading.Event()
         self.hold_create = threading.Event()
+        self.hold_finalizing = threading.Event()
         self._tasks: set[asyncio.Task] = set()
         # Numbered per kind, from 1 for each server (a notebook run afresh shows the same
         # ids) and never again after a reset: a job still running from before a reset
@@ -55,6 +57,7 @@ class BatchJobsAPI:
         self.lose_created = False
         self.hold_match: str | None = None
         self.hold_create.set()
+        self.hold_finalizing.set()
         self.files: dict[str, dict] = {}  # id -> {"meta": {...}, "data": bytes}
         self.batches: dict[str, dict] = {}
         self.hold.set()
@@ -240,6 +243,8 @@ class BatchJobsAPI:
         if batch["status"] == "in_progress":
             batch.update(status="finalizing", finalizing_at=int(time.time()))
             await asyncio.sleep(self.step_s)
+            while not self.hold_finalizing.is_set() and batch["status"] == "finalizing":  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
         if outputs:
             batch["output_file_id"] = self._add_file(
                 b"\n".join(outputs) + b"\n", "output.jsonl", "batch_output"

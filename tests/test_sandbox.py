@@ -190,6 +190,7 @@ async def test_the_worker_loads_neither_litellm_nor_the_package(rlm, server):
             "rlm_magic.repl",
             "rlm_magic.repl.bridge",
             "rlm_magic.repl.capture",
+            "rlm_magic.repl.carried",
             "rlm_magic.repl.finishers",
             "rlm_magic.repl.fitting",
             "rlm_magic.repl.helpers",

@@ -11,6 +11,7 @@ from rlm_magic import ConfigError
 from rlm_magic.rlm.session import RLMSession
 
 from .conftest import make_rlm
+from .test_sandbox_attacks import SESSION_FORGER
 
 
 def repl(code: str) -> str:
@@ -151,17 +152,14 @@ async def test_rlm_session_cells_carry_on_and_forget_ends_the_session(shell, ser
     shell.user_ns["doc"] = "x|y|z"
     await run_cell(shell, "%%rlm --session notes --context doc -q\nSummarise each part")
     session = shell.magics_manager.registry["RLMMagics"].rlm.sessions["notes"]
-    process = session.repl._sandbox.process
     await run_cell(shell, "%%rlm --session notes -q\nAnd the third one?")
-    assert session.repl._sandbox.process is process  # one sandbox process for both cells
     assert shell.user_ns["_rlm"].trajectory[0].code[0].output == "echo: z"
     assert len(server.requests_for("sub-model")) == 3
     listing = repr(shell.run_line_magic("rlm", "sessions"))
-    assert listing.splitlines()[1].split()[:3] == ["notes", "2", "1"]
-    assert process.poll() is None
+    assert listing.splitlines()[1].split()[:4] == ["notes", "2", "1", "1"]
     shell.run_line_magic("rlm", "forget notes")
-    assert session.closed and "notes" not in repr(shell.run_line_magic("rlm", "sessions"))
-    assert await asyncio.to_thread(process.wait, 10) is not None  # forget ended it
+    assert session.closed and session.carried is None
+    assert "notes" not in repr(shell.run_line_magic("rlm", "sessions"))
     with pytest.raises(Exception, match="no session named 'notes'"):
         shell.run_line_magic("rlm", "forget notes")
 
@@ -278,3 +276,59 @@ async def test_a_later_question_names_its_own_sub_call_limit(server, repl_kind):
     refused = "Error: max_sub_calls=1 reached for this run; no request was sent"
     assert second.variables["second"] == ["echo: q1", refused]
     await rlm.forget("limits")
+
+
+# -- a sandboxed session: each question in a fresh process, variables as plain data ------
+
+
+async def test_a_later_answer_cannot_be_forged_by_an_earlier_questions_code(server):
+    rlm = make_rlm(server, sandbox="process")
+    session = rlm.session("s")
+    server.script(
+        "root-model",
+        [
+            repl(SESSION_FORGER),
+            "FINAL(read)",
+            repl("print(kept + 1, 'payload' in globals())"),
+            repl('FINAL(f"The honest answer is {sum(range(10))}")'),
+        ],
+    )
+    first = await session.arun("Read the document", context="a poisoned document")
+    assert first.trajectory[0].code[0].output == "planted"
+    second = await session.arun("What is the sum of 0 to 9?", context="a harmless document")
+    assert second.success and second.final_answer == "The honest answer is 45"
+    # The plain value crossed; the pickle that would have run code did not.
+    assert second.trajectory[0].code[0].output == "42 False"
+    await session.aclose()
+
+
+async def test_only_plain_data_crosses_and_the_model_is_told_what_stayed_behind(server):
+    rlm = make_rlm(server, sandbox="process")
+    session = rlm.session("s")
+    server.script(
+        "root-model",
+        [
+            repl(
+                "import collections, datetime\n"
+                "counts = collections.Counter('abca')\n"
+                "when = datetime.date(2026, 11, 26)\n"
+                "rows = [{'id': 1, 'tags': {'x'}}, (2, b'raw', 3.5)]\n"
+                "def helper(x):\n    return x\n"
+                "class Parser:\n    pass\n"
+                "parser = Parser()"
+            ),
+            "FINAL(made)",
+            repl("print(counts['a'], when.year, rows, 'helper' in globals())"),
+            "FINAL(done)",
+        ],
+    )
+    await session.arun("q1", context="c")
+    second = await session.arun("q2")
+    assert second.trajectory[0].code[0].output == (
+        "2 2026 [{'id': 1, 'tags': {'x'}}, (2, b'raw', 3.5)] False"
+    )
+    told = server.requests_for("root-model")[2]["messages"][1]["content"]
+    assert "Variables in the REPL: counts, when, rows" in told
+    assert "Not kept from earlier questions" in told
+    assert "helper (function), Parser (type), parser (Parser)" in told
+    await session.aclose()

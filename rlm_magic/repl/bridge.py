@@ -6,7 +6,9 @@ Everything the sandbox sends is a JSON object of at most ``MAX_FROM_SANDBOX`` by
 unpickles what the sandbox sends (that would hand the model's code the kernel), and a
 frame cannot make it hold much more than its own size (a list of 10 million empty
 objects is 30 MB sent and would be 700 MB decoded). Only the kernel sends a pickle,
-once per sandbox: the context.
+once per sandbox: the context. A session's variables from its last question cross as
+a third kind, plain data that the next sandbox loads with a restricted unpickler
+(``carried.py``); the kernel only passes those bytes on.
 
 Standard library only: the sandbox worker imports this.
 """
@@ -19,7 +21,7 @@ import struct
 from typing import Any
 
 HEADER = struct.Struct(">cQ")
-JSON, PICKLE = b"J", b"P"
+JSON, PICKLE, DATA = b"J", b"P", b"D"
 # Big enough for a step's output, a FINAL_VAR answer or a batch of prompts; a larger
 # frame is refused before a byte of its body is read.
 MAX_FROM_SANDBOX = 8 * 2**20
@@ -74,8 +76,8 @@ def _plain(value):
     return str(value)
 
 
-def pickle_frame_header(length: int) -> bytes:
-    return HEADER.pack(PICKLE, length)
+def pickle_frame_header(length: int, kind: bytes = PICKLE) -> bytes:
+    return HEADER.pack(kind, length)
 
 
 def parse_header(

@@ -32,6 +32,7 @@ def _import_shared_code():
 
 _import_shared_code()
 
+import base64  # noqa: E402
 import concurrent.futures  # noqa: E402
 import contextvars  # noqa: E402
 import io  # noqa: E402
@@ -43,7 +44,7 @@ import socket  # noqa: E402
 import threading  # noqa: E402
 from typing import Any  # noqa: E402
 
-from rlm_magic.repl import bridge, isolation  # noqa: E402
+from rlm_magic.repl import bridge, carried, isolation  # noqa: E402
 from rlm_magic.repl.capture import OutputSink, routing_installed  # noqa: E402
 from rlm_magic.repl.fitting import (  # noqa: E402
     VARIABLES_MOST,
@@ -90,6 +91,7 @@ class Worker:
         self.sink = OutputSink()
         self.namespace: dict = {}
         self.helper_names: set[str] = set()
+        self.carry_parts: list[bytes] = []
 
     # -- the wire ------------------------------------------------------------------------
     def send(self, message: dict) -> None:
@@ -101,7 +103,7 @@ class Worker:
         kind, length = bridge.parse_header(
             bridge.read_exactly(self.sock, bridge.HEADER.size),
             limit=None,
-            kinds=(bridge.JSON, bridge.PICKLE),
+            kinds=(bridge.JSON, bridge.PICKLE, bridge.DATA),
         )
         return kind, bridge.read_exactly(self.sock, length)
 
@@ -141,11 +143,22 @@ class Worker:
         del body
         self.helper_names = set(init["helpers"])
         namespace = self.namespace = {"__name__": "__rlm__", "__builtins__": repl_builtins()}
+        if init.get("carried"):  # a session's variables from its last question, as data
+            namespace.update(self.receive_carried())
         namespace.update(preloaded(namespace, context))
         for name in init.get("context_names") or ():
             namespace[str(name)] = context  # the same object: one copy in memory
         install_helpers(namespace, sorted(self.helper_names), self.submit)
         self.send({"op": "ready", "isolation": report})
+
+    def receive_carried(self) -> dict:
+        kind, body = self.receive()
+        if kind != bridge.DATA:
+            raise bridge.BridgeError("expected the carried variables")
+        try:
+            return carried.unpack(bytes(body))
+        except Exception:  # noqa: BLE001 - variables that do not load are not carried
+            return {}
 
     def confine(self, init: dict) -> dict:
         """Apply the isolation layers in their order (see isolation/order.py); the
@@ -285,6 +298,25 @@ class Worker:
             elif op == "set":
                 self.namespace[str(message.get("name"))] = message.get("value")
                 self.send({"op": "set"})
+            elif op == "carry":
+                self.send(self.carry_out())
+            elif op == "carry_part":
+                index = int(message.get("index", 0))
+                part = self.carry_parts[index] if 0 <= index < len(self.carry_parts) else b""
+                self.send({"op": "carry_part", "data": base64.b64encode(part).decode("ascii")})
+
+    def carry_out(self) -> dict:
+        """The model's variables as plain data, for the session's next question: how
+        many parts the kernel fetches, and what stays behind."""
+        try:
+            data, kept, left = carried.pack(self.namespace)
+        except Exception as exc:  # noqa: BLE001 - said to the kernel, which keeps the last
+            self.carry_parts = []
+            return {"op": "carry", "error": f"{type(exc).__name__}: {exc}"[:300]}
+        self.carry_parts = [
+            data[at : at + carried.PART_BYTES] for at in range(0, len(data), carried.PART_BYTES)
+        ]
+        return {"op": "carry", "parts": len(self.carry_parts), "kept": kept, "left": left}
 
     def run_step(self, message: dict) -> dict:
         step_id, limit = int(message["step"]), int(message["limit"])

@@ -1,10 +1,14 @@
 """Sessions: a follow-up question carries on where the last one ended.
 
-An ``RLMSession`` keeps, between runs, the REPL (its namespace; with the sandbox, its
-process), every context it was given (``context_0``, ``context_1``, ... with
-``context`` the latest, as the official RLM library names them) and a short memory of
-the earlier questions and answers, which the next question's first message carries.
-A failed or interrupted run leaves the session as it was, its variables included.
+An ``RLMSession`` keeps, between runs, the model's variables, every context it was given
+(``context_0``, ``context_1``, ... with ``context`` the latest, as the official RLM
+library names them) and a short memory of the earlier questions and answers, which the
+next question's first message carries. In this kernel (``sandbox="none"``) the variables
+live on in one namespace. Sandboxed, each question runs in a fresh process, and the
+variables that are plain data are carried to it (``repl/carried.py``): code from an
+earlier question, such as a poisoned document's, cannot reach the code that decides a
+later answer. A failed or interrupted run leaves the session as it was, its variables
+included.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from ..llm.usage import format_cost
 
 if TYPE_CHECKING:
     from ..repl.base import REPL
+    from ..repl.carried import Carried
     from .result import RLMResult
 
 
@@ -59,9 +64,13 @@ class RLMSession:
         self.sandbox = sandbox or rlm.sandbox
         if self.sandbox not in ("process", "none"):
             raise ConfigError(f"sandbox must be 'process' or 'none', got {self.sandbox!r}")
-        self.repl: REPL | None = None  # made by the first run, kept open between runs
-        self.namespace: dict[str, Any] | None = None  # the in-process REPL's
+        # In this kernel: the REPL made by the first run, kept open between runs.
+        self.repl: REPL | None = None
+        self.namespace: dict[str, Any] | None = None
+        # Sandboxed: the variables the last question left, as plain data for the next.
+        self.carried: Carried | None = None
         self.contexts: list[Any] = []
+        self.pickles: list[bytes] = []  # sandboxed: the contexts as the kernel pickled them
         self.exchanges: list[Exchange] = []
         self.results: list[RLMResult] = []
         self.variable_names: list[str] = []
@@ -99,10 +108,17 @@ class RLMSession:
         """The name the next context takes besides ``context``: ``context_N``."""
         return f"context_{len(self.contexts)}"
 
-    def add_context(self, context: Any) -> None:
+    def add_context(self, context: Any, pickled: bytes | None = None) -> None:
         """A context the REPL now holds (only once it does: a failed delivery leaves the
-        session as it was)."""
+        session as it was); sandboxed, with its pickle for the next questions' sandboxes."""
         self.contexts.append(context)
+        if pickled is not None:
+            self.pickles.append(pickled)
+
+    def carry(self, carried: Carried) -> None:
+        """The variables a sandboxed question left, for the next one."""
+        self.carried = carried
+        self.variable_names = list(carried.names)
 
     def claim(self, loop: asyncio.AbstractEventLoop) -> None:
         if self.closed:
@@ -137,6 +153,13 @@ class RLMSession:
             lines.append(f"Q{number}: {exchange.question}\nA{number}{ended}: {answer}")
         if self.variable_names:
             lines.append("Variables in the REPL: " + ", ".join(self.variable_names[:60]))
+        if self.carried is not None and self.carried.left:
+            left = ", ".join(f"{name} ({kind})" for name, kind in self.carried.left[:30])
+            lines.append(
+                "Not kept from earlier questions (each question runs in a fresh sandbox "
+                "process, and only plain data crosses: text, numbers, containers, dates; "
+                f"files are not kept either): {left}"
+            )
         return "\n".join(lines)
 
     def record(self, result: RLMResult) -> None:
@@ -144,6 +167,8 @@ class RLMSession:
         self.exchanges.append(
             Exchange(result.query, result.final_answer, result.stop_reason or "error")
         )
+        if self.sandbox == "process":
+            return  # the names carried to the next question (``carry``)
         if result.variables or result.stop_reason in ("final", "max_iterations", "budget"):
             self.variable_names = list(result.variables)
 
@@ -179,7 +204,7 @@ class RLMSession:
         """End the session from synchronous code (``%rlm forget``): its REPL closes on
         the running loop, or at once when no loop runs."""
         self.closed = True
-        repl, self.repl, self.namespace = self.repl, None, None
+        repl, self.repl, self.namespace, self.carried = self.repl, None, None, None
         if repl is None:
             return
         try:
@@ -194,7 +219,7 @@ class RLMSession:
     async def aclose(self) -> None:
         """End the session: its REPL (and sandbox process) goes."""
         self.closed = True
-        repl, self.repl = self.repl, None
+        repl, self.repl, self.carried = self.repl, None, None
         if repl is not None:
             await repl.aclose()
         self.namespace = None

@@ -6,8 +6,10 @@ Where the model's code runs is decided here, once per run:
 - in threads of this kernel (``"none"``), in a fresh namespace;
 - in the notebook's own namespace (``--live``): never sandboxed, and every name the run
   put there is taken out again at its end (the notebook's own values put back);
-- in a session's REPL (``--session``), made by its first run and kept open for the next:
-  a new context joins the earlier ones as ``context_N`` and becomes ``context``.
+- in a session's REPL (``--session``): a new context joins the earlier ones as
+  ``context_N`` and becomes ``context``. Sandboxed, each question gets a fresh process
+  with the session's contexts and its variables carried over as plain data
+  (``repl/carried.py``); in this kernel, one namespace serves every question.
 
 Whatever ends the run, closing keeps the model's variables (``result.variables``:
 answers already paid for stay reachable) and what isolation held.
@@ -15,13 +17,16 @@ answers already paid for stay reachable) and what isolation held.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from ..errors import ConfigError
 from ..repl.base import REPL, Helpers, SandboxSettings, SubCallBudget
+from ..repl.bridge import BridgeError
+from ..repl.carried import Carried
 from ..repl.inprocess import AsyncREPL
 from ..repl.namespace import FINISHERS
-from ..repl.sandbox import SandboxREPL
+from ..repl.sandbox import SandboxError, SandboxREPL, pickled_context
 from ..repl.steps import preloaded, repl_builtins
 from .result import RLMResult
 from .session import RLMSession
@@ -82,7 +87,13 @@ class Workspace:
         assert self.repl is not None
         return self.repl
 
-    def _sandbox_repl(self, context: Any, context_names: tuple[str, ...] = ()) -> SandboxREPL:
+    def _sandbox_repl(
+        self,
+        context: Any,
+        context_names: tuple[str, ...] = (),
+        carried: Carried | None = None,
+        pickled: bytes | None = None,
+    ) -> SandboxREPL:
         return SandboxREPL(
             context,
             self.helpers,
@@ -91,38 +102,48 @@ class Workspace:
             context_names=context_names,
             settings=self.settings,
             budget=self.budget,
+            carried=carried,
+            pickled=pickled,
         )
 
     async def _session_repl(self, session: RLMSession, injected: dict[str, Any]) -> None:
-        """The session's REPL, made by its first run and kept: a new context joins the
-        earlier ones as context_N and becomes `context`."""
+        """The session's REPL: a new context joins the earlier ones as context_N and
+        becomes `context`. In a sandbox, a fresh process for each question (code from an
+        earlier question must not decide this one's answer), holding the session's
+        contexts and the variables carried from its last question as plain data; in
+        this kernel, one namespace kept from the first question on."""
         fresh = self.context is not None
         context = self.context if fresh else session.context
         names = [session.context_name(), "context"] if fresh else []
-        if session.repl is None:
-            if self.sandbox == "process":
-                # The session owns it from the start: whatever happens next, it is closed.
-                repl = self._sandbox_repl(context, tuple(names[:1]))
-                self.repl = repl
-                session.keep(repl)
-                try:
-                    await repl.start()
-                except BaseException:
-                    session.repl = None  # the run's end closes it; the next run starts anew
-                    raise
-            else:
-                self.namespace.update(injected)
-                self.namespace.update(dict.fromkeys(names, context))
-                self.repl = AsyncREPL(self.namespace, self.helpers)
-                session.keep(self.repl, self.namespace)
+        if self.sandbox == "process":
+            earlier = list(session.pickles)  # the kernel's own pickles of its contexts
+            pickled = await pickled_context(context) if fresh else None
+            if not fresh and earlier:
+                pickled = earlier.pop()  # the latest context stays `context`
+            latest = (f"context_{len(earlier)}",) if pickled is not None else ()
+            self.repl = repl = self._sandbox_repl(
+                context, latest, carried=session.carried, pickled=pickled
+            )
+            await repl.start()  # the process starts while the root model thinks
+            for number, earlier_pickle in enumerate(earlier):
+                await repl.add_context(earlier_pickle, [f"context_{number}"])
+            if fresh:
+                session.add_context(context, pickled)
+        elif session.repl is None:
+            self.namespace.update(injected)
+            self.namespace.update(dict.fromkeys(names, context))
+            self.repl = AsyncREPL(self.namespace, self.helpers)
+            session.keep(self.repl, self.namespace)
+            if fresh:
+                session.add_context(context)
         else:
             self.repl = session.repl
             self.repl.rebind(self.helpers, self.budget)
             await self.repl.set_variable("answer", {"content": "", "ready": False})
             if names:
                 await self.repl.set_context(context, names)
-        if fresh:  # only once the REPL has it: a failed delivery leaves the session as it was
-            session.add_context(context)
+            if fresh:  # only once the REPL has it: a failed delivery leaves the session as it was
+                session.add_context(context)
         self.context = context
 
     async def close(self, result: RLMResult) -> None:
@@ -146,9 +167,20 @@ class Workspace:
             result.variables = {
                 name: value for name, value in variables.items() if name not in self._preexisting
             }
+            if self.session is not None and isinstance(repl, SandboxREPL):
+                await self._carry(self.session, repl, result)
         finally:
             if self.session is None or self.session.repl is not repl:
                 await repl.aclose()  # stopped steps may send nothing more
+
+    @staticmethod
+    async def _carry(session: RLMSession, repl: SandboxREPL, result: RLMResult) -> None:
+        """Keep the model's variables, as plain data, for the session's next question;
+        if the sandbox cannot give them, the session keeps those it had."""
+        try:
+            session.carry(await repl.carry_out())
+        except (SandboxError, BridgeError, asyncio.TimeoutError) as exc:
+            result.notes.append(f"the session keeps its variables from before this question: {exc}")
 
 
 def where_code_runs(

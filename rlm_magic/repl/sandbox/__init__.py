@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from ...errors import SandboxError
 from .environment import ENVIRONMENT_ALLOWED, sandbox_environment
-from .repl import SandboxREPL, SandboxRepr
+from .repl import SandboxREPL, SandboxRepr, pickled_context
 
 __all__ = [
     "ENVIRONMENT_ALLOWED",
     "SandboxError",
     "SandboxREPL",
     "SandboxRepr",
+    "pickled_context",
     "sandbox_environment",
 ]

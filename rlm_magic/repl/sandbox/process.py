@@ -41,14 +41,14 @@ class SandboxProcess:
         self.frame_size = 0  # of the message read last
 
     # -- its start ---------------------------------------------------------------------
-    async def handshake(self, init: bytes, pickled: bytes) -> Any:
-        """Send ``init`` and the context, and wait for the worker to be ready; returns
-        the isolation report it sends (unchecked)."""
+    async def handshake(self, init: bytes, pickled: bytes, carried: bytes | None = None) -> Any:
+        """Send ``init``, the context and any ``carried`` variables, and wait for the
+        worker to be ready; returns the isolation report it sends (unchecked)."""
         # A blocking exchange in a thread: it maps the sandbox's ids between two
         # messages, and moves a large context several times faster than the event
         # loop's transport, which sends a socket buffer per turn.
         self.sock.settimeout(60)
-        await asyncio.to_thread(_handshake, self.sock, self.process.pid, init, pickled)
+        await asyncio.to_thread(_handshake, self.sock, self.process.pid, init, pickled, carried)
         self.reader, self.writer = await asyncio.open_unix_connection(sock=self.sock)
         ready = await self.read()
         if ready.get("op") == "fatal":
@@ -184,10 +184,13 @@ def spawn(secrets: tuple[str | None, ...], env_names: tuple[str, ...]) -> Sandbo
     return SandboxProcess(process, parent, workdir)
 
 
-def _handshake(sock: socket.socket, pid: int, init: bytes, pickled: bytes) -> None:
+def _handshake(
+    sock: socket.socket, pid: int, init: bytes, pickled: bytes, carried: bytes | None
+) -> None:
     """The start of a sandbox's life, blocking (run in a thread): send ``init``; the
     worker enters its namespaces and says whether it needs its ids mapped (it runs as
-    root: we make its root the unprivileged ``SANDBOX_UID``); then send the context."""
+    root: we make its root the unprivileged ``SANDBOX_UID``); then send the context,
+    and a session's carried variables."""
     sock.sendall(init)
     kind, length = bridge.parse_header(bridge.read_exactly(sock, bridge.HEADER.size))
     body = bytes(bridge.read_exactly(sock, length))
@@ -202,6 +205,8 @@ def _handshake(sock: socket.socket, pid: int, init: bytes, pickled: bytes) -> No
         bridge.frame({"op": "ids", "mapped": mapped}) + bridge.pickle_frame_header(len(pickled))
     )
     sock.sendall(pickled)
+    if carried is not None:
+        sock.sendall(bridge.pickle_frame_header(len(carried), bridge.DATA) + carried)
 
 
 def _map_ids(pid: int) -> bool:

@@ -14,6 +14,7 @@ pairs the sandbox's answers with them.
 from __future__ import annotations
 
 import asyncio
+import base64
 import itertools
 import os
 import pickle
@@ -21,8 +22,9 @@ import signal
 import time
 from typing import TYPE_CHECKING, Any
 
-from .. import bridge, isolation
+from .. import bridge, carried, isolation
 from ..base import REPL, Helpers, SandboxSettings, SubCallBudget
+from ..carried import Carried
 from ..steps import StepOutput
 from .calls import HelperCalls
 from .isolation_report import insist_on_isolation, read_isolation
@@ -43,6 +45,19 @@ class SandboxRepr(str):
 
     def __repr__(self) -> str:
         return str(self)
+
+
+async def pickled_context(value: Any) -> bytes:
+    """A context pickled for a sandbox (off the loop: a large one takes a while); one
+    that cannot cross fails the run here, before any model is paid."""
+    try:
+        return await asyncio.to_thread(pickle.dumps, value, pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:  # noqa: BLE001 - any pickling failure, one line
+        raise SandboxError(
+            f"the context ({type(value).__name__}) cannot be sent to the "
+            f"sandbox: {type(exc).__name__}: {exc}; run with --no-sandbox "
+            "(RLM.sandbox = 'none')"
+        ) from None
 
 
 class SandboxREPL:
@@ -67,8 +82,13 @@ class SandboxREPL:
         context_names: tuple[str, ...] = (),
         settings: SandboxSettings | None = None,
         budget: SubCallBudget | None = None,
+        carried: Carried | None = None,
+        pickled: bytes | None = None,
     ):
         self.context = context
+        self._pickled = pickled  # the context's pickle, if the caller made it already
+        # A session's variables from its last question: loaded by this sandbox only.
+        self.carried = carried
         # Names the context also goes by (a session's context_0): one copy, many names.
         self.context_names = ("context", *context_names)
         self.max_output_chars = max_output_chars
@@ -82,7 +102,6 @@ class SandboxREPL:
         self._sandbox: SandboxProcess | None = None
         self._starting: asyncio.Task | None = None
         self._listener: asyncio.Task | None = None
-        self._pickled: bytes | None = None
         self._reply: asyncio.Future | None = None  # the one request awaiting an answer
         self._reply_op = ""
         self._step: int | None = None  # the step whose helper calls are served
@@ -93,17 +112,8 @@ class SandboxREPL:
     async def start(self) -> None:
         """Pickle the context (a context that cannot cross fails the run here, before
         any model is paid) and begin starting the sandbox; its first use waits for it."""
-        try:
-            # Off the loop: a large context takes a while to pickle.
-            self._pickled = await asyncio.to_thread(
-                pickle.dumps, self.context, pickle.HIGHEST_PROTOCOL
-            )
-        except Exception as exc:  # noqa: BLE001 - any pickling failure, one line
-            raise SandboxError(
-                f"the context ({type(self.context).__name__}) cannot be sent to the "
-                f"sandbox: {type(exc).__name__}: {exc}; run with --no-sandbox "
-                "(RLM.sandbox = 'none')"
-            ) from None
+        if self._pickled is None:
+            self._pickled = await pickled_context(self.context)
         self._starting = self.loop.create_task(self._start())
 
     async def _ready(self) -> SandboxProcess:
@@ -137,10 +147,13 @@ class SandboxREPL:
                 "context_names": list(self.context_names),
                 "policy": vars(policy),
                 "isolate": self.isolate,
+                "carried": self.carried is not None,
             }
         )
         try:
-            report = await sandbox.handshake(init, self._pickled)
+            report = await sandbox.handshake(
+                init, self._pickled, self.carried.data if self.carried else None
+            )
             self.isolation = read_isolation(report)
             self.network_isolated = self.isolation["network"]
             sandbox.relays = self.isolation["pid"]
@@ -330,13 +343,7 @@ class SandboxREPL:
     async def set_context(self, value: Any, names: list[str]) -> None:
         """Send a new context (pickled, kernel to sandbox only) under ``names``; a
         restarted sandbox gets it as ``context``."""
-        try:
-            pickled = await asyncio.to_thread(pickle.dumps, value, pickle.HIGHEST_PROTOCOL)
-        except Exception as exc:  # noqa: BLE001 - any pickling failure, one line
-            raise SandboxError(
-                f"the context ({type(value).__name__}) cannot be sent to the "
-                f"sandbox: {type(exc).__name__}: {exc}"
-            ) from None
+        pickled = await pickled_context(value)
         sandbox = await self._ready()
         if sandbox.dead:
             raise SandboxError(sandbox.dead)
@@ -354,6 +361,53 @@ class SandboxREPL:
             raise SandboxError(str(answer["error"])[:500])
         self._pickled = pickled
         self.context_names = ("context",)  # a restarted sandbox gets the latest as context
+
+    async def add_context(self, pickled: bytes, names: list[str]) -> None:
+        """A session's earlier context (already pickled by the kernel) under ``names``;
+        the latest stays ``context``, and is what a restarted sandbox gets."""
+        sandbox = await self._ready()
+        if sandbox.dead:
+            raise SandboxError(sandbox.dead)
+        reply = self._expect("context")
+        try:
+            sandbox.write(
+                bridge.frame({"op": "context", "names": names})
+                + bridge.pickle_frame_header(len(pickled))
+                + pickled
+            )
+            answer = await self._await_reply(reply, "context", 60)
+        finally:
+            self._reply = None
+        if answer.get("error"):
+            raise SandboxError(str(answer["error"])[:500])
+
+    async def carry_out(self) -> Carried:
+        """The model's variables as plain data, for a session's next question (see
+        ``carried.py``). The bytes are checked for size only: the kernel never loads
+        them. Raises SandboxError when the sandbox cannot give them."""
+        reply = await self._request("carry", "carry", timeout=60)
+        parts, kept, left = reply.get("parts"), reply.get("kept"), reply.get("left")
+        if reply.get("error") or not isinstance(parts, int):
+            raise SandboxError(f"the variables could not be kept: {str(reply.get('error'))[:300]}")
+        if not 0 <= parts <= carried.MAX_CARRIED_BYTES // carried.PART_BYTES + 2:
+            raise bridge.BridgeError(f"carried variables in {parts:,} parts")
+        data = bytearray()
+        for index in range(parts):
+            part = (await self._request("carry_part", "carry_part", 30, index=index)).get("data")
+            if not isinstance(part, str) or len(part) > carried.PART_BYTES * 4 // 3 + 4:
+                raise bridge.BridgeError("a carried part that is not base64 of its size")
+            data += base64.b64decode(part, validate=True)
+            if len(data) > carried.MAX_CARRIED_BYTES + carried.PART_BYTES:
+                raise bridge.BridgeError("carried variables past their limit")
+        names = [n for n in kept if isinstance(n, str)] if isinstance(kept, list) else []
+        gone = [
+            (str(entry[0])[:100], str(entry[1])[:100])
+            for entry in (left if isinstance(left, list) else [])
+            if isinstance(entry, list) and len(entry) == 2
+        ]
+        return carried.Carried(
+            bytes(data), tuple(names[: carried.MAX_NAMES]), tuple(gone[: carried.MAX_NAMES])
+        )
 
     async def set_variable(self, name: str, value: Any) -> None:
         """Put JSON data into the sandbox's namespace (only ever sent to it, as JSON).

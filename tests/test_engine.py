@@ -455,7 +455,7 @@ def test_blocking_runs_leave_no_connections_open(server):
         )
         assert rlm.run("q", context="c").final_answer == "done"
     # (the in-process server closes its side of each connection a moment later)
-    assert server.wait_for(lambda: sockets() <= before + 2, timeout=5)
+    assert server.wait_for(lambda: sockets() <= before + 2, timeout=15)
 
 
 async def test_run_inside_a_loop_says_to_await_arun(rlm):

@@ -31,6 +31,7 @@ from jupyter_client.manager import AsyncKernelManager, KernelManager  # noqa: E4
 from jupyter_core.utils import run_sync  # noqa: E402
 
 from .conftest import MEASURED  # noqa: E402
+from .test_sandbox_attacks import SESSION_FORGER  # noqa: E402
 
 pytestmark = pytest.mark.kernel
 
@@ -585,6 +586,23 @@ def test_interrupt_batch_in_rlm_kernel(rlm_kernel, server):
 
 def test_interrupt_batch_in_stock_kernel(stock_kernel, server):
     _mixed_batch(stock_kernel, server, "b: batch, stock kernel")
+
+
+def test_a_session_cell_cannot_be_forged_by_an_earlier_cells_code(rlm_kernel, server):
+    server.script(
+        ROOT,
+        [
+            f"```repl\n{SESSION_FORGER}\n```",
+            "FINAL(read)",
+            '```repl\nFINAL(f"The honest answer is {sum(range(10))}")\n```',
+        ],
+    )
+    rlm_kernel.run("doc, harmless = 'a poisoned document', 'a harmless one'")
+    rlm_kernel.run("%%rlm --session poisoned --context doc -q\nRead the document")
+    rlm_kernel.run("%%rlm --session poisoned --context harmless -q\nWhat is the sum of 0 to 9?")
+    answer = rlm_kernel.value("_rlm.success, _rlm.final_answer")
+    rlm_kernel.run("%rlm forget poisoned")
+    assert answer == (True, "The honest answer is 45")
 
 
 def test_interrupt_rlm_blocking_step(rlm_kernel, server):

@@ -332,3 +332,25 @@ async def test_only_plain_data_crosses_and_the_model_is_told_what_stayed_behind(
     assert "Not kept from earlier questions" in told
     assert "helper (function), Parser (type), parser (Parser)" in told
     await session.aclose()
+
+
+async def test_a_question_whose_sandbox_died_leaves_the_earlier_variables(server):
+    rlm = make_rlm(server, sandbox="process")
+    session = rlm.session("s")
+    server.script(
+        "root-model",
+        [
+            repl("kept = 1"),
+            "FINAL(one)",
+            repl("lost = 2\nimport os\nos._exit(3)"),
+            "FINAL(the second is done)",
+            repl("print(kept, 'lost' in globals())"),
+            "FINAL(three)",
+        ],
+    )
+    await session.arun("q1", context="c")
+    second = await session.arun("q2")
+    assert any("keeps its variables from before this question" in n for n in second.notes)
+    third = await session.arun("q3")
+    assert third.trajectory[0].code[0].output == "1 False"
+    await session.aclose()

@@ -384,8 +384,12 @@ class SandboxREPL:
     async def carry_out(self) -> Carried:
         """The model's variables as plain data, for a session's next question (see
         ``carried.py``). The bytes are checked for size only: the kernel never loads
-        them. Raises SandboxError when the sandbox cannot give them."""
-        reply = await self._request("carry", "carry", timeout=60)
+        them. Raises SandboxError when the sandbox cannot give them (a dead one is not
+        started again for this)."""
+        sandbox = self._sandbox
+        if sandbox is None or sandbox.dead or self._closed:
+            raise SandboxError(sandbox.dead if sandbox and sandbox.dead else "no sandbox")
+        reply = await self._request("carry", "carry", timeout=30)
         parts, kept, left = reply.get("parts"), reply.get("kept"), reply.get("left")
         if reply.get("error") or not isinstance(parts, int):
             raise SandboxError(f"the variables could not be kept: {str(reply.get('error'))[:300]}")

@@ -354,3 +354,21 @@ async def test_a_question_whose_sandbox_died_leaves_the_earlier_variables(server
     third = await session.arun("q3")
     assert third.trajectory[0].code[0].output == "1 False"
     await session.aclose()
+
+
+async def test_a_sandbox_restarted_mid_question_holds_the_sessions_contexts_again(server):
+    rlm = make_rlm(server, sandbox="process")
+    session = rlm.session("s")
+    server.script(
+        "root-model",
+        [
+            "FINAL(one)",
+            repl("import os\nos._exit(3)"),
+            repl("print(context_0, context_1, context)"),
+            "FINAL(two)",
+        ],
+    )
+    await session.arun("q1", context="first")
+    second = await session.arun("q2", context="second")
+    assert second.trajectory[1].code[0].output == "first second second"
+    await session.aclose()

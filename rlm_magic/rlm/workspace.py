@@ -93,6 +93,7 @@ class Workspace:
         context_names: tuple[str, ...] = (),
         carried: Carried | None = None,
         pickled: bytes | None = None,
+        earlier_contexts: tuple[tuple[str, bytes], ...] = (),
     ) -> SandboxREPL:
         return SandboxREPL(
             context,
@@ -104,6 +105,7 @@ class Workspace:
             budget=self.budget,
             carried=carried,
             pickled=pickled,
+            earlier_contexts=earlier_contexts,
         )
 
     async def _session_repl(self, session: RLMSession, injected: dict[str, Any]) -> None:
@@ -122,11 +124,13 @@ class Workspace:
                 pickled = earlier.pop()  # the latest context stays `context`
             latest = (f"context_{len(earlier)}",) if pickled is not None else ()
             self.repl = repl = self._sandbox_repl(
-                context, latest, carried=session.carried, pickled=pickled
+                context,
+                latest,
+                carried=session.carried,
+                pickled=pickled,
+                earlier_contexts=tuple((f"context_{n}", p) for n, p in enumerate(earlier)),
             )
             await repl.start()  # the process starts while the root model thinks
-            for number, earlier_pickle in enumerate(earlier):
-                await repl.add_context(earlier_pickle, [f"context_{number}"])
             if fresh:
                 session.add_context(context, pickled)
         elif session.repl is None:

@@ -84,11 +84,13 @@ class SandboxREPL:
         budget: SubCallBudget | None = None,
         carried: Carried | None = None,
         pickled: bytes | None = None,
+        earlier_contexts: tuple[tuple[str, bytes], ...] = (),
     ):
         self.context = context
         self._pickled = pickled  # the context's pickle, if the caller made it already
         # A session's variables from its last question: loaded by this sandbox only.
         self.carried = carried
+        self.earlier_contexts = earlier_contexts  # a session's: (name, the kernel's pickle)
         # Names the context also goes by (a session's context_0): one copy, many names.
         self.context_names = ("context", *context_names)
         self.max_output_chars = max_output_chars
@@ -167,6 +169,9 @@ class SandboxREPL:
                 raise SandboxError(f"the sandbox process did not start: {exc}") from None
             raise
         self._listener = self.loop.create_task(self._listen(sandbox))
+        # A session's earlier contexts, each under its own name (a restart gets them too).
+        for name, pickled in self.earlier_contexts:
+            await self._deliver_context(sandbox, pickled, [name])
         return sandbox
 
     async def aclose(self) -> None:
@@ -347,27 +352,13 @@ class SandboxREPL:
         sandbox = await self._ready()
         if sandbox.dead:
             raise SandboxError(sandbox.dead)
-        reply = self._expect("context")
-        try:
-            sandbox.write(
-                bridge.frame({"op": "context", "names": names})
-                + bridge.pickle_frame_header(len(pickled))
-                + pickled
-            )
-            answer = await self._await_reply(reply, "context", 60)
-        finally:
-            self._reply = None
-        if answer.get("error"):
-            raise SandboxError(str(answer["error"])[:500])
+        await self._deliver_context(sandbox, pickled, names)
         self._pickled = pickled
         self.context_names = ("context",)  # a restarted sandbox gets the latest as context
 
-    async def add_context(self, pickled: bytes, names: list[str]) -> None:
-        """A session's earlier context (already pickled by the kernel) under ``names``;
-        the latest stays ``context``, and is what a restarted sandbox gets."""
-        sandbox = await self._ready()
-        if sandbox.dead:
-            raise SandboxError(sandbox.dead)
+    async def _deliver_context(
+        self, sandbox: SandboxProcess, pickled: bytes, names: list[str]
+    ) -> None:
         reply = self._expect("context")
         try:
             sandbox.write(

@@ -370,5 +370,8 @@ async def test_a_sandbox_restarted_mid_question_holds_the_sessions_contexts_agai
     )
     await session.arun("q1", context="first")
     second = await session.arun("q2", context="second")
+    assert "variables kept from earlier questions are there again" in (
+        second.trajectory[0].code[0].output
+    )
     assert second.trajectory[1].code[0].output == "first second second"
     await session.aclose()

@@ -329,6 +329,12 @@ class SandboxREPL:
     def _lost_note(self, sandbox: SandboxProcess | None) -> str:
         if sandbox is None or not sandbox.dead:
             return ""
+        if self.carried is not None:  # a session's later question
+            return (
+                "\nThe sandbox was restarted for your next step: every variable you made "
+                "in this question is lost; the contexts, the helpers and the variables "
+                "kept from earlier questions are there again."
+            )
         return (
             "\nThe sandbox was restarted for your next step: every variable you made "
             "is lost; `context` and the helpers are there again."

@@ -58,8 +58,10 @@ async def test_later_contexts_are_numbered_and_context_is_the_latest(server, rep
         "root-model",
         [
             "FINAL(one)",
-            repl("print(context_0, context_1, context)") + "FINAL(two)",
-            repl("print(context_0, context_1, context)") + "FINAL(three)",
+            repl("print(context_0, context_1, context)"),
+            "FINAL(two)",
+            repl("print(context_0, context_1, context)"),
+            "FINAL(three)",
         ],
     )
     await session.arun("q1", context="first")
@@ -69,7 +71,7 @@ async def test_later_contexts_are_numbered_and_context_is_the_latest(server, rep
     assert third.trajectory[0].code[0].output == "first second second"
     assert (
         "Earlier contexts of this session: context_0."
-        in server.requests_for("root-model")[2]["messages"][1]["content"]
+        in server.requests_for("root-model")[3]["messages"][1]["content"]
     )
     await session.aclose()
 
@@ -78,7 +80,7 @@ async def test_a_session_survives_a_failed_run_with_its_variables(server, repl_k
     server.fail("500", times=3, model="root-model", after=1)
     rlm = make_rlm(server, sandbox=repl_kind, max_retries=0)
     session = rlm.session("s")
-    server.script("root-model", [repl("kept = 41"), repl("print(kept + 1)") + "FINAL(ok)"])
+    server.script("root-model", [repl("kept = 41"), repl("print(kept + 1)"), "FINAL(ok)"])
     failed = await session.arun("q1", context="c")
     assert not failed.success and failed.variables == {"kept": 41}
     server.failures.clear()
@@ -99,7 +101,8 @@ async def test_a_session_survives_an_interrupted_run(server, repl_kind):
             repl(
                 "kept = 7\nllm_query('started')\nimport time\nfor _ in range(300): time.sleep(0.1)"
             ),
-            repl("print(kept)") + "FINAL(ok)",
+            repl("print(kept)"),
+            "FINAL(ok)",
         ],
     )
     task = asyncio.ensure_future(session.arun("q1", context="c"))

@@ -94,7 +94,7 @@ class CodeRuns:
             finish = None
         iteration.code.append(CodeRun(code, seen, step.elapsed_s, error=step.error is not None))
         outputs.append(f"Output of block {number}:\n{seen}")
-        return await self.finishing.by_block(finish, outputs, iteration)
+        return await self.finishing.by_block(finish, outputs, iteration, number, code)
 
     async def _as_model_sees_it(self, text: str, dropped: int = 0) -> str:
         """Step output as the model sees it: secrets removed, cut to max_output_chars

@@ -5,8 +5,10 @@ A run finishes when the model gives its answer in one of the accepted forms
 a ``FINAL``/``FINAL_VAR`` call in its code, a ``FINAL(...)`` line its code prints, or the
 answer dict set ready. ``Finishing`` reads these against the REPL (a variable's value
 for ``FINAL_VAR``), and refuses what cannot be an answer: a marker cut off with its
-reply, an empty value, an answer given by a block that then failed. ``is_error`` tells an
-answer that is only a failed call's error string.
+reply, an empty value, an answer given by a block that then failed, and an answer the
+model wrote before it saw what its code printed (``seen_output``: a literal answer is
+taken only from a reply that runs no other code before it). ``is_error`` tells an answer
+that is only a failed call's error string.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from .replies import ACCEPTED_FORMS, Final, Reply, read_printed_final, read_reply
-from .result import Iteration, RLMResult
+from .result import Iteration, RLMResult, Withheld
+from .seen_output import UNSEEN, begins_with_finish, guessed_output_at, literal_finish, short
 
 if TYPE_CHECKING:
     from ..repl.base import REPL
@@ -36,11 +39,16 @@ class Finishing:
         self.broken_off: str | None = None  # why the last root turn broke off
         self._told_restored: set[str] = set()  # scaffold names the model was told of
 
-    def read(self, reply: str) -> Reply:
+    def read(self, reply: str, *, until_guess: bool = False) -> Reply:
         """The reply's blocks and markers. A turn that broke off (a stall, a server
         gone) is kept as far as it came, but a block it left unclosed is not run: it may
-        be half written."""
+        be half written. ``until_guess``: only the reply up to where it begins to guess
+        its code's output (``seen_output``)."""
         reading = read_reply(reply)
+        if until_guess:
+            at = guessed_output_at(reading.text, reading.fences)
+            if at is not None:
+                reading = read_reply(reading.text[:at])
         if self.broken_off:
             reading = replace(reading, fences=[f for f in reading.fences if f.closed])
             self.broken_off = None
@@ -62,13 +70,19 @@ class Finishing:
         return final, reading.problems
 
     async def by_block(
-        self, finish: Sequence[str] | None, outputs: list[str], iteration: Iteration
+        self,
+        finish: Sequence[str] | None,
+        outputs: list[str],
+        iteration: Iteration,
+        number: int = 1,
+        code: str = "",
     ) -> bool:
-        """Whether a block finished the run (the REPL, in this process or the sandbox's,
-        says how); the answer goes to ``finished``."""
+        """Whether block ``number`` of the reply, ``code``, finished the run (the REPL,
+        in this process or the sandbox's, says how); the answer goes to ``finished``."""
         if not finish:
             return False
         how, answer = finish
+        printed, by_variable = answer, False
         if how == "print":  # the block printed a FINAL(...) line of its own
             marker = read_printed_final(answer)
             if marker is None:
@@ -78,13 +92,45 @@ class Finishing:
                     f"Accepted forms: {ACCEPTED_FORMS}."
                 )
                 return False
-            resolved, problem = await self.resolve(marker, iteration)
+            resolved, problem, by_variable = await self._resolve(marker, iteration)
             if resolved is None:
                 outputs.append(problem)
                 return False
-            answer, how = resolved, "printed marker"
-        self.finished = (answer, "call in code" if how == "code" else how)
+            answer = resolved
+        # Taken only if the model saw what came before it (``seen_output``).
+        what = short(
+            {"code": f"FINAL({answer!r})", "answer dict": f"answer['content'] = {answer!r}"}.get(
+                how, printed.strip()
+            )
+        )
+        if any(run.error for run in iteration.code[:-1]):
+            iteration.withheld.append(Withheld(what, "unseen failure"))
+            return False
+        if (
+            not by_variable
+            and literal_finish(code, how, printed)
+            and (number > 1 or not begins_with_finish(code))
+        ):
+            iteration.withheld.append(Withheld(what, UNSEEN))
+            return False
+        self.finished = (answer, {"code": "call in code", "print": "printed marker"}.get(how, how))
         return True
+
+    async def from_text(self, marker: Final, iteration: Iteration) -> tuple[str | None, str]:
+        """(the answer a marker in the reply's text gives, or None, and the problem to
+        tell the model): a literal one is not taken from a reply whose code ran, nor any
+        from a reply whose code failed (the model wrote it before it saw either)."""
+        answer, problem, by_variable = await self._resolve(marker, iteration)
+        if answer is None or not iteration.code:
+            return answer, problem
+        what = short(f"{marker.kind}({marker.value})")
+        if any(run.error for run in iteration.code):
+            iteration.withheld.append(Withheld(what, "unseen failure"))
+            return None, ""
+        if not by_variable:
+            iteration.withheld.append(Withheld(what, UNSEEN))
+            return None, ""
+        return answer, problem
 
     def restored_note(self, names: list[str]) -> str:
         """Tell the model, once per name, that the block rebound a name the REPL
@@ -104,17 +150,28 @@ class Finishing:
         self, marker: Final, iteration: Iteration | None = None
     ) -> tuple[str | None, str]:
         """(the answer a marker gives, or None, and the problem to tell the model)."""
-        answer, problem = await self._resolve_marker(marker, iteration)
-        if answer is not None and not answer.strip():  # an empty variable's value
-            return None, (
-                f"{marker.kind}({marker.value}) gives an empty answer, so the "
-                "run goes on. Give the answer itself."
-            )
+        answer, problem, _ = await self._resolve(marker, iteration)
         return answer, problem
+
+    async def _resolve(
+        self, marker: Final, iteration: Iteration | None = None
+    ) -> tuple[str | None, str, bool]:
+        """As ``resolve``, and whether the answer is a REPL variable's value."""
+        answer, problem, by_variable = await self._resolve_marker(marker, iteration)
+        if answer is not None and not answer.strip():  # an empty variable's value
+            return (
+                None,
+                (
+                    f"{marker.kind}({marker.value}) gives an empty answer, so the "
+                    "run goes on. Give the answer itself."
+                ),
+                by_variable,
+            )
+        return answer, problem, by_variable
 
     async def _resolve_marker(
         self, marker: Final, iteration: Iteration | None = None
-    ) -> tuple[str | None, str]:
+    ) -> tuple[str | None, str, bool]:
         repl = self.repl
         if marker.kind == "FINAL":
             # FINAL(name), where name is exactly a REPL variable's: a real model's slip
@@ -135,15 +192,19 @@ class Finishing:
                         iteration.notes.append(note)
                     else:
                         self.result.notes.append(note)
-                    return value, ""
-            return marker.value, ""
+                    return value, "", True
+            return marker.value, "", False
         value = await repl.final_var(marker.value) if repl else None
         if value is not None:
-            return value, ""
+            return value, "", True
         names = ", ".join(await repl.variable_names() if repl else []) or "none yet"
-        return None, (
-            f"FINAL_VAR({marker.value}): there is no variable named "
-            f"{marker.value!r} in the REPL (variables: {names})."
+        return (
+            None,
+            (
+                f"FINAL_VAR({marker.value}): there is no variable named "
+                f"{marker.value!r} in the REPL (variables: {names})."
+            ),
+            False,
         )
 
 

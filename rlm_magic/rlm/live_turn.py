@@ -1,9 +1,11 @@
-"""A root turn as it streams in: its text so far (what the status panel shows), and the
-```repl blocks whose closing fence has arrived (what early execution may start).
+"""A root turn as it streams in: its text so far (what the status panel shows), the
+```repl blocks whose closing fence has arrived (what early execution may start), and
+where the model begins to guess what a block prints (``seen_output``): the turn is
+stopped there (``on_guess``), since what follows would be left out anyway.
 
 ``LiveTurn`` is the ``on_text`` of a streamed root call, so it runs once per chunk on
-the kernel's loop: it only appends, and looks for finished blocks only when a chunk
-ends a line while a fence is open.
+the kernel's loop: it only appends, and reads the text only when a chunk ends a line
+while a fence is open or right after a block closed.
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-from .replies import code_blocks
+from .replies import read_reply
+from .seen_output import guessed_output_at
 
 # Runs block ``number`` (from 1) of the turn; returns True when the run should stop
 # running this turn's code (the answer is ready).
@@ -24,9 +27,14 @@ class LiveTurn:
     def __init__(self, run_block: RunBlock | None = None):
         self._pieces: list[str] = []
         self._run_block = run_block
+        # Called once when the model begins to guess a block's output (set by the root
+        # turn to stop the stream); the text is then watched even without early execution.
+        self.on_guess: Callable[[], object] | None = None
+        self.guessed = False
         self._codes: list[str] = []  # blocks whose closing fence has streamed in
         self._scanned = 0  # characters of the text up to the last complete line seen
         self._fence_pending = False
+        self._block_closed = False  # the last line read closed a runnable block
         self.ran = 0  # blocks run (or running) so far
         self.stopped = False
         self._task: asyncio.Task[None] | None = None
@@ -38,13 +46,13 @@ class LiveTurn:
             # Blocks already run stay run: the retried answer must begin with them.
             self._codes = self._codes[: self.ran]
             self._scanned = 0
+            self.guessed = self._block_closed = False
             return
         self._pieces.append(piece)
-        run_block = self._run_block
-        if run_block is not None:
+        if (self._run_block is not None or self.on_guess is not None) and not self.guessed:
             self._fence_pending = self._fence_pending or "`" in piece
-            if self._fence_pending and "\n" in piece:
-                self._scan(run_block)
+            if (self._fence_pending or self._block_closed) and "\n" in piece:
+                self._scan()
 
     @property
     def text(self) -> str:
@@ -57,16 +65,31 @@ class LiveTurn:
         return "\n".join(line if len(line) <= width else line[: width - 1] + "…" for line in shown)
 
     # -- early execution ------------------------------------------------------------
-    def _scan(self, run_block: RunBlock) -> None:
-        """Queue blocks whose closing fence line is complete. Only whole lines are
-        parsed, so the blocks found are exactly the first blocks of the final text."""
+    def _scan(self) -> None:
+        """Queue blocks whose closing fence line is complete, and stop at a guess of
+        their output. Only whole lines are parsed, so the blocks found are exactly the
+        first blocks of the final text."""
         text = self.text
         whole = text[: text.rfind("\n") + 1]
         self._fence_pending = "`" in text[len(whole) :]
         if len(whole) <= self._scanned:
             return
         self._scanned = len(whole)
-        found = code_blocks(whole, streaming=True)  # the reader the run uses
+        reading = read_reply(whole, streaming=True)  # the reader the run uses
+        fences = reading.fences
+        guess = guessed_output_at(whole, fences)
+        if guess is not None:
+            fences = [fence for fence in fences if fence.end <= guess]
+            self.guessed = True
+            if self.on_guess is not None:
+                self.on_guess()
+        self._block_closed = (
+            bool(fences) and fences[-1].runnable and not whole[fences[-1].end :].strip()
+        )
+        found = [fence.body for fence in fences if fence.runnable]
+        run_block = self._run_block
+        if run_block is None:
+            return
         if len(found) > len(self._codes) and found[: self.ran] == self._codes[: self.ran]:
             self._codes = found
             self._start(run_block)

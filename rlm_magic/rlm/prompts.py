@@ -19,7 +19,8 @@ SYSTEM_PROMPT = """\
 You are answering a question about a context that may be far too large to read at once.
 You work in a Python REPL. Write code in ```repl blocks; each block runs in order and you
 see its printed output (cut to {max_output_chars:,} characters), errors and the value of
-its last line.
+its last line in the next message. End your reply after your code: never write what you
+expect it to print.
 
 The REPL has:
 - `context`: the data ({context_type}, length {context_length:,}). Preview:
@@ -49,7 +50,8 @@ FINAL(summary)  # a variable, or a literal: FINAL("Paris")
 ```
 The run ends when that block ends, and the answer is exactly the value you passed (a
 string as it is; anything else converted with str()). Do not call FINAL before you have
-looked at the data.
+looked at the data. An answer written as a literal after other code of the same reply is
+not taken: you had not seen that code's output yet.
 """
 
 ITERATION_LIMIT_PROMPT = (

@@ -83,6 +83,10 @@ def result_html(result: Any) -> str:
         )
         for note in it.notes:
             parts.append(f"<p class='rlm-meta'>{html.escape(note)}</p>")
+        for item in it.withheld:  # written before the model saw its code's output
+            parts.append(
+                f"<p class='rlm-meta'>Not taken ({item.why}): {html.escape(item.what)}</p>"
+            )
         if it.cut_answers:
             parts.append(
                 f"<p class='rlm-meta'>{it.cut_answers} sub-call answer(s) stopped "

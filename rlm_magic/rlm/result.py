@@ -40,6 +40,18 @@ class Compaction:
 
 
 @dataclass
+class Withheld:
+    """What a turn wrote before it saw its code's output, and was not taken (see
+    ``seen_output``)."""
+
+    what: str  # the answer as written ("FINAL(7)"), or the first line of a guess
+    # "unseen output": an answer written after code whose output the model had not seen;
+    # "unseen failure": an answer after a block that failed; "guessed output": text that
+    # guessed a block's output, left out of the conversation with all that followed.
+    why: str
+
+
+@dataclass
 class Iteration:
     """One root-model turn."""
 
@@ -53,6 +65,7 @@ class Iteration:
     compaction: Compaction | None = None  # the conversation was compacted before it
     cut_answers: int = 0  # sub-call answers that stopped at max_tokens
     notes: list[str] = field(default_factory=list)  # how the run read the reply
+    withheld: list[Withheld] = field(default_factory=list)  # written before output was seen
     finished_by: str = ""  # the turn that ended the run: how (see RLMResult.finished_by)
 
 

@@ -5,12 +5,14 @@ when the provider refuses it as too long anyway. The answer streams into a ``Liv
 the status panel shows it and, with early execution, its finished blocks start running
 while the model still writes. A turn that fails after some of its blocks ran is not
 asked again (its code would run twice): what arrived stands, and the model is told where
-it was cut off. ``finishing`` hears where a turn was cut, which decides whether a final
-answer in it may be taken.
+it was cut off. A turn that begins to guess what its code prints is stopped there
+(``seen_output``: the guess and all after it would be left out). ``finishing`` hears
+where a turn was cut, which decides whether a final answer in it may be taken.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +25,7 @@ from .result import Iteration, RLMResult
 
 if TYPE_CHECKING:
     from ..llm.client import LLMClient
+    from ..llm.completion import Completion
     from .tree import RunTree
 
 
@@ -89,6 +92,20 @@ class RootTurns:
                 ),
             ) from None
 
+    @staticmethod
+    async def _answer(call: asyncio.Future[Completion], turn: LiveTurn) -> Completion | None:
+        """The call's completion, or None when ``turn`` stopped it at a guess of its
+        code's output. An interrupt of this task stops the call too."""
+        try:
+            await asyncio.wait({call})
+        except asyncio.CancelledError:
+            call.cancel()
+            await asyncio.wait({call})
+            raise
+        if call.cancelled() and turn.guessed:
+            return None
+        return call.result()
+
     async def _ask(
         self, messages: list[dict[str, Any]], turn: LiveTurn, iteration: Iteration | None = None
     ) -> str:
@@ -96,8 +113,8 @@ class RootTurns:
         finishing = self.finishing
         if self.depth == 0:
             self.tree.live_turn = turn
-        try:
-            completion = await self.client.complete(
+        call = asyncio.ensure_future(
+            self.client.complete(
                 messages,
                 model=self.model,
                 max_tokens=self.max_tokens,
@@ -108,6 +125,10 @@ class RootTurns:
                 deadline=self.deadline,
                 may_retry=lambda: not turn.ran,
             )
+        )
+        turn.on_guess = call.cancel
+        try:
+            completion = await self._answer(call, turn)
         except BaseException as exc:
             if turn.ran and iteration is not None and isinstance(exc, Exception):
                 # Cut off after its code ran: the partial turn stands, and the run lets
@@ -126,6 +147,16 @@ class RootTurns:
                 self.tree.live_turn = None
         if iteration is not None:
             iteration.early_blocks = turn.ran
+        if completion is None:
+            # Stopped where the model began to guess its code's output: the text up to
+            # there is the turn. The call's tokens so far are in the ledger, as a
+            # cancelled call (nothing went wrong).
+            if iteration is not None:
+                iteration.notes.append(
+                    "the reply was stopped where it began to guess what its code prints"
+                )
+            finishing.cut_off, finishing.broken_off = "", None
+            return turn.text
         # Stopped at max_tokens or broken off: either way its FINAL may be cut short.
         finishing.cut_off = (
             ""

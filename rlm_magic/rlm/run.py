@@ -34,6 +34,7 @@ from .prompts import CONTINUE_PROMPT, ITERATION_LIMIT_PROMPT, RunPrompts
 from .replies import ACCEPTED_FORMS, read_final_call
 from .result import Iteration, RLMResult
 from .root_turns import RootTurns
+from .seen_output import as_seen, told
 from .session import RLMSession
 from .subcalls import SubCalls
 from .tree import RunTree
@@ -267,7 +268,7 @@ class Run:
             reply, turn = await self.root.ask(index, iteration, new_turn)
             iteration.response = reply
             result.trajectory.append(iteration)
-            feedback, final = await self._act_on(reply, iteration, turn, outputs)
+            feedback, final, seen = await self._act_on(reply, iteration, turn, outputs)
             if iteration.broken_off:
                 ran = " after its code had run" if iteration.early_blocks else ""
                 feedback = (
@@ -284,7 +285,7 @@ class Run:
             if spent is not None:
                 result.stop_reason, result.error = "budget", spent
                 return
-            self.conversation.add(reply, feedback)
+            self.conversation.add(seen, feedback)
         await self._last_turn(result)
 
     async def _last_turn(self, result: RLMResult) -> None:
@@ -333,33 +334,38 @@ class Run:
         iteration: Iteration,
         turn: LiveTurn | None = None,
         outputs: list[str] | None = None,
-    ) -> tuple[str, tuple[str, str] | None]:
+    ) -> tuple[str, tuple[str, str] | None, str]:
         """Run the reply's code; return (feedback for the model, (final answer, how it
-        was given) or None)."""
+        was given) or None, the reply as the conversation keeps it). The reply is read
+        only up to where it begins to guess its code's output (``seen_output``)."""
         finishing = self.finishing
-        reading = finishing.read(reply)
+        reading = finishing.read(reply, until_guess=True)
         blocks = reading.blocks
         outputs = outputs if outputs is not None else []
         if turn is not None and self.settings.early_execution:
             await turn.finish(blocks)  # the blocks not started while streaming, in order
             if turn.stopped:
-                return "", finishing.finished
+                return "", finishing.finished, reply
         else:
             for number, code in enumerate(blocks, 1):
                 if await self._run_block(number, code, iteration, outputs):
-                    return "", finishing.finished
+                    return "", finishing.finished, reply
         marker, problems = finishing.readable(reading)
         if marker is not None:
-            answer, problem = await finishing.resolve(marker, iteration)
+            answer, problem = await finishing.from_text(marker, iteration)
             if answer is not None:
-                return "", (answer, "text marker")
-            problems = [problem]
+                return "", (answer, "text marker"), reply
+            problems = [problem] if problem else []
         outputs += problems
-        if not blocks and marker is None and not problems:
+        seen = as_seen(reply, reading, iteration)
+        withheld = told(iteration)
+        if withheld is not None:
+            outputs.append(withheld)
+        elif not blocks and marker is None and not problems:
             outputs.append(
                 f"You wrote no ```repl code and gave no final answer. To finish: {ACCEPTED_FORMS}."
             )
-        return "\n\n".join([*outputs, CONTINUE_PROMPT]), None
+        return "\n\n".join([*outputs, CONTINUE_PROMPT]), None, seen
 
     # -- child runs and the status panel ---------------------------------------------------
     async def _child_run(self, prompt: str, context: Any, deadline: float | None) -> RLMResult:

@@ -109,6 +109,41 @@ async def test_the_sandbox_process_ends_with_its_run_however_it_ends(rlm, server
     assert gone(pid) and workers() == [] and run.result.stop_reason == "interrupted"
 
 
+def test_a_sandbox_whose_kernel_dies_ends_with_everything_it_started():
+    # A kernel killed without a word (Jupyter's restart, an OOM kill) closes the bridge:
+    # the sandbox, pid 1 of its PID namespace, must exit (a SIGKILL to its own
+    # process group does not end a namespace's pid 1).
+    import subprocess
+    import sys
+    import uuid
+
+    marker = f"time.sleep(600)  # {uuid.uuid4()}"
+    kernel = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import asyncio, os\n"
+            "from rlm_magic.repl.sandbox import SandboxREPL\n"
+            "async def main():\n"
+            "    repl = SandboxREPL('c', {})\n"
+            "    await repl.start()\n"
+            "    await repl.run('import subprocess, sys; subprocess.Popen([sys.executable, "
+            f'"-c", "import time; {marker}"])\')\n'
+            "    print(repl._sandbox.process.pid, flush=True)\n"
+            "    os._exit(0)\n"
+            "asyncio.run(main())\n",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    sandbox = int(kernel.stdout.split()[-1])
+    deadline = time.monotonic() + 10
+    while not gone(sandbox) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (gone(sandbox), running(marker)) == (True, [])
+
+
 async def test_processes_the_model_starts_end_with_the_sandbox(rlm, server):
     # The step waits on its sub-call while the test looks (an instant answer could end
     # the run, and the sleep with it, before the test has looked).

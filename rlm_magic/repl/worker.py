@@ -255,8 +255,11 @@ class Worker:
                 else:
                     self.inbox.put(message)
         except BaseException:  # noqa: BLE001 - the kernel left or broke the protocol
-            # Take the processes the model's code started along (our process group).
+            # Take the processes the model's code started along (our process group),
+            # and end: as pid 1 of a PID namespace this process outlives its own SIGKILL,
+            # and its exit ends every process left in the namespace.
             os.killpg(0, signal.SIGKILL)
+            os._exit(1)
 
     def receive_context(self, message: dict) -> dict:
         kind, body = self.receive()

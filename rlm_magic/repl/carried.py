@@ -13,11 +13,21 @@ sandbox sends), and the next question's fresh process loads them (``unpack``) be
 any model code runs. Functions, classes, modules and other objects stay behind; the
 model is told their names.
 
+Hostile code may also hand on values meant to mislead the next question's honest code
+or to stall its start. So no carried value may take a builtin's name (``str = ()``
+would turn ``isinstance(x, str)`` False), the allowed constructors build in time and
+memory linear in what the pickle holds, loading that swells the process far past the
+pickle's size is refused whole (``Tampered``), and the kernel gives the loading a
+deadline (``sandbox/process.py``): either way the question fails saying why, and the
+session drops what was carried.
+
 Standard library only: the sandbox worker imports this.
 """
 
 from __future__ import annotations
 
+import builtins
+import collections
 import io
 import pickle
 from dataclasses import dataclass
@@ -32,31 +42,30 @@ MAX_CARRIED_BYTES = 32 * 2**20
 PART_BYTES = 3 * 2**20
 # Names listed (carried, and left behind), at most.
 MAX_NAMES = 1_000
+# Plain data takes at most about this many times its pickle's size in memory (a list of
+# empty lists, the worst honest case, takes ~25x); a pickle that makes its loader grow
+# more (memo references fed to constructors again and again) is refused whole.
+MAX_GROWTH = 64
+GROWTH_ALLOWANCE = 64 * 2**20
 
-# The only callables a carried pickle may name: constructors of plain values, which
-# build the value from its parts and do nothing else.
+# The only callables a carried pickle may name: constructors that build a value in time
+# and memory linear in their arguments, which the pickle itself holds. Not bytes(n),
+# range(n) or int(text): those would let a few bytes ask for gigabytes or hours.
 _PLAIN = {
-    "builtins": {
-        "bool",
-        "bytearray",
-        "bytes",
-        "complex",
-        "dict",
-        "float",
-        "frozenset",
-        "int",
-        "list",
-        "range",
-        "set",
-        "slice",
-        "str",
-        "tuple",
-    },
-    "collections": {"Counter", "OrderedDict", "defaultdict", "deque"},
+    "builtins": {"complex"},
+    "collections": {"Counter", "OrderedDict", "deque"},
     "datetime": {"date", "datetime", "time", "timedelta", "timezone"},
-    "decimal": {"Decimal"},
-    "fractions": {"Fraction"},
+    "rlm_magic.repl.carried": {"defaultdict_of"},
 }
+# A defaultdict crosses with its factory by name, from these.
+_FACTORIES = {"list": list, "dict": dict, "set": set, "int": int, "float": float, "str": str}
+
+
+def defaultdict_of(factory: str, items: dict) -> collections.defaultdict:
+    """A defaultdict from its factory's name and its items (see ``_Packer``)."""
+    if factory not in _FACTORIES or not isinstance(items, dict):
+        raise pickle.UnpicklingError("not a defaultdict of plain values")
+    return collections.defaultdict(_FACTORIES[factory], items)
 
 
 class PlainUnpickler(pickle.Unpickler):
@@ -64,6 +73,8 @@ class PlainUnpickler(pickle.Unpickler):
 
     def find_class(self, module: str, name: str) -> Any:
         if name in _PLAIN.get(module, ()):
+            if module == __name__:
+                return defaultdict_of
             return super().find_class(module, name)
         raise pickle.UnpicklingError(f"{module}.{name} is not plain data")
 
@@ -71,8 +82,26 @@ class PlainUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError("a persistent reference is not plain data")
 
 
+class _Packer(pickle.Pickler):
+    """Pickles a defaultdict as its factory's name and items, so that loading it needs
+    no builtin type as a callable."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is collections.defaultdict:
+            for name, factory in _FACTORIES.items():
+                if obj.default_factory is factory:
+                    return defaultdict_of, (name, dict(obj))
+        return NotImplemented
+
+
 def loads_plain(data: bytes) -> Any:
     return PlainUnpickler(io.BytesIO(data)).load()
+
+
+def _dumps(value: Any) -> bytes:
+    out = io.BytesIO()
+    _Packer(out, protocol=5).dump(value)
+    return out.getvalue()
 
 
 def pack(namespace: dict[str, Any]) -> tuple[bytes, list[str], list[list[str]]]:
@@ -83,17 +112,21 @@ def pack(namespace: dict[str, Any]) -> tuple[bytes, list[str], list[list[str]]]:
     total = 0
     for name in user_variables(namespace):
         value = namespace[name]
+        kind = type(value).__name__[:100]
+        if name in _BUILTIN_NAMES:
+            left.append([name, f"{kind}, named as a Python builtin"])
+            continue
         try:
-            data = pickle.dumps(value, protocol=5)
+            data = _dumps(value)
             loads_plain(data)  # what the next process will accept, checked here
         except RecursionError:
-            left.append([name, "nested too deeply"])
+            left.append([name, f"{kind}, nested too deeply"])
             continue
         except Exception:  # noqa: BLE001 - anything but plain data stays behind
-            left.append([name, type(value).__name__[:100]])
+            left.append([name, kind])
             continue
         if total + len(data) > MAX_CARRIED_BYTES:
-            left.append([name, f"{type(value).__name__[:100]}, past the {_mb()} kept"])
+            left.append([name, f"{kind}, past the {_mb()} kept"])
             continue
         kept[name] = data
         total += len(data)
@@ -102,21 +135,39 @@ def pack(namespace: dict[str, Any]) -> tuple[bytes, list[str], list[list[str]]]:
 
 def unpack(data: bytes) -> dict[str, Any]:
     """The variables a ``pack`` made, for a fresh namespace: each loaded as plain data,
-    under a name the model could have made (no scaffold, no private name)."""
+    under a name the model could have made (no scaffold, no private name, no builtin's:
+    a plain value named ``str`` or ``ValueError`` would change what honest code does).
+    Raises ``Tampered`` when loading them grew this process far past their size."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     variables: dict[str, Any] = {}
     outer = loads_plain(data)
     if not isinstance(outer, dict):
-        raise pickle.UnpicklingError("carried variables that are not a dict")
+        raise Tampered("carried variables that are not a dict of pickles")
     for name, pickled in outer.items():
         if not (isinstance(name, str) and name.isidentifier() and isinstance(pickled, bytes)):
             continue
-        if user_variables({name: None}) != [name]:
-            continue  # a helper's, the context's, or a private name: put in by the REPL
+        if user_variables({name: None}) != [name] or name in _BUILTIN_NAMES:
+            continue  # the REPL's own, a private name, or a builtin's
         try:
             variables[name] = loads_plain(pickled)
         except Exception:  # noqa: BLE001 - a value that does not load stays behind
             continue
+    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+    if grown > GROWTH_ALLOWANCE + MAX_GROWTH * len(data):
+        raise Tampered(
+            f"loading {len(data):,} bytes of them took {grown // 2**20:,} MB, "
+            "far more than plain data takes"
+        )
     return variables
+
+
+class Tampered(Exception):
+    """Carried variables that no honest ``pack`` makes."""
+
+
+_BUILTIN_NAMES = frozenset(dir(builtins))
 
 
 def _mb() -> str:

@@ -143,22 +143,27 @@ class Worker:
         del body
         self.helper_names = set(init["helpers"])
         namespace = self.namespace = {"__name__": "__rlm__", "__builtins__": repl_builtins()}
+        refused = None
         if init.get("carried"):  # a session's variables from its last question, as data
-            namespace.update(self.receive_carried())
+            variables, refused = self.receive_carried()
+            namespace.update(variables)
         namespace.update(preloaded(namespace, context))
         for name in init.get("context_names") or ():
             namespace[str(name)] = context  # the same object: one copy in memory
         install_helpers(namespace, sorted(self.helper_names), self.submit)
-        self.send({"op": "ready", "isolation": report})
+        self.send({"op": "ready", "isolation": report, "carried_refused": refused})
 
-    def receive_carried(self) -> dict:
+    def receive_carried(self) -> tuple[dict, str | None]:
+        """The carried variables, or none and why they were refused. The kernel times
+        their loading from the "unpacking" message on."""
         kind, body = self.receive()
         if kind != bridge.DATA:
             raise bridge.BridgeError("expected the carried variables")
+        self.send({"op": "unpacking"})
         try:
-            return carried.unpack(bytes(body))
-        except Exception:  # noqa: BLE001 - variables that do not load are not carried
-            return {}
+            return carried.unpack(bytes(body)), None
+        except Exception as exc:  # noqa: BLE001 - refused whole, and said
+            return {}, f"{type(exc).__name__}: {exc}"[:300]
 
     def confine(self, init: dict) -> dict:
         """Apply the isolation layers in their order (see isolation/order.py); the

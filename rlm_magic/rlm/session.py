@@ -115,10 +115,10 @@ class RLMSession:
         if pickled is not None:
             self.pickles.append(pickled)
 
-    def carry(self, carried: Carried) -> None:
-        """The variables a sandboxed question left, for the next one."""
+    def carry(self, carried: Carried | None) -> None:
+        """The variables a sandboxed question left, for the next one (None: none)."""
         self.carried = carried
-        self.variable_names = list(carried.names)
+        self.variable_names = list(carried.names) if carried is not None else []
 
     def claim(self, loop: asyncio.AbstractEventLoop) -> None:
         if self.closed:

@@ -181,6 +181,9 @@ class Workspace:
     async def _carry(session: RLMSession, repl: SandboxREPL, result: RLMResult) -> None:
         """Keep the model's variables, as plain data, for the session's next question;
         if the sandbox cannot give them, the session keeps those it had."""
+        if repl.carried_refused:  # the run failed saying so; the next starts clean
+            session.carry(None)
+            return
         try:
             session.carry(await repl.carry_out())
         except (SandboxError, BridgeError, asyncio.TimeoutError) as exc:

@@ -23,6 +23,21 @@ from .environment import sandbox_environment
 
 _WORKER = str(Path(__file__).parent.with_name("worker.py"))  # rlm_magic/repl/worker.py
 _PIECE = 2**20  # a large frame is read and checked this many bytes at a time
+# A session's carried variables load in a second or two (32 MB at most); past this, the
+# earlier question's code made them to stall the next (a Decimal of 10**10**8 digits).
+CARRIED_LOAD_S = 30.0
+
+
+class CarriedRefused(SandboxError):
+    """A session's variables carried from an earlier question could not be loaded
+    safely: that question's code may have tampered with them."""
+
+    def __init__(self, why: str):
+        super().__init__(
+            "the variables carried from this session's earlier questions could not be "
+            f"loaded safely ({why}): code from an earlier question may have tampered "
+            "with them. They are dropped; the session's next question starts without them"
+        )
 
 
 class SandboxProcess:
@@ -51,6 +66,14 @@ class SandboxProcess:
         await asyncio.to_thread(_handshake, self.sock, self.process.pid, init, pickled, carried)
         self.reader, self.writer = await asyncio.open_unix_connection(sock=self.sock)
         ready = await self.read()
+        if carried is not None and ready.get("op") == "unpacking":
+            try:
+                ready = await asyncio.wait_for(self.read(), CARRIED_LOAD_S)
+            except asyncio.TimeoutError:
+                raise CarriedRefused(f"they did not load within {CARRIED_LOAD_S:g}s") from None
+            refused = ready.get("carried_refused")
+            if refused is not None:
+                raise CarriedRefused(str(refused)[:300])
         if ready.get("op") == "fatal":
             raise SandboxError(str(ready.get("error"))[:500])
         if ready.get("op") != "ready":

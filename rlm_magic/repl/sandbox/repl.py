@@ -18,6 +18,7 @@ import base64
 import itertools
 import os
 import pickle
+import re
 import signal
 import time
 from typing import TYPE_CHECKING, Any
@@ -28,7 +29,7 @@ from ..carried import Carried
 from ..steps import StepOutput
 from .calls import HelperCalls
 from .isolation_report import insist_on_isolation, read_isolation
-from .process import SandboxError, SandboxProcess, spawn
+from .process import CarriedRefused, SandboxError, SandboxProcess, spawn
 
 _step_ids = itertools.count(1)
 
@@ -58,6 +59,25 @@ async def pickled_context(value: Any) -> bytes:
             f"sandbox: {type(exc).__name__}: {exc}; run with --no-sandbox "
             "(RLM.sandbox = 'none')"
         ) from None
+
+
+def _is_name(name: Any) -> bool:
+    return (
+        isinstance(name, str)
+        and len(name) <= 100
+        and name.isidentifier()
+        and name.isascii()
+        and not name.startswith("_")
+    )
+
+
+_TYPE_NAME = re.compile(r"[A-Za-z_][\w.]{0,59}(, [\w ]{1,60})?")
+
+
+def _is_type(text: Any) -> bool:
+    """A type's name, as ``carried.pack`` reports it ("dict", "function", "DataFrame,
+    named as a Python builtin")."""
+    return isinstance(text, str) and text.isascii() and _TYPE_NAME.fullmatch(text) is not None
 
 
 class SandboxREPL:
@@ -91,6 +111,7 @@ class SandboxREPL:
         # A session's variables from its last question: loaded by this sandbox only.
         self.carried = carried
         self.earlier_contexts = earlier_contexts  # a session's: (name, the kernel's pickle)
+        self.carried_refused = False  # the carried variables could not be loaded safely
         # Names the context also goes by (a session's context_0): one copy, many names.
         self.context_names = ("context", *context_names)
         self.max_output_chars = max_output_chars
@@ -161,6 +182,8 @@ class SandboxREPL:
             sandbox.relays = self.isolation["pid"]
             insist_on_isolation(self.isolation, self.settings.require_isolation)
         except BaseException as exc:  # cancelled too: no process or folder is left behind
+            if isinstance(exc, CarriedRefused):
+                self.carried_refused = True  # the session drops them (workspace)
             sandbox.dead = "failed to start"
             await sandbox.end()
             if isinstance(
@@ -400,11 +423,13 @@ class SandboxREPL:
             data += base64.b64decode(part, validate=True)
             if len(data) > carried.MAX_CARRIED_BYTES + carried.PART_BYTES:
                 raise bridge.BridgeError("carried variables past their limit")
-        names = [n for n in kept if isinstance(n, str)] if isinstance(kept, list) else []
+        # Names and types go into the next question's first message, in the kernel's
+        # own words: only what a variable's name and a type's name can be.
+        names = [n for n in kept if _is_name(n)] if isinstance(kept, list) else []
         gone = [
-            (str(entry[0])[:100], str(entry[1])[:100])
+            (entry[0], entry[1] if _is_type(entry[1]) else "object")
             for entry in (left if isinstance(left, list) else [])
-            if isinstance(entry, list) and len(entry) == 2
+            if isinstance(entry, list) and len(entry) == 2 and _is_name(entry[0])
         ]
         return carried.Carried(
             bytes(data), tuple(names[: carried.MAX_NAMES]), tuple(gone[: carried.MAX_NAMES])

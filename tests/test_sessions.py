@@ -316,22 +316,24 @@ async def test_only_plain_data_crosses_and_the_model_is_told_what_stayed_behind(
                 "counts = collections.Counter('abca')\n"
                 "when = datetime.date(2026, 11, 26)\n"
                 "rows = [{'id': 1, 'tags': {'x'}}, (2, b'raw', 3.5)]\n"
+                "groups = collections.defaultdict(list, a=[1])\n"
+                "recent = collections.deque([1, 2], maxlen=5)\n"
                 "def helper(x):\n    return x\n"
                 "class Parser:\n    pass\n"
                 "parser = Parser()"
             ),
             "FINAL(made)",
-            repl("print(counts['a'], when.year, rows, 'helper' in globals())"),
+            repl("print(counts['a'], when.year, rows, groups['b'], recent, 'helper' in globals())"),
             "FINAL(done)",
         ],
     )
     await session.arun("q1", context="c")
     second = await session.arun("q2")
     assert second.trajectory[0].code[0].output == (
-        "2 2026 [{'id': 1, 'tags': {'x'}}, (2, b'raw', 3.5)] False"
+        "2 2026 [{'id': 1, 'tags': {'x'}}, (2, b'raw', 3.5)] [] deque([1, 2], maxlen=5) False"
     )
     told = server.requests_for("root-model")[2]["messages"][1]["content"]
-    assert "Variables in the REPL: counts, when, rows" in told
+    assert "Variables in the REPL: counts, when, rows, groups, recent" in told
     assert "Not kept from earlier questions" in told
     assert "helper (function), Parser (type), parser (Parser)" in told
     await session.aclose()

@@ -93,6 +93,33 @@ async def test_the_model_is_told_in_one_line_and_its_repeated_answer_finishes(rl
     assert result.success and result.finished_by == "text marker"
 
 
+@pytest.mark.parametrize(
+    "block",
+    [
+        'final_answer = "There are 7 lines."\nFINAL(final_answer)',
+        'answer.update({"content": "There are 7 lines.", "ready": True})',
+        'answer |= {"content": "There are 7 lines.", "ready": True}',
+        'answer["content"], answer["ready"] = "There are 7 lines.", True',
+        'FINAL("""\nThere are 7 lines.\n""".strip())',
+        "FINAL(str(7))",
+    ],
+    ids=["variable", "update", "merge", "tuple", "strip", "str-of-number"],
+)
+async def test_a_literal_given_another_way_after_a_block_is_not_taken(rlm, server, block):
+    server.script("root-model", [COUNT + repl(block), "FINAL(20)"])
+    result = await rlm.arun("How many lines?", context=CONTEXT)
+    assert result.final_answer == "20" and result.iterations == 2
+
+
+async def test_a_text_final_var_of_a_literal_after_a_printing_block_is_not_taken(rlm, server):
+    server.script(
+        "root-model",
+        [COUNT + repl("result = 'There are 7 lines.'") + "FINAL_VAR(result)", "FINAL(20)"],
+    )
+    result = await rlm.arun("How many lines?", context=CONTEXT)
+    assert result.final_answer == "20" and result.iterations == 2
+
+
 # -- answers the code gives stay final ----------------------------------------------------------
 
 
@@ -120,8 +147,11 @@ async def test_an_answer_the_code_computed_finishes_the_reply(rlm, server, reply
         repl("FINAL('42')", "I know this one."),
         repl("print('FINAL(42)')"),
         repl("answer['content'] = '42'\nanswer['ready'] = True"),
+        repl('summary = """42"""\nFINAL(summary)', "Here is the answer."),
+        repl("import json\nFINAL('42')"),
+        repl('"""The answer."""\nFINAL("42")'),
     ],
-    ids=["text", "call", "print", "answer-dict"],
+    ids=["text", "call", "print", "answer-dict", "a-literal-variable", "import", "docstring"],
 )
 async def test_a_lone_literal_answer_still_finishes_at_once(rlm, server, reply):
     server.script("root-model", [reply])
@@ -172,6 +202,13 @@ async def test_a_block_written_after_a_guessed_output_is_not_run(rlm, server):
     )
     result = await rlm.arun("q", context=CONTEXT)
     assert len(result.trajectory[0].code) == 1
+
+
+async def test_an_output_heading_followed_by_a_block_is_not_taken_for_a_guess(rlm, server):
+    reply = COUNT + "Results:\n" + repl("double = 2 * n\nprint(double)") + "FINAL_VAR(double)"
+    server.script("root-model", [reply])
+    result = await rlm.arun("q", context=CONTEXT)
+    assert result.final_answer == "40" and result.iterations == 1
 
 
 async def test_the_trajectory_records_what_was_withheld(rlm, server):

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from .replies import ACCEPTED_FORMS, Final, Reply, read_printed_final, read_reply
 from .result import Iteration, RLMResult, Withheld
-from .seen_output import UNSEEN, begins_with_finish, guessed_output_at, literal_finish, short
+from .seen_output import UNSEEN, guessed_output_at, literal_finish, ran_code, short, typed
 
 if TYPE_CHECKING:
     from ..repl.base import REPL
@@ -106,10 +106,18 @@ class Finishing:
         if any(run.error for run in iteration.code[:-1]):
             iteration.withheld.append(Withheld(what, "unseen failure"))
             return False
-        if (
-            not by_variable
-            and literal_finish(code, how, printed)
-            and (number > 1 or not begins_with_finish(code))
+        # A literal is withheld after earlier blocks that did more than write values
+        # down, or after output of its own block the model has not seen; one written
+        # as the finisher's argument, after any other code of its block too. (A value
+        # the block's own logic picked among literals, silently, is its answer.)
+        earlier = [run.code for run in iteration.code[: number - 1]]
+        written = typed([*earlier, code])
+        own = iteration.code[-1].output if iteration.code else ""
+        if how == "print":
+            own = own.replace(printed.rstrip("\n"), "", 1)
+        unseen = ran_code(earlier) or own.strip() not in ("", "(no output)")
+        if (literal_finish(code, how, printed) and (unseen or ran_code([code]))) or (
+            (answer.strip() in written or printed.strip() in written) and unseen
         ):
             iteration.withheld.append(Withheld(what, UNSEEN))
             return False
@@ -127,7 +135,9 @@ class Finishing:
         if any(run.error for run in iteration.code):
             iteration.withheld.append(Withheld(what, "unseen failure"))
             return None, ""
-        if not by_variable:
+        codes = [run.code for run in iteration.code]
+        shown = any(run.output.strip() not in ("", "(no output)") for run in iteration.code)
+        if (not by_variable and ran_code(codes)) or (answer.strip() in typed(codes) and shown):
             iteration.withheld.append(Withheld(what, UNSEEN))
             return None, ""
         return answer, problem

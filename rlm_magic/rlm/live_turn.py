@@ -77,7 +77,7 @@ class LiveTurn:
         self._scanned = len(whole)
         reading = read_reply(whole, streaming=True)  # the reader the run uses
         fences = reading.fences
-        guess = guessed_output_at(whole, fences)
+        guess = guessed_output_at(whole, fences, streaming=True)
         if guess is not None:
             fences = [fence for fence in fences if fence.end <= guess]
             self.guessed = True

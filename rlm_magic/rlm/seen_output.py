@@ -3,20 +3,24 @@
 Some models (Claude 4.6 among them) do not stop after a code block: they write what they
 expect it to print ("Output: ...") and an answer built on that guess, in the same reply.
 The rule: **a literal answer is taken only from a reply that runs no other code before
-it.** ``FINAL(42)`` alone, or a first block that begins with ``FINAL("42")``, finishes
-at once. A literal answer after code of the same reply (``FINAL(7)`` in its text, or in
-a block after other code ``FINAL("7")``, ``print("FINAL(7)")``, ``answer["content"] =
-"7"``) is withheld: the blocks run, the model gets their real output and is told in one
-line to give the answer again if it stands. An answer whose value the code gives
-(``FINAL_VAR(name)``, ``FINAL(x)`` of a computed ``x``, a text ``FINAL(name)`` of a REPL
-variable) stays final, unless a block of the reply failed: the model did not see that.
+it.** A literal is an answer the model typed: ``FINAL(7)`` in the text; in code,
+``FINAL("7")``, ``print("FINAL(7)")``, ``answer["content"] = "7"``, or any answer equal
+to a string (or an assigned number) written in the reply's code, such as
+``x = "7"; FINAL(x)``. Code that only writes values down (imports, docstrings, names
+bound to literals) does not count as code run. So ``FINAL(42)`` alone, or a block that
+only binds and gives a literal, finishes at once; a literal after other code is
+withheld: the blocks run, the model gets their real output and is told in one line to
+give the answer again if it stands. An answer the code computed (``FINAL_VAR(n)``,
+``FINAL(f"{n}")``, a value its logic picked without printing) stays final, unless a
+block of the reply failed: the model did not see that.
 
 What the model wrote once it began guessing a block's output (a line such as
-"Output:", or a ```output / ```text fence, right after the block) is left out: neither
-run nor read for an answer; the conversation keeps the reply up to there, with a note,
-and a streamed turn is stopped there (``LiveTurn``).
+"Output:", or a ```output / ```text fence, right after the block; not a heading that a
+block of code follows) is left out: neither run nor read for an answer; the
+conversation keeps the reply up to there, with a note, and a streamed turn is stopped
+there (``LiveTurn``).
 
-A literal is told from the block's own source (``ast``), never from anything the sandbox
+A literal is told from the reply's own code (``ast``), never from anything the sandbox
 says: the code comes from the root model's reply, so its size is bounded by max_tokens.
 """
 
@@ -46,6 +50,7 @@ _GUESS_FENCE = re.compile(
     r"[ \t]*`{3,}[ \t]*(?:output|text|txt|plaintext|console|stdout|result)[ \t]*$", re.IGNORECASE
 )
 _BLANK_LINES = re.compile(r"[ \t]*\n(?:[ \t]*\n)*")
+_CODE_FENCE = re.compile(r"[ \t]*`{3,}[ \t]*(?:repl|python|py|python3|py3)[ \t]*(?:\n|$)", re.I)
 
 LEFT_OUT_NOTE = (
     "[The rest of this reply was left out: it was written before the output of the code "
@@ -53,9 +58,11 @@ LEFT_OUT_NOTE = (
 )
 
 
-def guessed_output_at(text: str, fences: Sequence[Fence]) -> int | None:
+def guessed_output_at(text: str, fences: Sequence[Fence], streaming: bool = False) -> int | None:
     """Where the reply begins to guess a block's output: the first line after a closed
-    runnable block (blank lines between) that labels output or opens an output fence."""
+    runnable block (blank lines between) that labels output or opens an output fence. A
+    label followed by a block of code ("Results:", then ```repl) is a heading, not a
+    guess; ``streaming``: a label whose next line has not arrived is not one yet."""
     for fence in fences:
         if not (fence.runnable and fence.closed):
             continue
@@ -65,8 +72,16 @@ def guessed_output_at(text: str, fences: Sequence[Fence]) -> int | None:
         start = gap.end()
         end = text.find("\n", start)
         line = text[start : end if end != -1 else len(text)]
-        if line and (_GUESS_LABEL.match(line) or _GUESS_FENCE.match(line)):
+        if line and _GUESS_FENCE.match(line):
             return start
+        if line and _GUESS_LABEL.match(line):
+            following = _BLANK_LINES.match(text, end) if end != -1 else None
+            if following is None or following.end() >= len(text):
+                if streaming:
+                    continue  # the next line decides
+                return start
+            if not _CODE_FENCE.match(text, following.end()):
+                return start
     return None
 
 
@@ -77,11 +92,72 @@ def literal_finish(code: str, how: str, answer: str) -> bool:
     return tree is not None and answer in _literals(tree, how)
 
 
-def begins_with_finish(code: str) -> bool:
-    """Whether the block's first statement gives the answer (so no other code of the
-    block ran before it)."""
-    tree = _parsed(code)
-    return tree is not None and bool(tree.body) and _finishes(tree.body[0])
+def ran_code(codes: Sequence[str]) -> bool:
+    """Whether the reply's blocks ``codes`` did anything beyond writing values down:
+    anything but imports, docstrings, assignments of literals and finishing."""
+    for code in codes:
+        tree = _parsed(code)
+        if tree is None or not all(
+            _writes_down(statement) or _finishes(statement) for statement in tree.body
+        ):
+            return True
+    return False
+
+
+def typed(codes: Sequence[str]) -> set[str]:
+    """The values the model typed in the reply's code (so an answer equal to one was
+    written by the model, not computed): its strings and placeholder-free f-strings,
+    stripped, and the numbers it assigns or hands a finisher."""
+    found: set[str] = set()
+    for code in codes:
+        tree = _parsed(code)
+        if tree is None:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                found.add(node.value.strip())
+            elif isinstance(node, ast.JoinedStr):
+                text = _text(node)
+                if text != _UNKNOWN:
+                    found.add(text.strip())
+            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                if node.value is not None:
+                    found.update(_numbers(node.value))
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                if node.func.id in ("FINAL", "FINAL_VAR"):
+                    found.update(number for arg in node.args for number in _numbers(arg))
+    found.discard("")
+    return found
+
+
+def _numbers(node: ast.AST) -> set[str]:
+    return {
+        str(item.value)
+        for item in ast.walk(node)
+        if isinstance(item, ast.Constant)
+        and isinstance(item.value, (int, float))
+        and not isinstance(item.value, bool)
+    }
+
+
+def _writes_down(statement: ast.stmt) -> bool:
+    """An import, a docstring or ``pass``, or a name bound to a literal: nothing that
+    shows output the model has not seen."""
+    if isinstance(statement, (ast.Import, ast.ImportFrom, ast.Pass)):
+        return True
+    if isinstance(statement, ast.Expr):
+        return isinstance(statement.value, ast.Constant)
+    if isinstance(statement, (ast.Assign, ast.AnnAssign)) and statement.value is not None:
+        return _text(statement.value) != _UNKNOWN or _is_container_of_literals(statement.value)
+    return False
+
+
+def _is_container_of_literals(node: ast.AST) -> bool:
+    try:
+        ast.literal_eval(node)  # a node of the model's own (bounded) code
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False
+    return True
 
 
 def _parsed(code: str) -> ast.Module | None:
@@ -95,7 +171,9 @@ def _literals(tree: ast.Module, how: str) -> set[str]:
     """The answers the block's finishers are given as literals, for one way to finish."""
     found: set[str] = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+        if how == "answer dict" and isinstance(node, ast.Call) and _is_answer(node.func, "update"):
+            found.update(_content(node))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
             name, args = node.func.id, node.args
             if how == "code" and len(args) == 1 and not node.keywords:
                 # FINAL_VAR("name") names a variable: its value is computed.
@@ -107,8 +185,6 @@ def _literals(tree: ast.Module, how: str) -> set[str]:
                 joiner = " " if sep is None else _text(sep)
                 if _UNKNOWN not in (*texts, joiner):
                     found.add(joiner.join(texts))
-            elif how == "answer dict" and _is_answer(node.func, "update"):
-                found.update(_content(node))
         elif how == "answer dict" and isinstance(node, ast.Assign):
             for target in node.targets:
                 if isinstance(target, ast.Subscript) and _is_answer(target.value):
@@ -179,10 +255,14 @@ def _finishes(statement: ast.stmt) -> bool:
         return _is_answer(func, "update")
     if isinstance(statement, (ast.Assign, ast.AugAssign)):
         targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
-        return any(
-            _is_answer(t) or (isinstance(t, ast.Subscript) and _is_answer(t.value)) for t in targets
-        )
+        return all(_sets_answer(target) for target in targets)
     return False
+
+
+def _sets_answer(target: ast.AST) -> bool:
+    if isinstance(target, ast.Tuple):
+        return all(_sets_answer(item) for item in target.elts)
+    return _is_answer(target) or (isinstance(target, ast.Subscript) and _is_answer(target.value))
 
 
 def as_seen(reply: str, reading: Reply, iteration: Iteration) -> str:

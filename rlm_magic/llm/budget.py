@@ -233,7 +233,8 @@ async def input_tokens_at_most(litellm: Any, model: str, messages: Messages) -> 
     counted = _COUNTED.get(key)
     if counted is None:
         try:
-            if characters > _OFF_LOOP:
+            # Off the loop when long, and the first time (the tokenizer loads: ~0.4 s).
+            if characters > _OFF_LOOP or not _COUNTED:
                 counted = await asyncio.to_thread(_count, litellm, model, messages)
             else:
                 counted = _count(litellm, model, messages)

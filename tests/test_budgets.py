@@ -16,8 +16,7 @@ import warnings
 
 import pytest
 
-from rlm_magic import BatchError
-from rlm_magic.errors import BudgetExceededError
+from rlm_magic import BatchError, BudgetExceededError, ConfigError
 
 from .conftest import helpers, make_rlm
 from .test_engine import repl
@@ -216,3 +215,11 @@ async def test_a_streamed_answer_past_what_its_budget_holds_is_cut_and_marked(se
     assert len(answer) < 2000
     assert await asyncio.to_thread(server.wait_for, lambda: server.cancelled == 1, 10)
     assert rlm.usage().cost_usd <= 0.0025
+
+
+async def test_a_batch_job_is_refused_under_a_cost_budget(server):
+    # Its cost is known only when it ends: it could not be held to the budget.
+    rlm = priced_rlm(server, max_session_cost_usd=1.0)
+    with pytest.raises(ConfigError, match=r"cannot be held to a cost budget \(RLM.max_sess"):
+        await helpers(rlm).llm_query_batch(["a", "b"], batch_job=True)
+    assert server.requests == [] and not server.batch_jobs.batches

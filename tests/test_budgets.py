@@ -168,10 +168,12 @@ async def test_a_resumed_map_holds_nothing_for_the_answers_kept_on_disk(server, 
 
 @pytest.mark.filterwarnings("ignore:max_cost_usd is set")  # the root model is unpriced
 async def test_child_runs_share_their_parents_budget(server):
-    # Each child's root turn (the sub-model, gpt-4o) holds its system prompt (~2,000
-    # tokens) and MAX_TOKENS: about $0.015. Room for two of the three at once.
-    budget = 0.035
-    rlm = priced_rlm(server, max_cost_usd=budget, sandbox="none")
+    # Each child's root turn (the sub-model, gpt-4o) holds its system prompt (500 to
+    # 2,200 tokens, as counted) and 4,000 tokens of answer: $0.041 to $0.046. Room for
+    # two of the three at once.
+    budget = 0.1
+    server.usage = None
+    rlm = make_rlm(server, sub_model=PRICED, max_tokens=4000, max_cost_usd=budget, sandbox="none")
     server.model_latency["gpt-4o"] = 0.5  # the three children overlap
     server.reply_with("gpt-4o", "FINAL(child answer)")
     server.script(

@@ -65,7 +65,7 @@ async def test_a_batch_is_cut_to_what_the_budget_holds_before_anything_is_sent(s
 async def test_calls_in_flight_count_at_their_most(server):
     budget = room_for(3)
     rlm = priced_rlm(server, max_session_cost_usd=budget)
-    server.latency = 0.5  # eight calls at once: none has ended when the last is admitted
+    server.latency = 1.5  # eight calls at once: none has ended when the last is admitted
     ask = helpers(rlm).llm_query
     outcomes = await asyncio.gather(*(ask(p) for p in prompts(8)), return_exceptions=True)
     refused = [o for o in outcomes if isinstance(o, BudgetExceededError)]
@@ -78,7 +78,7 @@ async def test_what_a_call_did_not_spend_lets_later_calls_in(server):
     # Room for one call at its most; each really costs a quarter of that.
     budget = room_for(1)
     rlm = priced_rlm(server, max_session_cost_usd=budget)
-    server.latency = 0.3
+    server.latency = 1.0
     ask = helpers(rlm).llm_query
     first, second, third = prompts(3)
     running = asyncio.ensure_future(ask(first))
@@ -174,7 +174,7 @@ async def test_child_runs_share_their_parents_budget(server):
     budget = 0.1
     server.usage = None
     rlm = make_rlm(server, sub_model=PRICED, max_tokens=4000, max_cost_usd=budget, sandbox="none")
-    server.model_latency["gpt-4o"] = 0.5  # the three children overlap
+    server.model_latency["gpt-4o"] = 1.5  # the three children overlap
     server.reply_with("gpt-4o", "FINAL(child answer)")
     server.script(
         "root-model",

@@ -11,6 +11,7 @@ from . import _moved
 from ._version import __version__
 from .errors import (
     BatchError,
+    BudgetExceededError,
     ConfigError,
     LLMQueryError,
     PromptTooLongError,
@@ -37,6 +38,7 @@ __all__ = [
     "ConfigError",
     "LLMQueryError",
     "PromptTooLongError",
+    "BudgetExceededError",
     "BatchError",
     "UsageLedger",
     "UsageSummary",

@@ -197,7 +197,15 @@ class RLMConfig(Configurable):
     max_cost_usd = Float(
         None,
         allow_none=True,
-        help="Stop a run once its known cost passes this many dollars. Default: no limit.",
+        help="Dollars one run (its child runs included) may spend: a call is sent only "
+        "if the most it can cost (its input, and max_tokens of answer) fits in what is "
+        "left. Default: no limit.",
+    ).tag(config=True)
+    max_session_cost_usd = Float(
+        None,
+        allow_none=True,
+        help="Dollars everything this RLM sends may spend, from its first call: runs, "
+        "notebook helpers and maps (held as max_cost_usd is). Default: no limit.",
     ).tag(config=True)
     step_timeout = Float(
         300.0,
@@ -349,7 +357,9 @@ class RLMConfig(Configurable):
         return value
 
     _check_rate = validate("rpm", "tpm")(_none_or(lambda v: v > 0, "> 0 or None (learned)"))
-    _check_cost = validate("max_cost_usd")(_none_or(lambda v: v >= 0, ">= 0 or None"))
+    _check_cost = validate("max_cost_usd", "max_session_cost_usd")(
+        _none_or(lambda v: v >= 0, ">= 0 or None")
+    )
     _check_window = validate("context_window")(
         _none_or(lambda v: v >= 256, ">= 256 tokens or None")
     )

@@ -8,7 +8,8 @@ What a user may meet (all ``RLMError``, each shown by IPython as its one line)::
     RLMError
     ├── ConfigError (also a ValueError)  a setting or an argument it cannot use
     ├── LLMQueryError                    a model call failed after its retries
-    │   └── PromptTooLongError           a prompt cannot fit the window; not sent
+    │   ├── PromptTooLongError           a prompt cannot fit the window; not sent
+    │   └── BudgetExceededError          a call could cost more than a budget has left; not sent
     ├── CompactionError                  the root conversation cannot be made to fit
     ├── BatchError                       some items failed; .results keeps the others
     ├── RLMRunError                      a run gave no final answer; .result keeps it
@@ -21,7 +22,7 @@ errors above, or an ``"Error: ..."`` string for model code)::
 
     RateLimitWaitExceeded   a call waited out rate limits past its time
     StreamStalled           a stream sent nothing for its stall timeout (a TimeoutError)
-    NotSent                 a map's item refused before sending (a spent budget)
+    AnswerOverBudget        a streamed answer ran past what its budget holds for it
     InvalidAnswer           a typed answer that does not validate (a ValueError)
 
 Three kinds of errors live beside their code, on purpose: the sandbox's (``repl.bridge.
@@ -103,6 +104,35 @@ class PromptTooLongError(LLMQueryError):
         return message
 
 
+class BudgetExceededError(LLMQueryError):
+    """A call could cost more than a cost budget has left; it was not sent."""
+
+    def __init__(
+        self,
+        model: str,
+        most: float,
+        left: float,
+        budget: str,
+        *,
+        why: str = "",
+        not_sent: tuple[int, int] | None = None,
+    ):
+        self.most, self.left, self.budget = most, left, budget
+        self.not_sent = not_sent  # (items of a batch not sent, the batch's size)
+        super().__init__(model, "not sent")
+        batch = (
+            f"; {not_sent[0]} of this batch's {not_sent[1]} items were not sent" if not_sent else ""
+        )
+        self.args = (
+            f"not sent to {model!r}: it could cost up to ${most:.4f}{why}, and "
+            f"{budget} has ${max(left, 0.0):.4f} left{batch}",
+        )
+
+    def __str__(self) -> str:
+        message: str = self.args[0]  # set in __init__
+        return message
+
+
 class CompactionError(RLMError):
     """The root model's conversation could not be compacted to fit its window."""
 
@@ -134,9 +164,10 @@ class InvalidAnswer(ValueError):
     """A typed answer that is not JSON, or does not match the schema (one line)."""
 
 
-class NotSent(Exception):
-    """An item of a map that its caller refused to send as it started (a run's cost
-    budget was spent); nothing was paid for it."""
+class AnswerOverBudget(Exception):
+    """A streamed answer ran past the output its cost budget holds for it (a server
+    that ignores max_tokens, or text denser than counted) and no more could be held:
+    the client cuts it there and keeps its text, marked."""
 
 
 class BatchError(RLMError):

@@ -99,15 +99,15 @@ async def test_model_code_s_typed_map_gives_validated_dicts(server, tmp_path):
 
 
 @pytest.mark.filterwarnings("ignore:max_cost_usd is set")  # the root model is unpriced
-async def test_a_spent_budget_refuses_the_rest_of_a_map_and_sends_nothing(server):
+async def test_a_map_the_budget_has_no_room_for_sends_nothing(server):
     rlm = make_rlm(server, sub_model="openai/gpt-4o", max_cost_usd=0.001)
-    server.usage = (100_000, 1_000)
-    server.script("root-model", [repl("a = llm_query('first')\nb = llm_query_batch(['x', 'y'])")])
+    server.script("root-model", [repl("b = llm_query_batch(['x', 'y'])"), "FINAL(z)"])
     result = await rlm.arun("q", context="c")
-    refused = "Error: cost budget max_cost_usd=$0.001 is spent; no request was sent"
+    refused = result.variables["b"][0]
     assert result.variables["b"] == [refused, refused]
-    assert len(server.requests_for("gpt-4o")) == 1
-    assert result.stop_reason == "budget"
+    assert refused.startswith("Error: not sent to 'openai/gpt-4o'")
+    assert refused.endswith("has $0.0010 left; 2 of this batch's 2 items were not sent")
+    assert not server.requests_for("gpt-4o")
 
 
 CONVERSATION = [{"role": "user", "content": "q"}]

@@ -140,6 +140,7 @@ class BatchProgress(_LiveDisplay, MapObserver):
         self.hold = hold  # says what holds the batch back (a provider's rate limit)
         self.done = 0
         self.failed = 0
+        self.unsent = 0  # items a cost budget had no room for
         self.in_flight = 0
         self.input_tokens = 0
         self.output_tokens = 0
@@ -169,10 +170,15 @@ class BatchProgress(_LiveDisplay, MapObserver):
         self.in_flight -= 1
         self.failed += 1
 
+    def not_sent(self, count: int, reason: Any) -> None:
+        self.unsent = count
+
     def line(self, stopped: bool = False) -> str:
-        parts = [f"{self.label}: {self.done + self.failed}/{self.total} done"]
+        parts = [f"{self.label}: {self.done + self.failed + self.unsent}/{self.total} done"]
         if self.failed:
             parts.append(f"{self.failed} failed")
+        if self.unsent:
+            parts.append(f"{self.unsent} not sent (cost budget)")
         if self.in_flight and not stopped and litellm_is_loading():
             parts.append(LOADING_LITELLM)  # nothing is sent yet: do not look stalled
         elif self.in_flight:

@@ -19,6 +19,7 @@ from .transports.base import Transport
 from .usage import CallRecord, UsageLedger
 
 if TYPE_CHECKING:
+    from .budget import Reservation
     from .cache import ResponseCache
     from .ratelimit import RateGate
 
@@ -85,6 +86,8 @@ class Call:
     limited_since: float | None = None  # when this call first met a rate limit
     cut_reason: str | None = None
     spent: Spent = field(default_factory=lambda: Spent())
+    # What it holds in its cost budgets until its record lands (see ``budget``).
+    reservation: Reservation | None = None
 
     def __post_init__(self) -> None:
         self.params = self.identity.params(self.options.response_format)
@@ -143,6 +146,12 @@ class Call:
                 elapsed_s=time.perf_counter() - self.started,
             )
         )
+        self.release()
+
+    def release(self) -> None:
+        """Its cost is recorded (or it never went): give back what it held."""
+        if self.reservation is not None:
+            self.reservation.release()
 
     def explained(self, failure: BaseException) -> BaseException:
         """A timeout as one line saying which limit was hit (see ``retries.explained``)."""

@@ -7,6 +7,8 @@ A call is a short pipeline, one method a stage:
 2. **prepare** (``_prepare``): secrets are removed from the messages, the prompt is fitted
    to the model's window (or refused before anything is paid), the prompt-cache markers
    are set;
+   **admit** (``budget.admit``): under a cost budget, the most the call can cost is held
+   until its record lands, or the call is refused, unsent, when that does not fit;
 3. **send** (``_send``): through the endpoint's rate gate, by its transport, with
    retries: backoff on failures, waits on 429s, a stream cut off keeps its text;
 4. **record** (``_record``): the usage ledger, what the usage teaches (characters per
@@ -30,9 +32,15 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError, LLMQueryError, RateLimitWaitExceeded, describe_exception
+from ..errors import (
+    BudgetExceededError,
+    ConfigError,
+    LLMQueryError,
+    RateLimitWaitExceeded,
+    describe_exception,
+)
+from . import budget, litellm_loader, local_servers, retries, windows
 from . import cache as response_cache
-from . import litellm_loader, local_servers, retries, windows
 from .call import Call, CallOptions
 from .completion import Completion
 from .endpoints import Endpoint, Endpoints
@@ -50,6 +58,7 @@ from .usage import CallRecord, UsageLedger
 
 if TYPE_CHECKING:
     from ..config import RLMConfig
+    from .budget import Reservation
     from .cache import ResponseCache
 
 
@@ -161,13 +170,17 @@ class LLMClient:
         ledger: UsageLedger | None = None,
         slot_held: bool = False,
         redactor: Redactor | None = None,
+        reservation: Reservation | None = None,
         **options: Any,
     ) -> Completion:
-        """One chat completion with retries. Raises ``LLMQueryError`` when it fails.
+        """One chat completion with retries. Raises ``LLMQueryError`` when it fails
+        (``BudgetExceededError`` when a cost budget has no room for it: not sent).
 
         ``slot_held`` says the caller already holds a limiter slot for this call (the
         batch runner acquires slots itself so it can start tasks as slots free up).
-        ``options``: see ``CallOptions``.
+        ``reservation``: what a map already holds for this call in its budgets (a
+        released one is spent: the call is admitted afresh). ``options``: see
+        ``CallOptions``.
         """
         call = Call(
             self.identity(model, max_tokens),
@@ -175,6 +188,8 @@ class LLMClient:
             CallOptions(**options),
             redactor,
         )
+        if reservation is not None and not reservation.released:
+            call.reservation = reservation
         litellm_loader.call_started()
         try:
             if slot_held:
@@ -183,6 +198,29 @@ class LLMClient:
                 return await self._complete(call, messages)
         finally:
             litellm_loader.call_ended()
+            call.release()  # a call refused, or ended before its record: nothing held
+
+    async def reserve_batch(
+        self,
+        conversations: list[Messages],
+        *,
+        model: str,
+        max_tokens: int,
+        ledger: UsageLedger | None = None,
+    ) -> tuple[list[Reservation | None], BudgetExceededError | None]:
+        """Holds for a map's items in the budgets of ``ledger``, in order, before any is
+        sent (see ``budget.admit_batch``): the first ``len(holds)`` items may go."""
+        ledger = ledger if ledger is not None else self.ledger
+        if not budget.budgets_of(ledger):  # (and litellm loads as the items start)
+            return [None] * len(conversations), None
+        return await budget.admit_batch(
+            ledger,
+            await litellm_loader.load_litellm(),
+            model,
+            self.endpoint.models_behind(model),
+            conversations,
+            max_tokens,
+        )
 
     async def _complete(self, call: Call, messages: Messages) -> Completion:
         call.started = time.perf_counter()  # its time counts from when it holds a slot
@@ -190,6 +228,15 @@ class LLMClient:
         if hit is not None:
             return hit
         await self._prepare(call, messages)
+        call.reservation = await budget.admit(
+            call.ledger,
+            call.litellm,
+            call.model,
+            self.endpoint.models_behind(call.model),
+            call.messages,
+            call.params["max_tokens"],
+            call.reservation,
+        )
         return self._record(call, await self._send(call))
 
     # -- 1. cache ----------------------------------------------------------------------
@@ -271,7 +318,7 @@ class LLMClient:
             options = call.options
             if call.state is not None and call.state.received and options.on_text is not None:
                 options.on_text(None)  # the answer starts over
-            call.state = StreamState(options.on_text) if call.streaming else None
+            call.state = StreamState(options.on_text, call.reservation) if call.streaming else None
             try:
                 answer = await self._attempt(call)
             except asyncio.CancelledError:
@@ -444,6 +491,7 @@ class LLMClient:
                 cut_off=completion.incomplete,
             )
         )
+        call.release()  # what it cost is recorded: the rest of its hold goes back
         # A broken-off answer is never kept; one cut at max_tokens only when that was
         # the max_tokens of the key (a hit then says cut_off, as the original did).
         if (

@@ -157,3 +157,40 @@ def batch_rates(litellm: Any, name: str, provider: str) -> tuple[float, float] |
         provider,
     )
     return input_cost / per_million, output_cost / per_million
+
+
+def highest_rates(
+    litellm: Any, model: str, behind: Sequence[str] = ()
+) -> tuple[float, float] | None:
+    """Dollars per input and per output token a call to ``model`` may be charged at
+    most (a budget's reckoning): the highest of its entry's rates, the tiers above a
+    prompt size and cache writes included (not the priority tier, which is asked for);
+    for a Router group, of the deployments ``behind`` it. None when one is unpriced."""
+    highest_in = highest_out = 0.0
+    for name in behind or (model,):
+        names = (name, name.split("/", 1)[1]) if "/" in name else (name,)
+        entry = price_entry(litellm, names)
+        if entry is None:
+            return None
+        rates = _RATES.get(id(entry))
+        if rates is None or rates[0] is not entry:
+            rates = _RATES[id(entry)] = (entry, _highest(entry, _INPUT), _highest(entry, _OUTPUT))
+        highest_in, highest_out = max(highest_in, rates[1]), max(highest_out, rates[2])
+    return highest_in, highest_out
+
+
+_INPUT = ("input_cost_per_token", "cache_creation_input_token_cost")
+_OUTPUT = ("output_cost_per_token", "output_cost_per_reasoning_token")
+_RATES: dict[int, tuple[dict[str, Any], float, float]] = {}
+
+
+def _highest(entry: dict[str, Any], bases: tuple[str, ...]) -> float:
+    return max(
+        (
+            float(value)
+            for key, value in entry.items()
+            if isinstance(value, (int, float))
+            and any(key == base or key.startswith(base + "_above_") for base in bases)
+        ),
+        default=0.0,
+    )

@@ -5,6 +5,8 @@ or a stall is still counted.
 The per-chunk path is kept cheap (it runs on the kernel's loop, once per token): a
 piece of text is appended to a list and the stall timer is pushed back; joining the
 text, counting tokens and pricing happen once, at the end (``StreamState.response``).
+Under a cost budget, a piece's length is added up too: an answer past what its budget
+holds for it holds more, or is cut (``budget.Reservation.more``).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 from ..errors import StreamStalled
 
@@ -21,11 +23,22 @@ from ..errors import StreamStalled
 OnText = Callable[[str | None], None]
 
 
+class Watch(Protocol):
+    """What holds an answer to its cost budget (``budget.Reservation``)."""
+
+    def first_limit(self) -> int: ...
+
+    def more(self, characters: int) -> int: ...
+
+
 class StreamState:
     """What a streamed attempt has received so far; survives any failure."""
 
-    def __init__(self, on_text: OnText | None = None):
+    def __init__(self, on_text: OnText | None = None, watch: Watch | None = None):
         self.on_text = on_text
+        self.watch = watch  # a cost budget's hold on the answer, if any
+        self._characters = 0
+        self._limit = watch.first_limit() if watch is not None else 0
         self.chunks: list[Any] = []
         self._pieces: list[str] = []
         self.first_token_at: float | None = None
@@ -43,6 +56,8 @@ class StreamState:
             self._pieces.append(piece)
             if self.on_text is not None:
                 self.on_text(piece)
+            if self.watch is not None:
+                self._watched(piece)
 
     def add_text(self, piece: str) -> None:
         """One piece of streamed text (the wire transport's path: no chunk objects)."""
@@ -51,6 +66,15 @@ class StreamState:
         self._pieces.append(piece)
         if self.on_text is not None:
             self.on_text(piece)
+        if self.watch is not None:
+            self._watched(piece)
+
+    def _watched(self, piece: str) -> None:
+        """Past what is held for it, the answer holds more or stops here (raises
+        ``AnswerOverBudget``, after the piece is kept)."""
+        self._characters += len(piece)
+        if self._characters > self._limit and self.watch is not None:
+            self._limit = self.watch.more(self._characters)
 
     @property
     def text(self) -> str:

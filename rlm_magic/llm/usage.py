@@ -226,12 +226,14 @@ def format_saving(dollars: float, unpriced: int = 0) -> str:
 class UsageLedger:
     """Thread-safe, append-only record of model calls; forwards to its parent.
 
-    Totals are kept as records arrive: budgets check them before every sub-call and the
+    Totals are kept as records arrive: budgets read them before every call and the
     status panel reads them a few times a second, so neither re-adds the whole history.
     """
 
     def __init__(self, parent: UsageLedger | None = None):
         self.parent = parent
+        # The cost budget on what this ledger records (a ``budget.CostBudget``), if any.
+        self.budget: Any = None
         self._records: list[CallRecord] = []
         self._totals = UsageSummary()
         self._lock = threading.Lock()
@@ -254,7 +256,7 @@ class UsageLedger:
 
     @property
     def cost_usd(self) -> float:
-        """Known cost so far (unpriced calls count as 0): what budgets compare against."""
+        """Known cost so far (unpriced calls count as 0): what budgets count as spent."""
         with self._lock:
             return self._totals.total.cost_usd or 0.0
 

@@ -10,6 +10,8 @@ A map:
 
 - asks each conversation under the client's concurrency limit (``gather``), streamed;
 - with ``answer_format``, validates every answer, asking again once with the error;
+- under a cost budget, holds the most each item can cost, in order, before sending any:
+  the items past what fits are not sent, each with the error that says why;
 - keeps its answers on disk as they arrive (``resume``: on by default from
   ``RESUME_AT`` prompts), so running the same map again sends only the prompts still
   unanswered; kept typed answers are checked again before they are handed back;
@@ -25,7 +27,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..errors import InvalidAnswer, LLMQueryError, NotSent
+from ..errors import BudgetExceededError, ConfigError, InvalidAnswer, LLMQueryError
+from ..llm.budget import budgets_of
 from ..llm.litellm_loader import load_litellm
 from ..llm.messages import Messages
 from ..llm.structured import AnswerFormat, ask, prepare
@@ -51,8 +54,6 @@ class MapSpec:
     ledger: UsageLedger | None = None  # where its usage goes; None: the client's
     # When each item must have ended (a REPL step's deadline), read as the item starts.
     deadline: Callable[[], float | None] | None = None
-    # Asked as each item starts: a reason not to send it (a spent budget), or None.
-    refusal: Callable[[], str | None] | None = None
 
 
 class MapObserver:
@@ -69,6 +70,9 @@ class MapObserver:
 
     def item_failed(self, index: int, error: BaseException) -> None: ...
 
+    def not_sent(self, count: int, reason: BudgetExceededError) -> None:
+        """The last ``count`` items to send did not fit the cost budget: none was sent."""
+
     def job_changed(self, record: JobRecord) -> None:
         """A batch job's state or counts changed."""
 
@@ -82,6 +86,7 @@ class MapOutcome:
         self.kept: dict[int, Any] = {}  # index -> value, from an earlier run
         self.sent: list[int] = list(range(total))  # the indices this run asks
         self.gathered = BatchOutcome(total)  # by position in ``sent``
+        self.refused: dict[int, Exception] = {}  # index -> why it was not sent (a budget)
         self.on_disk = False  # its answers are kept for a re-run
         self.job: BatchJob | None = None  # the batch job, when it runs as one
         self.answer_format: AnswerFormat | None = None
@@ -97,7 +102,8 @@ class MapOutcome:
 
     def failures(self) -> dict[int, Exception]:
         """The items that failed, by index in the whole map."""
-        return {self.sent[position]: error for position, error in self.gathered.errors.items()}
+        failed = {self.sent[position]: error for position, error in self.gathered.errors.items()}
+        return {**self.refused, **failed}
 
 
 async def run_map(
@@ -120,30 +126,45 @@ async def run_map(
     identity = client.identity(
         spec.model, spec.max_tokens, answer_format.identity() if answer_format else None
     )
+    ledger = spec.ledger if spec.ledger is not None else client.ledger
     if spec.batch_job:
+        if budgets_of(ledger):
+            raise ConfigError(
+                "a batch job's cost is known only when it ends, so it cannot be held to a "
+                f"cost budget ({budgets_of(ledger)[0].named()}): unset it, or map without "
+                "batch_job"
+            )
         return await _as_batch_job(client, conversations, identity, spec, observer, outcome)
     total = len(conversations)
-    ledger = spec.ledger if spec.ledger is not None else client.ledger
     store = None
     if spec.resume or (spec.resume is None and total >= RESUME_AT):
         store = await MapStore.open(client.config.cache_dir, identity, conversations)
         outcome.kept = _kept_answers(await store.load_kept(), answer_format, ledger)
         outcome.on_disk = True
     outcome.sent = [i for i in range(total) if i not in outcome.kept]
-    outcome.gathered = BatchOutcome(len(outcome.sent))
     observer.kept(len(outcome.kept))
+    # Kept answers hold nothing; the rest hold their most, in order, before any is sent.
+    holds, refused = await client.reserve_batch(
+        [conversations[i] for i in outcome.sent],
+        model=identity.model,
+        max_tokens=identity.max_tokens,
+        ledger=ledger,
+    )
+    if refused is not None:
+        outcome.refused = dict.fromkeys(outcome.sent[len(holds) :], refused)
+        outcome.sent = outcome.sent[: len(holds)]
+        observer.not_sent(len(outcome.refused), refused)
+    outcome.gathered = BatchOutcome(len(outcome.sent))
     redactor = client.redactor()  # one for every item: it scans the environment
 
-    async def ask_one(messages: Messages) -> Any:
-        refused = spec.refusal() if spec.refusal is not None else None
-        if refused is not None:
-            raise NotSent(refused)
+    async def ask_one(messages: Messages, hold: Any) -> Any:
         options: dict[str, Any] = {
             "model": identity.model,
             "max_tokens": spec.max_tokens,
             "ledger": ledger,
             "slot_held": True,
             "redactor": redactor,
+            "reservation": hold,
             # Streamed: a slow model's long answer is timed out on a stall, not cut off
             # at a total and started again.
             "stream": True,
@@ -153,12 +174,17 @@ async def run_map(
             return await ask(client.complete, messages, answer_format, identity.model, **options)
         return await client.complete(messages, **options)
 
-    calls = [(lambda m=conversations[i]: ask_one(m)) for i in outcome.sent]
+    calls = [
+        (lambda m=conversations[i], h=hold: ask_one(m, h)) for i, hold in zip(outcome.sent, holds)
+    ]
     try:
         await gather_limited(
             calls, client.limiter, _Placed(outcome.sent, observer, store), outcome.gathered
         )
     finally:
+        for hold in holds:  # an item interrupted before it started still held its most
+            if hold is not None:
+                hold.release()
         if store is not None:
             store.close()
     errors = outcome.failures()

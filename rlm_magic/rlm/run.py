@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError, describe_exception
+from ..errors import BudgetExceededError, ConfigError, describe_exception
 from ..llm.redaction import redact_messages
 from ..llm.usage import UsageLedger
 from ..repl.base import REPL, SandboxSettings
@@ -224,7 +224,14 @@ class Run:
             result.stop_reason, result.error = "interrupted", "interrupted by the user"
             raise
         except Exception as exc:  # noqa: BLE001 - the run fails, the result keeps it
-            result.stop_reason, result.error = "error", describe_exception(exc)
+            refused = _budget_refusal(exc)
+            if refused is not None:  # a root turn (or its summary) the budget had no room for
+                result.stop_reason, result.error = (
+                    "budget",
+                    f"stopped by the cost budget: {refused}",
+                )
+            else:
+                result.stop_reason, result.error = "error", describe_exception(exc)
         finally:
             if self.workspace is not None:
                 await self.workspace.close(result)
@@ -393,3 +400,13 @@ class Run:
             if iteration is not None:
                 self.tree.iteration = iteration
                 self.tree.max_iterations = self.settings.max_iterations
+
+
+def _budget_refusal(exc: BaseException) -> BudgetExceededError | None:
+    """The budget's refusal that ended the run (a compaction's wraps it), or None."""
+    link: BaseException | None = exc
+    while link is not None:
+        if isinstance(link, BudgetExceededError):
+            return link
+        link = link.__cause__
+    return None

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..config import RLMConfig
 from ..errors import ConfigError
+from ..llm.budget import CostBudget
 from ..llm.client import LLMClient
 from ..llm.transports import close_loop_clients
 from ..llm.usage import SESSION_LEDGER, UsageLedger, UsageSummary
@@ -33,7 +34,12 @@ class RLM(RLMConfig):
     def client(self) -> LLMClient:
         """The client all calls of this RLM go through (one limit, one ledger)."""
         if self._client is None:
-            self._client = LLMClient(self, UsageLedger(parent=SESSION_LEDGER))
+            ledger = UsageLedger(parent=SESSION_LEDGER)
+            # Read at each call: a %config of RLM.max_session_cost_usd holds from the next.
+            ledger.budget = CostBudget(
+                ledger, lambda: self.max_session_cost_usd, "RLM.max_session_cost_usd"
+            )
+            self._client = LLMClient(self, ledger)
         return self._client
 
     def usage(self) -> UsageSummary:

@@ -2,8 +2,10 @@
 ``rlm_query``, ``rlm_query_batch``) do when model code calls them.
 
 Model code may not choose its model (the sub-model is pinned), may not spend past the
-run's sub-call and cost budgets, and sees failures as ``"Error: ..."`` strings, never as
-exceptions. A model code's map is the notebook's (``maps.run_map``), reporting its way.
+run's sub-call and cost budgets (a call the cost budget has no room for is not sent,
+and a batch is cut to what fits before any item goes), and sees failures as
+``"Error: ..."`` strings, never as exceptions. A model code's map is the notebook's
+(``maps.run_map``), reporting its way.
 The budgets and counts a run shares with its children are its ``tree.RunTree``.
 """
 
@@ -12,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, cast
 
-from ..errors import ConfigError, LLMQueryError, NotSent, PromptTooLongError, describe_exception
+from ..errors import ConfigError, LLMQueryError, PromptTooLongError, describe_exception
 from ..llm.limiter import ConcurrencyLimiter
 from ..llm.messages import build_messages
 from ..llm.structured import AnswerFormat, ask
@@ -128,7 +130,6 @@ class SubCalls:
             resume=resume if isinstance(resume, bool) else None,
             ledger=self.tree.ledger,
             deadline=lambda: self.deadline,
-            refusal=self._budget_spent,
         )
         answers, errors = await run_map(self.client, conversations, spec, _TreeObserver(self))
         answers = [
@@ -182,9 +183,6 @@ class SubCalls:
         answer_format: AnswerFormat | None = None,
     ) -> Any:
         """One ``llm_query``: the run's budgets, the sub-model, errors as values."""
-        refused = self._budget_spent()
-        if refused is not None:
-            return f"Error: {refused}"
         prompt = prompt if isinstance(prompt, str) else str(prompt)
         tokens = self._tokens(max_tokens)
         self.tree.call_started()
@@ -220,12 +218,6 @@ class SubCalls:
             return min(max_tokens, self.max_tokens)
         return self.max_tokens
 
-    def _budget_spent(self) -> str | None:
-        """Why no more sub-calls may be sent (the run's cost budget is spent), or None."""
-        if not self.tree.over_budget():
-            return None
-        return f"cost budget max_cost_usd=${self.tree.max_cost_usd:g} is spent; no request was sent"
-
     def _error_value(self, exc: BaseException, max_tokens: int) -> str:
         """A failed sub-call as model code sees it: one line, with what to change."""
         if isinstance(exc, PromptTooLongError):
@@ -234,7 +226,7 @@ class SubCalls:
             return "Error: " + refusal_advice(
                 exc, self.client.input_window(self.sub_model), max_tokens
             )
-        if isinstance(exc, (LLMQueryError, NotSent)):
+        if isinstance(exc, LLMQueryError):
             return f"Error: {exc}"
         return f"Error: {describe_exception(exc)}"
 

@@ -1,13 +1,13 @@
 """The run tree: what a run shares with its child runs (``rlm_query``): one ledger, one
-sub-call budget, one cost budget, and the counts the status panel reads a few times a
-second."""
+sub-call budget, one cost budget (held by the ledger: see ``llm.budget``), and the
+counts the status panel reads a few times a second."""
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..llm.budget import CostBudget
 from ..llm.usage import UsageLedger
 
 if TYPE_CHECKING:
@@ -27,10 +27,15 @@ class RunTree:
     done: int = 0
     failed: int = 0
     phase: str = "starting"
-    warned_unpriced: bool = False
     iteration: int = 0
     max_iterations: int = 0
     live_turn: LiveTurn | None = None  # the root turn streaming in, for the panel
+
+    def __post_init__(self) -> None:
+        if self.max_cost_usd is not None:
+            # Held by the tree's ledger: every call of the run and its children
+            # (their records land there) is admitted against it before it is sent.
+            self.ledger.budget = CostBudget(self.ledger, self.max_cost_usd, "max_cost_usd")
 
     def sub_calls_left(self) -> int:
         return self.max_sub_calls - self.sub_calls
@@ -49,32 +54,11 @@ class RunTree:
         self.failed += failed
         self.done += not failed
 
-    def over_budget(self) -> bool:
-        return self.max_cost_usd is not None and self.ledger.cost_usd > self.max_cost_usd
-
     def budget_spent(self) -> str | None:
-        """Why the run must stop now (its known cost passed ``max_cost_usd``), or None.
-        Warns once when the budget cannot see some calls (litellm has no price)."""
-        self._warn_if_budget_is_blind()
-        if not self.over_budget():
+        """Why the run must stop now (its cost budget has nothing left), or None. A call
+        the budget has no room for is refused before it is sent (``llm.budget``); the
+        run stops when that is a root turn."""
+        limit = self.max_cost_usd
+        if limit is None or self.ledger.cost_usd < limit:
             return None
-        return (
-            f"cost budget exceeded: spent ${self.ledger.cost_usd:.4f} of "
-            f"max_cost_usd=${self.max_cost_usd:g}"
-        )
-
-    def _warn_if_budget_is_blind(self) -> None:
-        if self.max_cost_usd is None or self.warned_unpriced:
-            return
-        unpriced = [
-            row.model for row in self.ledger.summary().by_model.values() if row.unpriced_calls
-        ]
-        if unpriced:
-            self.warned_unpriced = True
-            warnings.warn(
-                f"max_cost_usd is set, but litellm has no price for "
-                f"{', '.join(unpriced)}: those calls count as $0 against the "
-                "budget",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+        return f"cost budget spent: ${self.ledger.cost_usd:.4f} of max_cost_usd=${limit:g}"

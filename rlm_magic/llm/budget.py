@@ -1,0 +1,255 @@
+"""Cost budgets that are never exceeded: a call is sent only if the most it can cost
+fits in what its budgets have left.
+
+A budget (a run tree's ``max_cost_usd``, an RLM's ``RLM.max_session_cost_usd``) belongs
+to the ledger whose records it limits (``UsageLedger.budget``); a call is held to every
+budget on its ledger's parent chain. What a budget has left is its limit, less what its
+ledger recorded, less what the calls in flight hold: each holds the most it can cost
+(``Reservation``) until its record lands, which gives the rest back. The client admits a
+call between preparing and sending it (``admit``); a map takes its items' holds in order
+before it sends any (``admit_batch``), so a batch with room for ten sends ten.
+
+The most a call can cost is its input, counted, at its model's highest input rate, plus
+``max_tokens`` at its highest output rate. A prompt up to ``SMALL_PROMPT`` characters
+counts as its UTF-8 bytes (no byte-level tokenizer makes more tokens than bytes); a
+larger one by litellm's tokenizer (the larger of that and the estimate), 5% over. What
+can still pass the count: a server that ignores ``max_tokens``, or a tokenizer that
+reads the prompt as more tokens than litellm's. The first is watched as the answer
+streams (``Reservation.more``): past its hold, the answer holds more, or is cut. The
+second is recorded as it was billed, and leaves that much less for the next call.
+
+One hold covers every attempt of a call: an attempt that brought text is kept as the
+answer (cut, marked), never started over, and one that brought none was not billed
+(a 429 neither); so the attempts together cost at most what the last one does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..errors import AnswerOverBudget, BudgetExceededError
+from .messages import Messages
+from .pricing import highest_rates
+from .usage import UsageLedger
+from .windows import chars_per_token, estimate_tokens
+
+SMALL_PROMPT = 2_000  # characters: counted as bytes up to this, by a tokenizer past it
+COUNT_MARGIN = 1.05  # over litellm's count: another tokenizer may read a few % more
+_OFF_LOOP = 50_000  # characters: a prompt this long is counted in a thread (~15 ms / 400k)
+_MESSAGE_OVERHEAD = 8  # tokens a chat template may add per message
+
+
+class CostBudget:
+    """A limit in dollars on what one ledger (and the ledgers under it) records.
+
+    ``limit``: dollars, or a function reading a setting (None: no limit now).
+    ``setting``: its name, as errors say it (``max_cost_usd``)."""
+
+    def __init__(
+        self, ledger: UsageLedger, limit: float | Callable[[], float | None], setting: str
+    ):
+        self.ledger = ledger
+        self._limit = limit
+        self.setting = setting
+        self.held = 0.0  # dollars the calls in flight hold
+        self.warned_unpriced = False
+
+    @property
+    def limit(self) -> float | None:
+        return self._limit() if callable(self._limit) else self._limit
+
+    def left(self) -> float:
+        limit = self.limit
+        return float("inf") if limit is None else limit - self.ledger.cost_usd - self.held
+
+    def named(self) -> str:
+        return f"{self.setting}=${self.limit:g}"
+
+    def warn_unpriced(self, model: str) -> None:
+        """Once per budget, before the first call it cannot price is sent."""
+        if self.warned_unpriced:
+            return
+        self.warned_unpriced = True
+        warnings.warn(
+            f"{self.setting} is set, but litellm has no price for {model}: its calls "
+            "count as $0 against the budget",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+
+
+def budgets_of(ledger: UsageLedger | None) -> list[CostBudget]:
+    """The budgets a call recorded in ``ledger`` is held to (those with a limit now)."""
+    found = []
+    while ledger is not None:
+        budget: CostBudget | None = ledger.budget
+        if budget is not None and budget.limit is not None:
+            found.append(budget)
+        ledger = ledger.parent
+    return found
+
+
+class Reservation:
+    """Dollars one call holds in each of its budgets until its record lands. The
+    stream of its answer is watched by it too (``first_limit``, ``more``)."""
+
+    def __init__(
+        self,
+        budgets: Sequence[CostBudget],
+        model: str,
+        output_tokens: int = 0,
+        output_rate: float = 0.0,
+    ):
+        self.budgets, self.model = budgets, model
+        self.amount = 0.0
+        self.released = False
+        self.output_tokens, self.output_rate = output_tokens, output_rate
+        self.chars_per_token = chars_per_token(model)
+
+    def grow(self, extra: float, why: str = "", not_sent: tuple[int, int] | None = None) -> None:
+        """Hold ``extra`` dollars more in every budget, or raise ``BudgetExceededError``
+        (holding nothing more) when one of them has not that much left."""
+        if extra <= 0:
+            return
+        for budget in self.budgets:
+            left = budget.left()
+            if extra > left:
+                raise BudgetExceededError(
+                    self.model, self.amount + extra, left + self.amount, budget.named(),
+                    why=why, not_sent=not_sent,
+                )  # fmt: skip
+        for budget in self.budgets:
+            budget.held += extra
+        self.amount += extra
+
+    def release(self) -> None:
+        """The call's record has landed (or it never went): give the hold back."""
+        if not self.released:
+            self.released = True
+            for budget in self.budgets:
+                budget.held -= self.amount
+
+    # -- the answer's stream -------------------------------------------------------------
+    def first_limit(self) -> int:
+        """Characters of answer the hold covers (at the model's characters a token)."""
+        return int(self.output_tokens * self.chars_per_token)
+
+    def more(self, characters: int) -> int:
+        """The answer streamed past what is held for it: hold a quarter more, and
+        return the new limit in characters; raise ``AnswerOverBudget`` when no budget
+        has room for it (the client then cuts the answer, keeping its text)."""
+        streamed = int(characters / self.chars_per_token)
+        extra = max(streamed - self.output_tokens, 0) + max(self.output_tokens // 4, 16)
+        try:
+            self.grow(extra * self.output_rate)
+        except BudgetExceededError as refused:
+            raise AnswerOverBudget(
+                f"cut at ~{streamed:,} tokens: the answer ran past the {self.output_tokens:,}"
+                f" held for it and {refused.budget} has no room for more"
+            ) from None
+        self.output_tokens += extra
+        return self.first_limit()
+
+
+async def admit(
+    ledger: UsageLedger,
+    litellm: Any,
+    model: str,
+    behind: Sequence[str],
+    messages: Messages,
+    max_tokens: int,
+    held: Reservation | None = None,
+) -> Reservation | None:
+    """Hold the most this call can cost in each of its ledger's budgets (``held``: a
+    hold its map took for it, grown if the call came out larger); None when no budget
+    limits it, or litellm has no price for it (said once per budget, here, before it
+    is sent). Raises ``BudgetExceededError`` when it does not fit: nothing is sent."""
+    budgets = budgets_of(ledger)
+    if not budgets:
+        return None
+    rates = highest_rates(litellm, model, behind)
+    if rates is None:
+        for budget in budgets:
+            budget.warn_unpriced(model)
+        return None
+    tokens = await input_tokens_at_most(litellm, model, messages)
+    most = tokens * rates[0] + max_tokens * rates[1]
+    reservation = held if held is not None else Reservation(budgets, model)
+    reservation.output_tokens, reservation.output_rate = max_tokens, rates[1]
+    reservation.grow(most - reservation.amount, _why(tokens, max_tokens))
+    return reservation
+
+
+async def admit_batch(
+    ledger: UsageLedger,
+    litellm: Any,
+    model: str,
+    behind: Sequence[str],
+    conversations: Sequence[Messages],
+    max_tokens: int,
+) -> tuple[list[Reservation | None], BudgetExceededError | None]:
+    """Holds for a batch's items, taken in order until one does not fit: the first
+    ``len(holds)`` items may go; the error says why the rest are not sent (None when
+    all fit). Nothing is sent here."""
+    budgets = budgets_of(ledger)
+    rates = highest_rates(litellm, model, behind) if budgets else None
+    if rates is None:
+        return [None] * len(conversations), None
+    holds: list[Reservation | None] = []
+    for index, messages in enumerate(conversations):
+        tokens = await input_tokens_at_most(litellm, model, messages)
+        hold = Reservation(budgets, model, max_tokens, rates[1])
+        try:
+            hold.grow(
+                tokens * rates[0] + max_tokens * rates[1],
+                _why(tokens, max_tokens),
+                not_sent=(len(conversations) - index, len(conversations)),
+            )
+        except BudgetExceededError as refused:
+            return holds, refused
+        holds.append(hold)
+    return holds, None
+
+
+def _why(tokens: int, max_tokens: int) -> str:
+    return f" (~{tokens:,} input tokens and max_tokens={max_tokens:,})"
+
+
+async def input_tokens_at_most(litellm: Any, model: str, messages: Messages) -> int:
+    """The most input tokens a provider may bill for ``messages`` (see the module's
+    docstring); a large prompt is counted off the loop."""
+    texts = [
+        m["content"] if isinstance(m.get("content"), str) else str(m.get("content"))
+        for m in messages
+    ]
+    overhead = _MESSAGE_OVERHEAD * len(messages)
+    characters = sum(map(len, texts))
+    if characters <= SMALL_PROMPT:
+        return sum(len(text.encode("utf-8")) for text in texts) + overhead
+    key = (model, hash(tuple(texts)), characters)
+    counted = _COUNTED.get(key)
+    if counted is None:
+        try:
+            # Off the loop when long, and the first time (the tokenizer loads: ~0.4 s).
+            if characters > _OFF_LOOP or not _COUNTED:
+                counted = await asyncio.to_thread(_count, litellm, model, messages)
+            else:
+                counted = _count(litellm, model, messages)
+        except Exception:  # noqa: BLE001 - no tokenizer: the bytes bound
+            counted = sum(len(text.encode("utf-8")) for text in texts)
+        if len(_COUNTED) > 1024:
+            _COUNTED.clear()
+        _COUNTED[key] = counted
+    return int(max(counted, estimate_tokens(messages, model)) * COUNT_MARGIN) + overhead
+
+
+# Counts of large prompts, by (model, the texts' hash, their length): a map's holds and
+# then its calls count each prompt once.
+_COUNTED: dict[tuple[str, int, int], int] = {}
+
+
+def _count(litellm: Any, model: str, messages: Messages) -> int:
+    return int(litellm.token_counter(model=model, messages=messages))

@@ -276,7 +276,8 @@ class LLMClient:
     async def _prepare(self, call: Call, messages: Messages) -> None:
         config, model = self.config, call.model
         call.litellm = litellm = await litellm_loader.load_litellm()
-        call.redactor = call.redactor or self.redactor()
+        if call.redactor is None:  # (one with no secrets is falsy, and is still the one)
+            call.redactor = self.redactor()
         call.messages = messages = await redact_messages(messages, call.redactor)
         call.characters = sum(
             len(m["content"]) for m in messages if isinstance(m.get("content"), str)

@@ -116,7 +116,8 @@ async def test_a_model_without_a_price_is_said_once_before_anything_is_sent(serv
     assert sent_when_warned == [
         (
             "RLM.max_session_cost_usd is set, but litellm has no price for openai/sub-model: "
-            "its calls count as $0 against the budget",
+            "its calls are sent while the budget has anything left, and count as $0 unless "
+            "the provider reports their cost",
             0,
         )
     ]
@@ -219,9 +220,61 @@ async def test_a_streamed_answer_past_what_its_budget_holds_is_cut_and_marked(se
     assert rlm.usage().cost_usd <= 0.0025
 
 
+async def test_an_answer_dense_in_tokens_is_cut_within_its_budget_too(server):
+    # Digits are a token each: counted as characters at ~4 a token, they ran 4x over.
+    rlm = priced_rlm(server, max_session_cost_usd=0.0025)
+    server.reply_with("gpt-4o", " ".join(str(i % 10) for i in range(4000)))
+    server.token_delay = 0.001
+    answer = await helpers(rlm).llm_query("short", max_tokens=100)
+    assert "[answer cut off: cut at ~" in answer
+    assert rlm.usage().cost_usd <= 0.0025
+
+
 async def test_a_batch_job_is_refused_under_a_cost_budget(server):
     # Its cost is known only when it ends: it could not be held to the budget.
     rlm = priced_rlm(server, max_session_cost_usd=1.0)
     with pytest.raises(ConfigError, match=r"cannot be held to a cost budget \(RLM.max_sess"):
         await helpers(rlm).llm_query_batch(["a", "b"], batch_job=True)
     assert server.requests == [] and not server.batch_jobs.batches
+
+
+async def test_a_map_interrupted_while_it_takes_its_holds_gives_them_back(server):
+    rlm = priced_rlm(server, max_session_cost_usd=100.0)
+    budget = rlm.client.ledger.budget
+    # Long prompts are counted in a thread: the map is still taking holds when stopped.
+    long = [f"{i} " + "lorem ipsum dolor sit amet " * 3000 for i in range(100)]
+    mapping = asyncio.ensure_future(helpers(rlm).llm_query_batch(long))
+    while budget.held == 0:
+        await asyncio.sleep(0.001)
+    mapping.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await mapping
+    assert server.requests == [] and budget.held == pytest.approx(0.0, abs=1e-12)
+
+
+async def test_a_model_without_a_price_stops_once_its_reported_cost_spent_the_budget(
+    server, monkeypatch
+):
+    # A LiteLLM Proxy prices what litellm cannot, and says so in a header.
+    monkeypatch.setattr(
+        server, "response_headers", lambda body: {"x-litellm-response-cost": "0.01"}
+    )
+    rlm = make_rlm(server, sub_model="openai/team-gpt", max_session_cost_usd=0.02)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for question in ("one", "two"):
+            await helpers(rlm).llm_query(question)
+        with pytest.raises(BudgetExceededError, match="its price is not known"):
+            await helpers(rlm).llm_query("three")
+    assert len(server.requests) == 2 and rlm.usage().cost_usd == pytest.approx(0.02)
+
+
+async def test_a_typed_answers_schema_is_held_as_input(server):
+    rlm = priced_rlm(server, max_session_cost_usd=room_for(1))
+    schema = {
+        "type": "object",
+        "properties": {f"field_{i}": {"type": "string"} for i in range(1500)},
+    }  # ~50,000 characters, billed as input with the question
+    with pytest.raises(BudgetExceededError, match="could cost up to"):
+        await helpers(rlm).llm_query("hi", response_format=schema)
+    assert server.requests == []

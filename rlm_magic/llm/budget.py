@@ -34,7 +34,7 @@ from ..errors import AnswerOverBudget, BudgetExceededError
 from .messages import Messages
 from .pricing import highest_rates
 from .usage import UsageLedger
-from .windows import chars_per_token, estimate_tokens
+from .windows import estimate_tokens
 
 SMALL_PROMPT = 2_000  # characters: counted as bytes up to this, by a tokenizer past it
 COUNT_MARGIN = 1.05  # over litellm's count: another tokenizer may read a few % more
@@ -75,7 +75,8 @@ class CostBudget:
         self.warned_unpriced = True
         warnings.warn(
             f"{self.setting} is set, but litellm has no price for {model}: its calls "
-            "count as $0 against the budget",
+            "are sent while the budget has anything left, and count as $0 unless the "
+            "provider reports their cost",
             RuntimeWarning,
             stacklevel=2,
         )
@@ -107,7 +108,10 @@ class Reservation:
         self.amount = 0.0
         self.released = False
         self.output_tokens, self.output_rate = output_tokens, output_rate
-        self.chars_per_token = chars_per_token(model)
+        # Counts streamed text as the ledger will record it (litellm's tokenizer), once
+        # the answer passes first_limit.
+        self.counter: Callable[[str], int] | None = None
+        self._counted_chars = self._streamed_tokens = 0
 
     def grow(self, extra: float, why: str = "", not_sent: tuple[int, int] | None = None) -> None:
         """Hold ``extra`` dollars more in every budget, or raise ``BudgetExceededError``
@@ -134,24 +138,44 @@ class Reservation:
 
     # -- the answer's stream -------------------------------------------------------------
     def first_limit(self) -> int:
-        """Characters of answer the hold covers (at the model's characters a token)."""
-        return int(self.output_tokens * self.chars_per_token)
+        """Characters of answer after which it is counted: as many as tokens are held
+        (at worst a token a character: digits, CJK), so a dense answer is caught early;
+        a few counts of new text follow as an ordinary one grows."""
+        return self.output_tokens
 
-    def more(self, characters: int) -> int:
-        """The answer streamed past what is held for it: hold a quarter more, and
-        return the new limit in characters; raise ``AnswerOverBudget`` when no budget
-        has room for it (the client then cuts the answer, keeping its text)."""
-        streamed = int(characters / self.chars_per_token)
-        extra = max(streamed - self.output_tokens, 0) + max(self.output_tokens // 4, 16)
-        try:
-            self.grow(extra * self.output_rate)
-        except BudgetExceededError as refused:
-            raise AnswerOverBudget(
-                f"cut at ~{streamed:,} tokens: the answer ran past the {self.output_tokens:,}"
-                f" held for it and {refused.budget} has no room for more"
-            ) from None
-        self.output_tokens += extra
-        return self.first_limit()
+    def more(self, text: str) -> int:
+        """The answer streamed past ``first_limit`` (a server that ignores max_tokens, or
+        text denser in tokens than usual): count it as it will be recorded, hold what it
+        takes plus a quarter more, and return the characters after which to count again;
+        raise ``AnswerOverBudget`` when no budget has room (the client then cuts the
+        answer, keeping its text). Counted a piece at a time: each character once."""
+        new = text[self._counted_chars :]
+        self._counted_chars = len(text)
+        self._streamed_tokens += self._count(new) + 1  # +1: a token split between pieces
+        room = self.output_tokens - self._streamed_tokens
+        if room < 16:
+            extra = -room + max(self.output_tokens // 4, 16)
+            try:
+                self.grow(extra * self.output_rate)
+            except BudgetExceededError as refused:
+                raise AnswerOverBudget(
+                    f"cut at ~{self._streamed_tokens:,} tokens: the answer ran past the "
+                    f"{self.output_tokens:,} held for it and {refused.budget} has no room "
+                    "for more"
+                ) from None
+            self.output_tokens += extra
+            room = self.output_tokens - self._streamed_tokens
+        # At worst a token a character (digits, CJK) until the next count.
+        return len(text) + room
+
+    def _count(self, text: str) -> int:
+        counter = self.counter
+        if counter is not None:
+            try:
+                return int(counter(text))
+            except Exception:  # noqa: BLE001 - no tokenizer: the bytes bound
+                pass
+        return len(text.encode("utf-8"))
 
 
 async def admit(
@@ -162,11 +186,13 @@ async def admit(
     messages: Messages,
     max_tokens: int,
     held: Reservation | None = None,
+    extra: str = "",
 ) -> Reservation | None:
     """Hold the most this call can cost in each of its ledger's budgets (``held``: a
     hold its map took for it, grown if the call came out larger); None when no budget
     limits it, or litellm has no price for it (said once per budget, here, before it
-    is sent). Raises ``BudgetExceededError`` when it does not fit: nothing is sent."""
+    is sent). ``extra``: text sent beside the messages (a JSON schema), billed as input.
+    Raises ``BudgetExceededError`` when it does not fit: nothing is sent."""
     budgets = budgets_of(ledger)
     if not budgets:
         return None
@@ -174,11 +200,17 @@ async def admit(
     if rates is None:
         for budget in budgets:
             budget.warn_unpriced(model)
+        _refuse_if_spent(budgets, model)
         return None
-    tokens = await input_tokens_at_most(litellm, model, messages)
+    tokens = await input_tokens_at_most(litellm, model, messages, extra)
     most = tokens * rates[0] + max_tokens * rates[1]
     reservation = held if held is not None else Reservation(budgets, model)
     reservation.output_tokens, reservation.output_rate = max_tokens, rates[1]
+    reservation.counter = counter = _counter(litellm, model)
+    if counter is not None and model not in _WARM:
+        # The stream's count may come on the loop: the tokenizer loads here, off it.
+        _WARM.add(model)
+        await asyncio.to_thread(reservation._count, "warm")
     reservation.grow(most - reservation.amount, _why(tokens, max_tokens))
     return reservation
 
@@ -197,30 +229,58 @@ async def admit_batch(
     budgets = budgets_of(ledger)
     rates = highest_rates(litellm, model, behind) if budgets else None
     if rates is None:
+        try:
+            _refuse_if_spent(budgets, model, not_sent=(len(conversations), len(conversations)))
+        except BudgetExceededError as refused:
+            return [], refused
         return [None] * len(conversations), None
     holds: list[Reservation | None] = []
-    for index, messages in enumerate(conversations):
-        tokens = await input_tokens_at_most(litellm, model, messages)
-        hold = Reservation(budgets, model, max_tokens, rates[1])
-        try:
-            hold.grow(
-                tokens * rates[0] + max_tokens * rates[1],
-                _why(tokens, max_tokens),
-                not_sent=(len(conversations) - index, len(conversations)),
-            )
-        except BudgetExceededError as refused:
-            return holds, refused
-        holds.append(hold)
+    try:
+        for index, messages in enumerate(conversations):
+            tokens = await input_tokens_at_most(litellm, model, messages)
+            hold = Reservation(budgets, model, max_tokens, rates[1])
+            try:
+                hold.grow(
+                    tokens * rates[0] + max_tokens * rates[1],
+                    _why(tokens, max_tokens),
+                    not_sent=(len(conversations) - index, len(conversations)),
+                )
+            except BudgetExceededError as refused:
+                return holds, refused
+            holds.append(hold)
+    except BaseException:  # interrupted while counting: nothing is sent, nothing held
+        for taken in holds:
+            if taken is not None:
+                taken.release()
+        raise
     return holds, None
+
+
+def _refuse_if_spent(
+    budgets: Sequence[CostBudget], model: str, not_sent: tuple[int, int] | None = None
+) -> None:
+    """A call without a price holds nothing, but goes only while its budgets have
+    something left: what it costs may still be recorded (a proxy reports it)."""
+    for budget in budgets:
+        left = budget.left()
+        if left <= 0:
+            raise BudgetExceededError(
+                model, 0.0, left, budget.named(), why=" (its price is not known)",
+                not_sent=not_sent,
+            )  # fmt: skip
 
 
 def _why(tokens: int, max_tokens: int) -> str:
     return f" (~{tokens:,} input tokens and max_tokens={max_tokens:,})"
 
 
-async def input_tokens_at_most(litellm: Any, model: str, messages: Messages) -> int:
-    """The most input tokens a provider may bill for ``messages`` (see the module's
-    docstring); a large prompt is counted off the loop."""
+async def input_tokens_at_most(
+    litellm: Any, model: str, messages: Messages, extra: str = ""
+) -> int:
+    """The most input tokens a provider may bill for ``messages`` and ``extra`` (see the
+    module's docstring); a large prompt is counted off the loop."""
+    if extra:
+        messages = [*messages, {"role": "system", "content": extra}]
     texts = [
         m["content"] if isinstance(m.get("content"), str) else str(m.get("content"))
         for m in messages
@@ -249,6 +309,16 @@ async def input_tokens_at_most(litellm: Any, model: str, messages: Messages) -> 
 # Counts of large prompts, by (model, the texts' hash, their length): a map's holds and
 # then its calls count each prompt once.
 _COUNTED: dict[tuple[str, int, int], int] = {}
+
+
+_WARM: set[str] = set()  # models whose tokenizer has loaded
+
+
+def _counter(litellm: Any, model: str) -> Callable[[str], int] | None:
+    token_counter = getattr(litellm, "token_counter", None)
+    if token_counter is None:
+        return None
+    return lambda text: token_counter(model=model, text=text)
 
 
 def _count(litellm: Any, model: str, messages: Messages) -> int:

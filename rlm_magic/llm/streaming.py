@@ -28,7 +28,7 @@ class Watch(Protocol):
 
     def first_limit(self) -> int: ...
 
-    def more(self, characters: int) -> int: ...
+    def more(self, text: str) -> int: ...
 
 
 class StreamState:
@@ -74,7 +74,7 @@ class StreamState:
         ``AnswerOverBudget``, after the piece is kept)."""
         self._characters += len(piece)
         if self._characters > self._limit and self.watch is not None:
-            self._limit = self.watch.more(self._characters)
+            self._limit = self.watch.more(self.text)
 
     @property
     def text(self) -> str:

@@ -208,9 +208,10 @@ async def admit(
     reservation.output_tokens, reservation.output_rate = max_tokens, rates[1]
     reservation.counter = counter = _counter(litellm, model)
     if counter is not None and model not in _WARM:
-        # The stream's count may come on the loop: the tokenizer loads here, off it.
+        # A long answer is counted as it streams, on the loop: the tokenizer loads now,
+        # in a thread, while this call waits for its answer (not before it is sent).
         _WARM.add(model)
-        await asyncio.to_thread(reservation._count, "warm")
+        asyncio.get_running_loop().run_in_executor(None, reservation._count, "warm")
     reservation.grow(most - reservation.amount, _why(tokens, max_tokens))
     return reservation
 

@@ -98,9 +98,10 @@ class Finishing:
                 return False
             answer = resolved
         # Taken only if the model saw what came before it (``seen_output``).
+        head = answer[:200]  # an answer may be megabytes: name it by its start
         what = short(
-            {"code": f"FINAL({answer!r})", "answer dict": f"answer['content'] = {answer!r}"}.get(
-                how, printed.strip()
+            {"code": f"FINAL({head!r})", "answer dict": f"answer['content'] = {head!r}"}.get(
+                how, printed[:200].strip()
             )
         )
         if any(run.error for run in iteration.code[:-1]):

@@ -306,5 +306,5 @@ def told(iteration: Iteration) -> str | None:
 
 def short(text: str, limit: int = 120) -> str:
     """``text`` on one line, cut to ``limit`` characters."""
-    text = " ".join(text.split())
+    text = " ".join(text[: 4 * limit].split())
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -217,7 +217,7 @@ async def test_a_streamed_answer_past_what_its_budget_holds_is_cut_and_marked(se
     assert "[answer cut off: cut at ~" in answer and "has no room for more" in answer
     assert len(answer) < 2000
     # (at least: a stream cut in the test before may be noticed late, under load)
-    assert await asyncio.to_thread(server.wait_for, lambda: server.cancelled >= 1, 10)
+    assert await asyncio.to_thread(server.wait_for, lambda: server.cancelled >= 1, 30)
     assert rlm.usage().cost_usd <= 0.0025
 
 

@@ -61,6 +61,9 @@ async def test_one_429_pauses_new_calls_to_that_endpoint_until_retry_after(serve
     first = asyncio.ensure_future(helpers(notebook).llm_query("first"))
     assert await asyncio.to_thread(server.wait_for, lambda: server.rejected_at)
     limited_at = server.rejected_at[0]
+    # Once the client has read the 429 (the server sent it; a busy loop reads it later).
+    gate = notebook.client.gate(notebook.sub_model)
+    assert await asyncio.to_thread(server.wait_for, lambda: gate.paused_until > 0, 10)
     assert await helpers(run).llm_query("second") == "echo: second"
     assert await first == "echo: first"
     second_arrived = server.arrivals[server.index_of("second")]

@@ -179,6 +179,19 @@ try:  # a memfd's pages are counted by no address-space limit
     r['memfd'] = 'WROTE 64 MB'
 except OSError as e:
     r['memfd'] = type(e).__name__
+import ctypes, socket
+libc = ctypes.CDLL(None, use_errno=True)
+# SysV shared memory and message queues: outside every limit, and the host's when the
+# sandbox has no IPC namespace of its own (IPC_PRIVATE, IPC_CREAT | 0600).
+for name, make in (('sysv_shm', lambda: libc.shmget(0, 2**26, 0o1600)),
+                   ('sysv_queue', lambda: libc.msgget(0, 0o1600))):
+    r[name] = 'MADE' if make() != -1 else os.strerror(ctypes.get_errno())
+a, b = socket.socketpair()
+try:
+    a.send(b'x', socket.MSG_OOB)
+    r['oob'] = 'SENT'
+except OSError as e:
+    r['oob'] = type(e).__name__
 print(json.dumps(r))
 """
 
@@ -601,6 +614,8 @@ if pytest is not None:
         assert limits["processes_started"] < 32 and limits["stopped_by"] == "BlockingIOError"
         assert limits["disk"] == "OSError"  # ENOSPC: the working folder is full
         assert limits["memfd"] == "PermissionError"  # memory no limit would count
+        assert limits["sysv_shm"] == limits["sysv_queue"] == "Operation not permitted"
+        assert limits["oob"] == "PermissionError"
         assert attacked["host_dev_shm_written"] is False  # its /dev/shm is its own
 
     def test_a_sessions_later_answer_cannot_be_forged_by_an_earlier_question(attacked):

@@ -90,10 +90,35 @@ DENIED_SYSCALLS = (
     "lookup_dcookie",
     "vhangup",
     "personality",
-    # memory that no address-space limit counts (a memfd's pages live in no mapping)
+    # memory that no address-space limit counts (a memfd's pages live in no mapping;
+    # SysV shared memory and message queues outlive the process, and without a user
+    # namespace are the host's: Python and its libraries use POSIX ones, files in /dev/shm)
     "memfd_create",
     "memfd_secret",
+    "shmget",
+    "shmat",
+    "shmctl",
+    "shmdt",
+    "msgget",
+    "msgsnd",
+    "msgrcv",
+    "msgctl",
+    "semget",
+    "semop",
+    "semtimedop",
+    "semctl",
+    "ipc",  # the multiplexer some architectures route all of them through
 )
+# Socket calls refused when their flags ask for out-of-band data (MSG_OOB: a rarely used
+# path of Unix sockets, the seat of kernel bugs), by the index of their flags argument.
+OOB_FLAG_ARGUMENT = {
+    "sendto": 3,
+    "recvfrom": 3,
+    "sendmsg": 2,
+    "recvmsg": 2,
+    "sendmmsg": 3,
+    "recvmmsg": 3,
+}
 
 
 @dataclass

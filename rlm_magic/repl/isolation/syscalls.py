@@ -1,6 +1,7 @@
 """Layer 6, syscalls: a seccomp filter of ``DENIED_SYSCALLS`` (no new sockets of any
-family, no ptrace, namespaces, mounts, keyrings, bpf, io_uring, fd theft...), and
-clone with a namespace flag. Applied last: the layers before it need some of these.
+family, no ptrace, namespaces, mounts, keyrings, bpf, io_uring, fd theft, SysV IPC...),
+clone with a namespace flag, and socket calls asking for out-of-band data. Applied
+last: the layers before it need some of these.
 
 Standard library only: the sandbox worker imports this.
 """
@@ -15,7 +16,9 @@ import sys
 
 from .confinement import Confinement
 from .linux import NAMESPACE_FLAGS, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, current_arch
-from .policy import DENIED_SYSCALLS
+from .policy import DENIED_SYSCALLS, OOB_FLAG_ARGUMENT
+
+MSG_OOB = 0x1
 
 
 def filter_syscalls(confinement: Confinement) -> None:
@@ -63,6 +66,15 @@ def seccomp_program(audit_arch: int, table: dict[str, int], foreign: int | None)
     if foreign is not None:
         code.append((JGE, "deny", 0, foreign))
     code += [(JEQ, "deny", 0, nr) for nr in denied]
+    # A socket call with MSG_OOB in its flags (the low 32 bits of that argument, at
+    # offset 16 + 8 * index of seccomp_data on the little-endian arches listed).
+    for name, index in OOB_FLAG_ARGUMENT.items():
+        if name in table:
+            code += [
+                (JEQ, 0, 2, table[name]),
+                (LD, 0, 0, 16 + 8 * index),
+                (JSET, "deny", "allow", MSG_OOB),
+            ]
     code += [
         (JEQ, "nosys", 0, table["clone3"]),
         (JEQ, 0, "allow", table["clone"]),

@@ -34,7 +34,7 @@ from ..errors import AnswerOverBudget, BudgetExceededError
 from .messages import Messages
 from .pricing import highest_rates
 from .usage import UsageLedger
-from .windows import estimate_tokens
+from .windows import chars_per_token, estimate_tokens
 
 SMALL_PROMPT = 2_000  # characters: counted as bytes up to this, by a tokenizer past it
 COUNT_MARGIN = 1.05  # over litellm's count: another tokenizer may read a few % more
@@ -153,7 +153,7 @@ class Reservation:
         self._counted_chars = len(text)
         self._streamed_tokens += self._count(new) + 1  # +1: a token split between pieces
         room = self.output_tokens - self._streamed_tokens
-        if room < 16:
+        if room < 0:  # past its hold: an answer that ends at max_tokens never is
             extra = -room + max(self.output_tokens // 4, 16)
             try:
                 self.grow(extra * self.output_rate)
@@ -166,16 +166,17 @@ class Reservation:
             self.output_tokens += extra
             room = self.output_tokens - self._streamed_tokens
         # At worst a token a character (digits, CJK) until the next count.
-        return len(text) + room
+        return len(text) + max(room, 16)
 
     def _count(self, text: str) -> int:
         counter = self.counter
         if counter is not None:
             try:
                 return int(counter(text))
-            except Exception:  # noqa: BLE001 - no tokenizer: the bytes bound
+            except Exception:  # noqa: BLE001 - no tokenizer: the estimate
                 pass
-        return len(text.encode("utf-8"))
+        # Not the bytes bound: an ordinary answer within max_tokens would be cut.
+        return max(1, round(len(text) / chars_per_token(self.model)))
 
 
 async def admit(
@@ -206,12 +207,14 @@ async def admit(
     most = tokens * rates[0] + max_tokens * rates[1]
     reservation = held if held is not None else Reservation(budgets, model)
     reservation.output_tokens, reservation.output_rate = max_tokens, rates[1]
-    reservation.counter = counter = _counter(litellm, model)
-    if counter is not None and model not in _WARM:
+    counter = _counter(litellm, model)
+    warming = _WARM.get(model)
+    if counter is not None and warming is None:
         # A long answer is counted as it streams, on the loop: the tokenizer loads now,
         # in a thread, while this call waits for its answer (not before it is sent).
-        _WARM.add(model)
-        asyncio.get_running_loop().run_in_executor(None, reservation._count, "warm")
+        # Until it has, the answer is counted by the usual estimate.
+        warming = _WARM[model] = asyncio.get_running_loop().run_in_executor(None, counter, "warm")
+    reservation.counter = counter if warming is not None and warming.done() else None
     reservation.grow(most - reservation.amount, _why(tokens, max_tokens))
     return reservation
 
@@ -312,7 +315,7 @@ async def input_tokens_at_most(
 _COUNTED: dict[tuple[str, int, int], int] = {}
 
 
-_WARM: set[str] = set()  # models whose tokenizer has loaded
+_WARM: dict[str, asyncio.Future[int]] = {}  # by model: its tokenizer's loading
 
 
 def _counter(litellm: Any, model: str) -> Callable[[str], int] | None:

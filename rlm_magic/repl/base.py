@@ -49,15 +49,6 @@ class REPL(Protocol):
 
     async def set_variable(self, name: str, value: Any) -> None: ...
 
-    async def set_context(self, value: Any, names: list[str]) -> None:
-        """A new context, under each of ``names``."""
-        ...
-
-    def rebind(self, helpers: Helpers, budget: SubCallBudget) -> None:
-        """Serve the helpers of the next run (a session's REPL outlives its runs), and
-        count its batches against that run's budget."""
-        ...
-
     async def variable_names(self) -> list[str]:
         """The names of the variables the model made."""
         ...

@@ -24,8 +24,8 @@ from ..errors import ConfigError
 from ..llm.usage import format_cost
 
 if TYPE_CHECKING:
-    from ..repl.base import REPL
     from ..repl.carried import Carried
+    from ..repl.inprocess import AsyncREPL
     from .result import RLMResult
 
 
@@ -65,7 +65,7 @@ class RLMSession:
         if self.sandbox not in ("process", "none"):
             raise ConfigError(f"sandbox must be 'process' or 'none', got {self.sandbox!r}")
         # In this kernel: the REPL made by the first run, kept open between runs.
-        self.repl: REPL | None = None
+        self.repl: AsyncREPL | None = None
         self.namespace: dict[str, Any] | None = None
         # Sandboxed: the variables the last question left, as plain data for the next.
         self.carried: Carried | None = None
@@ -100,8 +100,8 @@ class RLMSession:
             finally:
                 self.record(result)
 
-    def keep(self, repl: REPL, namespace: dict[str, Any] | None = None) -> None:
-        """Keep the REPL a run made (and, in-process, its namespace) for the next ones."""
+    def keep(self, repl: AsyncREPL, namespace: dict[str, Any] | None = None) -> None:
+        """Keep the in-process REPL a run made, and its namespace, for the next ones."""
         self.repl, self.namespace = repl, namespace
 
     def context_name(self) -> str:

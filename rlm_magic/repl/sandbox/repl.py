@@ -368,23 +368,6 @@ class SandboxREPL:
         value = (await self._request("final_var", "final_var", timeout=30, name=name)).get("value")
         return value if isinstance(value, str) else None
 
-    def rebind(self, helpers: Helpers, budget: SubCallBudget) -> None:
-        """Serve the helpers of the next run (a session's REPL outlives its runs), and
-        cut its batches to that run's budget, not the first run's."""
-        self.calls.helpers = helpers
-        self.calls.budget = budget
-
-    async def set_context(self, value: Any, names: list[str]) -> None:
-        """Send a new context (pickled, kernel to sandbox only) under ``names``; a
-        restarted sandbox gets it as ``context``."""
-        pickled = await pickled_context(value)
-        sandbox = await self._ready()
-        if sandbox.dead:
-            raise SandboxError(sandbox.dead)
-        await self._deliver_context(sandbox, pickled, names)
-        self._pickled = pickled
-        self.context_names = ("context",)  # a restarted sandbox gets the latest as context
-
     async def _deliver_context(
         self, sandbox: SandboxProcess, pickled: bytes, names: list[str]
     ) -> None:

@@ -117,6 +117,7 @@ class Workspace:
         fresh = self.context is not None
         context = self.context if fresh else session.context
         names = [session.context_name(), "context"] if fresh else []
+        pickled = None  # sandboxed: the context as the kernel pickled it
         if self.sandbox == "process":
             earlier = list(session.pickles)  # the kernel's own pickles of its contexts
             pickled = await pickled_context(context) if fresh else None
@@ -131,23 +132,19 @@ class Workspace:
                 earlier_contexts=tuple((f"context_{n}", p) for n, p in enumerate(earlier)),
             )
             await repl.start()  # the process starts while the root model thinks
-            if fresh:
-                session.add_context(context, pickled)
         elif session.repl is None:
             self.namespace.update(injected)
             self.namespace.update(dict.fromkeys(names, context))
             self.repl = AsyncREPL(self.namespace, self.helpers)
             session.keep(self.repl, self.namespace)
-            if fresh:
-                session.add_context(context)
         else:
             self.repl = session.repl
             self.repl.rebind(self.helpers, self.budget)
             await self.repl.set_variable("answer", {"content": "", "ready": False})
             if names:
                 await self.repl.set_context(context, names)
-            if fresh:  # only once the REPL has it: a failed delivery leaves the session as it was
-                session.add_context(context)
+        if fresh:  # only once the REPL has it: a failed delivery leaves the session as it was
+            session.add_context(context, pickled)
         self.context = context
 
     async def close(self, result: RLMResult) -> None:

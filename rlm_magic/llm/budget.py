@@ -26,6 +26,7 @@ answer (cut, marked), never started over, and one that brought none was not bill
 from __future__ import annotations
 
 import asyncio
+import json
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -187,12 +188,13 @@ async def admit(
     messages: Messages,
     max_tokens: int,
     held: Reservation | None = None,
-    extra: str = "",
+    response_format: dict[str, Any] | None = None,
 ) -> Reservation | None:
     """Hold the most this call can cost in each of its ledger's budgets (``held``: a
     hold its map took for it, grown if the call came out larger); None when no budget
     limits it, or litellm has no price for it (said once per budget, here, before it
-    is sent). ``extra``: text sent beside the messages (a JSON schema), billed as input.
+    is sent). ``response_format``: a JSON schema sent beside the messages, billed as
+    input (serialized only under a budget: no work for calls without one).
     Raises ``BudgetExceededError`` when it does not fit: nothing is sent."""
     budgets = budgets_of(ledger)
     if not budgets:
@@ -203,6 +205,7 @@ async def admit(
             budget.warn_unpriced(model)
         _refuse_if_spent(budgets, model)
         return None
+    extra = json.dumps(response_format) if response_format else ""
     tokens = await input_tokens_at_most(litellm, model, messages, extra)
     most = tokens * rates[0] + max_tokens * rates[1]
     reservation = held if held is not None else Reservation(budgets, model)

@@ -28,7 +28,6 @@ state and how it ends are ``call``'s; the retry rules ``retries``'.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -237,7 +236,7 @@ class LLMClient:
             call.messages,
             call.params["max_tokens"],
             call.reservation,
-            extra=_sent_beside(call.options.response_format),
+            response_format=call.options.response_format,
         )
         return self._record(call, await self._send(call))
 
@@ -517,9 +516,3 @@ class LLMClient:
 
     def _rate_limited_too_long(self, call: Call, why: str) -> LLMQueryError:
         return call.rate_limited_too_long(why, self.config.rate_limit_wait, self.redactor())
-
-
-def _sent_beside(response_format: dict[str, Any] | None) -> str:
-    """What a request sends besides its messages that the provider bills as input: a
-    JSON schema (counted for a budget's hold)."""
-    return json.dumps(response_format) if response_format else ""

@@ -27,6 +27,7 @@ says: the code comes from the root model's reply, so its size is bounded by max_
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -160,7 +161,9 @@ def _is_container_of_literals(node: ast.AST) -> bool:
     return True
 
 
+@functools.lru_cache(maxsize=16)  # one finish reads its reply's blocks several ways
 def _parsed(code: str) -> ast.Module | None:
+    """The block's syntax tree (shared between readers: none of them changes it)."""
     try:
         return ast.parse(code)
     except (SyntaxError, ValueError, RecursionError, MemoryError):

@@ -29,6 +29,7 @@ from __future__ import annotations
 import builtins
 import collections
 import io
+import os
 import pickle
 from dataclasses import dataclass
 from typing import Any
@@ -46,7 +47,7 @@ MAX_NAMES = 1_000
 # empty lists, the worst honest case, takes ~25x); a pickle that makes its loader grow
 # more (memo references fed to constructors again and again) is refused whole.
 MAX_GROWTH = 64
-GROWTH_ALLOWANCE = 64 * 2**20
+GROWTH_ALLOWANCE = 16 * 2**20
 
 # The only callables a carried pickle may name: constructors that build a value in time
 # and memory linear in their arguments, which the pickle itself holds. Not bytes(n),
@@ -137,10 +138,9 @@ def unpack(data: bytes) -> dict[str, Any]:
     """The variables a ``pack`` made, for a fresh namespace: each loaded as plain data,
     under a name the model could have made (no scaffold, no private name, no builtin's:
     a plain value named ``str`` or ``ValueError`` would change what honest code does).
-    Raises ``Tampered`` when loading them grew this process far past their size."""
-    import resource
-
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    Raises ``Tampered`` when one of them grew this process far past its own size (each
+    is measured alone: a large honest value beside it cannot make room for a swelling
+    one)."""
     variables: dict[str, Any] = {}
     outer = loads_plain(data)
     if not isinstance(outer, dict):
@@ -150,17 +150,29 @@ def unpack(data: bytes) -> dict[str, Any]:
             continue
         if user_variables({name: None}) != [name] or name in _BUILTIN_NAMES:
             continue  # the REPL's own, a private name, or a builtin's
+        before = _resident()
         try:
             variables[name] = loads_plain(pickled)
         except Exception:  # noqa: BLE001 - a value that does not load stays behind
             continue
-    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
-    if grown > GROWTH_ALLOWANCE + MAX_GROWTH * len(data):
-        raise Tampered(
-            f"loading {len(data):,} bytes of them took {grown // 2**20:,} MB, "
-            "far more than plain data takes"
-        )
+        grown = _resident() - before
+        if grown > GROWTH_ALLOWANCE + MAX_GROWTH * len(pickled):
+            raise Tampered(
+                f"loading {name!r} from {len(pickled):,} bytes took {grown // 2**20:,} MB, "
+                "far more than plain data takes"
+            )
     return variables
+
+
+def _resident() -> int:
+    """Bytes this process holds in memory now (its own /proc in the sandbox)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # the peak
 
 
 class Tampered(Exception):

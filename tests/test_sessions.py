@@ -419,16 +419,21 @@ async def test_names_an_earlier_question_reports_reach_the_prompt_only_as_names(
     assert "Variables in the REPL: kept" in told and "SYSTEM NOTE" not in told
 
 
+@pytest.mark.parametrize("padding_mb", [0, 8], ids=["alone", "beside-an-honest-8-MB-value"])
 async def test_carried_values_that_swell_as_they_load_fail_the_question_and_are_dropped(
-    server, session
+    server, session, padding_mb
 ):
-    # 40 Counters of one memo'd 100,000-item list: ~0.5 MB pickled, ~400 MB loaded.
+    # 40 Counters of one memo'd 100,000-item list: ~0.5 MB pickled, ~400 MB loaded. A
+    # large honest value beside them must not make room for them.
     swelling = (
         "class Swell:\n"
         "    items = list(range(100_000))\n"
         "    def __reduce__(self):\n"
         "        return (collections.Counter, (self.items,))\n"
-        + forging_pack("{'bomb': pickle.dumps([Swell() for _ in range(40)])}")
+        + forging_pack(
+            "{'bomb': pickle.dumps([Swell() for _ in range(40)]), "
+            f"'padding': pickle.dumps(b'x' * {padding_mb} * 2**20)}}"
+        )
     )
     server.script(
         "root-model",

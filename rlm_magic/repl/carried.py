@@ -192,6 +192,6 @@ class Carried:
     pickled plain data (loaded only by the next sandbox), the names in it, and the
     names left behind with their types."""
 
-    data: bytes
+    parts: tuple[bytes, ...]  # the pickle, in the parts it crossed in
     names: tuple[str, ...] = ()
     left: tuple[tuple[str, str], ...] = ()

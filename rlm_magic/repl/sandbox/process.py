@@ -56,7 +56,9 @@ class SandboxProcess:
         self.frame_size = 0  # of the message read last
 
     # -- its start ---------------------------------------------------------------------
-    async def handshake(self, init: bytes, pickled: bytes, carried: bytes | None = None) -> Any:
+    async def handshake(
+        self, init: bytes, pickled: bytes, carried: tuple[bytes, ...] | None = None
+    ) -> Any:
         """Send ``init``, the context and any ``carried`` variables, and wait for the
         worker to be ready; returns the isolation report it sends (unchecked)."""
         # A blocking exchange in a thread: it maps the sandbox's ids between two
@@ -208,7 +210,7 @@ def spawn(secrets: tuple[str | None, ...], env_names: tuple[str, ...]) -> Sandbo
 
 
 def _handshake(
-    sock: socket.socket, pid: int, init: bytes, pickled: bytes, carried: bytes | None
+    sock: socket.socket, pid: int, init: bytes, pickled: bytes, carried: tuple[bytes, ...] | None
 ) -> None:
     """The start of a sandbox's life, blocking (run in a thread): send ``init``; the
     worker enters its namespaces and says whether it needs its ids mapped (it runs as
@@ -228,8 +230,10 @@ def _handshake(
         bridge.frame({"op": "ids", "mapped": mapped}) + bridge.pickle_frame_header(len(pickled))
     )
     sock.sendall(pickled)
-    if carried is not None:
-        sock.sendall(bridge.pickle_frame_header(len(carried), bridge.DATA) + carried)
+    if carried is not None:  # one frame, sent part by part: no copy of it is made
+        sock.sendall(bridge.pickle_frame_header(sum(map(len, carried)), bridge.DATA))
+        for part in carried:
+            sock.sendall(part)
 
 
 def _map_ids(pid: int) -> bool:

@@ -175,7 +175,7 @@ class SandboxREPL:
         )
         try:
             report = await sandbox.handshake(
-                init, self._pickled, self.carried.data if self.carried else None
+                init, self._pickled, self.carried.parts if self.carried else None
             )
             self.isolation = read_isolation(report)
             self.network_isolated = self.isolation["network"]
@@ -398,13 +398,15 @@ class SandboxREPL:
             raise SandboxError(f"the variables could not be kept: {str(reply.get('error'))[:300]}")
         if not 0 <= parts <= carried.MAX_CARRIED_BYTES // carried.PART_BYTES + 2:
             raise bridge.BridgeError(f"carried variables in {parts:,} parts")
-        data = bytearray()
+        pieces: list[bytes] = []
+        size = 0
         for index in range(parts):
             part = (await self._request("carry_part", "carry_part", 30, index=index)).get("data")
             if not isinstance(part, str) or len(part) > carried.PART_BYTES * 4 // 3 + 4:
                 raise bridge.BridgeError("a carried part that is not base64 of its size")
-            data += base64.b64decode(part, validate=True)
-            if len(data) > carried.MAX_CARRIED_BYTES + carried.PART_BYTES:
+            pieces.append(base64.b64decode(part, validate=True))
+            size += len(pieces[-1])
+            if size > carried.MAX_CARRIED_BYTES + carried.PART_BYTES:
                 raise bridge.BridgeError("carried variables past their limit")
         # Names and types go into the next question's first message, in the kernel's
         # own words: only what a variable's name and a type's name can be.
@@ -414,8 +416,9 @@ class SandboxREPL:
             for entry in (left if isinstance(left, list) else [])
             if isinstance(entry, list) and len(entry) == 2 and _is_name(entry[0])
         ]
+        # Kept in its parts, sent in them too: never joined into a second copy.
         return carried.Carried(
-            bytes(data), tuple(names[: carried.MAX_NAMES]), tuple(gone[: carried.MAX_NAMES])
+            tuple(pieces), tuple(names[: carried.MAX_NAMES]), tuple(gone[: carried.MAX_NAMES])
         )
 
     async def set_variable(self, name: str, value: Any) -> None:

@@ -10,8 +10,11 @@ again once, with the error; a second failure is that item's error, like any fail
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -29,36 +32,44 @@ _FENCE = re.compile(r"^\s*```(?:json)?\s*\n(.*?)\n\s*```\s*$", re.DOTALL)
 class AnswerFormat:
     """What a typed answer must look like, built once per call or batch.
 
-    ``trusted=False`` is for a schema written by model code (the REPL's helpers): it may
-    not hold regular expressions (``pattern``), which the kernel would run against the
-    answer on its loop, where a catastrophic one stalls it for minutes. No schema may
-    refer outside itself: a remote ``$ref`` would have the kernel fetch a URL (the
-    sandbox has no network; the kernel must not become its proxy).
+    ``trusted=False`` is for a schema written by model code (the REPL's helpers, built by
+    ``from_model_code``). Everything the kernel does with it is bounded, since model
+    code can make a small schema cost exponential time (``$ref``s that double per level)
+    or a large one cost seconds to check: it holds at most ``MAX_SCHEMA_VALUES`` values,
+    ``MAX_EXPANDED_NODES`` once its references are followed, none of them circular, and
+    no regular expression (``pattern``: the kernel would run it against the answer,
+    where a catastrophic one stalls for minutes); checking it and its answers runs off
+    the loop, each answer within ``MAX_CHECKS`` keyword checks. No schema may refer
+    outside itself: a remote ``$ref`` would have the kernel fetch a URL (the sandbox has
+    no network; the kernel must not become its proxy).
     """
 
     def __init__(self, spec: Any, *, trusted: bool = True):
         self.model: Any = None  # a pydantic model class, or None for a JSON schema
         self._check: Any = None  # the schema's validator, or None for a pydantic model
+        self.trusted = trusted
         if isinstance(spec, type) and hasattr(spec, "model_validate_json"):
             self.model = spec  # a pydantic model class
             self.schema = self.model.model_json_schema()
             self.name = spec.__name__
             self._check = None
         elif isinstance(spec, dict):
-            schema = spec
-            if spec.get("type") == "json_schema" and isinstance(spec.get("json_schema"), dict):
-                schema = spec["json_schema"].get("schema") or {}  # OpenAI's own wrapping
+            schema = _unwrapped(spec)
             import jsonschema
             import referencing
 
+            if not trusted:
+                _within_budget(schema)  # before anything costs time in proportion
             try:
                 validator_class = jsonschema.validators.validator_for(schema)
                 validator_class.check_schema(schema)
             except jsonschema.SchemaError as exc:
                 raise ConfigError(
-                    f"response_format is not a valid JSON schema: {exc.message}"
+                    f"response_format is not a valid JSON schema: {_excerpt(exc.message)}"
                 ) from None
             _refuse_outside_references(schema, trusted)
+            if not trusted:
+                validator_class = _counted(validator_class)
             self.schema = schema
             self.name = _name(schema.get("title", "answer"))
             # A registry that retrieves nothing: jsonschema would otherwise fetch a
@@ -72,6 +83,27 @@ class AnswerFormat:
                 f"schema (a dict), got {type(spec).__name__}"
             )
         self._schema_text = json.dumps(self.schema, separators=(",", ":"))
+
+    @classmethod
+    async def from_model_code(cls, spec: Any) -> AnswerFormat:
+        """The format model code asked for, built within its budgets (see the class),
+        off the loop: checking a schema of ``MAX_SCHEMA_VALUES`` values takes about a
+        tenth of a second. The same schema asked again (a loop of ``llm_query`` calls)
+        is built once."""
+        if isinstance(spec, dict):
+            _within_budget(_unwrapped(spec))  # quick, and before a byte of it is encoded
+        try:
+            key = json.dumps(spec, sort_keys=True)
+        except (TypeError, ValueError):  # not JSON: the constructor says why
+            return cls(spec, trusted=False)
+        built = _BUILT.get(key)
+        if built is None:
+            built = await asyncio.to_thread(cls, spec, trusted=False)
+            _BUILT[key] = built
+            while len(_BUILT) > 64:
+                _BUILT.popitem(last=False)
+        _BUILT.move_to_end(key)
+        return built
 
     def identity(self) -> str:
         """What distinguishes this format in a cache or resume key."""
@@ -108,11 +140,199 @@ class AnswerFormat:
             value = json.loads(text)
         except ValueError as exc:
             raise InvalidAnswer(f"not JSON ({exc})") from None
-        error = next(iter(self._check.iter_errors(value)), None)
+        if not self.trusted:
+            _work.left = MAX_CHECKS
+        try:
+            error = next(iter(self._check.iter_errors(value)), None)
+        except RecursionError:
+            raise InvalidAnswer("nested too deeply to check") from None
+        finally:
+            _work.left = None
         if error is not None:
             where = ".".join(str(p) for p in error.absolute_path) or "the answer"
-            raise InvalidAnswer(f"{where}: {error.message}")
+            raise InvalidAnswer(f"{_excerpt(where, 100)}: {_excerpt(error.message)}")
         return value
+
+    async def checked(self, text: str) -> Any:
+        """``parse``, off the loop for a schema from model code (see the class)."""
+        if self.trusted:
+            return self.parse(text)
+        return await asyncio.to_thread(self.parse, text)
+
+    async def checked_all(self, texts: list[str | None]) -> list[Any]:
+        """Each text parsed (None stays None), or the ``InvalidAnswer`` it raised: in one
+        trip off the loop for a schema from model code."""
+
+        def parse_all() -> list[Any]:
+            out: list[Any] = []
+            for text in texts:
+                try:
+                    out.append(None if text is None else self.parse(text))
+                except InvalidAnswer as problem:
+                    out.append(problem)
+            return out
+
+        return parse_all() if self.trusted else await asyncio.to_thread(parse_all)
+
+
+# A schema from model code: the most values it may hold, and schema nodes once its
+# references are followed (a doubling chain of 18 $refs is 262,144 of them); checks
+# (keyword applications) of one answer, about a second of a thread's time.
+MAX_SCHEMA_VALUES = 2_000
+MAX_SCHEMA_CHARS = 100_000  # of its names and texts
+MAX_EXPANDED_NODES = 10_000
+MAX_CHECKS = 250_000
+# Names whose meaning would let a schema from model code refer other than by a plain
+# "#/..." pointer into itself (the expansion above follows only those).
+_UNTRUSTED_KEYWORDS = frozenset(
+    {"$id", "$anchor", "$dynamicRef", "$dynamicAnchor", "$recursiveRef", "$recursiveAnchor"}
+)
+_BUILT: OrderedDict[str, AnswerFormat] = OrderedDict()  # model code's formats, by schema
+_work = threading.local()  # the checks left to the answer this thread is checking
+
+
+class AnswerTooCostly(InvalidAnswer):
+    """An answer that would take more than ``MAX_CHECKS`` checks against its schema."""
+
+
+def _unwrapped(spec: dict[str, Any]) -> Any:
+    """The schema itself, out of OpenAI's ``{"type": "json_schema", ...}`` wrapping."""
+    if spec.get("type") == "json_schema" and isinstance(spec.get("json_schema"), dict):
+        return spec["json_schema"].get("schema") or {}
+    return spec
+
+
+def _counted(validator_class: Any) -> Any:
+    """``validator_class`` whose every keyword check spends one of ``_work.left``."""
+    counted = _COUNTED.get(validator_class)
+    if counted is None:
+        import jsonschema
+
+        def spend(check: Callable[..., Any]) -> Callable[..., Any]:
+            def checked(validator: Any, value: Any, instance: Any, schema: Any) -> Any:
+                left = getattr(_work, "left", None)
+                if left is not None:
+                    if left <= 0:
+                        raise AnswerTooCostly(
+                            f"checking it against this schema takes more than "
+                            f"{MAX_CHECKS:,} steps: ask for a smaller answer or a simpler "
+                            "schema"
+                        )
+                    _work.left = left - 1
+                return check(validator, value, instance, schema)
+
+            return checked
+
+        validators = {name: spend(check) for name, check in validator_class.VALIDATORS.items()}
+        counted = _COUNTED[validator_class] = jsonschema.validators.extend(
+            validator_class, validators
+        )
+    return counted
+
+
+_COUNTED: dict[Any, Any] = {}
+
+
+def _within_budget(schema: Any) -> None:
+    """One-line errors for a schema from model code over its budgets (see
+    ``AnswerFormat``): its values counted, its references followed, each at most once
+    per node, so this is quick whatever the schema is."""
+    values, chars, stack = 0, 0, [schema]
+    while stack:
+        node = stack.pop()
+        values += 1
+        if values > MAX_SCHEMA_VALUES:
+            raise ConfigError(
+                f"response_format from model code may hold at most {MAX_SCHEMA_VALUES:,} "
+                "values; this one holds more"
+            )
+        if isinstance(node, str):
+            chars += len(node)
+        if chars > MAX_SCHEMA_CHARS:
+            raise ConfigError(
+                f"response_format from model code may hold at most {MAX_SCHEMA_CHARS:,} "
+                "characters of names and text; this one holds more"
+            )
+        if isinstance(node, dict):
+            chars += sum(len(key) for key in node if isinstance(key, str))
+            for key in _UNTRUSTED_KEYWORDS.intersection(node):
+                raise ConfigError(
+                    f"response_format from model code may not use {key}: refer to your "
+                    "definitions with '$ref': '#/$defs/name'"
+                )
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    try:
+        _expanded_size(schema)
+    except RecursionError:
+        raise ConfigError(
+            "response_format from model code is nested (or chains its $refs) too deeply"
+        ) from None
+
+
+def _expanded_size(root: Any) -> int:
+    """The schema nodes a validator may walk, ``$ref``s followed; a ConfigError past
+    ``MAX_EXPANDED_NODES`` or for a reference that leads back to itself."""
+    sizes: dict[int, int] = {}
+    walking: set[int] = set()
+
+    def size(node: Any) -> int:
+        if not isinstance(node, (dict, list)):
+            return 1
+        known = sizes.get(id(node))
+        if known is not None:
+            return known
+        if id(node) in walking:
+            raise ConfigError(
+                "response_format from model code may not refer to itself (a recursive "
+                "schema): write the nesting out"
+            )
+        walking.add(id(node))
+        items = node.values() if isinstance(node, dict) else node
+        total = 1 + sum(size(item) for item in items)
+        if isinstance(node, dict) and isinstance(node.get("$ref"), str):
+            total += size(_pointed_at(root, node["$ref"]))
+        walking.discard(id(node))
+        if total > MAX_EXPANDED_NODES:
+            raise ConfigError(
+                f"response_format from model code may take at most {MAX_EXPANDED_NODES:,} "
+                "schema nodes once its $refs are followed; this one takes more"
+            )
+        sizes[id(node)] = total
+        return total
+
+    return size(root)
+
+
+def _pointed_at(root: Any, ref: str) -> Any:
+    """The part of ``root`` a local "#/..." JSON pointer names."""
+    from urllib.parse import unquote
+
+    if not ref.startswith("#") or (len(ref) > 1 and not ref.startswith("#/")):
+        raise ConfigError(
+            "response_format may refer only to its own definitions ('#/...'), "
+            f"not to {_excerpt(ref, 80)!r}"
+        )
+    node: Any = root
+    for part in unquote(ref[2:]).split("/") if len(ref) > 1 else ():
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            raise ConfigError(
+                f"response_format's $ref {_excerpt(ref, 80)!r} names nothing in the schema"
+            )
+    return node
+
+
+def _excerpt(text: str, limit: int = 300) -> str:
+    """Error texts quote what they were given at most this long: a schema or answer
+    quoted whole, once per prompt of a batch, was hundreds of MB for nothing."""
+    text = str(text)
+    return text if len(text) <= limit else f"{text[: limit - 1]}…"
 
 
 # Keywords whose value maps names to schemas: there the keys are names, not keywords.
@@ -251,7 +471,9 @@ async def ask(
     messages, response_format = prepare(messages, answer_format, litellm, model_name)
     first = await complete(messages, response_format=response_format, **options)
     try:
-        return Typed(answer_format.parse(first.text), first)
+        return Typed(await answer_format.checked(first.text), first)
+    except AnswerTooCostly as problem:  # asking again would cost as much, and be paid
+        raise LLMQueryError(model_name, f"the answer could not be checked: {problem}") from None
     except InvalidAnswer as problem:
         retry = [
             *messages,
@@ -268,7 +490,7 @@ async def ask(
         extra_cost_usd=first.cost_usd or 0.0,
     )
     try:
-        return Typed(answer_format.parse(second.text), second, **extra)
+        return Typed(await answer_format.checked(second.text), second, **extra)
     except InvalidAnswer as problem:
         raise LLMQueryError(
             model_name, f"the answer did not match the schema twice ({problem})"

@@ -139,7 +139,7 @@ async def run_map(
     store = None
     if spec.resume or (spec.resume is None and total >= RESUME_AT):
         store = await MapStore.open(client.config.cache_dir, identity, conversations)
-        outcome.kept = _kept_answers(await store.load_kept(), answer_format, ledger)
+        outcome.kept = await _kept_answers(await store.load_kept(), answer_format, ledger)
         outcome.on_disk = True
     outcome.sent = [i for i in range(total) if i not in outcome.kept]
     observer.kept(len(outcome.kept))
@@ -224,33 +224,30 @@ async def _as_batch_job(
     errors = results.errors
     if answer_format is not None:
         # A job cannot ask again: an answer that does not validate is its item's error.
-        for index, text in enumerate(answers):
-            if text is not None:
-                try:
-                    answers[index] = answer_format.parse(text)
-                except InvalidAnswer as problem:
-                    answers[index] = None
-                    errors[index] = LLMQueryError(
-                        job.model, f"the answer did not match the schema ({problem})"
-                    )
+        for index, value in enumerate(await answer_format.checked_all(answers)):
+            if isinstance(value, InvalidAnswer):
+                answers[index] = None
+                errors[index] = LLMQueryError(
+                    job.model, f"the answer did not match the schema ({value})"
+                )
+            else:
+                answers[index] = value
     return answers, errors
 
 
-def _kept_answers(
+async def _kept_answers(
     kept: dict[int, dict[str, Any]], answer_format: AnswerFormat | None, ledger: UsageLedger
 ) -> dict[int, Any]:
     """The values of the answers an earlier run kept, by index. A typed one that no longer
     validates (the model class changed, not its schema) is left out: asked again. They
     count as cache hits: they cost nothing this time."""
+    texts = [entry["text"] for entry in kept.values()]
+    checked = texts if answer_format is None else await answer_format.checked_all(texts)
     values: dict[int, Any] = {}
-    for index, entry in kept.items():
-        if answer_format is None:
-            values[index] = entry["text"]
-        else:
-            try:
-                values[index] = answer_format.parse(entry["text"])
-            except InvalidAnswer:
-                continue
+    for (index, entry), value in zip(kept.items(), checked):
+        if isinstance(value, InvalidAnswer):
+            continue
+        values[index] = value
         ledger.record(kept_call(entry, "?"))
     return values
 

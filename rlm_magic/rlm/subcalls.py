@@ -84,7 +84,7 @@ class SubCalls:
         """Ask the sub-model one question; a failure comes back as 'Error: ...'. With
         ``response_format`` (a JSON schema), the answer is a validated dict."""
         del model  # pinned: generated code may not switch to another model
-        answer_format = _answer_format(response_format)
+        answer_format = await _answer_format(response_format)
         if isinstance(answer_format, str):
             return answer_format
         if not self._take_sub_calls(1):
@@ -114,7 +114,7 @@ class SubCalls:
         if isinstance(prompts, str):
             prompts = [prompts]
         prompts = list(prompts)
-        answer_format = _answer_format(response_format)
+        answer_format = await _answer_format(response_format)
         if isinstance(answer_format, str):
             return [answer_format] * len(prompts)
         allowed = self._take_sub_calls(len(prompts))
@@ -260,13 +260,13 @@ def refusal_advice(exc: BaseException, window: int | None, max_tokens: int) -> s
     )
 
 
-def _answer_format(response_format: Any) -> AnswerFormat | str | None:
+async def _answer_format(response_format: Any) -> AnswerFormat | str | None:
     """The format model code asked for (a JSON schema: what can cross from the
     sandbox), or the 'Error: ...' it gets for a bad one."""
     if response_format is None:
         return None
     try:
-        return AnswerFormat(response_format, trusted=False)  # written by model code
+        return await AnswerFormat.from_model_code(response_format)
     except ConfigError as exc:
         return f"Error: {exc}"
 

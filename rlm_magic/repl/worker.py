@@ -83,6 +83,7 @@ class Worker:
         self.calls: dict[Any, concurrent.futures.Future] = {}
         self.call_ids = itertools.count(1)
         self.calls_lock = threading.Lock()
+        self.parts: dict[Any, list] = {}  # of answers that come in parts, by call id
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.running = False  # SIGINT raises only while a step runs
         self.current_step: int | None = None
@@ -245,9 +246,16 @@ class Worker:
                 message = self.receive_json()
                 if message["op"] == "context":  # a pickle frame follows: a new context
                     message = self.receive_context(message)
+                if message["op"] == "result_part":  # a large answer comes in parts
+                    with self.calls_lock:
+                        self.parts.setdefault(message.get("id"), []).append(message.get("value"))
+                    continue
                 if message["op"] == "result":
                     with self.calls_lock:
                         future = self.calls.pop(message.get("id"), None)
+                        parts = self.parts.pop(message.get("id"), [])
+                    if "joined" in message:
+                        message["value"] = _joined(message["joined"], [*parts, message["value"]])
                     if future is None or not future.set_running_or_notify_cancel():
                         continue  # model code stopped waiting (its task was cancelled)
                     if message.get("stopped"):
@@ -369,6 +377,15 @@ _STEP_TEXT_LIMIT = 2**17  # x 12 bytes (an escaped astral character) x 3 < 8 MB
 def final_text(namespace: dict, name: str) -> str | None:
     value = final_var(namespace, name)
     return None if value is None else fitted(value, f"FINAL_VAR({name})")
+
+
+def _joined(kind: str, parts: list):
+    """An answer sent in parts, whole again (``sandbox.calls._split``)."""
+    if kind == "text":
+        return "".join(parts)
+    if kind == "list":
+        return [item for part in parts for item in part]
+    return parts[-1]
 
 
 def _with_refused(message: dict):

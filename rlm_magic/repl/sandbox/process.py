@@ -23,6 +23,9 @@ from .environment import sandbox_environment
 
 _WORKER = str(Path(__file__).parent.with_name("worker.py"))  # rlm_magic/repl/worker.py
 _PIECE = 2**20  # a large frame is read and checked this many bytes at a time
+# Replies the sandbox has not read yet, at most: past this it is not reading them (its
+# bridge thread stopped), and the kernel stops it rather than buffer without end.
+MAX_UNREAD = 64 * 2**20
 # A session's carried variables load in a second or two (32 MB at most); past this, the
 # earlier question's code made them to stall the next (a Decimal of 10**10**8 digits).
 CARRIED_LOAD_S = 30.0
@@ -104,8 +107,24 @@ class SandboxProcess:
         return bridge.parse_json("".join(pieces))
 
     def write(self, data: bytes) -> None:
+        writer = self.writer
+        assert writer is not None  # connected by the handshake
+        writer.write(data)
+        waiting = writer.transport.get_write_buffer_size()
+        if waiting > MAX_UNREAD:
+            self.kill_because(
+                f"it did not read the kernel's replies ({waiting / 2**20:.0f} MB waited for it, "
+                f"at most {MAX_UNREAD // 2**20} MB may)"
+            )
+            writer.transport.abort()  # the buffered replies go now, not at its end
+
+    async def drained(self) -> None:
+        """Until what was written has (mostly) left for the sandbox."""
         assert self.writer is not None  # connected by the handshake
-        self.writer.write(data)
+        try:
+            await self.writer.drain()
+        except ConnectionError:
+            pass  # it died: the listener says so
 
     def send(self, message: dict) -> None:
         if not self.dead:

@@ -256,6 +256,12 @@ class RLMConfig(Configurable):
     sandbox_max_processes = Int(128, help="Most processes and threads in the sandbox at once.").tag(
         config=True
     )
+    sandbox_max_children = Int(
+        4,
+        help="Most child RLMs (rlm_query) of one depth running in sandboxes at once, "
+        "across the whole run; the rest wait for one to end. Together they hold at most "
+        "sandbox_max_processes processes and sandbox_disk_mb of disk, shared evenly.",
+    ).tag(config=True)
     sandbox_env = List(
         Unicode(),
         help="Names of environment variables the sandbox may "
@@ -333,6 +339,7 @@ class RLMConfig(Configurable):
     _check_sandbox_memory = validate("sandbox_memory_mb")(_at_least(256))
     _check_sandbox_disk = validate("sandbox_disk_mb")(_at_least(1))
     _check_sandbox_processes = validate("sandbox_max_processes")(_at_least(8))
+    _check_sandbox_children = validate("sandbox_max_children")(_at_least(1))
 
     @validate("sandbox")
     def _check_sandbox(self, proposal: Proposal) -> str:

@@ -255,3 +255,42 @@ async def test_a_1_mb_list_answer_costs_the_kernel_little(server):
             result = await make_rlm(server, sandbox="process").arun("q", context="c")
     assert result.final_answer.startswith("[0,0,") and len(result.final_answer) == 999_999
     assert memory.mb < 100 and beat.longest < 0.5  # was +450 MB and 1-2 s
+
+
+# -- child runs ---------------------------------------------------------------------------
+async def test_rlm_query_batch_runs_at_most_max_children_sandboxes_at_once(server):
+    server.model_latency = {"sub-model": 0.3}  # children's turns overlap if they can
+    server.reply_with("sub-model", "FINAL(child)")
+    server.script("root-model", [repl("print(rlm_query_batch(list('abcdef')))"), "FINAL(ok)"])
+    rlm = make_rlm(server, sandbox="process", sandbox_max_children=2)
+    result = await rlm.arun("q", context="c")
+    assert outputs(result)[0] == str(["child"] * 6)  # all six, two at a time
+    assert server.peak_in_flight == 2
+
+
+async def test_child_sandboxes_share_the_parents_processes_and_disk(server):
+    child_code = (
+        "import os, resource\n"
+        "disk = os.statvfs('.')\n"
+        "limits = f'{resource.getrlimit(resource.RLIMIT_NPROC)[0]} "
+        "{disk.f_blocks * disk.f_frsize // 2**20}'\n"
+        "print(limits)"
+    )
+    server.script("sub-model", [repl(child_code), "FINAL_VAR(limits)"])
+    server.script("root-model", [repl("print(rlm_query('a'))"), "FINAL(ok)"])
+    rlm = make_rlm(
+        server,
+        sandbox="process",
+        sandbox_max_children=4,
+        sandbox_max_processes=128,
+        sandbox_disk_mb=512,
+    )
+    result = await rlm.arun("q", context="c")
+    processes, disk_mb = outputs(result)[0].split()
+    if result.isolation["processes"]:
+        assert processes == "32"  # 128 shared by the 4 children that may run at once
+    if result.isolation["filesystem"]:
+        assert disk_mb == "128"
+    assert result.isolation["processes"] or result.isolation["filesystem"] or pytest.skip(
+        "neither the process limit nor the working tmpfs holds here"
+    )

@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .steps import StepOutput
@@ -83,4 +83,13 @@ class SandboxSettings:
             max_processes=config.sandbox_max_processes,
             env_names=tuple(config.sandbox_env or ()),
             require_isolation=bool(config.sandbox_require_isolation),
+        )
+
+    def for_child(self, siblings: int) -> SandboxSettings:
+        """A child run's share, one of ``siblings`` that may run at once: together they
+        hold no more processes and disk than this sandbox may."""
+        return replace(
+            self,
+            max_processes=max(8, self.max_processes // siblings),
+            disk_mb=max(1, self.disk_mb // siblings),
         )

@@ -112,7 +112,10 @@ class Run:
             compact_at=config.compact_at,
         )
         self.tree = tree or RunTree(
-            UsageLedger(parent=client.ledger), config.max_sub_calls, config.max_cost_usd
+            UsageLedger(parent=client.ledger),
+            config.max_sub_calls,
+            config.max_cost_usd,
+            max_child_sandboxes=config.sandbox_max_children,
         )
         # What the REPL's helpers call: pinned sub-model, budgets, errors as values.
         self.calls = SubCalls(
@@ -199,7 +202,7 @@ class Run:
                 self.context,
                 self.calls.helpers(),
                 sandbox=self.settings.sandbox,
-                settings=SandboxSettings.from_config(self.config),
+                settings=self._sandbox_settings(),
                 secrets=tuple(self.config.configured_secrets()),
                 max_output_chars=self.settings.max_output_chars,
                 budget=self.tree,
@@ -392,7 +395,16 @@ class Run:
             tree=self.tree,
             deadline=deadline,
         )
-        return await child.execute()
+        if settings.sandbox == "none":
+            return await child.execute()
+        async with self.tree.child_sandbox(child.depth):
+            return await child.execute()
+
+    def _sandbox_settings(self) -> SandboxSettings:
+        settings = SandboxSettings.from_config(self.config)
+        if self.depth == 0:
+            return settings
+        return settings.for_child(self.tree.max_child_sandboxes)
 
     def _status(self, phase: str, iteration: int | None = None) -> None:
         if self.depth == 0:

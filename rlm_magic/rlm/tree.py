@@ -1,10 +1,12 @@
 """The run tree: what a run shares with its child runs (``rlm_query``): one ledger, one
-sub-call budget, one cost budget (held by the ledger: see ``llm.budget``), and the
-counts the status panel reads a few times a second."""
+sub-call budget, one cost budget (held by the ledger: see ``llm.budget``), the child
+sandboxes that may run at once, and the counts the status panel reads a few times a
+second."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..llm.budget import CostBudget
@@ -30,12 +32,24 @@ class RunTree:
     iteration: int = 0
     max_iterations: int = 0
     live_turn: LiveTurn | None = None  # the root turn streaming in, for the panel
+    max_child_sandboxes: int = 4  # per depth, across the tree
+    _sandbox_slots: dict[int, asyncio.Semaphore] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.max_cost_usd is not None:
             # Held by the tree's ledger: every call of the run and its children
             # (their records land there) is admitted against it before it is sent.
             self.ledger.budget = CostBudget(self.ledger, self.max_cost_usd, "max_cost_usd")
+
+    def child_sandbox(self, depth: int) -> asyncio.Semaphore:
+        """The slots of the child runs at ``depth`` that run in sandboxes, so the tree
+        holds at most ``1 + max_child_sandboxes * max_depth`` sandboxes however wide a
+        batch is. One set per depth: a child holds its slot while it waits for its own
+        children's, and those are never held by a waiting run, so none deadlocks."""
+        slots = self._sandbox_slots.get(depth)
+        if slots is None:
+            slots = self._sandbox_slots[depth] = asyncio.Semaphore(self.max_child_sandboxes)
+        return slots
 
     def sub_calls_left(self) -> int:
         return self.max_sub_calls - self.sub_calls

@@ -20,7 +20,7 @@ from ..helpers import BATCH_NAMES
 from .process import SandboxProcess
 
 _HELD_LIMIT = 64 * 2**20  # helper calls' messages the kernel holds at once, at most
-MAX_REPLY = 32 * 2**20  # one frame of a reply, at most
+MAX_REPLY = 16 * 2**20  # one frame of a reply, at most
 PART_CHARS = 2**20  # a larger answer is framed in a thread, in parts of about this
 MAX_ERROR_CHARS = 2_000  # of an error's text sent back
 

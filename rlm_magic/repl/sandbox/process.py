@@ -25,7 +25,7 @@ _WORKER = str(Path(__file__).parent.with_name("worker.py"))  # rlm_magic/repl/wo
 _PIECE = 2**20  # a large frame is read and checked this many bytes at a time
 # Replies the sandbox has not read yet, at most: past this it is not reading them (its
 # bridge thread stopped), and the kernel stops it rather than buffer without end.
-MAX_UNREAD = 64 * 2**20
+MAX_UNREAD = 32 * 2**20
 # A session's carried variables load in a second or two (32 MB at most); past this, the
 # earlier question's code made them to stall the next (a Decimal of 10**10**8 digits).
 CARRIED_LOAD_S = 30.0

@@ -53,8 +53,9 @@ class REPL(Protocol):
         """The names of the variables the model made."""
         ...
 
-    async def variables(self) -> dict[str, Any]:
-        """The model's variables (``result.variables``)."""
+    async def variables(self, timeout: float = 5.0) -> dict[str, Any]:
+        """The model's variables (``result.variables``); none if they do not come
+        within ``timeout`` seconds."""
         ...
 
     async def aclose(self) -> None: ...

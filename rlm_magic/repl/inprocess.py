@@ -243,7 +243,7 @@ class AsyncREPL:
     async def variable_names(self) -> list[str]:
         return user_variables(self.namespace)
 
-    async def variables(self) -> dict[str, Any]:
+    async def variables(self, timeout: float = 5.0) -> dict[str, Any]:
         """The model's variables, as they are (in-process, nothing has to cross)."""
         return {name: self.namespace[name] for name in user_variables(self.namespace)}
 

@@ -32,6 +32,7 @@ from .result import RLMResult
 from .session import RLMSession
 
 # Names a run puts into a live namespace besides the context and helpers.
+INTERRUPTED_WAIT_S = 0.5  # for the variables of an interrupted run
 _SCAFFOLD = ("__rlm_async__", "__rlm_print_final__", "history")
 
 
@@ -163,13 +164,26 @@ class Workspace:
     async def _close_repl(self, repl: REPL, result: RLMResult) -> None:
         result.network_isolated = repl.network_isolated
         result.isolation = repl.isolation
+        # An interrupt ends the cell within a second whatever the sandbox does: its
+        # variables and a session's carried ones must come by then (they take
+        # milliseconds; a sandbox whose bridge thread is wedged would take the timeouts).
+        interrupted = result.stop_reason == "interrupted"
         try:
-            variables = await repl.variables()
+            variables = await repl.variables(timeout=INTERRUPTED_WAIT_S if interrupted else 5.0)
             result.variables = {
                 name: value for name, value in variables.items() if name not in self._preexisting
             }
             if self.session is not None and isinstance(repl, SandboxREPL):
-                await self._carry(self.session, repl, result)
+                try:
+                    await asyncio.wait_for(
+                        self._carry(self.session, repl, result),
+                        INTERRUPTED_WAIT_S if interrupted else None,
+                    )
+                except asyncio.TimeoutError:
+                    result.notes.append(
+                        "the session keeps its variables from before this question: they "
+                        f"did not come within {INTERRUPTED_WAIT_S:g}s of the interrupt"
+                    )
         finally:
             if self.session is None or self.session.repl is not repl:
                 await repl.aclose()  # stopped steps may send nothing more

@@ -446,14 +446,14 @@ class SandboxREPL:
         names = (await self._request("names", "names", timeout=30)).get("names")
         return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
 
-    async def variables(self) -> dict[str, Any]:
+    async def variables(self, timeout: float = 5.0) -> dict[str, Any]:
         """The model's variables as JSON data, or ``SandboxRepr`` strings for the rest.
         Empty if the sandbox is gone or does not answer in time."""
         sandbox = self._sandbox
         if sandbox is None or sandbox.dead or self._closed:
             return {}
         try:
-            data = (await self._request("variables", "variables", timeout=5)).get("variables")
+            data = (await self._request("variables", "variables", timeout=timeout)).get("variables")
         except (SandboxError, asyncio.TimeoutError, bridge.BridgeError):
             return {}
         out = {}

@@ -13,7 +13,10 @@ Run from the repo root:  python benchmarks/bench_sandbox.py [--reps 5]
   the grace period), from the cancel to ``run()`` returning;
 - whatever the sandbox sends: the kernel's peak memory growth (VmHWM, reset before each)
   and its loop's longest stall (a 5 ms heartbeat) while model code sends hostile or
-  maximal frames.
+  maximal frames, and while a scripted root model's hostile blocks run through
+  ``RLM.arun`` (schemas that cost exponential time, errors that would quote megabytes
+  per prompt, replies left unread, answers too costly to check, a 1 MB list answer),
+  with the time from an interrupt to ``arun`` returning during each.
 """
 
 from __future__ import annotations
@@ -111,10 +114,16 @@ def row(name: str, figure: str, bound: str) -> None:
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument(
+        "--hostile", action="store_true", help="only what hostile model code costs the kernel"
+    )
     args = parser.parse_args()
     reps = args.reps
 
     print("| measure | median (min-max) | bound |\n|---|---|---|")
+    if args.hostile:
+        await hostile_runs()
+        return
     await start_up("warm")  # page in the interpreter and its modules once
     ups, bare = [], []
     for _ in range(reps):
@@ -177,6 +186,23 @@ async def main() -> None:
             f"{growth:.1f} MB / {stall * 1000:.0f} ms",
             "<= 64 MB / <= 100 ms",
         )
+    await hostile_runs()
+
+
+async def hostile_runs() -> None:
+    server = FakeLLMServer().start()
+    try:
+        await hostile_run(server, "FINAL(warm)", None)  # imports litellm once
+        for name, (code, answer) in HOSTILE_RUNS.items():
+            growth, stall, _ = await hostile_run(server, code, answer)
+            _, _, interrupt = await hostile_run(server, code, answer, interrupt_after=0.3)
+            row(
+                f"model code {name}: kernel memory growth / longest loop stall / interrupt",
+                f"{growth:.1f} MB / {stall * 1000:.0f} ms / {interrupt * 1000:.0f} ms",
+                "<= 64 MB / <= 100 ms / <= 1 s",
+            )
+    finally:
+        server.stop()
 
 
 _RAW = (
@@ -200,6 +226,91 @@ HOSTILE = {
     "an 8 MB FINAL_VAR text (the largest answer)": "x = 'a' * 8_000_000\nFINAL_TEXT = x",
     "six 16 MB variables (result.variables)": "\n".join(f"v{i} = 'x' * 2**24" for i in range(6)),
 }
+
+
+_DOUBLING = """
+defs = {"a0": {"type": "string"}}
+for i in range(1, 19):
+    defs[f"a{i}"] = {"allOf": [{"$ref": f"#/$defs/a{i-1}"}, {"$ref": f"#/$defs/a{i-1}"}]}
+print(llm_query("q", response_format={"$defs": defs, "$ref": "#/$defs/a18"}))
+"""
+_UNREAD = """
+import gc, json, os, struct, sys, time
+worker = next(o for o in gc.get_objects() if type(o).__name__ == "Worker")
+worker.calls_lock.acquire()
+for i in range(400):
+    body = json.dumps({"op": "call", "id": 10_000 + i, "step": worker.current_step,
+                       "name": "llm_query", "args": [f"p{i}"], "kwargs": {}}).encode()
+    os.write(int(sys.argv[1]), struct.pack(">cQ", b"J", len(body)) + body)
+time.sleep(30)
+"""
+# name: (the block, what the sub-model answers)
+HOSTILE_RUNS = {
+    "asks with a 1.3 KB schema whose $refs double 18 times": (_DOUBLING, '"x"'),
+    "asks with a 460 KB schema of 24,000 alternatives": (
+        "print(llm_query('q', response_format={'anyOf': "
+        "[{'const': f'v{i}'} for i in range(24_000)]}))",
+        '"x"',
+    ),
+    "asks a 400-prompt batch with a 99 KB invalid schema": (
+        "print(llm_query_batch(['p'] * 400, response_format={'type': ['x' * 99_000]})[0][:60])",
+        '"x"',
+    ),
+    "gets an answer that takes 500,000 checks": (
+        "print(llm_query('q', response_format={'type': 'array', "
+        "'items': {'anyOf': [{'const': i} for i in range(100)]}}))",
+        "[" + ",".join(["99"] * 5_000) + "]",
+    ),
+    "leaves 400 replies of 256 KB unread": (_UNREAD, "y" * 2**18),
+    "answers FINAL with a 1 MB list": ('FINAL("[" + "0," * 499_998 + "0]")', None),
+}
+
+
+async def hostile_run(
+    server, code: str, answer: str | None, interrupt_after: float | None = None
+) -> tuple[float, float, float]:
+    """Peak growth of this process's memory (MB), the loop's longest stall (s) while a
+    scripted root model's block runs through ``RLM.arun``, and with ``interrupt_after``
+    the time from cancelling the run to its end (s)."""
+    server.reset()
+    server.script("root", [f"```repl\n{code}\n```", "FINAL(done)"])
+    if answer is not None:
+        server.reply_with("sub", lambda body: answer)
+    rlm = RLM(
+        model="openai/root",
+        sub_model="openai/sub",
+        api_base=server.base_url,
+        api_key="sk-bench",
+        progress=False,
+        step_timeout=20,
+        timeout=20,
+    )
+    stalls: list[float] = []
+
+    async def heartbeat():
+        while True:
+            started = time.perf_counter()
+            await asyncio.sleep(0.005)
+            stalls.append(time.perf_counter() - started - 0.005)
+
+    with open("/proc/self/clear_refs", "w") as refs:
+        refs.write("5")
+    before = _resident_mb()
+    beat = asyncio.ensure_future(heartbeat())
+    run = asyncio.ensure_future(rlm.arun("q", context="c"))
+    stopped = 0.0
+    if interrupt_after is not None:
+        await asyncio.sleep(interrupt_after)
+        cancelled = time.perf_counter()
+        run.cancel()
+    try:
+        await run
+    except asyncio.CancelledError:
+        pass
+    if interrupt_after is not None:
+        stopped = time.perf_counter() - cancelled
+    beat.cancel()
+    return _peak_mb() - before, max(stalls, default=0.0), stopped
 
 
 async def hostile(code: str) -> tuple[float, float]:

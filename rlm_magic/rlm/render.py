@@ -3,6 +3,9 @@ and ``_repr_markdown_``, which Jupyter, nbconvert and terminals pick from).
 
 The answer comes first; the trajectory follows, collapsed, with syntax-highlighted code
 and each block's output exactly as the model saw it.
+
+Model text is shown, never obeyed: in both views its control characters are visible
+(``_terminal_text``), and the HTML view escapes it whole.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from .._terminal_text import visible
 from ..llm.usage import format_cost
 from .replies import with_code_as_pointers
 
@@ -61,12 +65,12 @@ def _status_line(result: Any) -> str:
 
 
 def result_html(result: Any) -> str:
-    answer = result.final_answer if result.final_answer is not None else ""
+    answer = visible(result.final_answer) if result.final_answer is not None else ""
     parts = [_CSS, f"<div class='rlm-result{'' if result.success else ' rlm-failed'}'>"]
     if not result.success and result.error:
         parts.append(
             f"<p><b>{html.escape(result.stop_reason or 'failed')}:</b> "
-            f"{html.escape(result.error)}</p>"
+            f"{html.escape(visible(result.error))}</p>"
         )
     parts.append(f"<div class='rlm-answer'>{html.escape(answer) or '<i>(no answer)</i>'}</div>")
     parts.append(f"<p class='rlm-meta'>{html.escape(_status_line(result))}</p>")
@@ -79,14 +83,12 @@ def result_html(result: Any) -> str:
             f"{it.sub_calls} sub-call(s) · {it.elapsed_s:.2f}s</summary>"
         )
         parts.append(
-            f"<div><b>Model</b><pre>{html.escape(with_code_as_pointers(it.response))}</pre></div>"
+            f"<div><b>Model</b><pre>{_shown(with_code_as_pointers(it.response))}</pre></div>"
         )
         for note in it.notes:
-            parts.append(f"<p class='rlm-meta'>{html.escape(note)}</p>")
+            parts.append(f"<p class='rlm-meta'>{_shown(note)}</p>")
         for item in it.withheld:  # written before the model saw its code's output
-            parts.append(
-                f"<p class='rlm-meta'>Not taken ({item.why}): {html.escape(item.what)}</p>"
-            )
+            parts.append(f"<p class='rlm-meta'>Not taken ({item.why}): {_shown(item.what)}</p>")
         if it.cut_answers:
             parts.append(
                 f"<p class='rlm-meta'>{it.cut_answers} sub-call answer(s) stopped "
@@ -95,8 +97,8 @@ def result_html(result: Any) -> str:
         for number, block in enumerate(it.code, 1):
             parts.append(
                 f"<div><b>Block {number}</b> ({block.elapsed_s:.2f}s)"
-                f"{_highlight(block.code)}<b>Output</b>"
-                f"<pre>{html.escape(block.output)}</pre></div>"
+                f"{_highlight(visible(block.code))}<b>Output</b>"
+                f"<pre>{_shown(block.output)}</pre></div>"
             )
         parts.append("</details>")
     parts.append("</details>")
@@ -120,14 +122,19 @@ def compaction_line(compaction: Any) -> str:  # a result.Compaction
 def _compaction_html(compaction: Any) -> str:
     return (
         f"<details class='rlm-compaction'><summary>{html.escape(compaction_line(compaction))}"
-        f"</summary><pre>{html.escape(compaction.summary)}</pre></details>"
+        f"</summary><pre>{_shown(compaction.summary)}</pre></details>"
     )
 
 
 def result_markdown(result: Any) -> str:
-    answer = result.final_answer if result.final_answer is not None else "*(no answer)*"
+    answer = visible(result.final_answer) if result.final_answer is not None else "*(no answer)*"
     lines = []
     if not result.success and result.error:
-        lines.append(f"**{result.stop_reason or 'failed'}:** {result.error}\n")
+        lines.append(f"**{result.stop_reason or 'failed'}:** {visible(result.error)}\n")
     lines += [answer, "", f"*{_status_line(result)}*"]
     return "\n".join(lines)
+
+
+def _shown(text: str) -> str:
+    """Model text for HTML: its control characters visible, escaped."""
+    return html.escape(visible(text))

@@ -5,12 +5,15 @@ The answer comes first; the trajectory follows, collapsed, with syntax-highlight
 and each block's output exactly as the model saw it.
 
 Model text is shown, never obeyed: in both views its control characters are visible
-(``_terminal_text``), and the HTML view escapes it whole.
+(``_terminal_text``), the HTML view escapes it whole, and the Markdown view keeps the
+model's Markdown (headings, emphasis, lists, tables, code) but none of its HTML
+(``markdown_without_html``).
 """
 
 from __future__ import annotations
 
 import html
+import re
 from typing import Any
 
 from .._terminal_text import visible
@@ -127,10 +130,15 @@ def _compaction_html(compaction: Any) -> str:
 
 
 def result_markdown(result: Any) -> str:
-    answer = visible(result.final_answer) if result.final_answer is not None else "*(no answer)*"
+    answer = (
+        markdown_without_html(visible(result.final_answer))
+        if result.final_answer is not None
+        else "*(no answer)*"
+    )
     lines = []
     if not result.success and result.error:
-        lines.append(f"**{result.stop_reason or 'failed'}:** {visible(result.error)}\n")
+        error = _escaped(visible(result.error))
+        lines.append(f"**{result.stop_reason or 'failed'}:** {error}\n")
     lines += [answer, "", f"*{_status_line(result)}*"]
     return "\n".join(lines)
 
@@ -138,3 +146,123 @@ def result_markdown(result: Any) -> str:
 def _shown(text: str) -> str:
     """Model text for HTML: its control characters visible, escaped."""
     return html.escape(visible(text))
+
+
+def _escaped(text: str) -> str:
+    """Text with its ``&`` and ``<`` escaped, so no HTML (a tag, a comment, an entity)
+    can begin in it; ``>`` stays, as Markdown's quote marker."""
+    return text.replace("&", "&amp;").replace("<", "&lt;")
+
+
+# A fence opening or closing a code block, by CommonMark's rules (indented at most three
+# columns, tabs included, so more lines are read as fences than a renderer would), with
+# its fence and what follows on the line.
+_FENCE = re.compile(r"^[ \t]{0,3}(`{3,}|~{3,})(.*?)[\r\n]*$")
+_LINE = re.compile(r"[^\n]*\n|[^\n]+")
+_BACKTICKS = re.compile(r"`+")
+_PARAGRAPH_BREAK = re.compile(r"(\n[ \t]*\n)")
+
+
+def markdown_without_html(text: str) -> str:
+    """``text`` as Markdown with none of its HTML: each ``<`` and ``&`` is escaped but
+    in code, which a Markdown renderer shows as written.
+
+    Code keeps working without trusting the renderer to find the same code as this
+    function. A fenced block is written out again in a form every CommonMark renderer
+    reads alike: after a blank line, flush left, fenced with more backticks than its code
+    holds in a row, its info string cut to a language name, closed the same way. Only
+    such blocks keep their ``<``; so a fence the renderer reads differently from the
+    model's (say, nested in a list item) cannot hide HTML from this function. A code
+    span whose code holds ``<`` or ``&`` becomes ``<code>`` with its code escaped;
+    others stay as written.
+    """
+    out: list[str] = []
+    prose: list[str] = []
+    lines = _LINE.findall(text)  # (CommonMark's lines end at "\n" only)
+    index = 0
+    while index < len(lines):
+        opening = _FENCE.match(lines[index])
+        if opening is None or (opening[1][0] == "`" and "`" in opening[2]):
+            prose.append(lines[index])  # (a ``` line with a backtick after is not a fence)
+            index += 1
+            continue
+        fence, indent = opening[1], len(lines[index]) - len(lines[index].lstrip(" \t"))
+        body: list[str] = []
+        index += 1
+        while index < len(lines):
+            closing = _FENCE.match(lines[index])
+            index += 1
+            if (
+                closing is not None
+                and closing[1][0] == fence[0]
+                and len(closing[1]) >= len(fence)
+                and not closing[2].strip()
+            ):
+                break
+            body.append(_dedent(lines[index - 1], indent))
+        out.append(_prose(prose))
+        prose = []
+        out.append(_fenced_block(body, opening[2]))
+    out.append(_prose(prose))
+    return "".join(out)
+
+
+def _prose(lines: list[str]) -> str:
+    # A code span does not outlive its paragraph.
+    return "".join(
+        _escaped(part) if index % 2 else _paragraph(part)
+        for index, part in enumerate(_PARAGRAPH_BREAK.split("".join(lines)))
+    )
+
+
+def _paragraph(text: str) -> str:
+    parts, at = [], 0
+    for start, end, code in _code_spans(text):
+        if "<" in code or "&" in code:
+            parts.append(_escaped(text[at:start]))
+            if code.startswith(" ") and code.endswith(" ") and code.strip():
+                code = code[1:-1]  # as CommonMark strips one space each side
+            code = html.escape(code.replace("\n", " "), quote=False)
+            parts.append(f"<code>{code}</code>")
+            at = end
+    parts.append(_escaped(text[at:]))
+    return "".join(parts)
+
+
+def _code_spans(text: str) -> list[tuple[int, int, str]]:
+    """Each code span: where it starts and ends, and its code. A run of backticks opens
+    one when a later run of the same length closes it (in time linear in the text: a
+    thousand unclosed backticks are not a thousand searches to its end)."""
+    runs = [(m.start(), m.end()) for m in _BACKTICKS.finditer(text)]
+    by_length: dict[int, list[int]] = {}
+    for number, (start, end) in enumerate(runs):
+        by_length.setdefault(end - start, []).append(number)
+    seen = dict.fromkeys(by_length, 0)  # per length: how many of its runs lie behind
+    spans, number = [], 0
+    while number < len(runs):
+        start, end = runs[number]
+        same = by_length[end - start]
+        while seen[end - start] < len(same) and same[seen[end - start]] <= number:
+            seen[end - start] += 1
+        if seen[end - start] == len(same):
+            number += 1  # never closed: plain backticks
+            continue
+        closer = same[seen[end - start]]
+        spans.append((start, runs[closer][1], text[end : runs[closer][0]]))
+        number = closer + 1
+    return spans
+
+
+def _dedent(line: str, indent: int) -> str:
+    """A fenced line, less as many spaces as its fence was indented (as CommonMark)."""
+    stripped = line.lstrip(" ")
+    return stripped if len(line) - len(stripped) <= indent else line[indent:]
+
+
+def _fenced_block(body: list[str], info: str) -> str:
+    code = "".join(body)
+    longest = max((len(run) for run in re.findall(r"`+", code)), default=0)
+    fence = "`" * max(3, longest + 1)
+    language = re.match(r"[\w#+.-]*", info.strip())
+    end = "" if not code or code.endswith("\n") else "\n"
+    return f"\n{fence}{language[0] if language else ''}\n{code}{end}{fence}\n\n"

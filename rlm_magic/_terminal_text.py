@@ -28,18 +28,16 @@ _SHOWN: dict[str, str] = {
     # Embeddings and overrides (LRE, RLE, PDF, LRO, RLO) and isolates (LRI, RLI, FSI, PDI).
     **{chr(c): f"\\u{c:04x}" for c in [*range(0x202A, 0x202F), *range(0x2066, 0x206A)]},
 }
-_CONTROL = re.compile("\r\n|[" + re.escape("".join(_SHOWN)) + "]")
-
-
-def _shown(match: re.Match[str]) -> str:
-    found = match.group()
-    return "\n" if found == "\r\n" else _SHOWN[found]
+_CONTROL = re.compile("[" + re.escape("".join(_SHOWN)) + "]")
+_TABLE = str.maketrans(_SHOWN)
 
 
 def visible(text: str) -> str:
     """``text`` with every control character but ``\\n`` and ``\\t`` made visible (see
     above); text without any comes back as it is."""
-    return _CONTROL.sub(_shown, text)
+    if _CONTROL.search(text) is None:
+        return text
+    return text.replace("\r\n", "\n").translate(_TABLE)
 
 
 def one_line(text: str) -> str:

@@ -13,7 +13,9 @@ model's Markdown (headings, emphasis, lists, tables, code) but none of its HTML
 from __future__ import annotations
 
 import html
+import itertools
 import re
+from bisect import bisect
 from typing import Any
 
 from .._terminal_text import visible
@@ -154,13 +156,17 @@ def _escaped(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;")
 
 
-# A fence opening or closing a code block, by CommonMark's rules (indented at most three
-# columns, tabs included, so more lines are read as fences than a renderer would), with
-# its fence and what follows on the line.
-_FENCE = re.compile(r"^[ \t]{0,3}(`{3,}|~{3,})(.*?)[\r\n]*$")
-_LINE = re.compile(r"[^\n]*\n|[^\n]+")
+# A line that may open or close a fenced code block, by CommonMark's rules (indented at
+# most three columns; tabs taken as one, so more lines are read as fences than a
+# renderer would): its indentation, its fence and what follows it on the line.
+_FENCE = re.compile(r"^([ \t]{0,3})(`{3,}|~{3,})(.*)$", re.MULTILINE)
 _BACKTICKS = re.compile(r"`+")
-_PARAGRAPH_BREAK = re.compile(r"(\n[ \t]*\n)")
+_PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n")
+# Whatever the model wrote, the time this takes stays small (a 1 MB answer, tens of ms):
+# past this many fence lines the rest is one block or prose; in prose holding more runs
+# of backticks or paragraphs than this, code spans are not looked for (their code is
+# shown escaped).
+_MOST = 2_000
 
 
 def markdown_without_html(text: str) -> str:
@@ -174,48 +180,31 @@ def markdown_without_html(text: str) -> str:
     such blocks keep their ``<``; so a fence the renderer reads differently from the
     model's (say, nested in a list item) cannot hide HTML from this function. A code
     span whose code holds ``<`` or ``&`` becomes ``<code>`` with its code escaped;
-    others stay as written.
+    others stay as written. (Lines end at ``\\n`` only, as in CommonMark.)
     """
     out: list[str] = []
-    prose: list[str] = []
-    lines = _LINE.findall(text)  # (CommonMark's lines end at "\n" only)
-    index = 0
-    while index < len(lines):
-        opening = _FENCE.match(lines[index])
-        if opening is None or (opening[1][0] == "`" and "`" in opening[2]):
-            prose.append(lines[index])  # (a ``` line with a backtick after is not a fence)
-            index += 1
-            continue
-        fence, indent = opening[1], len(lines[index]) - len(lines[index].lstrip(" \t"))
-        body: list[str] = []
-        index += 1
-        while index < len(lines):
-            closing = _FENCE.match(lines[index])
-            index += 1
-            if (
-                closing is not None
-                and closing[1][0] == fence[0]
-                and len(closing[1]) >= len(fence)
-                and not closing[2].strip()
-            ):
-                break
-            body.append(_dedent(lines[index - 1], indent))
-        out.append(_prose(prose))
-        prose = []
-        out.append(_fenced_block(body, opening[2]))
-    out.append(_prose(prose))
+    at = 0  # where the text not yet written out begins
+    opening: re.Match[str] | None = None
+    for fence in itertools.islice(_FENCE.finditer(text), _MOST):
+        if opening is None:
+            if fence[2][0] == "`" and "`" in fence[3]:
+                continue  # a ``` line with a backtick after it is no fence
+            out.append(_prose(text[at : fence.start()]))
+            opening, at = fence, fence.end() + 1
+        elif fence[2][0] == opening[2][0] and len(fence[2]) >= len(opening[2]):
+            if not fence[3].strip(" \t"):
+                out.append(_fenced_block(text[at : fence.start()], opening))
+                opening, at = None, fence.end() + 1
+    if opening is not None:  # never closed: the block runs to the end
+        out.append(_fenced_block(text[at:], opening))
+    else:
+        out.append(_prose(text[at:]))
     return "".join(out)
 
 
-def _prose(lines: list[str]) -> str:
-    # A code span does not outlive its paragraph.
-    return "".join(
-        _escaped(part) if index % 2 else _paragraph(part)
-        for index, part in enumerate(_PARAGRAPH_BREAK.split("".join(lines)))
-    )
-
-
-def _paragraph(text: str) -> str:
+def _prose(text: str) -> str:
+    if "<" not in text and "&" not in text:
+        return text
     parts, at = [], 0
     for start, end, code in _code_spans(text):
         if "<" in code or "&" in code:
@@ -231,9 +220,14 @@ def _paragraph(text: str) -> str:
 
 def _code_spans(text: str) -> list[tuple[int, int, str]]:
     """Each code span: where it starts and ends, and its code. A run of backticks opens
-    one when a later run of the same length closes it (in time linear in the text: a
-    thousand unclosed backticks are not a thousand searches to its end)."""
-    runs = [(m.start(), m.end()) for m in _BACKTICKS.finditer(text)]
+    one when a later run of the same length in its paragraph closes it (in time linear
+    in the text: a thousand unclosed backticks are not a thousand searches to its end)."""
+    runs = [(m.start(), m.end()) for m in itertools.islice(_BACKTICKS.finditer(text), _MOST + 1)]
+    if len(runs) > _MOST or text.count("\n\n") > _MOST:
+        return []
+    breaks = [m.start() for m in itertools.islice(_PARAGRAPH_BREAK.finditer(text), _MOST + 1)]
+    if len(breaks) > _MOST:
+        return []
     by_length: dict[int, list[int]] = {}
     for number, (start, end) in enumerate(runs):
         by_length.setdefault(end - start, []).append(number)
@@ -244,25 +238,21 @@ def _code_spans(text: str) -> list[tuple[int, int, str]]:
         same = by_length[end - start]
         while seen[end - start] < len(same) and same[seen[end - start]] <= number:
             seen[end - start] += 1
-        if seen[end - start] == len(same):
-            number += 1  # never closed: plain backticks
+        closer = same[seen[end - start]] if seen[end - start] < len(same) else None
+        if closer is None or bisect(breaks, start) != bisect(breaks, runs[closer][0]):
+            number += 1  # not closed in its paragraph: plain backticks
             continue
-        closer = same[seen[end - start]]
         spans.append((start, runs[closer][1], text[end : runs[closer][0]]))
         number = closer + 1
     return spans
 
 
-def _dedent(line: str, indent: int) -> str:
-    """A fenced line, less as many spaces as its fence was indented (as CommonMark)."""
-    stripped = line.lstrip(" ")
-    return stripped if len(line) - len(stripped) <= indent else line[indent:]
-
-
-def _fenced_block(body: list[str], info: str) -> str:
-    code = "".join(body)
-    longest = max((len(run) for run in re.findall(r"`+", code)), default=0)
+def _fenced_block(code: str, opening: re.Match[str]) -> str:
+    indent = len(opening[1])
+    if indent:  # as CommonMark: each line less as many spaces as its fence had
+        code = re.sub(f"(?m)^ {{1,{indent}}}", "", code)
+    longest = max((len(run) for run in _BACKTICKS.findall(code)), default=0)
     fence = "`" * max(3, longest + 1)
-    language = re.match(r"[\w#+.-]*", info.strip())
+    language = re.match(r"[\w#+.-]*", opening[3].strip())
     end = "" if not code or code.endswith("\n") else "\n"
     return f"\n{fence}{language[0] if language else ''}\n{code}{end}{fence}\n\n"

@@ -38,9 +38,17 @@ import re
 from collections.abc import Mapping
 from typing import Any, cast
 
+from ._terminal_text import visible
+
 
 class RLMError(Exception):
     """Base class of every rlm-magic error."""
+
+    def __str__(self) -> str:
+        # A message may quote a model's answer, its code's output or a provider's reply:
+        # wherever it is printed (IPython, a script's traceback, a client's error line),
+        # the control characters in them are shown, not acted on. ``args`` keep the text.
+        return visible(super().__str__())
 
     def _render_traceback_(self) -> list[str]:
         # IPython shows this instead of a traceback through rlm-magic's internals: the

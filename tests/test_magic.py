@@ -318,6 +318,19 @@ async def test_no_raise_prints_the_failed_runs_error_and_lets_the_cell_succeed(
     assert shell.user_ns["partial"].stop_reason == "max_iterations"
 
 
+async def test_no_raise_prints_an_error_quoting_model_text_with_its_controls_visible(
+    shell, server, capsys
+):
+    from .test_clean_text import FAILING_RUN, HOSTILE, raw_sequences
+
+    server.script("root-model", FAILING_RUN)
+    await run_cell(shell, "%%rlm --no-raise -q -o failed\nq")
+    printed = capsys.readouterr().err.strip().splitlines()[-1]
+    assert printed.startswith("RLMRunError: RLM run error: the final answer is an error")
+    assert raw_sequences(printed) == {} and "Error: ␛]52;c;UFdORUQ=␇" in printed
+    assert shell.user_ns["failed"].final_answer == "Error: " + HOSTILE
+
+
 @pytest.mark.parametrize(
     "cell, message",
     [

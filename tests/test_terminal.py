@@ -7,6 +7,7 @@ when IPython judges it complete: a cell magic needs a blank line to end.
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import sys
@@ -15,6 +16,7 @@ import time
 import pytest
 
 from .conftest import MEASURED
+from .test_clean_text import FAILING_RUN, HOSTILE, HOSTILE_RUN, raw_sequences
 
 pexpect = pytest.importorskip("pexpect")
 
@@ -186,3 +188,37 @@ def test_ctrl_c_stops_a_batch_with_one_clear_line(client, request, llm_server):
     finally:
         llm_server.reset()
         terminal.type("%rlm demo")  # back to the demo model for the tests that follow
+
+
+@pytest.mark.parametrize("client", ["ipython", "console"])
+def test_model_text_reaches_the_terminal_shown_not_obeyed(client, request, llm_server):
+    # A hostile root model: its streamed turn (the status line), its code's printed
+    # output as its answer (the result's line), then a run whose error quotes it.
+    terminal = request.getfixturevalue(client)
+    llm_server.reset()
+    llm_server.token_delay = 0.05
+    llm_server.script("root-model", HOSTILE_RUN + FAILING_RUN)
+    terminal.type(f'%config RLM.api_base = "{llm_server.base_url}"')
+    terminal.type('%config RLM.model = "openai/root-model"')
+    received = io.StringIO()  # everything the terminal got, escape sequences and all
+    terminal.child.logfile_read = received
+    try:
+        answered = terminal.type("%%rlm --context logs --out hostile", "What is it?", "", "")
+        failed = terminal.type("%%rlm --context logs --out failed", "And now?", "", "")
+        terminal.child.logfile_read = None
+        value = terminal.type("hostile.final_answer.encode().hex()")
+    finally:
+        terminal.child.logfile_read = None
+        llm_server.reset()
+        terminal.type("%rlm demo")  # back to the demo model for the tests that follow
+    found = raw_sequences(received.getvalue())
+    MEASURED[f"raw escape sequences from model text, {client}"] = sum(found.values())
+    assert found == {}
+    # It was all shown: the streamed turn on the status line, the answer, the error.
+    status = _status_versions(answered, "RLM openai/root-model | ")
+    assert any("␛[2J␛[42A ␛]52;c;UFdORUQ=␇" in version for version in status), status
+    assert "␛]52;c;UFdORUQ=␇ ␛]8;;https://evil.example/␛\\docs" in answered
+    assert "RLMRunError: RLM run error: the final answer is an error message" in failed
+    assert "Error: ␛]52;c;UFdORUQ=␇" in failed
+    # And the value is the model's text, exactly.
+    assert bytes.fromhex(re.findall(r"'([0-9a-f]+)'", value)[-1]).decode() == HOSTILE

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from .._terminal_text import one_line, visible
 from ..llm.litellm_loader import litellm_is_loading
 from ..llm.ratelimit import hold_message
 from ..llm.usage import format_cost, format_saving
@@ -245,9 +246,10 @@ class RunStatus(_LiveDisplay):
         )
 
     def partial_text(self, lines: int = 12, width: int = 160) -> str | None:
-        """The end of the root turn streaming in now, if any."""
+        """The end of the root turn streaming in now, if any: the model's text, its
+        control characters visible (shown, not obeyed, by a terminal)."""
         turn = self.run.tree.live_turn
-        return turn.tail(lines, width) if turn is not None else None
+        return visible(turn.tail(lines, width)) if turn is not None else None
 
     def final_line(self, exc_type) -> str:
         result = self.run.result
@@ -364,7 +366,7 @@ class TextLine:
         self._write(display.line())
 
     def update(self, display: _LiveDisplay) -> None:
-        line = display.line()
+        line = one_line(display.line())  # (as written: compared with what was)
         news = line.rsplit(" | ", 1)[0] != self._last.rsplit(" | ", 1)[0]
         if news or time.perf_counter() - self._written_at >= 1:
             self._write(line)
@@ -373,6 +375,8 @@ class TextLine:
         self._write(line, end="\n")
 
     def _write(self, line: str, end: str = "") -> None:
+        # Whatever is in the line, only our own "\r" and "\n" act on the terminal.
+        line = one_line(line)
         try:
             self.stream.write("\r" + line.ljust(len(self._last)) + end)
             self.stream.flush()

@@ -6,6 +6,8 @@ import shlex
 
 from IPython.core.error import UsageError
 
+from .._terminal_text import visible
+
 HELP = """\
 %rlm config         show the effective settings (secrets masked)
 %rlm usage          tokens and cost per model for this session
@@ -98,7 +100,7 @@ def _jobs(magics, args):
             from ..errors import describe_exception
 
             raise UsageError(f"%rlm jobs cancel: {describe_exception(exc)}") from None
-        print(f"Batch job {record.id}: {record.state}")
+        print(visible(f"Batch job {record.id}: {record.state}"))  # as the provider said
         return None
     _no_args("jobs", args)
     from .job_progress import JobsView

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from .._terminal_text import one_line
 from ..errors import RLMRunError
 from ..llm.usage import UsageSummary
 from . import render
@@ -157,6 +158,7 @@ class RLMResult:
         return path
 
     def __repr__(self) -> str:
+        # What terminals show (IPython, jupyter console): one line, its controls visible.
         status = "ok" if self.success else (self.stop_reason or "failed")
         answer = self.final_answer if self.final_answer is not None else self.error
         answer = " ".join(str(answer).split())
@@ -164,7 +166,7 @@ class RLMResult:
             answer = answer[:200] + "..."
         return (
             f"RLMResult({status}, iterations={self.iterations}, "
-            f"sub-calls={sum(i.sub_calls for i in self.trajectory)}): {answer}"
+            f"sub-calls={sum(i.sub_calls for i in self.trajectory)}): {one_line(answer)}"
         )
 
     def _repr_markdown_(self) -> str:

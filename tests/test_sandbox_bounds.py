@@ -320,3 +320,16 @@ async def test_an_interrupt_ends_the_run_within_a_second_though_the_bridge_is_we
         await run
     # SIGINT's grace (0.5 s) and the variables' wait (0.5 s), not the 5 s it was.
     assert time.monotonic() - interrupted < 2.5
+
+
+async def test_a_variable_that_stayed_in_the_sandbox_shows_its_repr_without_raw_controls(server):
+    code = (
+        "class Thing:\n"
+        "    def __repr__(self):\n"
+        "        return '\\x1b[2J\\x1b]52;c;cHduZWQ=\\x07 thing'\n"
+        "thing = Thing()"
+    )
+    server.script("root-model", [repl(code), "FINAL(done)"])
+    result = await make_rlm(server, sandbox="process").arun("q", context="c")
+    shown = repr(result.variables["thing"])
+    assert shown == "␛[2J␛]52;c;cHduZWQ=␇ thing" and "\x1b" not in shown

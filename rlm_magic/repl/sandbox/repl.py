@@ -23,6 +23,7 @@ import signal
 import time
 from typing import TYPE_CHECKING, Any
 
+from ..._terminal_text import visible
 from .. import bridge, carried, isolation
 from ..base import REPL, Helpers, SandboxSettings, SubCallBudget
 from ..carried import Carried
@@ -35,7 +36,8 @@ _step_ids = itertools.count(1)
 
 
 class SandboxRepr(str):
-    """A value that stayed in the sandbox: its ``repr`` there, shown as written."""
+    """A value that stayed in the sandbox: its ``repr`` there, shown as written, with its
+    control characters visible (model code writes that repr)."""
 
     type_name: str
 
@@ -45,7 +47,7 @@ class SandboxRepr(str):
         return value
 
     def __repr__(self) -> str:
-        return str(self)
+        return visible(str(self))
 
 
 async def pickled_context(value: Any) -> bytes:

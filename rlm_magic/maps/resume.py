@@ -8,6 +8,7 @@ the same cell run again finds its own file, a changed prompt list starts afresh.
 file is JSON lines under ``<cache_dir>/maps`` (the sandbox never sees the cache folder,
 and JSON is never turned into code). A map that finishes with every answer deletes its
 file: from then on, re-running it is the response cache's business (``RLM.cache``).
+A function's map (``function_map``) keeps its results here too, those that are JSON.
 """
 
 from __future__ import annotations

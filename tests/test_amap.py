@@ -222,6 +222,18 @@ def test_a_map_is_known_by_its_function_s_source_the_values_it_reads_and_its_ite
     assert function_map_key(summarise, ["a", "b"]) != key
 
 
+async def test_a_cell_s_function_is_known_by_its_source_and_the_template_it_reads(shell):
+    define = "async def per_row(row):\n    return await llm_query(TEMPLATE.format(row))\n"
+    key = "function_map_key(per_row, ['a'])"
+    await run_cell(shell, "from rlm_magic.maps.function_map import function_map_key")
+    await run_cell(shell, "TEMPLATE = 'Summarise: {}'\n" + define)
+    first = await run_cell(shell, key)
+    await run_cell(shell, define)  # the same function, defined again in another cell
+    assert await run_cell(shell, key) == first
+    await run_cell(shell, "TEMPLATE = 'Translate: {}'")
+    assert await run_cell(shell, key) != first
+
+
 # -- the notebook's names ----------------------------------------------------------------
 
 

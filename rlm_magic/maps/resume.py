@@ -107,15 +107,12 @@ class MapStore:
         )
 
     def add_value(self, index: int, value: Any) -> None:
-        """Keep one result of a function's map (``function_map``) if it is JSON: if it
-        comes back from JSON equal to itself (str, numbers, bools, None, lists, dicts
-        with str keys). Anything else (a tuple, an object) is not kept: a re-run calls
-        the function on that item again rather than hand back something else."""
-        try:
-            same = json.loads(json.dumps(value, allow_nan=False)) == value
-        except (TypeError, ValueError, RecursionError):
-            same = False
-        if not same:
+        """Keep one result of a function's map (``function_map``) if it is JSON, that
+        is, comes back from JSON as it went: str, int, float, bool, None, and lists and
+        str-keyed dicts of them. Anything else (a tuple, a numpy number, an object) is not
+        kept: a re-run calls the function on that item again rather than hand back
+        something of another type."""
+        if not _is_json(value):
             self.not_json += 1
             return
         self._write({"i": index, "value": value})
@@ -155,6 +152,18 @@ class MapStore:
             os.unlink(self.path)
         except OSError:  # never written (or the folder is gone): nothing to remove
             pass
+
+
+def _is_json(value: Any, depth: int = 0) -> bool:
+    if type(value) in (str, int, float, bool, type(None)):
+        return True
+    if depth >= 100:  # as deep as json itself goes comfortably
+        return False
+    if type(value) is list:
+        return all(_is_json(v, depth + 1) for v in value)
+    if type(value) is dict:
+        return all(type(k) is str and _is_json(v, depth + 1) for k, v in value.items())
+    return False
 
 
 def kept_call(entry: dict[str, Any], model: str) -> CallRecord:

@@ -203,6 +203,16 @@ async def test_results_that_are_not_json_are_not_kept_and_say_so(rlm, server, tm
     assert kept_lines(tmp_path) == 0
 
 
+async def test_items_a_rerun_could_not_recognise_are_said_so_when_resuming(rlm, tmp_path):
+    rlm.cache_dir = str(tmp_path)
+
+    class Ticket:  # its repr names its address: another ticket in the next process
+        pass
+
+    with pytest.warns(RuntimeWarning, match=r"cannot resume: item 0 \(a Ticket\)"):
+        await helpers(rlm).amap(Gate(1), [Ticket()], resume=True, return_exceptions=True)
+
+
 TEMPLATE = "Summarise: {row}"
 
 

@@ -22,6 +22,7 @@ import functools
 import hashlib
 import inspect
 import json
+import re
 import types
 import warnings
 from collections.abc import Callable, Sequence
@@ -34,6 +35,8 @@ from .run_map import MapObserver, MapOutcome, Placed
 
 # How deep the functions a mapped function calls are read into its key.
 _CALLED_DEPTH = 3
+# In a repr, what changes from one process to the next: the object's address.
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
 async def map_function(
@@ -64,6 +67,8 @@ async def map_function(
             key = await asyncio.to_thread(function_map_key, fn, items, settings)
         else:
             key = function_map_key(fn, items, settings)
+        if resume:
+            _warn_if_unstable(items)
         store = MapStore(cache_dir, key)
         kept = await store.load_kept()
         outcome.kept = {index: entry["value"] for index, entry in kept.items() if "value" in entry}
@@ -118,6 +123,21 @@ def function_map_key(fn: Callable[..., Any], items: Sequence[Any], settings: Any
         digest.update(b"\n")
         digest.update(_canonical(item).encode())
     return digest.hexdigest()
+
+
+def _warn_if_unstable(items: Sequence[Any]) -> None:
+    """An item known only by a repr naming its address is another item in the next
+    process: a map of it never resumes. Say so when resuming was asked for."""
+    for index, item in enumerate(items):
+        if _ADDRESS.search(_canonical(item)):
+            warnings.warn(
+                f"this map cannot resume: item {index} (a {type(item).__name__}) has no "
+                "form that stays the same in the next process (its repr names its memory "
+                "address); map over plain data (str, dicts, rows), or give it a __repr__",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return
 
 
 def function_identity(fn: Any, depth: int = 0, seen: set[int] | None = None) -> Any:

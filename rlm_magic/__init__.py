@@ -1,7 +1,7 @@
 """rlm-magic: Recursive Language Models in Jupyter.
 
-``%load_ext rlm_magic`` puts awaitable ``llm_query``, ``llm_query_batch``, ``rlm_query``
-and ``rlm_query_batch`` into the notebook and registers ``%%rlm`` and ``%rlm``.
+``%load_ext rlm_magic`` puts awaitable ``llm_query``, ``llm_query_batch``, ``rlm_query``,
+``rlm_query_batch`` and ``amap`` into the notebook and registers ``%%rlm`` and ``%rlm``.
 Nothing heavy is imported here: litellm loads on the first model call.
 """
 
@@ -18,7 +18,7 @@ from .errors import (
     RLMError,
     RLMRunError,
 )
-from .jupyter.helpers import interrupted_batch
+from .jupyter.helpers import amap, interrupted_batch
 from .llm.usage import CallRecord, UsageLedger, UsageSummary, usage
 from .rlm.result import CodeRun, Compaction, Iteration, RLMResult
 from .rlm.runner import RLM
@@ -45,6 +45,7 @@ __all__ = [
     "CallRecord",
     "usage",
     "interrupted_batch",
+    "amap",
     "load_ipython_extension",
     "unload_ipython_extension",
 ]

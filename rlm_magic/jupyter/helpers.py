@@ -1,29 +1,33 @@
 """The awaitable helpers put into the notebook: ``llm_query``, ``llm_query_batch``,
-``rlm_query``, ``rlm_query_batch`` (and the ``_batched`` aliases).
+``rlm_query``, ``rlm_query_batch`` (and the ``_batched`` aliases), and ``amap``, which
+maps any async function of the user's (a pipeline of calls per row) the same way.
 
 They are coroutine functions bound to one ``RLM`` (its settings, client and ledger), so
 ``await llm_query_batch(prompts)`` in a cell runs every prompt concurrently on the
-kernel's own loop.
+kernel's own loop. Given a pandas Series, the maps hand back a Series on its index.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any, cast
+import dataclasses
+import sys
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from typing import Any, cast
 
 from ..errors import BatchError, ConfigError, interrupt
 from ..llm.limiter import ConcurrencyLimiter
 from ..llm.messages import as_prompt_list, build_messages, check_max_tokens
 from ..llm.structured import AnswerFormat, ask
+from ..llm.usage import UsageLedger
+from ..maps.function_map import map_function
 from ..maps.gather import BatchOutcome, gather_limited
+from ..maps.items import map_items
 from ..maps.run_map import MapOutcome, MapSpec, run_map
 from ..repl.helpers import bound_to
+from ..rlm.runner import RLM
 from .interrupts import run_interruptibly
 from .progress import BatchProgress
-
-if TYPE_CHECKING:
-    from ..rlm.runner import RLM
 
 
 class NotebookHelpers:
@@ -87,7 +91,7 @@ class NotebookHelpers:
         batch_job: bool = False,
         resume: bool | None = None,
         response_format: Any = None,
-    ) -> list:
+    ) -> Any:  # a list, or a pandas Series given one
         """Ask many questions concurrently; answers come back in the prompts' order.
 
         At most ``RLM.max_concurrency`` requests are in flight. If any item fails,
@@ -105,8 +109,11 @@ class NotebookHelpers:
 
         ``response_format`` (a pydantic model class or a JSON schema): every answer is a
         validated object; one that fails validation twice is that item's error.
+
+        Given a pandas Series of prompts, returns a Series with its index and name.
         """
-        prompts = as_prompt_list(prompts, "llm_query_batch")
+        items = map_items(prompts, "llm_query_batch", prompts=True)
+        prompts = as_prompt_list(items.values, "llm_query_batch")
         check_max_tokens(max_tokens, "llm_query_batch")
         conversations = [build_messages(p, system, caller="llm_query_batch") for p in prompts]
         spec = MapSpec(
@@ -118,8 +125,8 @@ class NotebookHelpers:
         )
         if batch_job:
             if not conversations:
-                return []
-            return await self._batch_job(conversations, spec, return_exceptions)
+                return items.shaped([])
+            return items.shaped(await self._batch_job(conversations, spec, return_exceptions))
         total = len(prompts)
         progress = BatchProgress(
             total,
@@ -132,7 +139,7 @@ class NotebookHelpers:
             answers, errors = await run_interruptibly(
                 run_map(self.client, conversations, spec, progress, outcome)
             )
-        return _collect(answers, errors, return_exceptions)
+        return items.shaped(_collect(answers, errors, return_exceptions))
 
     async def _batch_job(self, conversations: list, spec: MapSpec, return_exceptions: bool) -> list:
         from .job_progress import JobProgress, still_running
@@ -165,9 +172,11 @@ class NotebookHelpers:
         contexts: Iterable[Any] | None = None,
         *,
         return_exceptions: bool = False,
-    ) -> list:
-        """Run one child RLM per prompt, concurrently; answers in the prompts' order."""
-        prompts = as_prompt_list(prompts, "rlm_query_batch")
+    ) -> Any:  # a list, or a pandas Series given one
+        """Run one child RLM per prompt, concurrently; answers in the prompts' order (a
+        Series on the prompts' index, given a Series)."""
+        items = map_items(prompts, "rlm_query_batch", prompts=True)
+        prompts = as_prompt_list(items.values, "rlm_query_batch")
         contexts = [None] * len(prompts) if contexts is None else list(contexts)
         if len(contexts) != len(prompts):
             raise ConfigError(
@@ -185,11 +194,142 @@ class NotebookHelpers:
             results, errors = await run_interruptibly(
                 gather_limited(calls, limiter, progress, outcome)
             )
-        return _collect(results, errors, return_exceptions)
+        return items.shaped(_collect(results, errors, return_exceptions))
+
+    async def amap(
+        self,
+        fn: Callable[[Any], Awaitable[Any]],
+        items: Iterable[Any],
+        *,
+        concurrency: int | None = None,
+        return_exceptions: bool = False,
+        resume: bool | None = None,
+    ) -> Any:
+        """Await ``fn(item)`` for every item, concurrently; results in the items' order.
+
+        ``fn`` is any async function of one item, e.g. two calls a row::
+
+            async def per_row(row):
+                facts = await llm_query(f"List the facts in: {row}")
+                return await llm_query(f"Summarise: {facts}")
+
+            summaries = await amap(per_row, rows)
+
+        The calls ``fn`` makes count in the usage and costs, and take the client's
+        slots as any call does. At most ``concurrency`` (default ``RLM.max_concurrency``)
+        functions run at once, under a limit of their own, so functions waiting for a
+        slot for their calls never hold one. If any item fails, raises ``BatchError``
+        (``.results``, None where an item failed, and ``.errors``); with
+        ``return_exceptions=True`` the exceptions sit in place instead. Interrupted, the
+        results that had arrived are in ``rlm_magic.interrupted_batch().results``.
+
+        ``resume``: keep each result that is JSON on disk as it arrives (on by default
+        from 100 items), so running the same map again calls ``fn`` only on the items
+        still without one. The map is known by ``fn`` (its source, and the plain values
+        and functions it reads), the items and the sub-model's settings.
+
+        Given a pandas Series, ``fn`` gets its values and the results come back as a
+        Series on its index; given a DataFrame, ``fn`` gets each row (a Series, as in
+        ``df.apply(fn, axis=1)``) and the results come back on the frame's index.
+        """
+        listed = map_items(items, "amap")
+        if not callable(fn):
+            raise ConfigError(
+                f"amap(fn, items): fn must be an async function of one item, "
+                f"got a {type(fn).__name__}"
+            )
+        if concurrency is not None and (
+            isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
+        ):
+            raise ConfigError(f"amap: concurrency must be a positive int, got {concurrency!r}")
+        limiter = ConcurrencyLimiter(lambda: concurrency or self.rlm.max_concurrency)
+        total = len(listed.values)
+        progress = _FunctionMapProgress(
+            total, self.client.ledger, enabled=self.rlm.progress and total > 1
+        )
+        outcome = MapOutcome(total)
+        with progress, _kept_on_interrupt(outcome, "amap"):
+            results, errors = await run_interruptibly(
+                map_function(
+                    fn,
+                    listed.values,
+                    limiter,
+                    cache_dir=self.rlm.cache_dir,
+                    resume=resume,
+                    settings=dataclasses.asdict(self.client.identity()),
+                    observer=progress,
+                    outcome=outcome,
+                )
+            )
+        return listed.shaped(_collect(results, errors, return_exceptions))
 
     def namespace(self) -> dict[str, Any]:
-        """The helpers by name (with the official library's spellings too)."""
-        return bound_to(self)
+        """The helpers by name (with the official library's spellings too), and
+        ``amap``, which only the notebook has: model code's functions cannot cross to
+        the sandbox's helpers."""
+        return {**bound_to(self), "amap": self.amap}
+
+
+async def amap(
+    fn: Callable[[Any], Awaitable[Any]],
+    items: Iterable[Any],
+    *,
+    concurrency: int | None = None,
+    return_exceptions: bool = False,
+    resume: bool | None = None,
+) -> Any:
+    """The notebook's ``amap`` (see ``NotebookHelpers.amap``) for code that imports it
+    (``from rlm_magic import amap``): bound to the ``RLM`` that ``%load_ext rlm_magic``
+    made in this IPython, or to one of default settings where there is none (a script)."""
+    return await NotebookHelpers(_session_rlm()).amap(
+        fn,
+        items,
+        concurrency=concurrency,
+        return_exceptions=return_exceptions,
+        resume=resume,
+    )
+
+
+_default_rlm: RLM | None = None
+
+
+def _session_rlm() -> RLM:
+    """The RLM ``%config RLM...`` configures in this IPython (the extension made it one
+    of the shell's configurables), else one of default settings."""
+    global _default_rlm
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    for configurable in getattr(shell, "configurables", ()):
+        if isinstance(configurable, RLM):
+            return configurable
+    if _default_rlm is None:
+        _default_rlm = RLM()
+    return _default_rlm
+
+
+class _FunctionMapProgress(BatchProgress):
+    """``amap``'s bar. Its results are the function's values, not model calls: the
+    tokens and cost shown are those of the calls recorded since the map began."""
+
+    def __init__(self, total: int, ledger: UsageLedger, *, enabled: bool):
+        self.ledger = ledger
+        self.since = ledger.summary().total
+        super().__init__(total, "amap", enabled=enabled)
+
+    def item_finished(self, index: int, result: Any) -> None:
+        super().item_finished(index, None)
+        self._count_calls()
+
+    def item_failed(self, index: int, error: BaseException) -> None:
+        super().item_failed(index, error)
+        self._count_calls()
+
+    def _count_calls(self) -> None:
+        now = self.ledger.summary().total
+        self.input_tokens = now.input_tokens - self.since.input_tokens
+        self.output_tokens = now.output_tokens - self.since.output_tokens
+        if now.cost_usd is not None:
+            self.cost_usd = now.cost_usd - (self.since.cost_usd or 0.0)
 
 
 _interrupted_batch: BatchError | None = None
@@ -212,10 +352,13 @@ def _kept_on_interrupt(outcome: MapOutcome | BatchOutcome, name: str) -> Iterato
         results, errors, on_disk = outcome.answers(), outcome.failures(), outcome.on_disk
         _interrupted_batch = BatchError(results, errors)
         kept = sum(r is not None for r in results)
+        again = (
+            "call the function only on the items still without a result"
+            if name == "amap"
+            else "send only the missing prompts"
+        )
         where = (
-            "; they are kept on disk too: run the same cell again to send only the missing prompts"
-            if on_disk
-            else ""
+            f"; they are kept on disk too: run the same cell again to {again}" if on_disk else ""
         )
         raise interrupt(
             f"{name} interrupted: the {kept} of {len(results)} answers that had arrived "
@@ -240,5 +383,7 @@ HELPER_CODES: dict[object, str] = {
         NotebookHelpers.llm_query_batch,
         NotebookHelpers.rlm_query,
         NotebookHelpers.rlm_query_batch,
+        NotebookHelpers.amap,
+        amap,
     )
 }

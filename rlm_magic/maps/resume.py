@@ -8,6 +8,7 @@ the same cell run again finds its own file, a changed prompt list starts afresh.
 file is JSON lines under ``<cache_dir>/maps`` (the sandbox never sees the cache folder,
 and JSON is never turned into code). A map that finishes with every answer deletes its
 file: from then on, re-running it is the response cache's business (``RLM.cache``).
+A function's map (``function_map``) keeps its results here too, those that are JSON.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class MapStore:
         self._file: TextIO | None = None
         self._broken = False
         self.left_out = 0  # incomplete answers not kept: a re-run asks them again
+        self.not_json = 0  # a function map's results that are not JSON: not kept
 
     @classmethod
     async def open(
@@ -77,7 +79,8 @@ class MapStore:
                 for line in lines:
                     try:
                         entry = json.loads(line)
-                        if _CUT_MARK.search(entry["text"]):
+                        text = entry.get("text")
+                        if isinstance(text, str) and _CUT_MARK.search(text):
                             continue  # broken off (kept by an older version): ask again
                         kept[int(entry["i"])] = entry
                     except (ValueError, KeyError, TypeError):
@@ -87,32 +90,43 @@ class MapStore:
         return kept
 
     def add(self, index: int, completion: Any) -> None:
-        """Keep one answer, at once: the process may die right after. A disk that
-        fails (full, read-only) must not cost the paid answer: warn once, keep none.
-        An incomplete answer (cut at max_tokens, broken off by a stall or a deadline)
-        is not kept: a re-run asks that prompt again rather than take it as answered."""
+        """Keep one answer, at once: the process may die right after. An incomplete
+        answer (cut at max_tokens, broken off by a stall or a deadline) is not kept: a
+        re-run asks that prompt again rather than take it as answered."""
         if getattr(completion, "incomplete", False):
             self.left_out += 1
             return
+        self._write(
+            {
+                "i": index,
+                "text": completion.text,
+                "model": completion.model,
+                "input_tokens": completion.input_tokens,
+                "output_tokens": completion.output_tokens,
+            }
+        )
+
+    def add_value(self, index: int, value: Any) -> None:
+        """Keep one result of a function's map (``function_map``) if it is JSON, that
+        is, comes back from JSON as it went: str, int, float, bool, None, and lists and
+        str-keyed dicts of them. Anything else (a tuple, a numpy number, an object) is not
+        kept: a re-run calls the function on that item again rather than hand back
+        something of another type."""
+        if not _is_json(value):
+            self.not_json += 1
+            return
+        self._write({"i": index, "value": value})
+
+    def _write(self, entry: dict[str, Any]) -> None:
+        """A disk that fails (full, read-only) must not cost the paid answer: warn
+        once, keep none."""
         if self._broken:
             return
         try:
             if self._file is None:
                 self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
                 self._file = open(self.path, "a", encoding="utf-8")
-            self._file.write(
-                json.dumps(
-                    {
-                        "i": index,
-                        "text": completion.text,
-                        "model": completion.model,
-                        "input_tokens": completion.input_tokens,
-                        "output_tokens": completion.output_tokens,
-                    },
-                    ensure_ascii=False,
-                )
-                + "\n"
-            )
+            self._file.write(json.dumps(entry, ensure_ascii=False) + "\n")
             self._file.flush()
         except OSError as exc:
             self._broken = True
@@ -138,6 +152,18 @@ class MapStore:
             os.unlink(self.path)
         except OSError:  # never written (or the folder is gone): nothing to remove
             pass
+
+
+def _is_json(value: Any, depth: int = 0) -> bool:
+    if type(value) in (str, int, float, bool, type(None)):
+        return True
+    if depth >= 100:  # as deep as json itself goes comfortably
+        return False
+    if type(value) is list:
+        return all(_is_json(v, depth + 1) for v in value)
+    if type(value) is dict:
+        return all(type(k) is str and _is_json(v, depth + 1) for k, v in value.items())
+    return False
 
 
 def kept_call(entry: dict[str, Any], model: str) -> CallRecord:

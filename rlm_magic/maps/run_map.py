@@ -90,6 +90,8 @@ class MapOutcome:
         self.on_disk = False  # its answers are kept for a re-run
         self.job: BatchJob | None = None  # the batch job, when it runs as one
         self.answer_format: AnswerFormat | None = None
+        # A function's map (``function_map``): its results are the values, not calls.
+        self.results_are_values = False
 
     def answers(self) -> list[Any]:
         """Each item's answer (a value), None where none has arrived."""
@@ -97,7 +99,10 @@ class MapOutcome:
         for index, value in self.kept.items():
             answers[index] = value
         for position, index in enumerate(self.sent):
-            answers[index] = _value(self.gathered.results[position], self.answer_format)
+            result = self.gathered.results[position]
+            answers[index] = (
+                result if self.results_are_values else _value(result, self.answer_format)
+            )
         return answers
 
     def failures(self) -> dict[int, Exception]:
@@ -179,7 +184,10 @@ async def run_map(
     ]
     try:
         await gather_limited(
-            calls, client.limiter, _Placed(outcome.sent, observer, store), outcome.gathered
+            calls,
+            client.limiter,
+            Placed(outcome.sent, observer, store.add if store is not None else None),
+            outcome.gathered,
         )
     finally:
         for hold in holds:  # an item interrupted before it started still held its most
@@ -241,6 +249,7 @@ async def _kept_answers(
     """The values of the answers an earlier run kept, by index. A typed one that no longer
     validates (the model class changed, not its schema) is left out: asked again. They
     count as cache hits: they cost nothing this time."""
+    kept = {index: entry for index, entry in kept.items() if isinstance(entry.get("text"), str)}
     texts = [entry["text"] for entry in kept.values()]
     checked = texts if answer_format is None else await answer_format.checked_all(texts)
     values: dict[int, Any] = {}
@@ -258,19 +267,25 @@ def _value(result: Any, answer_format: AnswerFormat | None) -> Any:
     return result.value if answer_format is not None else result.text
 
 
-class _Placed:
+class Placed:
     """Between ``gather_limited`` (which numbers only the items it sends) and the map's
-    observer: each item under its index in the whole map, its answer kept on disk."""
+    observer: each item under its index in the whole map, its answer kept on disk
+    (``keep``: a ``MapStore``'s ``add``, or ``add_value`` for a function's map)."""
 
-    def __init__(self, indices: list[int], observer: MapObserver, store: MapStore | None):
-        self.indices, self.observer, self.store = indices, observer, store
+    def __init__(
+        self,
+        indices: list[int],
+        observer: MapObserver,
+        keep: Callable[[int, Any], None] | None,
+    ):
+        self.indices, self.observer, self.keep = indices, observer, keep
 
     def item_started(self, position: int) -> None:
         self.observer.item_started(self.indices[position])
 
     def item_finished(self, position: int, result: Any) -> None:
-        if self.store is not None:
-            self.store.add(self.indices[position], result)
+        if self.keep is not None:
+            self.keep(self.indices[position], result)
         self.observer.item_finished(self.indices[position], result)
 
     def item_failed(self, position: int, error: BaseException) -> None:

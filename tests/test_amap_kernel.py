@@ -1,0 +1,59 @@
+"""``amap`` in a real Jupyter kernel: the interrupt button stops a pipeline whose functions
+are waiting on their own calls, at once, and leaves the finished results by name."""
+
+from __future__ import annotations
+
+import pytest
+
+from . import test_kernel
+from .test_kernel import interrupt_and_check, ready_kernel
+
+pytestmark = pytest.mark.kernel
+
+# The kernel tests' fixtures: the kernel specs, installed into a temporary prefix.
+kernel_prefix = test_kernel.kernel_prefix
+kernel_specs = test_kernel.kernel_specs
+kernel_env = test_kernel.kernel_env
+
+PER_ROW = (
+    "async def per_row(row):\n"
+    "    facts = await llm_query(row)\n"
+    "    return await llm_query(f'summary of {facts}')\n"
+)
+
+
+@pytest.fixture(scope="module")
+def rlm_kernel(kernel_specs, kernel_env, llm_server):
+    with ready_kernel("rlm", kernel_specs, kernel_env, llm_server) as kernel:
+        yield kernel
+
+
+def test_interrupt_stops_an_amap_pipeline_and_keeps_its_finished_results(rlm_kernel, server):
+    rlm_kernel.run("%config RLM.progress = True\n" + PER_ROW)
+    server.latency_for = lambda body: 0.0 if "fast" in body["messages"][-1]["content"] else 30.0
+
+    def ready(msg_id):
+        # The bar shows both fast rows done, and each slow row's first call is at the
+        # server (its functions are waiting on their own llm_query).
+        shown = [
+            m["content"]["data"]["state"].get("value")
+            for _, m in rlm_kernel.messages(msg_id, "comm_msg")
+            if m["content"]["data"].get("method") == "update"
+        ]
+        return 2 in shown and server.in_flight == 2
+
+    usage = interrupt_and_check(
+        rlm_kernel,
+        server,
+        "amap pipeline, rlm kernel",
+        "await amap(per_row, ['fast 0', 'fast 1', 'slow 0', 'slow 1'])",
+        ready,
+    )
+    assert rlm_kernel.value("rlm_magic.interrupted_batch().results") == [
+        "echo: summary of echo: fast 0",
+        "echo: summary of echo: fast 1",
+        None,
+        None,
+    ]
+    # The functions' calls are the session's: four answered, two cut off.
+    assert usage == {"calls": 6, "input_tokens": 40, "errors": 0, "cancelled": 2}, usage

@@ -75,6 +75,10 @@ try:
     os.makedirs('m', exist_ok=True)  # ENODEV (no such fs type) means mount was allowed
     r['mount'] = outcome(libc.mount(b'none', b'm', b'no-such-fs', 0, None))
     r['keyctl'] = outcome(libc.syscall(250, 0, -3, 0))  # KEYCTL_GET_KEYRING_ID
+    # Newer than the deny-list of before (x86_64 and aarch64 number them alike).
+    r['statmount'] = outcome(libc.syscall(457, 0, 0, 0, 0))
+    r['listmount'] = outcome(libc.syscall(458, 0, 0, 0, 0))
+    r['file_getattr'] = outcome(libc.syscall(468, -100, b'.', 0, 0, 0))
     for family in ('AF_INET', 'AF_INET6', 'AF_UNIX', 'AF_NETLINK'):
         try:
             socket.socket(getattr(socket, family), socket.SOCK_DGRAM).close()
@@ -195,6 +199,83 @@ except OSError as e:
 print(json.dumps(r))
 """
 
+NEWER = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+r = {}
+for name, number in (('newest_plus_one', 470), ('far_newer', 1000)):
+    r[name] = 'ALLOWED' if libc.syscall(number, 0, 0, 0) >= 0 else os.strerror(ctypes.get_errno())
+print(json.dumps(r))
+"""
+
+# Kernel memory outside every address-space limit: socket and pipe buffers.
+BUFFERS = """
+import errno, fcntl, os, resource, socket
+r = {'nofile': list(resource.getrlimit(resource.RLIMIT_NOFILE))}
+try:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (4096, 4096))
+    r['raise_nofile'] = 'RAISED'
+except (ValueError, OSError) as e:
+    r['raise_nofile'] = type(e).__name__
+a, b = socket.socketpair()
+for name, option in (('SO_SNDBUF', 7), ('SO_RCVBUF', 8), ('SO_SNDBUFFORCE', 32),
+                     ('SO_RCVBUFFORCE', 33)):
+    try:
+        a.setsockopt(socket.SOL_SOCKET, option, 2**24)
+        r[name] = 'SET'
+    except OSError as e:
+        r[name] = type(e).__name__
+rp, wp = os.pipe()
+try:
+    fcntl.fcntl(wp, 1031, 2**20)  # F_SETPIPE_SZ
+    r['F_SETPIPE_SZ'] = 'SET'
+except OSError as e:
+    r['F_SETPIPE_SZ'] = type(e).__name__
+pairs, queued = [], 0
+try:
+    while True:
+        pairs.append(socket.socketpair())
+except OSError as e:
+    r['pairs_stopped_by'] = errno.errorcode[e.errno]
+for pair in pairs:
+    for end in pair:
+        end.setblocking(False)
+        for size in (65536, 1):
+            try:
+                while True:
+                    queued += end.send(b'x' * size)
+            except BlockingIOError:
+                pass
+r['pairs'], r['queued'] = len(pairs), queued
+for pair in pairs:
+    for end in pair:
+        end.close()
+# Held only in flight: filled pairs passed over a carrier, and closed here.
+carrier, far = socket.socketpair()
+carrier.setblocking(False)
+in_flight = 0
+try:
+    while True:
+        x, y = socket.socketpair()
+        x.setblocking(False)
+        try:
+            while True:
+                x.send(b'x' * 65536)
+        except BlockingIOError:
+            pass
+        try:
+            socket.send_fds(carrier, [b'x'], [x.fileno(), y.fileno()])
+            in_flight += 2
+        finally:
+            x.close()
+            y.close()
+except OSError as e:
+    r['in_flight_stopped_by'] = errno.errorcode[e.errno]
+r['in_flight'] = in_flight
+print(json.dumps(r))
+"""
+
 # Memory amplification through the bridge: each is its own step.
 BIG_VARIABLES = "\n".join(f"v{i} = 'x' * 2**24" for i in range(6))
 BIG_BATCH = """
@@ -220,6 +301,8 @@ ATTACKS = {
     "persistence": PERSISTENCE,
     "secrets": SECRETS,
     "limits": LIMITS,
+    "newer": NEWER,
+    "buffers": BUFFERS,
 }
 
 
@@ -326,6 +409,7 @@ async def _attack(victim: Path) -> dict:
             "frame": [r.output for it in framed.trajectory for r in it.code][:1],
         }
         out["listeners_reached"] = hits["count"]
+        out["wmem_default"] = int(Path("/proc/sys/net/core/wmem_default").read_text())
         session = rlm.session("poisoned")
         server.script(
             "root-model",
@@ -609,14 +693,26 @@ if pytest is not None:
             "dotenv": "FileNotFoundError",
         }
 
-    def test_processes_shared_memory_and_disk_are_limited(attacked):
-        limits = attacked["limits"]
-        assert limits["processes_started"] < 32 and limits["stopped_by"] == "BlockingIOError"
-        assert limits["disk"] == "OSError"  # ENOSPC: the working folder is full
-        assert limits["memfd"] == "PermissionError"  # memory no limit would count
-        assert limits["sysv_shm"] == limits["sysv_queue"] == "Operation not permitted"
-        assert limits["oob"] == "PermissionError"
-        assert attacked["host_dev_shm_written"] is False  # its /dev/shm is its own
+    def test_a_syscall_newer_than_the_filters_tables_is_refused_as_unknown(attacked):
+        assert attacked["newer"] == {
+            "newest_plus_one": "Function not implemented",
+            "far_newer": "Function not implemented",
+        }
+
+    def test_socket_and_pipe_buffers_are_held_to_the_fixed_allowance(attacked):
+        buffers = attacked["buffers"]
+        assert buffers["nofile"] == [256, 256] and buffers["raise_nofile"] == "ValueError"
+        assert {buffers[name] for name in ("SO_SNDBUF", "SO_RCVBUF", "F_SETPIPE_SZ")} == {
+            "PermissionError"
+        }
+        assert buffers["SO_SNDBUFFORCE"] == buffers["SO_RCVBUFFORCE"] == "PermissionError"
+        # As many pairs as descriptors allow, each end filled to the default buffer:
+        # the README's 64 MB per process (at the default net.core.wmem_default).
+        assert buffers["pairs_stopped_by"] == "EMFILE" and 100 < buffers["pairs"] < 128
+        assert buffers["queued"] <= 256 * 1.25 * attacked["wmem_default"]
+        # In flight, the kernel counts them against the same limit (ETOOMANYREFS).
+        assert buffers["in_flight_stopped_by"] == "ETOOMANYREFS"
+        assert 0 < buffers["in_flight"] <= 256 + 2
 
     def test_a_sessions_later_answer_cannot_be_forged_by_an_earlier_question(attacked):
         assert attacked["session"] == {"success": True, "answer": "The honest answer is 45"}

@@ -416,6 +416,10 @@ class Policy:
     memory_mb: int | None = 4096  # address space, per process
     max_processes: int = 128  # processes and threads (a thread pool counts)
     disk_mb: int = 512
+    # Descriptors per process. The workload of scripts/measure_syscalls.py (pandas,
+    # matplotlib, multiprocessing, 50 tools) opened at most 23 at once; each socket or
+    # pipe among them holds at most the system's default buffer (see SOL_SOCKET above).
+    max_open_files: int = 256
     host_maps_ids: bool = False  # the kernel (root) maps the sandbox to SANDBOX_UID
 
 

@@ -276,6 +276,37 @@ r['in_flight'] = in_flight
 print(json.dumps(r))
 """
 
+# Nothing written in the sandbox runs as a program (its folders are noexec).
+EXEC = """
+import os, shutil, subprocess, sys
+r = {}
+def attempt(name, argv):
+    try:
+        done = subprocess.run(argv, capture_output=True, timeout=10)
+        r[name] = 'RAN' if done.returncode == 0 else f'status {done.returncode}'
+    except OSError as e:
+        r[name] = type(e).__name__
+with open('run.sh', 'w') as f:
+    f.write('#!/bin/sh\\necho ran\\n')
+os.chmod('run.sh', 0o755)
+attempt('script', ['./run.sh'])
+shutil.copy('/bin/true', 'true')
+os.chmod('true', 0o755)
+attempt('program', ['./true'])
+loaders = ('/lib64/ld-linux-x86-64.so.2', '/lib/ld-linux-aarch64.so.1')
+loader = next(p for p in loaders if os.path.exists(p))
+attempt('program_through_the_loader', [loader, './true'])
+shutil.copy('/bin/true', '/dev/shm/true')
+os.chmod('/dev/shm/true', 0o755)
+attempt('program_in_dev_shm', ['/dev/shm/true'])
+os.unlink('/dev/shm/true')
+attempt('system_program', ['true'])
+open('script.py', 'w').write('print(6 * 7)')
+r['python_reads_a_script'] = subprocess.run(
+    [sys.executable, 'script.py'], capture_output=True, text=True).stdout.strip()
+print(json.dumps(r))
+"""
+
 # Memory amplification through the bridge: each is its own step.
 BIG_VARIABLES = "\n".join(f"v{i} = 'x' * 2**24" for i in range(6))
 BIG_BATCH = """
@@ -303,6 +334,7 @@ ATTACKS = {
     "limits": LIMITS,
     "newer": NEWER,
     "buffers": BUFFERS,
+    "exec": EXEC,
 }
 
 
@@ -713,6 +745,24 @@ if pytest is not None:
         # In flight, the kernel counts them against the same limit (ETOOMANYREFS).
         assert buffers["in_flight_stopped_by"] == "ETOOMANYREFS"
         assert 0 < buffers["in_flight"] <= 256 + 2
+
+    def test_nothing_written_in_the_sandbox_runs_as_a_program(attacked):
+        exec_ = attacked["exec"]
+        assert exec_["script"] == exec_["program"] == "PermissionError"
+        assert exec_["program_in_dev_shm"] == "PermissionError"
+        # The loader can read the file but not map it executable
+        assert exec_["program_through_the_loader"].startswith("status")
+        assert exec_["system_program"] == "RAN"
+        assert exec_["python_reads_a_script"] == "42"
+
+    def test_processes_shared_memory_and_disk_are_limited(attacked):
+        limits = attacked["limits"]
+        assert limits["processes_started"] < 32 and limits["stopped_by"] == "BlockingIOError"
+        assert limits["disk"] == "OSError"  # ENOSPC: the working folder is full
+        assert limits["memfd"] == "PermissionError"  # memory no limit would count
+        assert limits["sysv_shm"] == limits["sysv_queue"] == "Operation not permitted"
+        assert limits["oob"] == "PermissionError"
+        assert attacked["host_dev_shm_written"] is False  # its /dev/shm is its own
 
     def test_a_sessions_later_answer_cannot_be_forged_by_an_earlier_question(attacked):
         assert attacked["session"] == {"success": True, "answer": "The honest answer is 45"}

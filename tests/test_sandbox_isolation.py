@@ -82,8 +82,11 @@ def test_where_the_os_refuses_user_namespaces_seccomp_and_landlock_still_hold(tm
     secret = tmp_path / "secret.txt"  # a file of the kernel's user, outside the policy
     secret.write_text("fake-0010")
     attempts = (
-        "import os, socket\nfor attempt in (lambda: socket.socket(), "
-        f"lambda: os.kill(os.getppid(), 0), lambda: open({str(secret)!r}).read()):\n"
+        "import os, socket, subprocess\n"
+        "open('run.sh', 'w').write('#!/bin/sh\\n')\nos.chmod('run.sh', 0o755)\n"
+        "for attempt in (lambda: socket.socket(), "
+        f"lambda: os.kill(os.getppid(), 0), lambda: open({str(secret)!r}).read(), "
+        "lambda: subprocess.run(['./run.sh'])):\n"
         "    try:\n        attempt()\n        print('ALLOWED')\n"
         "    except OSError as e:\n        print(e.strerror)"
     )
@@ -97,6 +100,7 @@ def test_where_the_os_refuses_user_namespaces_seccomp_and_landlock_still_hold(tm
     if layers["filesystem"]:  # Landlock: the kernel's files and processes out of reach
         assert "Landlock" in notes["filesystem"]
         assert lines[2] == "Permission denied"
+        assert lines[3] == "Permission denied"  # nothing it writes runs as a program
         if "cannot be signalled" in notes["pid"]:
             assert lines[1] == "Operation not permitted"
     [warning] = out["warnings"]

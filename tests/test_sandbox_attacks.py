@@ -137,7 +137,8 @@ import os
 r = {'variables': sorted(n for n in ('OPENAI_API_KEY', 'DATABASE_URL', 'MYSQL_PWD',
                                      'SLACK_WEBHOOK_URL', 'SENTRY_DSN', 'PIP_INDEX_URL')
                          if n in os.environ),
-     'fake_values': sorted(v for v in os.environ.values() if 'fake-' in v)}
+     'fake_values': sorted(v for v in os.environ.values() if 'fake-' in v),
+     'names': sorted(os.environ)}
 for name, path in (('aws_credentials', context['home'] + '/.aws/credentials'),
                    ('dotenv', context['notebook'] + '/.env')):
     try:
@@ -628,6 +629,9 @@ if pytest is not None:
                 "HOME": str(victim / "home"),
                 "LITELLM_LOCAL_MODEL_COST_MAP": "True",
                 "PYTHONPATH": os.pathsep.join(packages),
+                "LANG": "C.UTF-8",  # allowed
+                "TERM": "xterm-256color",  # a terminal's: not the sandbox's
+                "COLORTERM": "truecolor",
                 **FAKE_ENV,
             }
             started[user] = (
@@ -723,6 +727,9 @@ if pytest is not None:
             "fake_values": [],
             "aws_credentials": "FileNotFoundError",
             "dotenv": "FileNotFoundError",
+            # Exactly the README's list (LANG is set for the kernel; TERM is too, and
+            # stays out: model code has no terminal)
+            "names": ["HOME", "LANG", "PATH", "TMPDIR"],
         }
 
     def test_a_syscall_newer_than_the_filters_tables_is_refused_as_unknown(attacked):

@@ -17,6 +17,7 @@ import pytest
 
 from rlm_magic.repl import bridge, isolation
 from rlm_magic.repl.isolation import linux, policy, syscalls
+from rlm_magic.repl.sandbox import environment
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux layers")
 REPO = Path(__file__).resolve().parent.parent
@@ -445,3 +446,16 @@ def test_on_this_kernel_newer_syscalls_and_bigger_buffers_are_refused_and_honest
         "oob": "EPERM",
         "honest": "ALLOWED",
     }
+
+
+def test_the_readme_lists_exactly_the_environment_the_sandbox_gets(monkeypatch, tmp_path):
+    readme = (REPO / "README.md").read_text()
+    [bullet] = [
+        block for block in readme.split("\n- ") if block.startswith("**An environment allow-list**")
+    ]
+    listed = set(re.findall(r"`([A-Z][A-Z_]+)`", bullet.split("and only the names")[0]))
+    assert listed == {*environment.ENVIRONMENT_ALLOWED, "PATH", "HOME", "TMPDIR"}
+    for name in (*environment.ENVIRONMENT_ALLOWED, "TERM", "COLORTERM", "PYTHONPATH", "USER"):
+        monkeypatch.setenv(name, "x")
+    seen = environment.sandbox_environment((), str(tmp_path))
+    assert set(seen) == listed

@@ -555,13 +555,20 @@ if pytest is not None:
         return victim, command
 
     def _packages_for(user: str, victim: Path, command: list[str]) -> tuple[list, list]:
-        """The command, and PYTHONPATH: this venv's packages. A clone in a folder other
-        users cannot enter (a 0700 `mktemp -d`, /root) holds a venv they cannot read
-        either: then the packages are bound where they can, in a mount namespace of
-        the attack's own (nothing on the host changes)."""
+        """The command, and PYTHONPATH: this venv's packages (and PYTHONPATH's). A
+        clone in a folder other users cannot enter (a 0700 `mktemp -d`, /root) holds a
+        venv they cannot read either: then the packages are bound where they can, in a
+        mount namespace of the attack's own (nothing on the host changes)."""
         import sysconfig
 
-        packages = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+        packages = sorted(
+            {
+                sysconfig.get_paths()["purelib"],
+                sysconfig.get_paths()["platlib"],
+                # and those it was given (a system Python run with a venv's packages)
+                *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep)),
+            }
+        )
         if user != "unprivileged" or all(_reachable(p) for p in packages):
             return command, packages
         binds, seen = [], []

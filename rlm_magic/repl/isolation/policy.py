@@ -39,12 +39,14 @@ DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 # line tools, threads, asyncio, multiprocessing, signals, timers, mmap, select/poll/
 # epoll, socketpairs and fd passing, ctypes callbacks, numpy, pandas, matplotlib, the
 # helpers) and lists what it made once the filter held: 141 syscalls on x86_64 (glibc
-# 2.36, CPython 3.11), all below. Added to them, marked +: the same operation's other
-# entry points, which another libc, CPython or tool may use instead (aarch64 has only
-# the *at and generic ones). A name missing from an architecture's table is skipped.
-# Some are allowed only with certain arguments (syscalls.py): clone without namespace
-# flags, socketpair of AF_UNIX, the socket calls without MSG_OOB, setsockopt without
-# the buffer sizes, fcntl without F_SETPIPE_SZ; clone3 says ENOSYS (libc uses clone).
+# 2.36, CPython 3.11), all below but two refused on purpose: socket (glibc's lookups
+# try nscd's socket, then read the files) and clone3. Added, marked +: the same
+# call's other entry points, which another libc, CPython or tool may use instead
+# (aarch64 has only the *at and generic ones). A name missing from an architecture's
+# table is skipped. Some are allowed only with certain arguments (syscalls.py): clone
+# without namespace flags, socketpair of AF_UNIX, the socket calls without MSG_OOB,
+# setsockopt without the buffer sizes, fcntl without F_SETPIPE_SZ; clone3 says ENOSYS
+# (libc then uses clone).
 ALLOWED_SYSCALLS = (
     # processes and threads
     "clone",
@@ -74,6 +76,7 @@ ALLOWED_SYSCALLS = (
     "get_robust_list",  # +
     "rseq",
     "arch_prctl",
+    "map_shadow_stack",  # + glibc's thread stacks where shadow stacks are on (CET, GCS)
     "prctl",
     "futex",
     "futex_waitv",  # +

@@ -75,6 +75,10 @@ try:
     os.makedirs('m', exist_ok=True)  # ENODEV (no such fs type) means mount was allowed
     r['mount'] = outcome(libc.mount(b'none', b'm', b'no-such-fs', 0, None))
     r['keyctl'] = outcome(libc.syscall(250, 0, -3, 0))  # KEYCTL_GET_KEYRING_ID
+    # Newer than the deny-list of before (x86_64 and aarch64 number them alike).
+    r['statmount'] = outcome(libc.syscall(457, 0, 0, 0, 0))
+    r['listmount'] = outcome(libc.syscall(458, 0, 0, 0, 0))
+    r['file_getattr'] = outcome(libc.syscall(468, -100, b'.', 0, 0, 0))
     for family in ('AF_INET', 'AF_INET6', 'AF_UNIX', 'AF_NETLINK'):
         try:
             socket.socket(getattr(socket, family), socket.SOCK_DGRAM).close()
@@ -133,7 +137,8 @@ import os
 r = {'variables': sorted(n for n in ('OPENAI_API_KEY', 'DATABASE_URL', 'MYSQL_PWD',
                                      'SLACK_WEBHOOK_URL', 'SENTRY_DSN', 'PIP_INDEX_URL')
                          if n in os.environ),
-     'fake_values': sorted(v for v in os.environ.values() if 'fake-' in v)}
+     'fake_values': sorted(v for v in os.environ.values() if 'fake-' in v),
+     'names': sorted(os.environ)}
 for name, path in (('aws_credentials', context['home'] + '/.aws/credentials'),
                    ('dotenv', context['notebook'] + '/.env')):
     try:
@@ -195,6 +200,114 @@ except OSError as e:
 print(json.dumps(r))
 """
 
+NEWER = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+r = {}
+for name, number in (('newest_plus_one', 470), ('far_newer', 1000)):
+    r[name] = 'ALLOWED' if libc.syscall(number, 0, 0, 0) >= 0 else os.strerror(ctypes.get_errno())
+print(json.dumps(r))
+"""
+
+# Kernel memory outside every address-space limit: socket and pipe buffers.
+BUFFERS = """
+import errno, fcntl, os, resource, socket
+r = {'nofile': list(resource.getrlimit(resource.RLIMIT_NOFILE))}
+try:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (4096, 4096))
+    r['raise_nofile'] = 'RAISED'
+except (ValueError, OSError) as e:
+    r['raise_nofile'] = type(e).__name__
+a, b = socket.socketpair()
+for name, option in (('SO_SNDBUF', 7), ('SO_RCVBUF', 8), ('SO_SNDBUFFORCE', 32),
+                     ('SO_RCVBUFFORCE', 33)):
+    try:
+        a.setsockopt(socket.SOL_SOCKET, option, 2**24)
+        r[name] = 'SET'
+    except OSError as e:
+        r[name] = type(e).__name__
+rp, wp = os.pipe()
+try:
+    fcntl.fcntl(wp, 1031, 2**20)  # F_SETPIPE_SZ
+    r['F_SETPIPE_SZ'] = 'SET'
+except OSError as e:
+    r['F_SETPIPE_SZ'] = type(e).__name__
+pairs, queued = [], 0
+try:
+    while True:
+        pairs.append(socket.socketpair())
+except OSError as e:
+    r['pairs_stopped_by'] = errno.errorcode[e.errno]
+for pair in pairs:
+    for end in pair:
+        end.setblocking(False)
+        for size in (65536, 1):
+            try:
+                while True:
+                    queued += end.send(b'x' * size)
+            except BlockingIOError:
+                pass
+r['pairs'], r['queued'] = len(pairs), queued
+for pair in pairs:
+    for end in pair:
+        end.close()
+# Held only in flight: as many pairs as it may open, passed over a carrier in one
+# message (at most 253 descriptors) and closed here, again and again.
+carrier, far = socket.socketpair()
+carrier.setblocking(False)
+in_flight = 0
+try:
+    while True:
+        batch = []
+        try:
+            while len(batch) < 250:
+                batch += socket.socketpair()
+        except OSError:
+            pass
+        try:
+            socket.send_fds(carrier, [b'x'], [end.fileno() for end in batch])
+            in_flight += len(batch)
+        finally:
+            for end in batch:
+                end.close()
+except OSError as e:
+    r['in_flight_stopped_by'] = errno.errorcode[e.errno]
+r['in_flight'] = in_flight
+print(json.dumps(r))
+"""
+
+# Nothing written in the sandbox runs as a program (its folders are noexec).
+EXEC = """
+import os, shutil, subprocess, sys
+r = {}
+def attempt(name, argv):
+    try:
+        done = subprocess.run(argv, capture_output=True, timeout=10)
+        r[name] = 'RAN' if done.returncode == 0 else f'status {done.returncode}'
+    except OSError as e:
+        r[name] = type(e).__name__
+with open('run.sh', 'w') as f:
+    f.write('#!/bin/sh\\necho ran\\n')
+os.chmod('run.sh', 0o755)
+attempt('script', ['./run.sh'])
+shutil.copy('/bin/true', 'true')
+os.chmod('true', 0o755)
+attempt('program', ['./true'])
+loaders = ('/lib64/ld-linux-x86-64.so.2', '/lib/ld-linux-aarch64.so.1')
+loader = next(p for p in loaders if os.path.exists(p))
+attempt('program_through_the_loader', [loader, './true'])
+shutil.copy('/bin/true', '/dev/shm/true')
+os.chmod('/dev/shm/true', 0o755)
+attempt('program_in_dev_shm', ['/dev/shm/true'])
+os.unlink('/dev/shm/true')
+attempt('system_program', ['true'])
+open('script.py', 'w').write('print(6 * 7)')
+r['python_reads_a_script'] = subprocess.run(
+    [sys.executable, 'script.py'], capture_output=True, text=True).stdout.strip()
+print(json.dumps(r))
+"""
+
 # Memory amplification through the bridge: each is its own step.
 BIG_VARIABLES = "\n".join(f"v{i} = 'x' * 2**24" for i in range(6))
 BIG_BATCH = """
@@ -220,6 +333,9 @@ ATTACKS = {
     "persistence": PERSISTENCE,
     "secrets": SECRETS,
     "limits": LIMITS,
+    "newer": NEWER,
+    "buffers": BUFFERS,
+    "exec": EXEC,
 }
 
 
@@ -326,6 +442,7 @@ async def _attack(victim: Path) -> dict:
             "frame": [r.output for it in framed.trajectory for r in it.code][:1],
         }
         out["listeners_reached"] = hits["count"]
+        out["wmem_default"] = int(Path("/proc/sys/net/core/wmem_default").read_text())
         session = rlm.session("poisoned")
         server.script(
             "root-model",
@@ -438,13 +555,20 @@ if pytest is not None:
         return victim, command
 
     def _packages_for(user: str, victim: Path, command: list[str]) -> tuple[list, list]:
-        """The command, and PYTHONPATH: this venv's packages. A clone in a folder other
-        users cannot enter (a 0700 `mktemp -d`, /root) holds a venv they cannot read
-        either: then the packages are bound where they can, in a mount namespace of
-        the attack's own (nothing on the host changes)."""
+        """The command, and PYTHONPATH: this venv's packages (and PYTHONPATH's). A
+        clone in a folder other users cannot enter (a 0700 `mktemp -d`, /root) holds a
+        venv they cannot read either: then the packages are bound where they can, in a
+        mount namespace of the attack's own (nothing on the host changes)."""
         import sysconfig
 
-        packages = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+        packages = sorted(
+            {
+                sysconfig.get_paths()["purelib"],
+                sysconfig.get_paths()["platlib"],
+                # and those it was given (a system Python run with a venv's packages)
+                *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep)),
+            }
+        )
         if user != "unprivileged" or all(_reachable(p) for p in packages):
             return command, packages
         binds, seen = [], []
@@ -512,6 +636,9 @@ if pytest is not None:
                 "HOME": str(victim / "home"),
                 "LITELLM_LOCAL_MODEL_COST_MAP": "True",
                 "PYTHONPATH": os.pathsep.join(packages),
+                "LANG": "C.UTF-8",  # allowed
+                "TERM": "xterm-256color",  # a terminal's: not the sandbox's
+                "COLORTERM": "truecolor",
                 **FAKE_ENV,
             }
             started[user] = (
@@ -607,7 +734,41 @@ if pytest is not None:
             "fake_values": [],
             "aws_credentials": "FileNotFoundError",
             "dotenv": "FileNotFoundError",
+            # Exactly the README's list (LANG is set for the kernel; TERM is too, and
+            # stays out: model code has no terminal)
+            "names": ["HOME", "LANG", "PATH", "TMPDIR"],
         }
+
+    def test_a_syscall_newer_than_the_filters_tables_is_refused_as_unknown(attacked):
+        assert attacked["newer"] == {
+            "newest_plus_one": "Function not implemented",
+            "far_newer": "Function not implemented",
+        }
+
+    def test_socket_and_pipe_buffers_are_held_to_the_fixed_allowance(attacked):
+        buffers = attacked["buffers"]
+        assert buffers["nofile"] == [256, 256] and buffers["raise_nofile"] == "ValueError"
+        assert {buffers[name] for name in ("SO_SNDBUF", "SO_RCVBUF", "F_SETPIPE_SZ")} == {
+            "PermissionError"
+        }
+        assert buffers["SO_SNDBUFFORCE"] == buffers["SO_RCVBUFFORCE"] == "PermissionError"
+        # As many pairs as descriptors allow, each end filled to the default buffer:
+        # the README's 64 MB per process (at the default net.core.wmem_default).
+        assert buffers["pairs_stopped_by"] == "EMFILE" and 100 < buffers["pairs"] < 128
+        assert buffers["queued"] <= 256 * 1.25 * attacked["wmem_default"]
+        # In flight, the kernel refuses more once the user has 256 there (ETOOMANYREFS),
+        # and one message carries at most 253: the README's second 256.
+        assert buffers["in_flight_stopped_by"] == "ETOOMANYREFS"
+        assert 256 <= buffers["in_flight"] <= 2 * 256
+
+    def test_nothing_written_in_the_sandbox_runs_as_a_program(attacked):
+        exec_ = attacked["exec"]
+        assert exec_["script"] == exec_["program"] == "PermissionError"
+        assert exec_["program_in_dev_shm"] == "PermissionError"
+        # The loader can read the file but not map it executable
+        assert exec_["program_through_the_loader"].startswith("status")
+        assert exec_["system_program"] == "RAN"
+        assert exec_["python_reads_a_script"] == "42"
 
     def test_processes_shared_memory_and_disk_are_limited(attacked):
         limits = attacked["limits"]

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +16,8 @@ from pathlib import Path
 import pytest
 
 from rlm_magic.repl import bridge, isolation
+from rlm_magic.repl.isolation import linux, policy, syscalls
+from rlm_magic.repl.sandbox import environment
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux layers")
 REPO = Path(__file__).resolve().parent.parent
@@ -51,11 +55,20 @@ def _sandboxed(code: str, before: str = "") -> dict:
 
 # Denies unshare (and clone with namespace flags), as a container's seccomp profile does.
 _NO_USER_NAMESPACES = """
-prog = isolation.seccomp_program(*isolation._arch()[:1], {
-    k: v for k, v in isolation._arch()[1].items() if k in ("unshare", "clone", "clone3")},
-    isolation._arch()[2])
+import ctypes, struct
+from rlm_magic.repl.isolation import linux
+table = linux.current_arch().table
+op = lambda code, jt, jf, k: struct.pack('=HBBI', code, jt, jf, k)
+EPERM, ENOSYS, ALLOW = 0x50001, 0x50026, 0x7FFF0000
+prog = b''.join([
+    op(0x20, 0, 0, 0),
+    op(0x15, 0, 1, table['unshare']), op(0x06, 0, 0, EPERM),
+    op(0x15, 0, 1, table['clone3']), op(0x06, 0, 0, ENOSYS),
+    op(0x15, 0, 3, table['clone']), op(0x20, 0, 0, 16),
+    op(0x45, 0, 1, linux.NAMESPACE_FLAGS), op(0x06, 0, 0, EPERM),
+    op(0x06, 0, 0, ALLOW),
+])
 libc = isolation._libc()
-import ctypes
 buf = (ctypes.c_ubyte * len(prog)).from_buffer_copy(prog)
 class Fprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
@@ -70,8 +83,11 @@ def test_where_the_os_refuses_user_namespaces_seccomp_and_landlock_still_hold(tm
     secret = tmp_path / "secret.txt"  # a file of the kernel's user, outside the policy
     secret.write_text("fake-0010")
     attempts = (
-        "import os, socket\nfor attempt in (lambda: socket.socket(), "
-        f"lambda: os.kill(os.getppid(), 0), lambda: open({str(secret)!r}).read()):\n"
+        "import os, socket, subprocess\n"
+        "open('run.sh', 'w').write('#!/bin/sh\\n')\nos.chmod('run.sh', 0o755)\n"
+        "for attempt in (lambda: socket.socket(), "
+        f"lambda: os.kill(os.getppid(), 0), lambda: open({str(secret)!r}).read(), "
+        "lambda: subprocess.run(['./run.sh'])):\n"
         "    try:\n        attempt()\n        print('ALLOWED')\n"
         "    except OSError as e:\n        print(e.strerror)"
     )
@@ -85,6 +101,7 @@ def test_where_the_os_refuses_user_namespaces_seccomp_and_landlock_still_hold(tm
     if layers["filesystem"]:  # Landlock: the kernel's files and processes out of reach
         assert "Landlock" in notes["filesystem"]
         assert lines[2] == "Permission denied"
+        assert lines[3] == "Permission denied"  # nothing it writes runs as a program
         if "cannot be signalled" in notes["pid"]:
             assert lines[1] == "Operation not permitted"
     [warning] = out["warnings"]
@@ -161,3 +178,284 @@ async def test_a_worker_whose_code_cannot_be_read_fails_the_start_in_one_line(
         await repl.run("x = 1")
     assert "\n" not in str(caught.value)
     await repl.aclose()
+
+
+# -- the syscall filter, read as the kernel runs it ---------------------------------------
+_NEVER = (
+    "listmount",
+    "statmount",
+    "file_getattr",
+    "shmget",
+    "msgget",
+    "memfd_create",
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
+    "bpf",
+    "ptrace",
+    "keyctl",
+    "userfaultfd",
+    "socket",
+    "connect",
+    "unshare",
+    "setns",
+    "mount",
+)
+
+
+def _filter(program: bytes, nr: int, args: tuple[int, ...] = (), arch: int | None = None) -> int:
+    """What the filter answers for one call: classic BPF run as seccomp runs it, on a
+    seccomp_data of (nr, arch, ip, args)."""
+    data = struct.pack("=IIQ6Q", nr & 0xFFFFFFFF, arch or 0, 0, *args, *[0] * (6 - len(args)))
+    code = [struct.unpack_from("=HBBI", program, at) for at in range(0, len(program), 8)]
+    a, pc = 0, 0
+    while True:
+        op, jt, jf, k = code[pc]
+        if op == syscalls.RET:
+            return k
+        if op == syscalls.LD:
+            a, pc = struct.unpack_from("=I", data, k)[0], pc + 1
+        elif op == syscalls.JA:
+            pc += 1 + k
+        else:
+            taken = {
+                syscalls.JEQ: a == k,
+                syscalls.JGT: a > k,
+                syscalls.JGE: a >= k,
+                syscalls.JSET: bool(a & k),
+            }[op]
+            pc += 1 + (jt if taken else jf)
+
+
+def _jumps_stay_inside(program: bytes) -> None:
+    """Every jump lands on an instruction of the program, forward, and it ends in a
+    return: what the kernel's checker demands (conditional offsets are 8 bits)."""
+    code = [struct.unpack_from("=HBBI", program, at) for at in range(0, len(program), 8)]
+    assert 0 < len(code) <= 4096 and code[-1][0] == syscalls.RET
+    known = {syscalls.LD, syscalls.JA, syscalls.JEQ, syscalls.JGT, syscalls.JGE, syscalls.JSET}
+    for pc, (op, jt, jf, k) in enumerate(code):
+        assert op in known | {syscalls.RET}, (pc, op)
+        if op == syscalls.JA:
+            assert pc + 1 + k < len(code), pc
+        elif op != syscalls.LD and op != syscalls.RET:
+            assert pc + 1 + max(jt, jf) < len(code), pc
+        elif op == syscalls.LD:
+            assert k in (0, 4) or (k - 16) % 8 == 0 and 16 <= k < 64, (pc, k)
+
+
+@pytest.mark.parametrize("name", sorted(linux.ARCHES))
+def test_the_filter_allows_the_allow_list_and_refuses_every_other_number(name):
+    arch = linux.ARCHES[name]
+    program = isolation.seccomp_program(arch)
+    _jumps_stay_inside(program)
+    allowed = {arch.table[n] for n in policy.ALLOWED_SYSCALLS if n in arch.table}
+    ruled = {arch.table[n] for n in ("clone", "clone3", "socketpair", "setsockopt", "fcntl")}
+    ruled |= {arch.table[n] for n in policy.OOB_FLAG_ARGUMENT}
+    for nr in range(linux.NEWEST_KNOWN + 1):
+        if nr not in ruled:
+            expected = syscalls.ALLOW if nr in allowed else syscalls.EPERM
+            assert _filter(program, nr, arch=arch.audit) == expected, nr
+    for never in _NEVER:
+        assert _filter(program, arch.table[never], arch=arch.audit) == syscalls.EPERM, never
+    # Newer than the tables: as on a kernel without it, so that libc falls back.
+    for newer in (linux.NEWEST_KNOWN + 1, 1000, 0x3FFFFFFF):
+        assert _filter(program, newer, arch=arch.audit) == syscalls.ENOSYS
+    assert _filter(program, arch.table["read"], arch=0x40000003) == syscalls.KILL  # i386
+    if arch.foreign is not None:  # x32: the same arch, numbers from 0x40000000
+        read = arch.foreign | arch.table["read"]
+        assert _filter(program, read, arch=arch.audit) == syscalls.EPERM
+
+
+@pytest.mark.parametrize("name", sorted(linux.ARCHES))
+def test_the_filter_reads_the_arguments_of_the_calls_it_allows_only_in_part(name):
+    arch = linux.ARCHES[name]
+    program = isolation.seccomp_program(arch)
+
+    def answer(call: str, *args: int) -> str:
+        k = _filter(program, arch.table[call], args, arch.audit)
+        return {syscalls.ALLOW: "allow", syscalls.EPERM: "EPERM", syscalls.ENOSYS: "ENOSYS"}[k]
+
+    threads = 0x3D0F00  # what glibc's pthread_create passes
+    assert answer("clone", threads) == answer("clone", 0x11) == "allow"
+    for flag in (linux.CLONE_NEWUSER, linux.CLONE_NEWNS, linux.CLONE_NEWNET, linux.CLONE_NEWPID):
+        assert answer("clone", threads | flag) == "EPERM"
+    assert answer("clone3") == "ENOSYS"
+    assert answer("socketpair", 1, 1) == "allow"  # AF_UNIX
+    assert answer("socketpair", 2, 1) == answer("socketpair", 30, 1) == "EPERM"  # INET, TIPC
+    for call, index in policy.OOB_FLAG_ARGUMENT.items():
+        flags = [0] * 6
+        assert answer(call, *flags) == "allow"
+        flags[index] = 0x40 | 0x1  # MSG_DONTWAIT | MSG_OOB
+        assert answer(call, *flags) == "EPERM", call
+    for option in (7, 8, 32, 33):  # SO_SNDBUF, SO_RCVBUF, SO_SNDBUFFORCE, SO_RCVBUFFORCE
+        assert answer("setsockopt", 3, 1, option) == "EPERM"
+        assert answer("setsockopt", 3, 6, option) == "allow"  # another level's option 7
+    assert answer("setsockopt", 3, 1, 9) == "allow"  # SO_KEEPALIVE
+    assert answer("fcntl", 3, 1031) == "EPERM"  # F_SETPIPE_SZ
+    assert answer("fcntl", 3, 1032) == answer("fcntl", 3, 4) == "allow"  # F_GETPIPE_SZ, F_SETFL
+
+
+def test_an_allow_list_of_lone_numbers_makes_a_long_filter_whose_jumps_are_all_valid():
+    # Every other number up to the newest: no two make a range, and the program is
+    # several times longer than a conditional jump (8 bits) can span.
+    table = {f"call{n}": n for n in range(linux.NEWEST_KNOWN + 1)}
+    arch = linux.Arch(0xC000003E, table, None)
+    allowed = tuple(f"call{n}" for n in range(0, linux.NEWEST_KNOWN + 1, 2))
+    program = isolation.seccomp_program(arch, allowed=allowed)
+    assert len(program) // 8 > 3 * 255
+    _jumps_stay_inside(program)
+    for nr in range(linux.NEWEST_KNOWN + 1):
+        expected = syscalls.ALLOW if nr % 2 == 0 else syscalls.EPERM
+        assert _filter(program, nr, arch=arch.audit) == expected, nr
+
+
+def test_the_never_list_is_refused_and_every_name_is_a_syscall_of_some_table():
+    assert set(_NEVER) <= set(policy.DENIED_SYSCALLS)
+    assert not set(policy.DENIED_SYSCALLS) & set(policy.ALLOWED_SYSCALLS)
+    names = {*policy.ALLOWED_SYSCALLS, *policy.DENIED_SYSCALLS, *policy.OOB_FLAG_ARGUMENT}
+    assert names <= {*linux.X86_64, *linux.AARCH64, "ipc"}  # (ipc: neither has it)
+    assert max(linux.X86_64.values()) == max(linux.AARCH64.values()) == linux.NEWEST_KNOWN
+    # aarch64 has only the generic calls: each legacy one it lacks has its successor.
+    successor = {
+        "access": "faccessat",
+        "alarm": "setitimer",
+        "chmod": "fchmodat",
+        "chown": "fchownat",
+        "creat": "openat",
+        "dup2": "dup3",
+        "epoll_create": "epoll_create1",
+        "epoll_wait": "epoll_pwait",
+        "eventfd": "eventfd2",
+        "fork": "clone",
+        "futimesat": "utimensat",
+        "getdents": "getdents64",
+        "getpgrp": "getpgid",
+        "inotify_init": "inotify_init1",
+        "lchown": "fchownat",
+        "link": "linkat",
+        "lstat": "newfstatat",
+        "mkdir": "mkdirat",
+        "mknod": "mknodat",
+        "open": "openat",
+        "pause": "rt_sigsuspend",
+        "pipe": "pipe2",
+        "poll": "ppoll",
+        "readlink": "readlinkat",
+        "rename": "renameat",
+        "rmdir": "unlinkat",
+        "select": "pselect6",
+        "signalfd": "signalfd4",
+        "stat": "newfstatat",
+        "symlink": "symlinkat",
+        "time": "clock_gettime",
+        "unlink": "unlinkat",
+        "utime": "utimensat",
+        "utimes": "utimensat",
+        "vfork": "clone",
+        "arch_prctl": None,  # x86 only
+    }
+    lacking = {n for n in policy.ALLOWED_SYSCALLS if n not in linux.AARCH64}
+    assert lacking == set(successor)
+    assert all(s is None or s in linux.AARCH64 for s in successor.values())
+
+
+@pytest.mark.parametrize(
+    "header, table",
+    [
+        ("/usr/include/x86_64-linux-gnu/asm/unistd_64.h", linux.X86_64),
+        ("/usr/include/asm-generic/unistd.h", linux.AARCH64),  # aarch64's own table
+    ],
+)
+def test_the_syscall_tables_agree_with_the_kernels_headers(header, table):
+    if not os.path.exists(header):
+        pytest.skip(f"no {header} here")
+    text = Path(header).read_text()
+    numbers = {
+        {"fstatat": "newfstatat"}.get(m[2], m[2]): int(m[3])
+        for m in re.finditer(r"#define __NR(3264)?_(\w+)\s+(\d+)", text)
+    }
+    known = {name: nr for name, nr in table.items() if name in numbers}
+    assert known == {name: numbers[name] for name in known}
+    # The headers may be older than the tables: what they lack is newer than they are.
+    newest = max(numbers[n] for n in known)
+    assert all(nr > newest for name, nr in table.items() if name not in numbers)
+
+
+_PROBES = """
+import ctypes, errno, json, os, socket, subprocess, sys, threading
+from rlm_magic.repl.isolation import Policy
+from rlm_magic.repl.isolation.confinement import Confinement
+from rlm_magic.repl.isolation.syscalls import filter_syscalls
+confinement = Confinement(Policy(workdir='.'))
+filter_syscalls(confinement)
+assert confinement.report.layers['syscalls'], confinement.report
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def call(nr, *args):
+    ctypes.set_errno(0)
+    ok = libc.syscall(nr, *args) >= 0
+    return 'ALLOWED' if ok else errno.errorcode[ctypes.get_errno()]
+def attempt(f):
+    try:
+        f()
+        return 'ALLOWED'
+    except OSError as e:
+        return errno.errorcode[e.errno]
+a, b = socket.socketpair()
+r, w = os.pipe()
+out = {
+    'statmount': call(457, 0, 0, 0, 0), 'listmount': call(458, 0, 0, 0, 0),
+    'file_getattr': call(468, 0, 0, 0, 0, 0), 'newest_plus_one': call(470), 'far_newer': call(1000),
+    'so_sndbuf': attempt(lambda: a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 2**22)),
+    'so_rcvbuf': attempt(lambda: a.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2**22)),
+    'f_setpipe_sz': attempt(lambda: __import__('fcntl').fcntl(w, 1031, 2**20)),
+    'inet_pair': attempt(lambda: socket.socketpair(socket.AF_INET)),
+    'oob': attempt(lambda: a.send(b'x', socket.MSG_OOB)),
+}
+def honest():
+    t = threading.Thread(target=lambda: None); t.start(); t.join()
+    a.sendall(b'ping'); assert b.recv(4) == b'ping'
+    os.write(w, b'x'); assert os.read(r, 1) == b'x'
+    assert subprocess.run(['true']).returncode == 0
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+out['honest'] = attempt(honest)
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(linux.current_arch() is None, reason="no syscall table here")
+def test_on_this_kernel_newer_syscalls_and_bigger_buffers_are_refused_and_honest_calls_pass():
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBES],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {
+        "statmount": "EPERM",
+        "listmount": "EPERM",
+        "file_getattr": "EPERM",
+        "newest_plus_one": "ENOSYS",
+        "far_newer": "ENOSYS",
+        "so_sndbuf": "EPERM",
+        "so_rcvbuf": "EPERM",
+        "f_setpipe_sz": "EPERM",
+        "inet_pair": "EPERM",
+        "oob": "EPERM",
+        "honest": "ALLOWED",
+    }
+
+
+def test_the_readme_lists_exactly_the_environment_the_sandbox_gets(monkeypatch, tmp_path):
+    readme = (REPO / "README.md").read_text()
+    [bullet] = [
+        block for block in readme.split("\n- ") if block.startswith("**An environment allow-list**")
+    ]
+    listed = set(re.findall(r"`([A-Z][A-Z_]+)`", bullet.split("and only the names")[0]))
+    assert listed == {*environment.ENVIRONMENT_ALLOWED, "PATH", "HOME", "TMPDIR"}
+    for name in (*environment.ENVIRONMENT_ALLOWED, "TERM", "COLORTERM", "PYTHONPATH", "USER"):
+        monkeypatch.setenv(name, "x")
+    seen = environment.sandbox_environment((), str(tmp_path))
+    assert set(seen) == listed

@@ -3,7 +3,7 @@
 The worker calls ``confine`` before it reads the context or runs any model code; it
 applies the layers, one module each, in the fixed order ``order`` documents:
 namespaces, filesystem, limits, privileges, Landlock, syscalls (then the network
-check). The policy is data (``Policy``, ``DENIED_SYSCALLS``), built by ``policy_for``
+check). The policy is data (``Policy``, ``ALLOWED_SYSCALLS``), built by ``policy_for``
 in the kernel; the report (``Report.layers``) comes back to the kernel as
 ``result.isolation``.
 
@@ -16,6 +16,7 @@ from .linux import current_arch as _arch  # noqa: F401 - the old module's name; 
 from .linux import load_libc as _libc  # noqa: F401 - the old module's name; tests use it
 from .order import confine
 from .policy import (
+    ALLOWED_SYSCALLS,
     DENIED_SYSCALLS,
     DEVICES,
     SANDBOX_GID,
@@ -28,6 +29,7 @@ from .report import LAYERS, REQUIRED_LAYERS, Report
 from .syscalls import seccomp_program
 
 __all__ = [
+    "ALLOWED_SYSCALLS",
     "DENIED_SYSCALLS",
     "DEVICES",
     "LAYERS",

@@ -1,8 +1,9 @@
 """Layer 2, the filesystem view: a fresh, read-only tmpfs becomes the root
 (``pivot_root``), holding read-only binds of what Python needs (``Policy.read_only``),
 a few devices, a /proc and a small /dev/shm of its own and a size-limited tmpfs as the
-working folder. No home, venv writes, cache, /tmp or /dev/shm of the host; no pathname
-socket.
+working folder, both ``noexec``: what the sandbox writes is never run as a program or
+mapped executable (``python3 script.py`` only reads it). No home, venv writes, cache,
+/tmp or /dev/shm of the host; no pathname socket.
 
 The paths are looked at before the namespaces are entered (``prepare_sources``), while
 this process still has its own ids; the view is built inside them (``build_filesystem``).
@@ -115,7 +116,7 @@ def _build_filesystem(confinement: Confinement) -> None:
             b"tmpfs",
             work,
             b"tmpfs",
-            MS_NOSUID | MS_NODEV,
+            MS_NOSUID | MS_NODEV | MS_NOEXEC,  # nothing the model writes is run as a program
             f"mode=0700,size={policy.disk_mb}m".encode(),
         ),
         "mounting the working folder",

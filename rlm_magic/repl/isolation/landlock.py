@@ -16,6 +16,8 @@ from .confinement import Confinement
 from .linux import LANDLOCK_ADD_RULE, LANDLOCK_CREATE_RULESET, LANDLOCK_RESTRICT_SELF
 from .report import Report
 
+EXECUTE = 1  # LANDLOCK_ACCESS_FS_EXECUTE
+
 
 def restrict_with_landlock(confinement: Confinement) -> None:
     """Reading only the policy's paths, writing only the working folder, no TCP, no
@@ -43,12 +45,14 @@ def restrict_with_landlock(confinement: Confinement) -> None:
         read_file, read_dir, truncate = 1 | 4, 1 | 4 | 8, 1 << 14 if abi >= 3 else 0
         rules = [(path, read_dir, read_file) for path in policy.read_only]
         rules += [(path, 0, 2 | 4 | truncate) for path in policy.devices]
-        rules.append((policy.workdir, handled, handled & (1 | 2 | 4 | 1 << 14)))
+        # What the sandbox writes is never executed (as its noexec mounts say too).
+        writable_dir, writable_file = handled & ~EXECUTE, handled & (2 | 4 | 1 << 14)
+        rules.append((policy.workdir, writable_dir, writable_file))
         if viewed:  # its own root (names only, below), /proc and /dev/shm
             rules += [
                 ("/", 8, 0),
                 ("/proc", read_dir, read_file),
-                ("/dev/shm", handled, handled & (1 | 2 | 4 | 1 << 14)),
+                ("/dev/shm", writable_dir, writable_file),
             ]
         for path, on_dir, on_file in rules:
             _add_rule(libc, ruleset, path, on_dir, on_file)

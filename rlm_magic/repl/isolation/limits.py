@@ -1,6 +1,8 @@
 """Layer 3, limits: address space per process, a process count (RLIMIT_NPROC, counted
-in the sandbox's own user namespace), no core files, and no file larger than the
-working folder; the disk itself is the working tmpfs's size (layer 2).
+in the sandbox's own user namespace), open descriptors per process (RLIMIT_NOFILE: with
+the filter's refusal to enlarge a socket's or a pipe's buffer, this bounds the kernel
+memory a process can pin in them), no core files, and no file larger than the working
+folder; the disk itself is the working tmpfs's size (layer 2).
 
 Standard library only: the sandbox worker imports this.
 """
@@ -19,6 +21,8 @@ def set_limits(confinement: Confinement) -> None:
     # No file larger than the working folder may hold, wherever it is written.
     disk = int(policy.disk_mb) * 2**20
     resource.setrlimit(resource.RLIMIT_FSIZE, (disk, disk))
+    files = int(policy.max_open_files)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (files, files))
     if policy.memory_mb:
         limit = int(policy.memory_mb) * 2**20
         try:

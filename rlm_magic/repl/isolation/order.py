@@ -10,13 +10,14 @@ in the report, never skipped silently):
    1 of its own PID namespace. Before the call the filesystem layer looks at its paths
    (``filesystem.prepare_sources``), while this process still has its own ids.
 2. **filesystem** (``filesystem``) - a fresh, read-only tmpfs as the root, holding only
-   the policy's paths, a /proc and /dev/shm of its own and the working folder.
-3. **limits** (``limits``) - address space, processes, no core files, file size.
+   the policy's paths, a /proc and /dev/shm of its own and the working folder (noexec).
+3. **limits** (``limits``) - address space, processes, open descriptors, no core
+   files, file size.
 4. **privileges** (``privileges``) - every capability dropped, ``no_new_privs``.
 5. **Landlock** (``landlock``) - a second filesystem layer, and the first where the OS
    refuses namespaces.
-6. **syscalls** (``syscalls``) - the seccomp filter; last, since the layers before it
-   need calls it denies. Then the network check (``network``), which reads it.
+6. **syscalls** (``syscalls``) - the seccomp filter, an allow-list; last, since the
+   layers before it need calls it refuses. Then the network check (``network``), which reads it.
 
 The policy is data (``policy``); the report says which layers hold (``report``).
 

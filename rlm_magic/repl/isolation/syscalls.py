@@ -1,7 +1,12 @@
-"""Layer 6, syscalls: a seccomp filter of ``DENIED_SYSCALLS`` (no new sockets of any
-family, no ptrace, namespaces, mounts, keyrings, bpf, io_uring, fd theft, SysV IPC...),
-clone with a namespace flag, and socket calls asking for out-of-band data. Applied
-last: the layers before it need some of these.
+"""Layer 6, syscalls: a seccomp filter that allows only ``ALLOWED_SYSCALLS`` (what
+CPython, the worker and ordinary model code were measured to need) and refuses every
+other with EPERM: no new socket of any family, no ptrace, namespaces, mounts,
+keyrings, bpf, io_uring, SysV IPC, nor any syscall Linux adds later (a number newer
+than the tables says ENOSYS, as a kernel without it would). Some allowed calls are
+refused with certain arguments: clone with a namespace flag, socketpair of another
+family than AF_UNIX, socket calls asking for out-of-band data, setsockopt of a buffer
+size, fcntl of a pipe's size; clone3 says ENOSYS (libc then uses clone, whose flags
+can be read). Applied last: the layers before it need calls it refuses.
 
 Standard library only: the sandbox worker imports this.
 """
@@ -15,10 +20,35 @@ import struct
 import sys
 
 from .confinement import Confinement
-from .linux import NAMESPACE_FLAGS, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, current_arch
-from .policy import DENIED_SYSCALLS, OOB_FLAG_ARGUMENT
+from .linux import (
+    NAMESPACE_FLAGS,
+    NEWEST_KNOWN,
+    PR_SET_NO_NEW_PRIVS,
+    PR_SET_SECCOMP,
+    Arch,
+    current_arch,
+)
+from .policy import (
+    ALLOWED_SYSCALLS,
+    BUFFER_SIZE_OPTIONS,
+    F_SETPIPE_SZ,
+    OOB_FLAG_ARGUMENT,
+    SOL_SOCKET,
+)
 
-MSG_OOB = 0x1
+MSG_OOB, AF_UNIX = 0x1, 1
+# Classic BPF as seccomp runs it: (op, jump if true, jump if false, k). A conditional
+# jump's offsets are 8 bits (at most 255 instructions ahead); JA's is 32 bits.
+LD, JA, JEQ, JGT, JGE, JSET, RET = 0x20, 0x05, 0x15, 0x25, 0x35, 0x45, 0x06
+ALLOW, KILL = 0x7FFF0000, 0x80000000
+EPERM, ENOSYS = 0x00050000 | errno.EPERM, 0x00050000 | errno.ENOSYS
+NR, ARCH = 0, 4  # offsets in seccomp_data; the arguments follow at 16, 8 bytes each
+
+
+def argument(index: int) -> int:
+    """The low 32 bits of an argument (all these arches are little-endian, and every
+    argument checked is an int or flags in the low half)."""
+    return 16 + 8 * index
 
 
 def filter_syscalls(confinement: Confinement) -> None:
@@ -32,7 +62,7 @@ def filter_syscalls(confinement: Confinement) -> None:
     if arch is None:
         report.refused("syscalls", f"no syscall table for {os.uname().machine}")
         return
-    program = seccomp_program(*arch)
+    program = seccomp_program(arch)
     filters = (ctypes.c_ubyte * len(program)).from_buffer_copy(program)
 
     class SockFprog(ctypes.Structure):
@@ -48,44 +78,94 @@ def filter_syscalls(confinement: Confinement) -> None:
     report.layers["syscalls"] = True
 
 
-def seccomp_program(audit_arch: int, table: dict[str, int], foreign: int | None) -> bytes:
-    """A classic BPF program: the wrong architecture is killed; a denied syscall fails
-    with EPERM; clone with a namespace flag too; clone3 says ENOSYS (libc then uses
-    clone, whose flags can be read)."""
-    LD, JEQ, JGE, JSET, RET = 0x20, 0x15, 0x35, 0x45, 0x06
-    ALLOW, KILL = 0x7FFF0000, 0x80000000
-    EPERM, ENOSYS = 0x00050000 | errno.EPERM, 0x00050000 | errno.ENOSYS
-    denied = [table[name] for name in DENIED_SYSCALLS if name in table]
-    # (op, jump if true, jump if false, k); a jump may name a label, resolved below.
-    code: list[tuple[int, int | str, int | str, int]] = [
-        (LD, 0, 0, 4),
-        (JEQ, 1, 0, audit_arch),
+Instruction = tuple[int, int, int, int]
+
+
+def seccomp_program(arch: Arch, allowed: tuple[str, ...] = ALLOWED_SYSCALLS) -> bytes:
+    """The filter: the wrong architecture is killed, a foreign ABI's number (x32) and
+    every number not allowed fail with EPERM, a number newer than the tables with
+    ENOSYS; the calls with argument rules go through their rule. The allowed numbers
+    are found by a binary search over their ranges, so every conditional jump stays
+    short however long the list (the far ones are JA)."""
+    audit, table, foreign = arch
+    code: list[Instruction] = [
+        (LD, 0, 0, ARCH),
+        (JEQ, 1, 0, audit),
         (RET, 0, 0, KILL),
-        (LD, 0, 0, 0),
+        (LD, 0, 0, NR),
     ]
     if foreign is not None:
-        code.append((JGE, "deny", 0, foreign))
-    code += [(JEQ, "deny", 0, nr) for nr in denied]
-    # A socket call with MSG_OOB in its flags (the low 32 bits of that argument, at
-    # offset 16 + 8 * index of seccomp_data on the little-endian arches listed).
-    for name, index in OOB_FLAG_ARGUMENT.items():
+        code += [(JGE, 0, 1, foreign), (RET, 0, 0, EPERM)]
+    code += [(JGT, 0, 1, NEWEST_KNOWN), (RET, 0, 0, ENOSYS)]
+    ruled = set()
+    for name, rule in _argument_rules(allowed):
         if name in table:
-            code += [
-                (JEQ, 0, 2, table[name]),
-                (LD, 0, 0, 16 + 8 * index),
-                (JSET, "deny", "allow", MSG_OOB),
-            ]
-    code += [
-        (JEQ, "nosys", 0, table["clone3"]),
-        (JEQ, 0, "allow", table["clone"]),
-        (LD, 0, 0, 16),
-        (JSET, "deny", 0, NAMESPACE_FLAGS),
-    ]
-    labels = {"allow": len(code), "deny": len(code) + 1, "nosys": len(code) + 2}
-    code += [(RET, 0, 0, ALLOW), (RET, 0, 0, EPERM), (RET, 0, 0, ENOSYS)]
-    out = b""
-    for index, (op, jt, jf, k) in enumerate(code):
-        jt = labels[jt] - index - 1 if isinstance(jt, str) else jt
-        jf = labels[jf] - index - 1 if isinstance(jf, str) else jf
-        out += struct.pack("=HBBI", op, jt, jf, k)
-    return out
+            ruled.add(table[name])
+            code += [(JEQ, 0, len(rule), table[name]), *rule]
+    numbers = sorted({table[name] for name in allowed if name in table} - ruled)
+    code += _search(_ranges(numbers))
+    return b"".join(struct.pack("=HBBI", *instruction) for instruction in code)
+
+
+def _argument_rules(allowed: tuple[str, ...]) -> list[tuple[str, list[Instruction]]]:
+    """Each call allowed only with certain arguments, and its rule: a block that ends
+    in a return whichever way it goes (it is jumped over for every other call)."""
+    allow, deny = (RET, 0, 0, ALLOW), (RET, 0, 0, EPERM)
+    rules: list[tuple[str, list[Instruction]]] = [("clone3", [(RET, 0, 0, ENOSYS)])]
+    if "clone" in allowed:  # no new namespace (its flags are its first argument)
+        rules.append(
+            ("clone", [(LD, 0, 0, argument(0)), (JSET, 0, 1, NAMESPACE_FLAGS), deny, allow])
+        )
+    if "socketpair" in allowed:  # Unix sockets only
+        rules.append(("socketpair", [(LD, 0, 0, argument(0)), (JEQ, 0, 1, AF_UNIX), allow, deny]))
+    for name, index in OOB_FLAG_ARGUMENT.items():  # no out-of-band data
+        if name in allowed:
+            rules.append((name, [(LD, 0, 0, argument(index)), (JSET, 0, 1, MSG_OOB), deny, allow]))
+    if "setsockopt" in allowed:  # no socket buffer larger than the system's default
+        sizes = [
+            (JEQ, len(BUFFER_SIZE_OPTIONS) - i - 1, 0, option)
+            for i, option in enumerate(BUFFER_SIZE_OPTIONS)
+        ]
+        sizes[-1] = (JEQ, 0, 1, BUFFER_SIZE_OPTIONS[-1])
+        rules.append(
+            (
+                "setsockopt",
+                [
+                    (LD, 0, 0, argument(1)),
+                    (JEQ, 0, len(sizes) + 2, SOL_SOCKET),
+                    (LD, 0, 0, argument(2)),
+                    *sizes,
+                    deny,
+                    allow,
+                ],
+            )
+        )
+    if "fcntl" in allowed:  # no pipe larger than the system's default
+        rules.append(("fcntl", [(LD, 0, 0, argument(1)), (JEQ, 0, 1, F_SETPIPE_SZ), deny, allow]))
+    return rules
+
+
+def _ranges(numbers: list[int]) -> list[tuple[int, int]]:
+    """Sorted numbers as runs of consecutive ones: [(first, last), ...]."""
+    ranges: list[tuple[int, int]] = []
+    for number in numbers:
+        if ranges and ranges[-1][1] == number - 1:
+            ranges[-1] = (ranges[-1][0], number)
+        else:
+            ranges.append((number, number))
+    return ranges
+
+
+def _search(ranges: list[tuple[int, int]]) -> list[Instruction]:
+    """A binary search for the syscall number (in A) among ``ranges``: allowed if in
+    one, else EPERM. Each leaf returns itself, so no jump leaves its subtree; an inner
+    node skips its left half with JA, whose offset has 32 bits."""
+    if not ranges:
+        return [(RET, 0, 0, EPERM)]
+    if len(ranges) == 1:
+        first, last = ranges[0]
+        return [(JGT, 2, 0, last), (JGE, 0, 1, first), (RET, 0, 0, ALLOW), (RET, 0, 0, EPERM)]
+    middle = len(ranges) // 2
+    left, right = _search(ranges[:middle]), _search(ranges[middle:])
+    # At or past the right half's first number: to the JA, which jumps over the left half.
+    return [(JGE, 0, 1, ranges[middle][0]), (JA, 0, 0, len(left)), *left, *right]

@@ -8,7 +8,9 @@ import os
 
 # The only variables of the kernel's environment the sandbox gets (an allow-list: a
 # deny-list of secret-looking names lets DATABASE_URL or SENTRY_DSN through), plus
-# those named in RLM.sandbox_env. None whose value holds a configured secret.
+# those named in RLM.sandbox_env. None whose value holds a configured secret. The
+# README's sandbox section lists the same names (a test compares them). No TERM: model
+# code never has a terminal (its output is captured), so nothing should draw for one.
 ENVIRONMENT_ALLOWED = (
     "LANG",
     "LANGUAGE",
@@ -20,7 +22,6 @@ ENVIRONMENT_ALLOWED = (
     "LC_TIME",
     "LC_MONETARY",
     "TZ",
-    "TERM",
 )
 _SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 

@@ -83,11 +83,15 @@ def test_where_the_os_refuses_user_namespaces_seccomp_and_landlock_still_hold(tm
     secret = tmp_path / "secret.txt"  # a file of the kernel's user, outside the policy
     secret.write_text("fake-0010")
     attempts = (
-        "import os, socket, subprocess\n"
+        "import ctypes, os, socket, subprocess\n"
         "open('run.sh', 'w').write('#!/bin/sh\\n')\nos.chmod('run.sh', 0o755)\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "def shared_memory():  # SysV: without a user namespace, the host's\n"
+        "    if libc.shmget(0, 1 << 20, 0o1600) < 0:\n"
+        "        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))\n"
         "for attempt in (lambda: socket.socket(), "
         f"lambda: os.kill(os.getppid(), 0), lambda: open({str(secret)!r}).read(), "
-        "lambda: subprocess.run(['./run.sh'])):\n"
+        "lambda: subprocess.run(['./run.sh']), shared_memory):\n"
         "    try:\n        attempt()\n        print('ALLOWED')\n"
         "    except OSError as e:\n        print(e.strerror)"
     )
@@ -98,6 +102,7 @@ def test_where_the_os_refuses_user_namespaces_seccomp_and_landlock_still_hold(tm
     assert layers["syscalls"] and layers["network"] and "seccomp" in notes["network"]
     lines = out["output"].splitlines()
     assert lines[0] == "Operation not permitted"  # no socket
+    assert lines[4] == "Operation not permitted"  # no SysV shared memory
     if layers["filesystem"]:  # Landlock: the kernel's files and processes out of reach
         assert "Landlock" in notes["filesystem"]
         assert lines[2] == "Permission denied"

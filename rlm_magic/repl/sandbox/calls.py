@@ -21,7 +21,8 @@ from .process import SandboxProcess
 
 _HELD_LIMIT = 64 * 2**20  # helper calls' messages the kernel holds at once, at most
 MAX_REPLY = 16 * 2**20  # one frame of a reply, at most
-PART_CHARS = 2**20  # a larger answer is framed in a thread, in parts of about this
+PART_CHARS = 2**20  # a larger answer is sent in parts of about this
+_FRAMED_ON_LOOP = 64 * 2**10  # a larger answer is framed in a thread (400 at once stalled it)
 MAX_ERROR_CHARS = 2_000  # of an error's text sent back
 
 
@@ -110,7 +111,7 @@ class HelperCalls:
         JSON) framed in a thread, in parts the worker joins, each sent once the one
         before has left, so the kernel never holds more than a part of it framed."""
         try:
-            small = _rough_size(message["value"]) < PART_CHARS
+            small = _rough_size(message["value"]) < _FRAMED_ON_LOOP
         except RecursionError:
             small = False
         if small:

@@ -190,42 +190,15 @@ async def main() -> None:
 
 
 async def hostile_runs() -> None:
-    server = FakeLLMServer().start()
-    try:
-        await hostile_run(server, "FINAL(warm)", None)  # imports litellm once
-        for name, (code, answer) in HOSTILE_RUNS.items():
-            growth, stall, _ = await hostile_run(server, code, answer)
-            _, _, interrupt = await hostile_run(server, code, answer, interrupt_after=0.3)
-            row(
-                f"model code {name}: kernel memory growth / longest loop stall / interrupt",
-                f"{growth:.1f} MB / {stall * 1000:.0f} ms / {interrupt * 1000:.0f} ms",
-                "<= 64 MB / <= 100 ms / <= 1 s",
-            )
-    finally:
-        server.stop()
-
-
-_RAW = (
-    "import os, sys, struct, time\nbody = {body}\n"
-    "os.write(int(sys.argv[1]), struct.pack('>cQ', b'J', len(body)) + body)\n"
-    "time.sleep(3)"
-)
-HOSTILE = {
-    "llm_query_batch([''] * 10_000_000)": (
-        "try:\n    llm_query_batch([''] * 10_000_000)\nexcept ValueError:\n    pass"
-    ),
-    "an 8 MB frame of empty objects": _RAW.format(
-        body="b'{\"op\": \"call\", \"args\": [' + b'{},' * 2_700_000 + b'{}]}'"
-    ),
-    # Accepted, and as costly to decode as a frame may be: 98,000 values, and a text
-    # that one escaped emoji makes 4 bytes a character once decoded.
-    "an 8 MB frame at the limits (98,000 values, 7.5 MB of 4-byte text)": _RAW.format(
-        body='b\'{"op": "x", "a": [\' + b\'{},\' * 48_999 + b\'{}], "t": "\' '
-        "+ b'a' * 7_500_000 + bytes([92]) + b'ud83d' + bytes([92]) + b'ude00\"}'"
-    ),
-    "an 8 MB FINAL_VAR text (the largest answer)": "x = 'a' * 8_000_000\nFINAL_TEXT = x",
-    "six 16 MB variables (result.variables)": "\n".join(f"v{i} = 'x' * 2**24" for i in range(6)),
-}
+    await hostile_run("FINAL(warm)", None)  # imports litellm once
+    for name, (code, answer) in HOSTILE_RUNS.items():
+        growth, stall, _ = await hostile_run(code, answer)
+        _, _, interrupt = await hostile_run(code, answer, interrupt_after=0.3)
+        row(
+            f"model code {name}: kernel memory growth / longest loop stall / interrupt",
+            f"{growth:.1f} MB / {stall * 1000:.0f} ms / {interrupt * 1000:.0f} ms",
+            "<= 64 MB / <= 100 ms / <= 1 s",
+        )
 
 
 _DOUBLING = """
@@ -266,20 +239,35 @@ HOSTILE_RUNS = {
 }
 
 
+def _serve(code: str, answer: str | None, address) -> None:
+    """The test server in a process of its own: its work is not the kernel's."""
+    server = FakeLLMServer().start()
+    server.script("root", [f"```repl\n{code}\n```", "FINAL(done)"])
+    if answer is not None:
+        server.reply_with("sub", lambda body: answer)
+    address.send(server.base_url)
+    address.recv()  # until the run is over
+    server.stop()
+
+
 async def hostile_run(
-    server, code: str, answer: str | None, interrupt_after: float | None = None
+    code: str, answer: str | None, interrupt_after: float | None = None
 ) -> tuple[float, float, float]:
     """Peak growth of this process's memory (MB), the loop's longest stall (s) while a
     scripted root model's block runs through ``RLM.arun``, and with ``interrupt_after``
     the time from cancelling the run to its end (s)."""
-    server.reset()
-    server.script("root", [f"```repl\n{code}\n```", "FINAL(done)"])
-    if answer is not None:
-        server.reply_with("sub", lambda body: answer)
+    import multiprocessing
+
+    here, there = multiprocessing.Pipe()
+    server = multiprocessing.get_context("spawn").Process(
+        target=_serve, args=(code, answer, there), daemon=True
+    )
+    server.start()
+    base_url = await asyncio.to_thread(here.recv)
     rlm = RLM(
         model="openai/root",
         sub_model="openai/sub",
-        api_base=server.base_url,
+        api_base=base_url,
         api_key="sk-bench",
         progress=False,
         step_timeout=20,
@@ -310,7 +298,33 @@ async def hostile_run(
     if interrupt_after is not None:
         stopped = time.perf_counter() - cancelled
     beat.cancel()
-    return _peak_mb() - before, max(stalls, default=0.0), stopped
+    growth = _peak_mb() - before
+    here.send("done")
+    await asyncio.to_thread(server.join, 10)
+    return growth, max(stalls, default=0.0), stopped
+
+
+_RAW = (
+    "import os, sys, struct, time\nbody = {body}\n"
+    "os.write(int(sys.argv[1]), struct.pack('>cQ', b'J', len(body)) + body)\n"
+    "time.sleep(3)"
+)
+HOSTILE = {
+    "llm_query_batch([''] * 10_000_000)": (
+        "try:\n    llm_query_batch([''] * 10_000_000)\nexcept ValueError:\n    pass"
+    ),
+    "an 8 MB frame of empty objects": _RAW.format(
+        body="b'{\"op\": \"call\", \"args\": [' + b'{},' * 2_700_000 + b'{}]}'"
+    ),
+    # Accepted, and as costly to decode as a frame may be: 98,000 values, and a text
+    # that one escaped emoji makes 4 bytes a character once decoded.
+    "an 8 MB frame at the limits (98,000 values, 7.5 MB of 4-byte text)": _RAW.format(
+        body='b\'{"op": "x", "a": [\' + b\'{},\' * 48_999 + b\'{}], "t": "\' '
+        "+ b'a' * 7_500_000 + bytes([92]) + b'ud83d' + bytes([92]) + b'ude00\"}'"
+    ),
+    "an 8 MB FINAL_VAR text (the largest answer)": "x = 'a' * 8_000_000\nFINAL_TEXT = x",
+    "six 16 MB variables (result.variables)": "\n".join(f"v{i} = 'x' * 2**24" for i in range(6)),
+}
 
 
 async def hostile(code: str) -> tuple[float, float]:

@@ -148,9 +148,26 @@ class CompactionError(RLMError):
 class RLMRunError(RLMError):
     """A run did not reach a final answer; ``.result`` holds the partial result."""
 
-    def __init__(self, result: Any):  # an RLMResult (rlm.result: above this module)
+    def __init__(self, result: Any, kept_in: str | None = None):  # an RLMResult
         self.result = result
-        super().__init__(f"RLM run {result.stop_reason or 'failed'}: {result.error}")
+        # One sentence: how the run ended, then why, without the class names of
+        # rlm-magic's own errors the cause was described with ("LLMQueryError: ...").
+        why = _OWN_ERROR_NAME.sub("", str(result.error or ""), count=1)
+        if result.stop_reason == "budget" and not why.startswith("stopped"):
+            why = f"stopped by its cost budget: {why}"
+        elif result.stop_reason != "budget":
+            why = f"{_RUN_ENDS.get(result.stop_reason, 'failed')}: {why}"
+        if why == "interrupted: interrupted by the user":
+            why = "interrupted by the user"
+        kept = f"; the partial result is in {kept_in}" if kept_in else ""
+        super().__init__(f"RLM run {why}{kept}")
+
+
+_RUN_ENDS = {"max_iterations": "ended without an answer", "interrupted": "interrupted"}
+_OWN_ERROR_NAME = re.compile(
+    r"^(?:RLMError|ConfigError|LLMQueryError|PromptTooLongError|BudgetExceededError|"
+    r"CompactionError|BatchError|RLMRunError|SandboxError): "
+)
 
 
 class RateLimitWaitExceeded(Exception):

@@ -757,3 +757,35 @@ def test_interrupt_during_a_streamed_root_turn_closes_the_stream(rlm_kernel, ser
     assert rlm_kernel.value("res_f.stop_reason") == "interrupted"
     # The tokens it had received are counted.
     assert rlm_kernel.value("res_f.usage.output_tokens") >= 3
+
+
+def _outputs(kernel: Kernel, msg_id: str) -> list[dict]:
+    """The messages that become a cell's outputs, in order."""
+    kinds = ("stream", "display_data", "execute_result", "error", "update_display_data")
+    return [m for _, m in kernel.messages(msg_id) if m["msg_type"] in kinds]
+
+
+def test_a_failed_run_shows_its_error_once_and_no_empty_result(rlm_kernel, server):
+    rlm_kernel.run("%config RLM.max_retries = 0")
+    server.fail("401", model=ROOT)
+    try:
+        msg_id = rlm_kernel.submit("%%rlm\nWhat is it?")
+        reply, _ = rlm_kernel.wait(msg_id)
+    finally:
+        rlm_kernel.run("%config RLM.max_retries = 2")
+    assert reply["status"] == "error" and reply["ename"] == "RLMRunError"
+    outputs = _outputs(rlm_kernel, msg_id)
+    [error] = [m for m in outputs if m["msg_type"] == "error"]
+    shown = json.dumps([m["content"] for m in outputs if m is not error])
+    assert "injected bad API key" not in shown, shown  # only in the error
+    assert error["content"]["traceback"] == [
+        "RLMRunError: RLM run failed: LLM call to 'openai/root-model' failed: "
+        "AuthenticationError: injected bad API key; the partial result is in _rlm"
+    ]
+    # No result box with "(no answer)" and "Trajectory (0 iterations)": only the status,
+    # settled with the figures the result would have carried.
+    assert "rlm-result" not in shown and "Trajectory" not in shown
+    settled = [m for m in outputs if m["msg_type"] == "update_display_data"]
+    assert settled[-1]["content"]["data"]["text/plain"].startswith(
+        "RLM openai/root-model | error | iteration "
+    )

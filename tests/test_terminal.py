@@ -218,7 +218,7 @@ def test_model_text_reaches_the_terminal_shown_not_obeyed(client, request, llm_s
     status = _status_versions(answered, "RLM openai/root-model | ")
     assert any("␛[2J␛[42A ␛]52;c;UFdORUQ=␇" in version for version in status), status
     assert "␛]52;c;UFdORUQ=␇ ␛]8;;https://evil.example/␛\\docs" in answered
-    assert "RLMRunError: RLM run error: the final answer is an error message" in failed
+    assert "RLMRunError: RLM run failed: the final answer is an error message" in failed
     assert "Error: ␛]52;c;UFdORUQ=␇" in failed
     # And the value is the model's text, exactly.
     assert bytes.fromhex(re.findall(r"'([0-9a-f]+)'", value)[-1]).decode() == HOSTILE

@@ -189,24 +189,35 @@ async def run_rlm_cell(line: str, body: str, shell=None):
             ) from None
         raise
     shell.user_ns[args.out] = result
-    if not args.quiet:
-        from IPython.display import display
+    from IPython.display import display
 
-        display(result)
-    if not result.success:
-        failure = result.as_exception()
-        if not args.no_raise:
-            raise failure
-        print(f"{type(failure).__name__}: {failure}", file=sys.stderr)
+    if result.success:
+        if not args.quiet:
+            display(result)
+        return None
+    # A failed run: what it got to (an answer, its iterations) shows without the error,
+    # and the error follows once, as the cell's one line. With nothing to show, nothing
+    # is drawn but the error.
+    if not args.quiet and (result.final_answer is not None or result.trajectory):
+        display(result.without_error())
+    failure = result.as_exception(kept_in=args.out)
+    if not args.no_raise:
+        raise failure
+    print(f"{type(failure).__name__}: {failure}", file=sys.stderr)
     return None
 
 
 def _where_stopped(run) -> str:
-    """Where an interrupt caught the run, counted as the status line counts it."""
-    current = max(run.tree.iteration, len(run.result.trajectory))
+    """Where an interrupt caught the run, counted as the status line counts it, and how
+    many iterations the partial result holds (those that had finished)."""
+    finished = len(run.result.trajectory)
+    current = max(run.tree.iteration, finished)
     if current == 0:
         return "interrupted before its first iteration"
-    return f"interrupted in iteration {current}/{run.tree.max_iterations or run.max_iterations}"
+    most = run.tree.max_iterations or run.max_iterations
+    if current == finished:
+        return f"interrupted after iteration {current}/{most}"
+    return f"interrupted in iteration {current}/{most} ({finished} finished)"
 
 
 def _checked_options(args) -> dict[str, Any]:

@@ -257,7 +257,10 @@ class RunStatus(_LiveDisplay):
             phase = "interrupted" if not issubclass(exc_type, Exception) else "failed"
         else:
             phase = "done" if result.success else (result.stop_reason or "failed")
-            if self.result_shown and not isinstance(self._view, TextLine):
+            shown = self.result_shown and (
+                result.success or result.final_answer is not None or result.trajectory
+            )
+            if shown and not isinstance(self._view, TextLine):
                 # (A terminal shows the result as one repr line, without the figures.)
                 return f"RLM {self.run.model} | {phase}"
         return self.line(phase, stopped=True)

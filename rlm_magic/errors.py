@@ -198,7 +198,10 @@ class AnswerOverBudget(Exception):
 class BatchError(RLMError):
     """Some items of a batch failed; the successful results are kept in ``.results``."""
 
-    def __init__(self, results: list[Any], errors: Mapping[int, BaseException]):
+    def __init__(
+        self, results: list[Any], errors: Mapping[int, BaseException], *, kept_in: str = ""
+    ):
+        # kept_in: an expression that gives this error back, named in the message
         self.results = results
         self.errors = errors
         if not errors:
@@ -210,7 +213,7 @@ class BatchError(RLMError):
         super().__init__(
             f"{len(errors)} of {len(results)} batch items failed "
             f"(first: item {first}: {errors[first]}); "
-            "the successful results are in .results, the failures in .errors"
+            f"the successful results are in {kept_in}.results, the failures in .errors"
         )
 
 

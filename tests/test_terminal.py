@@ -73,7 +73,7 @@ class Terminal:
 
 @pytest.fixture(scope="module")
 def terminal_env(tmp_path_factory) -> dict:
-    return {
+    env = {
         **os.environ,
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",
         "TERM": "xterm",
@@ -81,6 +81,9 @@ def terminal_env(tmp_path_factory) -> dict:
         # prompt_toolkit otherwise waits for a cursor-position answer pexpect never gives
         "PROMPT_TOOLKIT_NO_CPR": "1",
     }
+    env.pop("COLUMNS", None)  # the width is the pseudo-terminal's
+    env.pop("LINES", None)
+    return env
 
 
 @pytest.fixture(scope="module")
@@ -154,6 +157,27 @@ def test_a_run_shows_a_live_line_that_ends_as_a_summary(client, request):
     assert versions[-1].startswith(
         "RLM openai/rlm-demo-root | done | iteration 3/30 | sub-calls 3 done | "
     )
+
+
+@pytest.mark.parametrize("client", ["ipython", "console"])
+def test_status_lines_fit_an_80_column_terminal_and_leave_nothing_behind(client, request):
+    # A line wider than the terminal wraps, and "\r" returns only to its last row: each
+    # rewrite would leave rows behind. (jupyter console's kernel measures the terminal
+    # the console started it on.)
+    terminal = request.getfixturevalue(client)
+    terminal.child.setwinsize(50, 80)
+    try:
+        shown = terminal.type(*RUN) + terminal.type(BATCH)
+    finally:
+        terminal.child.setwinsize(50, 250)
+    rows = shown.split("\r\n")
+    for prefix in ("RLM openai/rlm-demo-root | ", "llm_query_batch: "):
+        holding = [row for row in rows if prefix in row]
+        assert len(holding) == 1, holding  # one row, rewritten in place, then kept
+        *rewritten, last = [v for v in re.split(r"\r", holding[0]) if v.strip()]
+        assert rewritten and all(len(v) <= 79 for v in rewritten), rewritten
+        assert last.rstrip() in shown  # the summary: nothing rewrites it, it may wrap
+    assert "| done | iteration 3/30" in shown and "llm_query_batch: 3/3 done" in shown
 
 
 @pytest.mark.parametrize("cell", [(BATCH,), RUN], ids=["batch", "run"])

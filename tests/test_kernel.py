@@ -789,3 +789,30 @@ def test_a_failed_run_shows_its_error_once_and_no_empty_result(rlm_kernel, serve
     assert settled[-1]["content"]["data"]["text/plain"].startswith(
         "RLM openai/root-model | error | iteration "
     )
+
+
+def test_an_llm_cell_streams_its_markdown_answer_into_the_notebook(rlm_kernel, server):
+    server.reply_with(ROOT, "## Costs\n\n" + " ".join(f"**item{i}** $1" for i in range(40)))
+    server.token_delay = 0.03
+    msg_id = rlm_kernel.submit("%%llm\nWhat did it cost?")
+    reply, _ = rlm_kernel.wait(msg_id)
+    assert reply["status"] == "ok"
+    outputs = _outputs(rlm_kernel, msg_id)
+    first, *updates = [m for m in outputs if m["msg_type"] != "stream"]
+    assert first["msg_type"] == "display_data" and len(updates) >= 2  # live, then final
+    pages = [m["content"]["data"]["text/html"] for m in [first, *updates]]
+    assert "<h2>Costs</h2>" in pages[-1] and "<strong>item39</strong>" in pages[-1]
+    # While it streamed, the output showed part of the answer, rendered.
+    assert any("<strong>item1</strong>" in p and "item39" not in p for p in pages[1:-1])
+    assert " tokens · " in pages[-1] and "answering…" in pages[0]
+    assert rlm_kernel.value("_llm").endswith("**item39** $1")
+
+
+def test_interrupting_an_llm_cell_stops_it_at_once(rlm_kernel, server):
+    server.latency = 30.0
+    msg_id = rlm_kernel.submit("%%llm\nA slow question")
+    assert server.wait_for(lambda: server.in_flight == 1, timeout=30)
+    reply, _ = interrupt_timed(rlm_kernel, msg_id, "interrupt -> reply, %%llm")
+    assert reply["ename"] == "KeyboardInterrupt"
+    assert reply["evalue"] == "%%llm interrupted"
+    assert server.wait_for(lambda: server.in_flight == 0, timeout=5)

@@ -101,3 +101,26 @@ async def test_a_failed_batchs_answers_are_reachable_by_name(server):
     assert rlm_magic.failed_batch() is caught.value
     assert rlm_magic.failed_batch().results == ["echo: a", None, "echo: c"]
     assert "the successful results are in rlm_magic.failed_batch().results" in str(caught.value)
+
+
+async def test_a_batch_answered_from_the_cache_says_so(server, tmp_path, capsys):
+    rlm = make_rlm(server, cache=True, cache_dir=str(tmp_path))
+    await helpers(rlm).llm_query_batch(["a", "b", "c"])
+    rlm.progress = True
+    await helpers(rlm).llm_query_batch(["a", "b", "d"])
+    last = capsys.readouterr().err.splitlines()[-1].split("\r")[-1]
+    assert last.startswith("llm_query_batch: 3/3 done | 2 from the cache | ")
+
+
+async def test_a_resumed_map_says_how_many_answers_came_from_disk(server, tmp_path, capsys):
+    from .test_resume import interrupted_after
+
+    rlm = make_rlm(server, cache_dir=str(tmp_path))
+    prompts = ["fast 1", "slow 1", "fast 2", "slow 2", "fast 3"]
+    server.latency_for = lambda body: 30 if "slow" in body["messages"][-1]["content"] else 0
+    await interrupted_after(rlm, server, prompts, 3, resume=True)
+    server.reset()
+    again = make_rlm(server, cache_dir=str(tmp_path), progress=True)
+    await helpers(again).llm_query_batch(prompts, resume=True)
+    last = capsys.readouterr().err.splitlines()[-1].split("\r")[-1]
+    assert last.startswith("llm_query_batch: 5/5 done | 3 from disk | ")

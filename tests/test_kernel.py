@@ -637,7 +637,10 @@ def test_interrupt_rlm_blocking_step(rlm_kernel, server):
     )
     assert usage["calls"] == 2 and usage["errors"] == usage["cancelled"] == 0, usage
     assert rlm_kernel.value("_rlm.stop_reason, _rlm.success") == ("interrupted", False)
-    assert rlm_kernel.value("len(_rlm.trajectory)") == 1
+    assert rlm_kernel.value("len(_rlm.trajectory), _rlm.iterations") == (1, 1)
+    assert rlm_kernel.value("str(__import__('sys').last_value)") == (
+        "%%rlm interrupted in iteration 1/30; the partial result is in _rlm"
+    )
 
 
 @pytest.mark.parametrize(
@@ -755,6 +758,12 @@ def test_interrupt_during_a_streamed_root_turn_closes_the_stream(rlm_kernel, ser
     assert server.wait_for(lambda: server.cancelled == 1, timeout=10), "the stream stayed open"
     assert usage["calls"] == 1 and usage["errors"] == 0 and usage["cancelled"] == 1, usage
     assert rlm_kernel.value("res_f.stop_reason") == "interrupted"
+    # The message and the partial result agree on the iterations it holds.
+    assert rlm_kernel.value("str(__import__('sys').last_value), res_f.iterations") == (
+        "%%rlm interrupted in iteration 1/30, before its reply was complete (the partial "
+        "result holds 0 iterations); the partial result is in res_f",
+        0,
+    )
     # The tokens it had received are counted.
     assert rlm_kernel.value("res_f.usage.output_tokens") >= 3
 

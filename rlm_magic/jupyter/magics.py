@@ -277,16 +277,20 @@ async def run_llm_cell(line: str, body: str, shell=None):
 
 
 def _where_stopped(run) -> str:
-    """Where an interrupt caught the run, counted as the status line counts it, and how
-    many iterations the partial result holds (those that had finished)."""
+    """Where an interrupt caught the run, counted as the status line counts it, and, if
+    the result holds fewer (the reply was still streaming in), how many it holds."""
     finished = len(run.result.trajectory)
     current = max(run.tree.iteration, finished)
     if current == 0:
         return "interrupted before its first iteration"
     most = run.tree.max_iterations or run.max_iterations
     if current == finished:
-        return f"interrupted after iteration {current}/{most}"
-    return f"interrupted in iteration {current}/{most} ({finished} finished)"
+        return f"interrupted in iteration {current}/{most}"
+    # The model was still writing this iteration's reply: the result does not hold it.
+    return (
+        f"interrupted in iteration {current}/{most}, before its reply was complete "
+        f"(the partial result holds {finished} iteration{'' if finished == 1 else 's'})"
+    )
 
 
 def _checked_options(args) -> dict[str, Any]:

@@ -246,3 +246,21 @@ def test_model_text_reaches_the_terminal_shown_not_obeyed(client, request, llm_s
     assert "Error: ␛]52;c;UFdORUQ=␇" in failed
     # And the value is the model's text, exactly.
     assert bytes.fromhex(re.findall(r"'([0-9a-f]+)'", value)[-1]).decode() == HOSTILE
+
+
+@pytest.mark.parametrize("client", ["ipython", "console"])
+def test_an_llm_cell_writes_its_answer_and_its_figures(client, request, llm_server):
+    terminal = request.getfixturevalue(client)
+    llm_server.reset()
+    llm_server.token_delay = 0.01
+    terminal.type(f'%config RLM.api_base = "{llm_server.base_url}"')
+    try:
+        shown = terminal.type("%%llm -m openai/sub-model", "Say **hi**: $1 and $2", "", "")
+        value = terminal.type("_llm")
+    finally:
+        llm_server.reset()
+        terminal.type("%rlm demo")  # back to the demo model for the tests that follow
+    # The text as written (a terminal shows Markdown as text), then the call's figures.
+    assert "echo: Say **hi**: $1 and $2\r\n" in shown, shown
+    assert re.search(r"openai/sub-model · \d+ \+ \d+ tokens · ", shown), shown
+    assert "'echo: Say **hi**: $1 and $2'" in value

@@ -132,3 +132,13 @@ def test_a_failed_runs_error_reads_as_one_sentence_without_internal_class_names(
     assert str(budget.as_exception()) == (
         "RLM run stopped by its cost budget: spent $0.0048 of max_cost_usd=$0.0005"
     )
+
+
+def test_an_answer_too_long_to_render_quickly_is_shown_as_text():
+    from rlm_magic.rlm.render import MARKDOWN_AT_MOST
+
+    long = "**a** $1 and $2 <b>x</b>\n" * (MARKDOWN_AT_MOST // 20)
+    page = _answered(long)._repr_html_()
+    assert "<strong>" not in page and "shown as text" in page
+    assert "&lt;b&gt;x&lt;/b&gt;" in page
+    assert all(run.count("$") <= 1 for run in _Tree(page).text_runs)

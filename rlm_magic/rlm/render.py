@@ -158,6 +158,9 @@ def _iteration_html(it: Any) -> str:  # a result.Iteration
 
 
 _MARKDOWN: Any = None
+# markdown-it-py takes up to ~10 µs a character (measured: a 100,000-character table,
+# 4.9 s per 500,000; linear): past this, an answer is shown as text, in a moment.
+MARKDOWN_AT_MOST = 100_000
 
 
 def markdown_html(text: str) -> str:
@@ -166,6 +169,11 @@ def markdown_html(text: str) -> str:
     image's address would be fetched by the browser: a way out for what the model read),
     nor links with a script, data or file address; ``$`` stays text (see ``_no_math``)."""
     global _MARKDOWN
+    if len(text) > MARKDOWN_AT_MOST:
+        return (
+            f"<p style='{_STYLE['meta']}'>(over {MARKDOWN_AT_MOST:,} characters: shown as "
+            f"text)</p><div style='white-space:pre-wrap'>{_no_math(html.escape(text))}</div>"
+        )
     if _MARKDOWN is None:
         from markdown_it import MarkdownIt  # imported on the first answer shown
 

@@ -44,10 +44,13 @@ _STYLE = {
     "meta": "opacity:0.7;font-size:90%",
     "error": "color:#c62828",
 }
-# Where a theme is dark, pygments' light colours are inverted (a <style>: kept in a
-# trusted notebook; untrusted, the code reads black on light grey).
+# What inline styles cannot say, in a <style> a trusted notebook keeps: pygments' light
+# colours inverted where the theme is dark (untrusted, code reads black on light grey),
+# and the usage table's total row in bold.
 _CSS = """<style>
 body[data-jp-theme-light="false"] .rlm-result .highlight,body.vscode-dark .rlm-result .highlight{filter:invert(.88) hue-rotate(180deg)}
+.rlm-result tr.rlm-total td{font-weight:600}
+.rlm-result td:first-child,.rlm-result th:first-child{text-align:left}
 </style>"""
 # MathJax (JupyterLab, Notebook, ipywidgets' HTML) skips elements of these classes, so
 # "$1,200 and saved $5,000" stays text instead of becoming math.

@@ -18,7 +18,7 @@ from .errors import (
     RLMError,
     RLMRunError,
 )
-from .jupyter.helpers import amap, interrupted_batch
+from .jupyter.helpers import amap, failed_batch, interrupted_batch
 from .llm.usage import CallRecord, UsageLedger, UsageSummary, usage
 from .rlm.result import CodeRun, Compaction, Iteration, RLMResult
 from .rlm.runner import RLM
@@ -45,6 +45,7 @@ __all__ = [
     "CallRecord",
     "usage",
     "interrupted_batch",
+    "failed_batch",
     "amap",
     "load_ipython_extension",
     "unload_ipython_extension",

@@ -44,3 +44,32 @@ def one_line(text: str) -> str:
     """``visible(text)`` on one line, for a line rewritten in place: line breaks and tabs
     become spaces (a tab's width is the terminal's, not one character)."""
     return visible(text).replace("\n", " ").replace("\t", " ")
+
+
+def width(text: str) -> int:
+    """The columns ``text`` takes on a terminal: two for a wide (East Asian) character,
+    none for a combining mark, one for any other."""
+    if text.isascii():
+        return len(text)
+    return sum(_char_width(c) for c in text)
+
+
+def fit(text: str, columns: int) -> str:
+    """``text`` cut to at most ``columns`` columns, ending in ``…`` where it was cut."""
+    if width(text) <= columns:
+        return text
+    kept, used = [], 0
+    for char in text:
+        used += _char_width(char)
+        if used > columns - 1:
+            break
+        kept.append(char)
+    return "".join(kept) + "…"
+
+
+def _char_width(char: str) -> int:
+    import unicodedata
+
+    if unicodedata.combining(char):
+        return 0
+    return 2 if unicodedata.east_asian_width(char) in "WF" else 1

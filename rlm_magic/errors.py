@@ -148,9 +148,26 @@ class CompactionError(RLMError):
 class RLMRunError(RLMError):
     """A run did not reach a final answer; ``.result`` holds the partial result."""
 
-    def __init__(self, result: Any):  # an RLMResult (rlm.result: above this module)
+    def __init__(self, result: Any, kept_in: str | None = None):  # an RLMResult
         self.result = result
-        super().__init__(f"RLM run {result.stop_reason or 'failed'}: {result.error}")
+        # One sentence: how the run ended, then why, without the class names of
+        # rlm-magic's own errors the cause was described with ("LLMQueryError: ...").
+        why = _OWN_ERROR_NAME.sub("", str(result.error or ""), count=1)
+        if result.stop_reason == "budget" and not why.startswith("stopped"):
+            why = f"stopped by its cost budget: {why}"
+        elif result.stop_reason != "budget":
+            why = f"{_RUN_ENDS.get(result.stop_reason, 'failed')}: {why}"
+        if why == "interrupted: interrupted by the user":
+            why = "interrupted by the user"
+        kept = f"; the partial result is in {kept_in}" if kept_in else ""
+        super().__init__(f"RLM run {why}{kept}")
+
+
+_RUN_ENDS = {"max_iterations": "ended without an answer", "interrupted": "interrupted"}
+_OWN_ERROR_NAME = re.compile(
+    r"^(?:RLMError|ConfigError|LLMQueryError|PromptTooLongError|BudgetExceededError|"
+    r"CompactionError|BatchError|RLMRunError|SandboxError): "
+)
 
 
 class RateLimitWaitExceeded(Exception):
@@ -181,7 +198,10 @@ class AnswerOverBudget(Exception):
 class BatchError(RLMError):
     """Some items of a batch failed; the successful results are kept in ``.results``."""
 
-    def __init__(self, results: list[Any], errors: Mapping[int, BaseException]):
+    def __init__(
+        self, results: list[Any], errors: Mapping[int, BaseException], *, kept_in: str = ""
+    ):
+        # kept_in: an expression that gives this error back, named in the message
         self.results = results
         self.errors = errors
         if not errors:
@@ -193,7 +213,7 @@ class BatchError(RLMError):
         super().__init__(
             f"{len(errors)} of {len(results)} batch items failed "
             f"(first: item {first}: {errors[first]}); "
-            "the successful results are in .results, the failures in .errors"
+            f"the successful results are in {kept_in}.results, the failures in .errors"
         )
 
 

@@ -637,7 +637,10 @@ def test_interrupt_rlm_blocking_step(rlm_kernel, server):
     )
     assert usage["calls"] == 2 and usage["errors"] == usage["cancelled"] == 0, usage
     assert rlm_kernel.value("_rlm.stop_reason, _rlm.success") == ("interrupted", False)
-    assert rlm_kernel.value("len(_rlm.trajectory)") == 1
+    assert rlm_kernel.value("len(_rlm.trajectory), _rlm.iterations") == (1, 1)
+    assert rlm_kernel.value("str(__import__('sys').last_value)") == (
+        "%%rlm interrupted in iteration 1/30; the partial result is in _rlm"
+    )
 
 
 @pytest.mark.parametrize(
@@ -755,5 +758,70 @@ def test_interrupt_during_a_streamed_root_turn_closes_the_stream(rlm_kernel, ser
     assert server.wait_for(lambda: server.cancelled == 1, timeout=10), "the stream stayed open"
     assert usage["calls"] == 1 and usage["errors"] == 0 and usage["cancelled"] == 1, usage
     assert rlm_kernel.value("res_f.stop_reason") == "interrupted"
+    # The message and the partial result agree on the iterations it holds.
+    assert rlm_kernel.value("str(__import__('sys').last_value), res_f.iterations") == (
+        "%%rlm interrupted in iteration 1/30, before its reply was complete (the partial "
+        "result holds 0 iterations); the partial result is in res_f",
+        0,
+    )
     # The tokens it had received are counted.
     assert rlm_kernel.value("res_f.usage.output_tokens") >= 3
+
+
+def _outputs(kernel: Kernel, msg_id: str) -> list[dict]:
+    """The messages that become a cell's outputs, in order."""
+    kinds = ("stream", "display_data", "execute_result", "error", "update_display_data")
+    return [m for _, m in kernel.messages(msg_id) if m["msg_type"] in kinds]
+
+
+def test_a_failed_run_shows_its_error_once_and_no_empty_result(rlm_kernel, server):
+    rlm_kernel.run("%config RLM.max_retries = 0")
+    server.fail("401", model=ROOT)
+    try:
+        msg_id = rlm_kernel.submit("%%rlm\nWhat is it?")
+        reply, _ = rlm_kernel.wait(msg_id)
+    finally:
+        rlm_kernel.run("%config RLM.max_retries = 2")
+    assert reply["status"] == "error" and reply["ename"] == "RLMRunError"
+    outputs = _outputs(rlm_kernel, msg_id)
+    [error] = [m for m in outputs if m["msg_type"] == "error"]
+    shown = json.dumps([m["content"] for m in outputs if m is not error])
+    assert "injected bad API key" not in shown, shown  # only in the error
+    assert error["content"]["traceback"] == [
+        "RLMRunError: RLM run failed: LLM call to 'openai/root-model' failed: "
+        "AuthenticationError: injected bad API key; the partial result is in _rlm"
+    ]
+    # No result box with "(no answer)" and "Trajectory (0 iterations)": only the status,
+    # settled with the figures the result would have carried.
+    assert "rlm-result" not in shown and "Trajectory" not in shown
+    settled = [m for m in outputs if m["msg_type"] == "update_display_data"]
+    assert settled[-1]["content"]["data"]["text/plain"].startswith(
+        "RLM openai/root-model | error | iteration "
+    )
+
+
+def test_an_llm_cell_streams_its_markdown_answer_into_the_notebook(rlm_kernel, server):
+    server.reply_with(ROOT, "## Costs\n\n" + " ".join(f"**item{i}** $1" for i in range(40)))
+    server.token_delay = 0.03
+    msg_id = rlm_kernel.submit("%%llm\nWhat did it cost?")
+    reply, _ = rlm_kernel.wait(msg_id)
+    assert reply["status"] == "ok"
+    outputs = _outputs(rlm_kernel, msg_id)
+    first, *updates = [m for m in outputs if m["msg_type"] != "stream"]
+    assert first["msg_type"] == "display_data" and len(updates) >= 2  # live, then final
+    pages = [m["content"]["data"]["text/html"] for m in [first, *updates]]
+    assert "<h2>Costs</h2>" in pages[-1] and "<strong>item39</strong>" in pages[-1]
+    # While it streamed, the output showed part of the answer, rendered.
+    assert any("<strong>item1</strong>" in p and "item39" not in p for p in pages[1:-1])
+    assert " tokens · " in pages[-1] and "answering…" in pages[0]
+    assert rlm_kernel.value("_llm").endswith("**item39** $1")
+
+
+def test_interrupting_an_llm_cell_stops_it_at_once(rlm_kernel, server):
+    server.latency = 30.0
+    msg_id = rlm_kernel.submit("%%llm\nA slow question")
+    assert server.wait_for(lambda: server.in_flight == 1, timeout=30)
+    reply, _ = interrupt_timed(rlm_kernel, msg_id, "interrupt -> reply, %%llm")
+    assert reply["ename"] == "KeyboardInterrupt"
+    assert reply["evalue"] == "%%llm interrupted"
+    assert server.wait_for(lambda: server.in_flight == 0, timeout=5)

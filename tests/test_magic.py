@@ -301,7 +301,9 @@ async def test_a_failed_run_fails_the_cell_and_keeps_the_partial_result(shell, s
     server.fail("401", model="root-model")
     with pytest.raises(rlm_magic.RLMRunError, match="injected bad API key") as caught:
         await run_cell(shell, "%%rlm -q -o partial\nq")
-    assert caught.value._render_traceback_()[0].startswith("RLMRunError: RLM run error")
+    assert caught.value._render_traceback_()[0].startswith(
+        "RLMRunError: RLM run failed: LLM call to 'openai/root-model' failed"
+    )
     assert shell.user_ns["partial"].success is False
 
 
@@ -312,8 +314,9 @@ async def test_no_raise_prints_the_failed_runs_error_and_lets_the_cell_succeed(
     server.script("root-model", [repl("x = 1"), "no answer"])
     await run_cell(shell, "%%rlm --max-iterations 1 --no-raise -q -o partial\nq")
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        "RLMRunError: RLM run max_iterations: no FINAL answer within max_iterations=1; "
-        "final_answer holds the model's last reply"
+        "RLMRunError: RLM run ended without an answer: no FINAL answer within "
+        "max_iterations=1; final_answer holds the model's last reply; the partial result "
+        "is in partial"
     )
     assert shell.user_ns["partial"].stop_reason == "max_iterations"
 
@@ -326,7 +329,7 @@ async def test_no_raise_prints_an_error_quoting_model_text_with_its_controls_vis
     server.script("root-model", FAILING_RUN)
     await run_cell(shell, "%%rlm --no-raise -q -o failed\nq")
     printed = capsys.readouterr().err.strip().splitlines()[-1]
-    assert printed.startswith("RLMRunError: RLM run error: the final answer is an error")
+    assert printed.startswith("RLMRunError: RLM run failed: the final answer is an error")
     assert raw_sequences(printed) == {} and "Error: ␛]52;c;UFdORUQ=␇" in printed
     assert shell.user_ns["failed"].final_answer == "Error: " + HOSTILE
 

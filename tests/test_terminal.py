@@ -73,7 +73,7 @@ class Terminal:
 
 @pytest.fixture(scope="module")
 def terminal_env(tmp_path_factory) -> dict:
-    return {
+    env = {
         **os.environ,
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",
         "TERM": "xterm",
@@ -81,6 +81,9 @@ def terminal_env(tmp_path_factory) -> dict:
         # prompt_toolkit otherwise waits for a cursor-position answer pexpect never gives
         "PROMPT_TOOLKIT_NO_CPR": "1",
     }
+    env.pop("COLUMNS", None)  # the width is the pseudo-terminal's
+    env.pop("LINES", None)
+    return env
 
 
 @pytest.fixture(scope="module")
@@ -156,6 +159,27 @@ def test_a_run_shows_a_live_line_that_ends_as_a_summary(client, request):
     )
 
 
+@pytest.mark.parametrize("client", ["ipython", "console"])
+def test_status_lines_fit_an_80_column_terminal_and_leave_nothing_behind(client, request):
+    # A line wider than the terminal wraps, and "\r" returns only to its last row: each
+    # rewrite would leave rows behind. (jupyter console's kernel measures the terminal
+    # the console started it on.)
+    terminal = request.getfixturevalue(client)
+    terminal.child.setwinsize(50, 80)
+    try:
+        shown = terminal.type(*RUN) + terminal.type(BATCH)
+    finally:
+        terminal.child.setwinsize(50, 250)
+    rows = shown.split("\r\n")
+    for prefix in ("RLM openai/rlm-demo-root | ", "llm_query_batch: "):
+        holding = [row for row in rows if prefix in row]
+        assert len(holding) == 1, holding  # one row, rewritten in place, then kept
+        *rewritten, last = [v for v in re.split(r"\r", holding[0]) if v.strip()]
+        assert rewritten and all(len(v) <= 79 for v in rewritten), rewritten
+        assert last.rstrip() in shown  # the summary: nothing rewrites it, it may wrap
+    assert "| done | iteration 3/30" in shown and "llm_query_batch: 3/3 done" in shown
+
+
 @pytest.mark.parametrize("cell", [(BATCH,), RUN], ids=["batch", "run"])
 def test_jupyter_console_prints_no_widget_reprs(console, cell):
     shown = console.type(*cell)
@@ -218,7 +242,25 @@ def test_model_text_reaches_the_terminal_shown_not_obeyed(client, request, llm_s
     status = _status_versions(answered, "RLM openai/root-model | ")
     assert any("␛[2J␛[42A ␛]52;c;UFdORUQ=␇" in version for version in status), status
     assert "␛]52;c;UFdORUQ=␇ ␛]8;;https://evil.example/␛\\docs" in answered
-    assert "RLMRunError: RLM run error: the final answer is an error message" in failed
+    assert "RLMRunError: RLM run failed: the final answer is an error message" in failed
     assert "Error: ␛]52;c;UFdORUQ=␇" in failed
     # And the value is the model's text, exactly.
     assert bytes.fromhex(re.findall(r"'([0-9a-f]+)'", value)[-1]).decode() == HOSTILE
+
+
+@pytest.mark.parametrize("client", ["ipython", "console"])
+def test_an_llm_cell_writes_its_answer_and_its_figures(client, request, llm_server):
+    terminal = request.getfixturevalue(client)
+    llm_server.reset()
+    llm_server.token_delay = 0.01
+    terminal.type(f'%config RLM.api_base = "{llm_server.base_url}"')
+    try:
+        shown = terminal.type("%%llm -m openai/sub-model", "Say **hi**: $1 and $2", "", "")
+        value = terminal.type("_llm")
+    finally:
+        llm_server.reset()
+        terminal.type("%rlm demo")  # back to the demo model for the tests that follow
+    # The text as written (a terminal shows Markdown as text), then the call's figures.
+    assert "echo: Say **hi**: $1 and $2\r\n" in shown, shown
+    assert re.search(r"openai/sub-model · \d+ \+ \d+ tokens · ", shown), shown
+    assert "'echo: Say **hi**: $1 and $2'" in value

@@ -1,9 +1,11 @@
-"""How settings read in a notebook: ``%rlm config``'s table (a run's result renders
-itself: ``rlm.render``)."""
+"""How settings read in a notebook: ``%rlm config``'s and ``%rlm keys``' tables (a run's
+result renders itself: ``rlm.render``)."""
 
 from __future__ import annotations
 
 import html
+
+from .._tables import html_table, text_table
 
 
 def settings_html(settings: dict) -> str:
@@ -31,3 +33,57 @@ class SettingsView:
 
     def _repr_html_(self) -> str:
         return settings_html(self.settings)
+
+
+# What litellm reads for each provider's key (litellm.validate_environment, 1.110; a test
+# checks this table against it). Not every provider litellm knows: asking litellm about
+# each would import it (seconds), and for some providers starts a login flow.
+PROVIDER_KEYS: dict[str, tuple[str, ...]] = {
+    "openai": ("OPENAI_API_KEY",),
+    "anthropic": ("ANTHROPIC_API_KEY",),
+    "gemini": ("GEMINI_API_KEY|GOOGLE_API_KEY",),  # either
+    "vertex_ai": ("VERTEXAI_PROJECT", "VERTEXAI_LOCATION"),
+    "azure": ("AZURE_API_KEY", "AZURE_API_BASE", "AZURE_API_VERSION"),
+    "bedrock": ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"),
+    "mistral": ("MISTRAL_API_KEY",),
+    "groq": ("GROQ_API_KEY",),
+    "cohere": ("COHERE_API_KEY",),
+    "together_ai": ("TOGETHERAI_API_KEY",),
+    "openrouter": ("OPENROUTER_API_KEY",),
+    "deepseek": ("DEEPSEEK_API_KEY",),
+    "xai": ("XAI_API_KEY",),
+    "fireworks_ai": ("FIREWORKS_AI_API_KEY",),
+    "perplexity": ("PERPLEXITYAI_API_KEY",),
+    "huggingface": ("HUGGINGFACE_API_KEY",),
+    "cerebras": ("CEREBRAS_API_KEY",),
+    "deepinfra": ("DEEPINFRA_API_KEY",),
+}
+
+
+class KeysView:
+    """``%rlm keys``: for each provider, the environment variables litellm reads for its
+    key and whether they are set; never a value. ``models`` maps a provider to the
+    settings (RLM.model, RLM.sub_model) whose model it serves."""
+
+    COLUMNS = ("provider", "environment variable", "set", "used by")
+
+    def __init__(self, environ, models: dict[str, list[str]], api_key_set: bool):
+        self.rows = []
+        for provider, names in PROVIDER_KEYS.items():
+            missing = [n for n in names if not any(environ.get(v) for v in n.split("|"))]
+            state = "yes" if not missing else ("no" if len(missing) == len(names) else "partly")
+            shown = ", ".join(n.replace("|", " or ") for n in names)
+            self.rows.append((provider, shown, state, ", ".join(models.get(provider, []))))
+        self.api_key_set = api_key_set
+
+    def _note(self) -> str:
+        if self.api_key_set:
+            return "RLM.api_key is set: it is sent instead of these for every model."
+        return "RLM.api_key is not set (%config RLM.api_key = ... overrides these)."
+
+    def __repr__(self) -> str:
+        return f"{text_table(self.COLUMNS, self.rows, numbers_right=False)}\n{self._note()}"
+
+    def _repr_html_(self) -> str:
+        note = html.escape(self._note())
+        return f"{html_table(self.COLUMNS, self.rows)}<p>{note}</p>"

@@ -61,10 +61,10 @@ def unload(shell) -> None:
         shell.user_ns_hidden.pop(name, None)
     if transform_rlm_cell in shell.input_transformers_cleanup:
         shell.input_transformers_cleanup.remove(transform_rlm_cell)
-    for kind in ("line", "cell"):
-        registered = shell.magics_manager.magics[kind].get("rlm")
+    for kind, name in (("line", "rlm"), ("cell", "rlm"), ("cell", "llm")):
+        registered = shell.magics_manager.magics[kind].get(name)
         if getattr(registered, "__self__", None) is state.magics:
-            del shell.magics_manager.magics[kind]["rlm"]
+            del shell.magics_manager.magics[kind][name]
     shell.magics_manager.registry.pop("RLMMagics", None)
     if state.rlm in shell.configurables:
         shell.configurables.remove(state.rlm)

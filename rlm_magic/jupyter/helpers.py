@@ -333,12 +333,20 @@ class _FunctionMapProgress(BatchProgress):
 
 
 _interrupted_batch: BatchError | None = None
+_failed_batch: BatchError | None = None
 
 
 def interrupted_batch() -> BatchError | None:
     """The answers of the last batch that was interrupted (``.results``, with None
     where an item had not finished, and ``.errors``), or None."""
     return _interrupted_batch
+
+
+def failed_batch() -> BatchError | None:
+    """The ``BatchError`` of the last batch whose items failed (``.results``, with None
+    where an item failed, and ``.errors``), or None: a notebook binds a raised error to
+    no name."""
+    return _failed_batch
 
 
 @contextlib.contextmanager
@@ -371,7 +379,9 @@ def _collect(results: list, errors: dict[int, Exception], return_exceptions: boo
         return results
     if return_exceptions:
         return [errors.get(i, r) for i, r in enumerate(results)]
-    raise BatchError(results, errors)
+    global _failed_batch
+    _failed_batch = BatchError(results, errors, kept_in="rlm_magic.failed_batch()")
+    raise _failed_batch
 
 
 # Code objects of the helpers, to recognise a helper coroutine that was never awaited

@@ -30,7 +30,7 @@ class RLMMagics(Magics):
         super().__init__(shell)
         self.rlm = rlm
 
-    @magic_arguments()
+    @magic_arguments("%rlm")  # the usage line reads %%rlm (IPython adds one %)
     @argument(
         "-c",
         "--context",
@@ -112,6 +112,41 @@ class RLMMagics(Magics):
             "await); from code, use `await rlm_magic.RLM().arun(...)`"
         )
 
+    @magic_arguments("%llm")
+    @argument("-m", "--model", help="Model to ask (default: RLM.model).")
+    @argument("-s", "--system", metavar="TEXT", help="A system prompt for the question.")
+    @argument(
+        "-o",
+        "--out",
+        metavar="NAME",
+        default="_llm",
+        help="Variable that receives the answer's text (default: _llm).",
+    )
+    @argument("-q", "--quiet", action="store_true", help="Do not show the answer.")
+    @argument(
+        "--no-interpolate",
+        action="store_true",
+        help="Send the question as written: no {variable} substitution.",
+    )
+    @cell_magic("llm")
+    def llm_cell(self, line: str, cell: str):
+        """Ask a model the question in the cell body, in one call; the answer streams in
+        and is shown as Markdown (no REPL, no sub-calls: for that, use %%rlm).
+
+        ``{name}`` inserts a notebook variable (``{{`` is a literal brace). The call
+        counts in ``%rlm usage`` and can be interrupted like any other.
+
+        Example::
+
+            %%llm -m openai/gpt-4o-mini
+            Explain {error_message} in two sentences.
+        """
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(run_llm_cell(line, cell, self.shell))
+        raise UsageError("%%llm must be the first line of a cell (it runs as a top-level await)")
+
     @line_magic("rlm")
     def rlm_line(self, line: str):
         """%rlm config | usage | sessions | forget NAME | demo [stop] | help"""
@@ -120,17 +155,21 @@ class RLMMagics(Magics):
         return subcommands.dispatch(self, line)
 
 
+_ASYNC_CELLS = {"%%rlm": "run_rlm_cell", "%%llm": "run_llm_cell"}
+
+
 def transform_rlm_cell(lines: list[str]) -> list[str]:
-    """Input transformer: ``%%rlm ARGS\\nQUERY`` -> ``await <run the magic>``.
+    """Input transformer: ``%%rlm ARGS\\nQUERY`` -> ``await <run the magic>`` (and the
+    same for ``%%llm``).
 
     ``%%rlm?`` and ``%%rlm??`` are left alone so IPython shows the help."""
-    if not lines or not lines[0].startswith("%%rlm"):
+    if not lines or lines[0][:5] not in _ASYNC_CELLS:
         return lines
     first = lines[0].rstrip("\n")
-    if first.rstrip().endswith("?") or not (first == "%%rlm" or first[5:6].isspace()):
+    if first.rstrip().endswith("?") or not (len(first) == 5 or first[5:6].isspace()):
         return lines
     args, body = first[5:].strip(), "".join(lines[1:])
-    run = "__import__('rlm_magic.jupyter.magics').jupyter.magics.run_rlm_cell"
+    run = f"__import__('rlm_magic.jupyter.magics').jupyter.magics.{_ASYNC_CELLS[first[:5]]}"
     return [f"await {run}({args!r}, {body!r})\n"]
 
 
@@ -189,24 +228,69 @@ async def run_rlm_cell(line: str, body: str, shell=None):
             ) from None
         raise
     shell.user_ns[args.out] = result
-    if not args.quiet:
-        from IPython.display import display
+    from IPython.display import display
 
-        display(result)
-    if not result.success:
-        failure = result.as_exception()
-        if not args.no_raise:
-            raise failure
-        print(f"{type(failure).__name__}: {failure}", file=sys.stderr)
+    if result.success:
+        if not args.quiet:
+            display(result)
+        return None
+    # A failed run: what it got to (an answer, its iterations) shows without the error,
+    # and the error follows once, as the cell's one line. With nothing to show, nothing
+    # is drawn but the error.
+    if not args.quiet and (result.final_answer is not None or result.trajectory):
+        display(result.without_error())
+    failure = result.as_exception(kept_in=args.out)
+    if not args.no_raise:
+        raise failure
+    print(f"{type(failure).__name__}: {failure}", file=sys.stderr)
+    return None
+
+
+async def run_llm_cell(line: str, body: str, shell=None):
+    """What a ``%%llm`` cell runs: parse, ask, store the answer's text, show it."""
+    if shell is None:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+    magics = shell.magics_manager.registry.get("RLMMagics")
+    if magics is None:
+        raise UsageError("rlm_magic is not loaded: run %load_ext rlm_magic")
+    args = parse_argstring(magics.llm_cell, line)
+    if not args.out.isidentifier() or keyword.iskeyword(args.out):
+        raise UsageError(f"--out needs a variable name, got {args.out!r}")
+    if args.model is not None and not args.model.strip().strip("'\""):
+        raise UsageError("--model needs a model name")
+    question = body if args.no_interpolate else _interpolate(body, shell.user_ns)
+    if not question.strip():
+        raise UsageError("%%llm needs a question in the cell body, below the %%llm line")
+    from .llm_cell import ask
+
+    answer = await ask(
+        magics.rlm,
+        question.strip(),
+        model=args.model and args.model.strip("'\""),
+        system=args.system,
+        quiet=args.quiet,
+    )
+    shell.user_ns[args.out] = answer.text
     return None
 
 
 def _where_stopped(run) -> str:
-    """Where an interrupt caught the run, counted as the status line counts it."""
-    current = max(run.tree.iteration, len(run.result.trajectory))
+    """Where an interrupt caught the run, counted as the status line counts it, and, if
+    the result holds fewer (the reply was still streaming in), how many it holds."""
+    finished = len(run.result.trajectory)
+    current = max(run.tree.iteration, finished)
     if current == 0:
         return "interrupted before its first iteration"
-    return f"interrupted in iteration {current}/{run.tree.max_iterations or run.max_iterations}"
+    most = run.tree.max_iterations or run.max_iterations
+    if current == finished:
+        return f"interrupted in iteration {current}/{most}"
+    # The model was still writing this iteration's reply: the result does not hold it.
+    return (
+        f"interrupted in iteration {current}/{most}, before its reply was complete "
+        f"(the partial result holds {finished} iteration{'' if finished == 1 else 's'})"
+    )
 
 
 def _checked_options(args) -> dict[str, Any]:

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import html
+import os
 import sys
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from .._terminal_text import one_line, visible
+from .._terminal_text import fit, one_line, visible, width
 from ..llm.litellm_loader import litellm_is_loading
 from ..llm.ratelimit import hold_message
 from ..llm.usage import format_cost, format_saving
@@ -92,6 +93,10 @@ class _LiveDisplay:
     def line(self, *, stopped: bool = False) -> str:
         raise NotImplementedError
 
+    def compact_line(self) -> str:
+        """The line with less in it, for a narrow terminal."""
+        return self.line()
+
     def final_line(self, exc_type) -> str:
         interrupted = exc_type is not None and not issubclass(exc_type, Exception)
         return self.line(stopped=True) + (" (interrupted)" if interrupted else "")
@@ -139,8 +144,10 @@ class BatchProgress(_LiveDisplay, MapObserver):
         self.total = total
         self.label = label
         self.hold = hold  # says what holds the batch back (a provider's rate limit)
-        self.done = 0
+        self.done = 0  # answered (from disk and from the cache included)
         self.failed = 0
+        self.from_disk = 0  # answered by an earlier run of the same map (resume)
+        self.cached = 0  # answered from RLM.cache, not sent
         self.unsent = 0  # items a cost budget had no room for
         self.in_flight = 0
         self.input_tokens = 0
@@ -153,7 +160,7 @@ class BatchProgress(_LiveDisplay, MapObserver):
 
     # -- observer ---------------------------------------------------------------------
     def kept(self, count: int) -> None:
-        self.done = count  # answered by an earlier run of the same map
+        self.done = self.from_disk = count  # answered by an earlier run of the same map
 
     def item_started(self, index: int) -> None:
         self.in_flight += 1
@@ -161,6 +168,8 @@ class BatchProgress(_LiveDisplay, MapObserver):
     def item_finished(self, index: int, result: Any) -> None:
         self.in_flight -= 1
         self.done += 1
+        completion = getattr(result, "completion", result)  # a typed answer's, or itself
+        self.cached += bool(getattr(completion, "cached", False))
         self.input_tokens += getattr(result, "input_tokens", 0) or 0
         self.output_tokens += getattr(result, "output_tokens", 0) or 0
         cost = getattr(result, "cost_usd", None)
@@ -174,8 +183,26 @@ class BatchProgress(_LiveDisplay, MapObserver):
     def not_sent(self, count: int, reason: Any) -> None:
         self.unsent = count
 
+    def pace(self, stopped: bool = False) -> str | None:
+        """As tqdm shows it: items a second (or seconds an item) over this run's items,
+        and, while it runs, the time left at that pace. None before the first item."""
+        finished = self.done + self.failed - self.from_disk
+        elapsed = self.elapsed_s
+        if finished <= 0 or elapsed <= 0:
+            return None
+        rate = finished / elapsed
+        shown = f"{rate:.1f} items/s" if rate >= 1 else f"{1 / rate:.1f} s/item"
+        left = self.total - self.done - self.failed - self.unsent
+        if stopped or left <= 0:
+            return shown
+        return f"{shown}, ~{_duration(left / rate)} left"
+
     def line(self, stopped: bool = False) -> str:
-        parts = [f"{self.label}: {self.done + self.failed + self.unsent}/{self.total} done"]
+        parts = [f"{self.label}: {self.done}/{self.total} done"]
+        if self.from_disk:
+            parts.append(f"{self.from_disk} from disk")
+        if self.cached:
+            parts.append(f"{self.cached} from the cache")
         if self.failed:
             parts.append(f"{self.failed} failed")
         if self.unsent:
@@ -188,12 +215,27 @@ class BatchProgress(_LiveDisplay, MapObserver):
         held = None if stopped or not self.hold else self.hold()
         if held:
             parts.append(held)
+        pace = self.pace(stopped)
+        if pace:
+            parts.append(pace)
         parts.append(f"{self.elapsed_s:.1f}s")
         tokens = self.input_tokens + self.output_tokens
         if tokens:
             parts.append(f"{tokens:,} tokens")
             parts.append(format_cost(self.cost_usd))
         return " | ".join(parts)
+
+
+def _duration(seconds: float) -> str:
+    """``42s``, ``3:05``, ``1:02:05``: as a clock reads, past a minute."""
+    whole = int(seconds + 0.5)
+    if whole < 60:
+        return f"{whole}s"
+    minutes, secs = divmod(whole, 60)
+    if minutes < 60:
+        return f"{minutes}:{secs:02d}"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}"
 
 
 class RunStatus(_LiveDisplay):
@@ -245,6 +287,9 @@ class RunStatus(_LiveDisplay):
             ]
         )
 
+    def compact_line(self) -> str:
+        return self.line(with_text=False)
+
     def partial_text(self, lines: int = 12, width: int = 160) -> str | None:
         """The end of the root turn streaming in now, if any: the model's text, its
         control characters visible (shown, not obeyed, by a terminal)."""
@@ -257,7 +302,10 @@ class RunStatus(_LiveDisplay):
             phase = "interrupted" if not issubclass(exc_type, Exception) else "failed"
         else:
             phase = "done" if result.success else (result.stop_reason or "failed")
-            if self.result_shown and not isinstance(self._view, TextLine):
+            shown = self.result_shown and (
+                result.success or result.final_answer is not None or result.trajectory
+            )
+            if shown and not isinstance(self._view, TextLine):
                 # (A terminal shows the result as one repr line, without the figures.)
                 return f"RLM {self.run.model} | {phase}"
         return self.line(phase, stopped=True)
@@ -355,7 +403,13 @@ def _code(text: str) -> str:
 
 class TextLine:
     """A status line on stderr, rewritten in place, for terminals and scripts. Only
-    elapsed time changing rewrites it at most once a second."""
+    elapsed time changing rewrites it at most once a second.
+
+    A line longer than the terminal is wide wraps, and ``\r`` then returns only to the
+    start of its last row: every rewrite would leave the rows above behind (nine lines a
+    ``%%rlm`` cell at 80 columns). So each line rewritten is cut to the width less one
+    column; the summary that ends it is not (nothing rewrites it).
+    """
 
     def __init__(self, stream=None):
         self.stream = stream or sys.stderr
@@ -363,23 +417,68 @@ class TextLine:
         self._written_at = 0.0
 
     def show(self, display: _LiveDisplay) -> None:
-        self._write(display.line())
+        self._write(self._line_for(display))
 
     def update(self, display: _LiveDisplay) -> None:
-        line = one_line(display.line())  # (as written: compared with what was)
-        news = line.rsplit(" | ", 1)[0] != self._last.rsplit(" | ", 1)[0]
+        line = one_line(self._line_for(display))  # (as written: compared with what was)
+        news = line.rsplit(" | ", 1)[0] != self._last_full.rsplit(" | ", 1)[0]
         if news or time.perf_counter() - self._written_at >= 1:
             self._write(line)
 
     def finish(self, display: _LiveDisplay, line: str) -> None:
         self._write(line, end="\n")
 
+    _last_full = ""
+
+    def _line_for(self, display: _LiveDisplay) -> str:
+        """The display's line, or, where that is wider than the terminal, its line
+        without the text streaming in (the figures matter more than the model's words)."""
+        line = display.line()
+        if width(one_line(line)) < terminal_columns(self.stream):
+            return line
+        return display.compact_line()
+
     def _write(self, line: str, end: str = "") -> None:
         # Whatever is in the line, only our own "\r" and "\n" act on the terminal.
-        line = one_line(line)
+        full = one_line(line)
+        # A last line may wrap: nothing rewrites it, so no row of it is left behind.
+        line = full if end else fit(full, terminal_columns(self.stream) - 1)
         try:
-            self.stream.write("\r" + line.ljust(len(self._last)) + end)
+            # Spaces over what is left of a longer line before.
+            self.stream.write("\r" + line + " " * max(0, width(self._last) - width(line)) + end)
             self.stream.flush()
         except (ValueError, OSError):
             pass  # stderr closed or gone (a test's capture, a detached script): the work goes on
-        self._last, self._written_at = line, time.perf_counter()
+        self._last, self._last_full, self._written_at = line, full, time.perf_counter()
+
+
+def terminal_columns(stream=None) -> int:
+    """How wide the terminal showing ``stream`` is.
+
+    A terminal's own width, read at each write (so a resize is followed); in a kernel,
+    the width of the terminal its stderr was before ipykernel captured it: jupyter
+    console starts its kernel on its own terminal (measured: ipykernel keeps a copy of
+    that descriptor, ``_original_stdstream_copy``). Otherwise (a kernel started
+    elsewhere, a file) ``$COLUMNS``, else 80, the width terminals open at.
+    """
+    stream = stream if stream is not None else sys.stderr
+    descriptors = [_fileno(stream), getattr(stream, "_original_stdstream_copy", None)]
+    if stream is sys.stderr:  # a kernel's: where ipykernel captures none (under pytest)
+        descriptors.append(_fileno(sys.__stderr__))
+    for descriptor in descriptors:
+        try:
+            if descriptor is not None and os.isatty(descriptor):
+                return max(os.get_terminal_size(descriptor).columns, 20)
+        except (TypeError, ValueError, OSError):
+            pass  # closed, or no descriptor: try the next way
+    try:
+        return max(int(os.environ.get("COLUMNS", "")), 20)
+    except ValueError:
+        return 80
+
+
+def _fileno(stream) -> int | None:
+    try:
+        return int(stream.fileno())
+    except (AttributeError, ValueError, OSError):
+        return None  # not a file (a StringIO, ipykernel's stream)

@@ -10,6 +10,7 @@ from .._terminal_text import visible
 
 HELP = """\
 %rlm config         show the effective settings (secrets masked)
+%rlm keys           which providers have their keys set in the environment (no values)
 %rlm usage          tokens and cost per model for this session
 %rlm usage --reset  ... and start counting again
 %rlm sessions       sessions (%%rlm --session NAME) with their size and cost
@@ -19,6 +20,7 @@ HELP = """\
 %rlm demo           start the offline demo model and point RLM at it
 %rlm demo stop      stop it and restore the previous settings
 %rlm help           this text
+%%llm [-m MODEL]    one question to a model, its answer shown as Markdown (%%llm? for more)
 Set options with %config RLM.<name> = value; see %config RLM."""
 
 
@@ -41,6 +43,38 @@ def _config(magics, args):
     from .display import SettingsView
 
     return SettingsView(magics.rlm.settings())
+
+
+def _keys(magics, args):
+    _no_args("keys", args)
+    import os
+
+    from .display import PROVIDER_KEYS, KeysView
+
+    rlm = magics.rlm
+    models: dict[str, list[str]] = {}
+    for setting, model in (("RLM.model", rlm.model), ("RLM.sub_model", rlm.effective_sub_model)):
+        provider = _provider_of(model)
+        if provider in PROVIDER_KEYS:
+            models.setdefault(provider, []).append(setting)
+    return KeysView(os.environ, models, api_key_set=bool(rlm.api_key))
+
+
+def _provider_of(model: str) -> str | None:
+    """The provider a model string names: its prefix, or litellm's reading of it where
+    litellm is already imported (importing it here would take seconds)."""
+    import sys
+
+    prefix, slash, _ = model.partition("/")
+    if slash:
+        return prefix
+    litellm = sys.modules.get("litellm")
+    if litellm is None:
+        return "openai" if model.startswith(("gpt-", "o1", "o3", "o4")) else None
+    try:
+        return str(litellm.get_llm_provider(model)[1])
+    except Exception:  # noqa: BLE001 - a model litellm does not know: no provider
+        return None
 
 
 def _usage(magics, args):
@@ -119,6 +153,7 @@ def _no_args(command: str, args) -> None:
 
 _COMMANDS = {
     "config": _config,
+    "keys": _keys,
     "usage": _usage,
     "demo": _demo,
     "help": _help,

@@ -5,9 +5,14 @@ The answer comes first; the trajectory follows, collapsed, with syntax-highlight
 and each block's output exactly as the model saw it.
 
 Model text is shown, never obeyed: in both views its control characters are visible
-(``_terminal_text``), the HTML view escapes it whole, and the Markdown view keeps the
-model's Markdown (headings, emphasis, lists, tables, code) but none of its HTML
-(``markdown_without_html``).
+(``_terminal_text``), and its Markdown (headings, emphasis, lists, tables, code) is kept
+but none of its HTML: the HTML view renders the answer with markdown-it (``html=False``,
+``markdown_html``), the Markdown view escapes it (``markdown_without_html``). A ``$`` is
+money, not math, in either view.
+
+JupyterLab, Notebook 7 and VS Code pick the HTML view (they rank text/html above
+text/markdown), so the HTML view is the one that must render the Markdown: emitting
+only text/markdown would lose the collapsible trajectory.
 """
 
 from __future__ import annotations
@@ -25,23 +30,38 @@ from .replies import with_code_as_pointers
 # ``result`` below is an ``RLMResult``: typed as Any, since result.py imports this module
 # (a run's result renders itself) and this module must not import it back.
 
-# Selectors are doubled (.rlm-result.rlm-result) to outrank JupyterLab's own
-# `.jp-RenderedHTMLCommon pre` rules, which would otherwise strip boxes and padding.
+# The look is in inline styles that JupyterLab's sanitizer keeps (an untrusted notebook's
+# outputs lose every <style> element): colours as hex or rgba() with a leading zero, no
+# var(). The class names stay, for anyone styling the result.
+_STYLE = {
+    "result": "line-height:1.45",
+    "answer": "padding:0.3em 0.8em;margin:0.2em 0;border-left:4px solid #2e7d32;"
+    "background-color:rgba(46,125,50,0.08)",
+    "failed": "padding:0.3em 0.8em;margin:0.2em 0;border-left:4px solid #c62828;"
+    "background-color:rgba(198,40,40,0.08)",
+    "pre": "margin:0.2em 0 0.6em;padding:0.4em 0.6em;background-color:rgba(127,127,127,0.12);"
+    "white-space:pre;overflow-x:auto;max-height:30em",
+    "meta": "opacity:0.7;font-size:90%",
+    "error": "color:#c62828",
+}
+# What inline styles cannot say, in a <style> a trusted notebook keeps: pygments' light
+# colours inverted where the theme is dark (untrusted, code reads black on light grey),
+# and the usage table's total row in bold.
 _CSS = """<style>
-.rlm-result{font-family:var(--jp-content-font-family,sans-serif);line-height:1.45}
-.rlm-result.rlm-result .rlm-answer{padding:.5em .8em;border-left:4px solid #2e7d32;background:rgba(46,125,50,.12);white-space:pre-wrap}
-.rlm-result.rlm-failed .rlm-answer{border-color:#c62828;background:rgba(198,40,40,.12)}
-.rlm-result details{margin:.3em 0}
-.rlm-result summary{cursor:pointer;font-weight:600}
-.rlm-result.rlm-result pre{margin:.2em 0 .6em;padding:.4em .6em;background:rgba(127,127,127,.12);white-space:pre;overflow-x:auto;max-height:30em}
-.rlm-result.rlm-result .highlight pre{background:#f8f8f8;color:#000}
 body[data-jp-theme-light="false"] .rlm-result .highlight,body.vscode-dark .rlm-result .highlight{filter:invert(.88) hue-rotate(180deg)}
-.rlm-result table{border-collapse:collapse;margin-top:.5em}
-.rlm-result td,.rlm-result th{padding:2px 8px;border-bottom:1px solid rgba(127,127,127,.3);text-align:right}
-.rlm-result td:first-child,.rlm-result th:first-child{text-align:left}
 .rlm-result tr.rlm-total td{font-weight:600}
-.rlm-result .rlm-meta{opacity:.7;font-size:90%}
+.rlm-result td:first-child,.rlm-result th:first-child{text-align:left}
 </style>"""
+# MathJax (JupyterLab, Notebook, ipywidgets' HTML) skips elements of these classes, so
+# "$1,200 and saved $5,000" stays text instead of becoming math.
+_NO_MATH = "tex2jax_ignore mathjax_ignore"
+
+
+def _no_math(escaped: str) -> str:
+    """HTML text with each ``$`` alone in a ``<span>``: MathJax looks for a pair of
+    delimiters within one run of text, and an element ends the run. (For renderers that
+    ignore ``_NO_MATH``.)"""
+    return escaped.replace("$", "<span>$</span>")
 
 
 def _highlight(code: str) -> str:
@@ -50,12 +70,23 @@ def _highlight(code: str) -> str:
         from pygments.formatters import HtmlFormatter
         from pygments.lexers import PythonLexer
     except ImportError:
-        return f"<pre>{html.escape(code)}</pre>"
+        return _pre(html.escape(code))
     highlighted: str = highlight(code, PythonLexer(), HtmlFormatter(noclasses=True, nowrap=False))
-    return highlighted
+    # Pygments' colours are for a light page: its plain text too.
+    return f"<div style='color:#000000'>{highlighted}</div>"
 
 
-def _status_line(result: Any) -> str:
+def _pre(escaped: str) -> str:
+    return f"<pre style='{_STYLE['pre']}'>{escaped}</pre>"
+
+
+def _meta(escaped: str) -> str:
+    return f"<p class='rlm-meta' style='{_STYLE['meta']}'>{escaped}</p>"
+
+
+def status_line(result: Any) -> str:
+    """The run in figures, one line: how it ended, iterations, sub-calls, tokens, cost,
+    time."""
     usage = result.usage
     status = "answered" if result.success else (result.stop_reason or "failed")
     compacted = f"{len(result.compactions)} compaction(s) · " if result.compactions else ""
@@ -69,48 +100,95 @@ def _status_line(result: Any) -> str:
     )
 
 
-def result_html(result: Any) -> str:
-    answer = visible(result.final_answer) if result.final_answer is not None else ""
-    parts = [_CSS, f"<div class='rlm-result{'' if result.success else ' rlm-failed'}'>"]
-    if not result.success and result.error:
+_status_line = status_line  # (its earlier name)
+
+
+def result_html(result: Any, *, with_error: bool = True) -> str:
+    """The result as HTML: its answer rendered from Markdown, then the figures, the
+    trajectory (collapsed) and the usage. Empty parts are left out: a run with no
+    answer draws no answer box, one with no iteration no trajectory. ``with_error=False``
+    leaves out a failed run's error, for a cell that raises it just after."""
+    failed = not result.success
+    kind = "rlm-result rlm-failed" if failed else "rlm-result"
+    parts = [_CSS, f"<div class='{kind} {_NO_MATH}' style='{_STYLE['result']}'>"]
+    if failed and result.error and with_error:
         parts.append(
-            f"<p><b>{html.escape(result.stop_reason or 'failed')}:</b> "
-            f"{html.escape(visible(result.error))}</p>"
+            f"<p style='{_STYLE['error']}'><b>{html.escape(result.stop_reason or 'failed')}:</b> "
+            f"{_no_math(_shown(result.error))}</p>"
         )
-    parts.append(f"<div class='rlm-answer'>{html.escape(answer) or '<i>(no answer)</i>'}</div>")
-    parts.append(f"<p class='rlm-meta'>{html.escape(_status_line(result))}</p>")
-    parts.append(f"<details><summary>Trajectory ({result.iterations} iterations)</summary>")
-    for it in result.trajectory:
-        if it.compaction is not None:
-            parts.append(_compaction_html(it.compaction))
+    if result.final_answer is not None:
+        box = "failed" if failed else "answer"
         parts.append(
-            f"<details><summary>Iteration {it.index} · {len(it.code)} block(s) · "
-            f"{it.sub_calls} sub-call(s) · {it.elapsed_s:.2f}s</summary>"
+            f"<div class='rlm-answer' style='{_STYLE[box]}'>"
+            f"{markdown_html(visible(result.final_answer))}</div>"
         )
-        parts.append(
-            f"<div><b>Model</b><pre>{_shown(with_code_as_pointers(it.response))}</pre></div>"
-        )
-        for note in it.notes:
-            parts.append(f"<p class='rlm-meta'>{_shown(note)}</p>")
-        for item in it.withheld:  # written before the model saw its code's output
-            parts.append(f"<p class='rlm-meta'>Not taken ({item.why}): {_shown(item.what)}</p>")
-        if it.cut_answers:
-            parts.append(
-                f"<p class='rlm-meta'>{it.cut_answers} sub-call answer(s) stopped "
-                "at max_tokens (cut off)</p>"
-            )
-        for number, block in enumerate(it.code, 1):
-            parts.append(
-                f"<div><b>Block {number}</b> ({block.elapsed_s:.2f}s)"
-                f"{_highlight(visible(block.code))}<b>Output</b>"
-                f"<pre>{_shown(block.output)}</pre></div>"
-            )
+    parts.append(_meta(_no_math(html.escape(status_line(result)))))
+    if result.trajectory:
+        parts.append(f"<details><summary>Trajectory ({result.iterations} iterations)</summary>")
+        parts.extend(_iteration_html(it) for it in result.trajectory)
         parts.append("</details>")
-    parts.append("</details>")
-    parts.append(
-        "<details><summary>Usage</summary>" + result.usage._repr_html_() + "</details></div>"
-    )
+    if result.usage.calls:
+        parts.append(
+            "<details><summary>Usage</summary>" + result.usage._repr_html_() + "</details>"
+        )
+    parts.append("</div>")
     return "".join(parts)
+
+
+def _iteration_html(it: Any) -> str:  # a result.Iteration
+    parts = []
+    if it.compaction is not None:
+        parts.append(_compaction_html(it.compaction))
+    parts.append(
+        f"<details><summary>Iteration {it.index} · {len(it.code)} block(s) · "
+        f"{it.sub_calls} sub-call(s) · {it.elapsed_s:.2f}s</summary>"
+    )
+    parts.append(f"<div><b>Model</b>{_pre(_shown(with_code_as_pointers(it.response)))}</div>")
+    for note in it.notes:
+        parts.append(_meta(_shown(note)))
+    for item in it.withheld:  # written before the model saw its code's output
+        parts.append(_meta(f"Not taken ({item.why}): {_shown(item.what)}"))
+    if it.cut_answers:
+        parts.append(_meta(f"{it.cut_answers} sub-call answer(s) stopped at max_tokens (cut off)"))
+    for number, block in enumerate(it.code, 1):
+        parts.append(
+            f"<div><b>Block {number}</b> ({block.elapsed_s:.2f}s)"
+            f"{_highlight(visible(block.code))}<b>Output</b>"
+            f"{_pre(_shown(block.output))}</div>"
+        )
+    parts.append("</details>")
+    return "".join(parts)
+
+
+_MARKDOWN: Any = None
+# markdown-it-py is linear, but up to ~10 µs a character on hostile text (measured:
+# 100,000 "[" in 0.94 s), on the kernel's loop: past this, an answer is shown as text.
+MARKDOWN_AT_MOST = 100_000
+
+
+def markdown_html(text: str) -> str:
+    """Model Markdown as HTML (CommonMark, tables, strikethrough), with none of the
+    model's HTML: its tags and entities show as written. Images are not drawn (an
+    image's address would be fetched by the browser: a way out for what the model read),
+    nor links with a script, data or file address; ``$`` stays text (see ``_no_math``)."""
+    global _MARKDOWN
+    if len(text) > MARKDOWN_AT_MOST:
+        return (
+            f"<p style='{_STYLE['meta']}'>(over {MARKDOWN_AT_MOST:,} characters: shown as "
+            f"text)</p><div style='white-space:pre-wrap'>{_no_math(html.escape(text))}</div>"
+        )
+    if _MARKDOWN is None:
+        from markdown_it import MarkdownIt  # imported on the first answer shown
+
+        md = MarkdownIt("commonmark", {"html": False}).enable(["table", "strikethrough"])
+        md.disable("image")
+        md.add_render_rule(
+            "text",
+            lambda self, tokens, idx, options, env: _no_math(html.escape(tokens[idx].content)),
+        )
+        _MARKDOWN = md
+    rendered: str = _MARKDOWN.render(text)
+    return rendered
 
 
 def compaction_line(compaction: Any) -> str:  # a result.Compaction
@@ -127,21 +205,18 @@ def compaction_line(compaction: Any) -> str:  # a result.Compaction
 def _compaction_html(compaction: Any) -> str:
     return (
         f"<details class='rlm-compaction'><summary>{html.escape(compaction_line(compaction))}"
-        f"</summary><pre>{_shown(compaction.summary)}</pre></details>"
+        f"</summary>{_pre(_shown(compaction.summary))}</details>"
     )
 
 
-def result_markdown(result: Any) -> str:
-    answer = (
-        markdown_without_html(visible(result.final_answer))
-        if result.final_answer is not None
-        else "*(no answer)*"
-    )
+def result_markdown(result: Any, *, with_error: bool = True) -> str:
     lines = []
-    if not result.success and result.error:
+    if not result.success and result.error and with_error:
         error = _escaped(visible(result.error))
         lines.append(f"**{result.stop_reason or 'failed'}:** {error}\n")
-    lines += [answer, "", f"*{_status_line(result)}*"]
+    if result.final_answer is not None:
+        lines += [markdown_without_html(visible(result.final_answer)), ""]
+    lines.append(f"*{_escaped(status_line(result))}*")
     return "\n".join(lines)
 
 
@@ -152,8 +227,9 @@ def _shown(text: str) -> str:
 
 def _escaped(text: str) -> str:
     """Text with its ``&`` and ``<`` escaped, so no HTML (a tag, a comment, an entity)
-    can begin in it; ``>`` stays, as Markdown's quote marker."""
-    return text.replace("&", "&amp;").replace("<", "&lt;")
+    can begin in it (``>`` stays, as Markdown's quote marker), and its ``$`` escaped,
+    so that Jupyter's Markdown does not read math between two of them."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace("$", "\\$")
 
 
 # A line that may open or close a fenced code block, by CommonMark's rules (indented at
@@ -203,17 +279,19 @@ def markdown_without_html(text: str) -> str:
 
 
 def _prose(text: str) -> str:
-    if "<" not in text and "&" not in text:
+    if "<" not in text and "&" not in text and "$" not in text:
         return text
     parts, at = [], 0
     for start, end, code in _code_spans(text):
+        parts.append(_escaped(text[at:start]))
         if "<" in code or "&" in code:
-            parts.append(_escaped(text[at:start]))
             if code.startswith(" ") and code.endswith(" ") and code.strip():
                 code = code[1:-1]  # as CommonMark strips one space each side
             code = html.escape(code.replace("\n", " "), quote=False)
             parts.append(f"<code>{code}</code>")
-            at = end
+        else:
+            parts.append(text[start:end])  # as written: a ``$`` in code is no math
+        at = end
     parts.append(_escaped(text[at:]))
     return "".join(parts)
 

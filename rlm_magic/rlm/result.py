@@ -112,8 +112,10 @@ class RLMResult:
     def interrupted(self) -> bool:
         return self.stop_reason == "interrupted"
 
-    def as_exception(self) -> RLMRunError:
-        return RLMRunError(self)
+    def as_exception(self, kept_in: str | None = None) -> RLMRunError:
+        """The run's failure as an error; ``kept_in`` names the variable holding this
+        result, for the message."""
+        return RLMRunError(self, kept_in)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-safe dict of the result; ``variables`` gives each variable's type."""
@@ -174,3 +176,24 @@ class RLMResult:
 
     def _repr_html_(self) -> str:
         return render.result_html(self)
+
+    def without_error(self) -> _ShownBeforeItsError:
+        """This result's views without the failed run's error: what a cell shows just
+        before it raises that error, so the error reads once."""
+        return _ShownBeforeItsError(self)
+
+
+class _ShownBeforeItsError:
+    def __init__(self, result: RLMResult):
+        self.result = result
+
+    def __repr__(self) -> str:
+        if self.result.final_answer is not None:
+            return repr(self.result)
+        return repr(self.result).split("): ", 1)[0] + ")"  # the error follows
+
+    def _repr_markdown_(self) -> str:
+        return render.result_markdown(self.result, with_error=False)
+
+    def _repr_html_(self) -> str:
+        return render.result_html(self.result, with_error=False)

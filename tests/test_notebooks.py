@@ -1,0 +1,82 @@
+"""The example notebooks as stored: byte for byte what JupyterLab saves, so opening one
+leaves the clone clean, and tutorials whose checks stay out of the story.
+
+JupyterLab 4 autosaves a notebook once something marks it changed. Opening one changes
+nothing if the file is what the server would write (nbformat 4.5, with cell ids, written
+by nbformat) and the metadata JupyterLab sets on connecting to the kernel (``kernelspec``
+from the kernel's spec, ``language_info`` from its kernel_info reply) already holds the
+same values: it compares them before setting. Widget state stays as stored unless the
+user turns on "Save Widget State Automatically".
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+EXAMPLES = sorted((Path(__file__).parent.parent / "notebooks").glob("[0-9]*.ipynb"))
+
+
+def _read(path: Path):
+    return nbformat.read(path, as_version=nbformat.NO_CONVERT)
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_stored_as_jupyter_saves_it(path):
+    # jupyter_server saves with nbformat.write: what it would write is what is stored,
+    # so a save (or an autosave) after opening rewrites nothing. Re-executing a notebook
+    # with scripts/refresh_notebooks.sh writes it this way too.
+    nb = _read(path)
+    written = io.StringIO()
+    nbformat.write(nb, written)
+    assert written.getvalue().encode("utf-8") == path.read_bytes()
+    nbformat.validate(nb)
+    # JupyterLab 4 upgrades an older minor version on load, and gives cells ids.
+    assert (nb.nbformat, nb.nbformat_minor) == (4, 5)
+    assert all(cell.get("id") for cell in nb.cells)
+    # Per-cell trust is the server's, stripped when it saves.
+    assert not any("trusted" in cell.metadata for cell in nb.cells)
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_kernel_metadata_is_what_jupyterlab_sets_on_opening(path):
+    from ipykernel.ipkernel import IPythonKernel
+    from ipykernel.kernelspec import get_kernel_dict
+
+    nb = _read(path)
+    spec = get_kernel_dict()
+    assert nb.metadata.kernelspec == {
+        "name": "python3",
+        "display_name": spec["display_name"],
+        "language": spec["language"],
+    }
+    # The kernel's own language_info, but for the Python version: that is the one field
+    # a kernel of another Python rewrites (see the README's notebooks section).
+    stored = dict(nb.metadata.language_info)
+    expected = dict(IPythonKernel.language_info)
+    assert re.fullmatch(r"3\.\d+\.\d+", stored.pop("version"))
+    expected.pop("version")
+    assert stored == expected
+
+
+def test_every_notebook_names_one_python_version():
+    # Refreshed together (scripts/refresh_notebooks.sh), under one Python.
+    versions = {_read(p).metadata.language_info.version for p in EXAMPLES}
+    assert len(versions) == 1, versions
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_checks_stay_out_of_the_story(path):
+    # A user copies the cells: CI's checks sit in the last cell, which shows nothing.
+    code = [cell for cell in _read(path).cells if cell.cell_type == "code"]
+    *story, last = code
+    for cell in story:
+        assert not re.search(r"^\s*assert\b", cell.source, re.M), cell.source
+        assert "NBVAL_" not in cell.source, cell.source  # tags (metadata) instead
+    if re.search(r"^\s*assert\b", last.source, re.M):
+        assert last.source.startswith("# What CI checks"), last.source
+        assert last.outputs == []

@@ -10,6 +10,7 @@ from __future__ import annotations
 from . import _moved
 from ._version import __version__
 from .errors import (
+    APIKeyError,
     BatchError,
     BudgetExceededError,
     ConfigError,
@@ -36,6 +37,7 @@ __all__ = [
     "Compaction",
     "RLMError",
     "ConfigError",
+    "APIKeyError",
     "LLMQueryError",
     "PromptTooLongError",
     "BudgetExceededError",

@@ -9,7 +9,7 @@ import pytest
 from rlm_magic import RLM
 from rlm_magic.errors import APIKeyError, BatchError, ConfigError
 
-from .conftest import helpers, make_rlm
+from .conftest import helpers, make_rlm, run_cell
 from .llm_server import FakeLLMServer
 
 KEY = "sk-the-users-own-0123456789abcdef"
@@ -185,3 +185,35 @@ async def test_a_local_server_started_with_a_key_says_it_wants_one(local):
     rlm.api_key = KEY
     assert await helpers(rlm).llm_query("hi") == "echo: hi"
     assert local.authorizations[-1] == f"Bearer {KEY}"
+
+
+# -- no command shows a key ----------------------------------------------------------
+
+
+async def test_config_rlm_shows_every_secret_masked_and_the_settings_still_hold_them(shell, capsys):
+    from rlm_magic.jupyter.extension import session_rlm
+
+    header_key, password = "sk-in-a-header-0123456789", "redis-password-0123456789"
+    await run_cell(shell, f'%config RLM.api_key = "{KEY}"')
+    await run_cell(
+        shell,
+        '%config RLM.litellm_kwargs = {"extra_headers": {"Authorization": '
+        f'"Bearer {header_key}"}}}}',
+    )
+    await run_cell(shell, f'%config RLM.router_settings = {{"redis_password": "{password}"}}')
+    rlm = session_rlm(shell)
+    rlm.litellm_kwargs["extra_headers"]["X-Api-Key"] = "sk-set-in-place-0123456789"
+    capsys.readouterr()
+    await run_cell(shell, "%config RLM")
+    shown = capsys.readouterr().out
+    assert "Current: 'sk-...cdef'" in shown  # the api_key, masked
+    for secret in (KEY, header_key, password, "sk-set-in-place-0123456789"):
+        assert secret not in shown
+    # %config RLM.api_key returns the setting: its Out is masked too.
+    value = await run_cell(shell, "%config RLM.api_key")
+    out = shell.display_formatter.format(value)[0]["text/plain"]
+    assert out == "'sk-...cdef'" and KEY not in repr(rlm.litellm_kwargs)
+    # ... while the settings hold the keys themselves, and calls send them.
+    assert value == KEY and str(rlm.api_key) == KEY
+    assert f"{rlm.litellm_kwargs['extra_headers']['Authorization']}" == f"Bearer {header_key}"
+    assert KEY in rlm.configured_secrets()  # still redacted from everything a model reads

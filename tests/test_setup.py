@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -116,3 +117,33 @@ def test_the_wheel_says_where_the_project_lives_and_what_it_runs_on():
         assert f"Programming Language :: Python :: {version}" in classifiers
     assert "Framework :: Jupyter" in classifiers
     assert project["requires-python"] == ">=3.10"
+
+
+@pytest.mark.skipif(os.name != "posix", reason="Unix sockets")
+def test_a_headless_notebook_run_prints_no_kernel_transport_warning_and_leaves_no_files(
+    tmp_path,
+):
+    # quickstart.sh's runner: ipykernel warns on every start over TCP ("Kernel is
+    # running over TCP without encryption"); the kernel is local, so it gets Unix
+    # sockets, removed with the kernel.
+    import nbformat
+
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print(6 * 7)")])
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
+    path = tmp_path / "tiny.ipynb"
+    nbformat.write(notebook, path)
+    runtime = Path(tempfile.mkdtemp(prefix="rt-"))  # short: a socket's path is bounded
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "run_notebook.py"), str(path)]
+        + ["--out", str(tmp_path / "out.ipynb")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "JUPYTER_RUNTIME_DIR": str(runtime)},
+    )
+    assert done.returncode == 0, done.stderr
+    assert "without encryption" not in done.stderr and "WARNING" not in done.stderr
+    executed = nbformat.read(tmp_path / "out.ipynb", as_version=4)
+    assert executed.cells[0].outputs[0]["text"] == "42\n"
+    assert list(runtime.iterdir()) == []
+    runtime.rmdir()

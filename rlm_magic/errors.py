@@ -180,8 +180,8 @@ class APIKeyError(LLMQueryError, ConfigError):
     ) -> APIKeyError:
         said = _one_line(said)  # whole: a cut could leave part of a key (redacted later)
         fix = (
-            "fix the api_key of RLM.model_list"
-            if source.endswith("RLM.model_list")
+            "fix the deployments' api_key"
+            if source == "RLM.model_list"
             else _set_key(variables, "a valid key in ")
         )
         return cls(

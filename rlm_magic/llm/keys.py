@@ -105,8 +105,15 @@ def key_failure(
     unsent = bool(_NO_KEY_SENTENCE.search(text))
     if not (refused or unsent):
         return None  # (a LiteLLM Proxy's 400 "No connected db": see call.py)
+    if routed and unsent and not refused:
+        return APIKeyError(
+            model,
+            f"no API key for a deployment of {model!r}: set its api_key in RLM.model_list "
+            "(or the provider's environment variable)",
+            failure,
+        )
     if routed:
-        return APIKeyError.rejected(model, failure, said, "the api_key of RLM.model_list")
+        return APIKeyError.rejected(model, failure, said, "RLM.model_list")
     provider = provider_of(litellm, model, config.api_base)
     names = key_variables(litellm, model)
     source = _key_source(litellm, config, provider, model, names)

@@ -174,3 +174,14 @@ async def test_a_transport_given_to_the_client_takes_every_call_whatever_the_set
     client, transport = scripted_client(answer("mine"), model_list=[deployment])
     assert (await client.complete(QUESTION)).text == "mine"
     assert len(transport.requests) == 1
+
+
+async def test_an_sdk_that_had_no_key_to_send_is_not_tried_again(monkeypatch):
+    # What litellm raises when the OpenAI SDK refuses to send without a key: a "500".
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    missing = HTTPFailure(500)
+    missing.args = ("InternalServerError: OpenAIException - Missing credentials. Please pass",)
+    client, transport = scripted_client(missing, answer(), max_retries=2)
+    with pytest.raises(APIKeyError, match=r"^no API key for 'openai/scripted': set OPENAI"):
+        await client.complete(QUESTION)
+    assert len(transport.requests) == 1

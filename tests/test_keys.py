@@ -85,7 +85,7 @@ def keyless_rlm(server, **settings) -> RLM:
 # -- no key --------------------------------------------------------------------------
 
 
-async def test_no_key_is_one_configuration_line_and_nothing_is_sent():
+async def test_no_key_is_one_configuration_line_naming_the_variable_and_the_setting():
     rlm = RLM(model="gpt-4o-mini", progress=False, max_retries=2)
     with pytest.raises(ConfigError) as caught:
         await helpers(rlm).llm_query("hi")

@@ -7,9 +7,18 @@ Nothing heavy is imported here: litellm loads on the first model call.
 
 from __future__ import annotations
 
+import os
+
+# Before anything imports litellm (rlm-magic on its first call, or the user's own
+# `import litellm` after %load_ext): without it, litellm's import fetches its price map
+# from the internet (and logs warnings offline). The bundled map is current for our
+# pinned range. Setting it imports nothing: loading the extension stays instant.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
 from . import _moved
 from ._version import __version__
 from .errors import (
+    APIKeyError,
     BatchError,
     BudgetExceededError,
     ConfigError,
@@ -36,6 +45,7 @@ __all__ = [
     "Compaction",
     "RLMError",
     "ConfigError",
+    "APIKeyError",
     "LLMQueryError",
     "PromptTooLongError",
     "BudgetExceededError",

@@ -2,7 +2,8 @@
 
 Secrets never reach a model nor the model's code: redaction (``llm.redaction``) removes
 these values from every prompt and every output the model reads, the sandbox's
-environment leaves them out, and ``%rlm config`` shows them masked.
+environment leaves them out, and ``%rlm config`` and ``%config RLM`` show them masked
+(a secret setting's value is a ``Secret``, whose repr is masked).
 """
 
 from __future__ import annotations
@@ -33,10 +34,50 @@ def mask_secret(value: Any) -> Any:
 
 
 def masked(values: Mapping[str, Any]) -> dict[str, Any]:
-    """``values`` with the value of every secret-looking name masked."""
-    return {
-        name: mask_secret(value) if looks_secret(name) else value for name, value in values.items()
-    }
+    """``values`` with every secret masked: under a secret-looking name, at any depth
+    (``{"extra_headers": {"Authorization": ...}}`` included)."""
+    return {name: _masked(value, looks_secret(name)) for name, value in values.items()}
+
+
+def _masked(value: Any, secret: bool) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _masked(v, secret or looks_secret(str(k))) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_masked(v, secret) for v in value)
+    if isinstance(value, Secret) or (secret and isinstance(value, str)):
+        return value if _is_reference(value) else mask_secret(value)
+    return value
+
+
+class Secret(str):
+    """A setting's secret: the string itself wherever it is used (headers, requests),
+    masked wherever it is shown by ``repr``: ``%config RLM`` (traitlets prints each
+    value's repr), ``%config RLM.api_key`` and a cell's ``Out``, a dict's repr. ``str()``
+    of it is the plain secret."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return repr(mask_secret(str(self)))
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:  # IPython's display
+        printer.text(repr(self))
+
+
+def hidden(value: Any, secret: bool = False) -> Any:
+    """``value`` with every string under a secret-looking name, at any depth, made a
+    ``Secret`` (litellm's ``os.environ/NAME`` references stay as they are: names)."""
+    if isinstance(value, Mapping):
+        return {k: hidden(v, secret or looks_secret(str(k))) for k, v in value.items()}
+    if isinstance(value, list):
+        return [hidden(v, secret) for v in value]
+    if secret and isinstance(value, str) and value and not _is_reference(value):
+        return Secret(value)
+    return value
+
+
+def _is_reference(value: str) -> bool:
+    return value.startswith(_ENVIRONMENT_REFERENCE)
 
 
 def environment_secrets() -> tuple[str, ...]:
@@ -64,7 +105,7 @@ def secrets_in(value: Any, secret: bool = False) -> list[str]:
             if item.startswith(_ENVIRONMENT_REFERENCE):
                 item = os.environ.get(item[len(_ENVIRONMENT_REFERENCE) :], "")
             if item:
-                found.append(item)
+                found.append(str(item))  # a plain str: its repr is the real one
 
     walk(value, secret)
     return found

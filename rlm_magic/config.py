@@ -18,7 +18,7 @@ from urllib.parse import urlparse
 from traitlets import Bool, Dict, Float, Int, List, TraitError, Unicode, default, validate
 from traitlets.config import Configurable
 
-from ._secrets import mask_secret, masked, secrets_in
+from ._secrets import Secret, hidden, mask_secret, masked, secrets_in
 
 # Keys of litellm_kwargs that rlm-magic sets itself; passing them would silently fight it.
 _OWNED_KWARGS = {
@@ -318,7 +318,7 @@ class RLMConfig(Configurable):
     @validate("api_key")
     def _check_api_key(self, proposal: Proposal) -> str | None:
         value: str | None = proposal["value"]
-        return value or None
+        return Secret(value) if value else None  # shown masked, used as it is
 
     @validate("litellm_kwargs")
     def _check_litellm_kwargs(self, proposal: Proposal) -> dict[str, Any]:
@@ -329,7 +329,8 @@ class RLMConfig(Configurable):
                 f"RLM.litellm_kwargs may not set {', '.join(clash)}: "
                 "use the RLM setting of that name instead"
             )
-        return value
+        result: dict[str, Any] = hidden(value)  # a header's key is shown masked
+        return result
 
     _check_concurrency = validate("max_concurrency")(_at_least(1))
     _check_timeout = validate("timeout", "step_timeout", "rate_limit_wait")(_positive)
@@ -351,7 +352,7 @@ class RLMConfig(Configurable):
     @validate("model_list")
     def _check_model_list(self, proposal: Proposal) -> list[dict[str, Any]]:
         try:
-            return check_model_list(proposal["value"])
+            return [hidden(entry) for entry in check_model_list(proposal["value"])]
         except ValueError as exc:
             raise TraitError(str(exc)) from None
 
@@ -361,7 +362,8 @@ class RLMConfig(Configurable):
         clash = sorted(set(value) & {"model_list"})
         if clash:
             raise TraitError("RLM.router_settings may not set model_list: use RLM.model_list")
-        return value
+        result: dict[str, Any] = hidden(value)  # e.g. a Redis password
+        return result
 
     _check_rate = validate("rpm", "tpm")(_none_or(lambda v: v > 0, "> 0 or None (learned)"))
     _check_cost = validate("max_cost_usd", "max_session_cost_usd")(
@@ -400,11 +402,34 @@ class RLMConfig(Configurable):
         if mask_secrets:
             values["api_key"] = mask_secret(values["api_key"])
             values["litellm_kwargs"] = masked(values["litellm_kwargs"])
+            values["router_settings"] = masked(values["router_settings"])
             values["model_list"] = [
                 {**entry, "litellm_params": masked(entry["litellm_params"])}
                 for entry in values["model_list"]
             ]
         return values
+
+    @classmethod
+    def class_get_trait_help(cls, trait: Any, inst: Any = None, helptext: str | None = None) -> str:
+        """What ``%config RLM`` prints for a trait: traitlets' text, whose ``Current:``
+        line (the value's repr) shows secrets masked. (A secret setting's value is a
+        ``Secret``, masked in any repr; a value changed in place may hold plain strings,
+        so the line is built from the masked settings, whatever it holds.)"""
+        text: str = super().class_get_trait_help(trait, inst, helptext)
+        name = trait.name
+        if inst is None or name not in _SECRET_SETTINGS:
+            return text
+        lines = text.split("\n")
+        for index, line in enumerate(lines):
+            if line.lstrip().startswith("Current: "):
+                indent = line[: len(line) - len(line.lstrip())]
+                shown = inst.settings(mask_secrets=True)[name]
+                lines[index] = f"{indent}Current: {shown!r}"
+        return "\n".join(lines)
+
+
+# The settings that may hold a secret, masked by %rlm config and %config RLM.
+_SECRET_SETTINGS = frozenset({"api_key", "litellm_kwargs", "model_list", "router_settings"})
 
 
 def check_model_list(value: Any) -> list[dict[str, Any]]:

@@ -9,7 +9,8 @@ What a user may meet (all ``RLMError``, each shown by IPython as its one line)::
     ├── ConfigError (also a ValueError)  a setting or an argument it cannot use
     ├── LLMQueryError                    a model call failed after its retries
     │   ├── PromptTooLongError           a prompt cannot fit the window; not sent
-    │   └── BudgetExceededError          a call could cost more than a budget has left; not sent
+    │   ├── BudgetExceededError          a call could cost more than a budget has left; not sent
+    │   └── APIKeyError (also a ConfigError)  no key for the model, or the key was refused
     ├── CompactionError                  the root conversation cannot be made to fit
     ├── BatchError                       some items failed; .results keeps the others
     ├── RLMRunError                      a run gave no final answer; .result keeps it
@@ -35,7 +36,7 @@ set of rules reads both transports' failures.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 from ._terminal_text import visible
@@ -139,6 +140,64 @@ class BudgetExceededError(LLMQueryError):
     def __str__(self) -> str:
         message: str = self.args[0]  # set in __init__
         return message
+
+
+class APIKeyError(LLMQueryError, ConfigError):
+    """No API key for a model (found before anything is sent), or the endpoint refused
+    the key it was sent (a 401): never retried, one line naming the model, the
+    environment variables litellm reads its key from and ``%config RLM.api_key``."""
+
+    status_code = 401
+
+    def __init__(self, model: str, message: str, cause: BaseException | str):
+        super().__init__(model, cause)
+        self.args = (message,)
+
+    @classmethod
+    def missing(
+        cls,
+        model: str,
+        variables: Sequence[str],
+        *,
+        sent_to: str | None = None,
+        cause: BaseException | None = None,
+    ) -> APIKeyError:
+        where = f" (the server at {sent_to} wants one)" if sent_to else ""
+        return cls(
+            model,
+            f"no API key for {model!r}{where}: {_set_key(variables)}",
+            cause if cause is not None else "no API key",
+        )
+
+    @classmethod
+    def rejected(
+        cls,
+        model: str,
+        failure: BaseException,
+        said: str,
+        source: str,
+        variables: Sequence[str] = (),
+    ) -> APIKeyError:
+        said = _one_line(said)  # whole: a cut could leave part of a key (redacted later)
+        fix = (
+            "fix the deployments' api_key"
+            if source == "RLM.model_list"
+            else _set_key(variables, "a valid key in ")
+        )
+        return cls(
+            model,
+            f"the API key from {source} was refused for {model!r} ({said}): {fix}",
+            failure,
+        )
+
+
+def _set_key(variables: Sequence[str], what: str = "") -> str:
+    named = " or ".join(variables)
+    return (
+        f"set {what}{named} or %config RLM.api_key = ..."
+        if named
+        else ("%config RLM.api_key = ...")
+    )
 
 
 class CompactionError(RLMError):

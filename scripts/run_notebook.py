@@ -10,9 +10,29 @@ output, and Markdown where a result has it), as a short account of what the note
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
+
+
+def _kernel_manager(kernel_name: str):
+    """The kernel's manager: over Unix sockets where there are some (the kernel is on
+    this machine, and ipykernel warns, on every start, that TCP is unencrypted), in
+    Jupyter's runtime folder; None elsewhere (nbclient's own, over TCP)."""
+    if os.name != "posix":
+        return None
+    import uuid
+
+    from jupyter_client.manager import KernelManager
+    from jupyter_core.paths import jupyter_runtime_dir
+
+    runtime = Path(jupyter_runtime_dir())
+    runtime.mkdir(parents=True, exist_ok=True)
+    connection = runtime / f"kernel-{uuid.uuid4().hex[:12]}.json"
+    if len(str(connection)) > 80:  # a Unix socket's path has ~107 bytes
+        return None
+    return KernelManager(kernel_name=kernel_name, transport="ipc", connection_file=str(connection))
 
 
 def main() -> int:
@@ -39,15 +59,17 @@ def main() -> int:
     # Not beside the notebook: pytest collects every notebook under notebooks/ (nbval).
     out = args.out or Path(__file__).parent.parent / "build" / "notebooks" / args.notebook.name
     out.parent.mkdir(parents=True, exist_ok=True)
+    kernel_name = args.kernel or notebook.metadata.kernelspec.name
     client = NotebookClient(
         notebook,
         timeout=args.timeout,
-        kernel_name=args.kernel or notebook.metadata.kernelspec.name,
+        kernel_name=kernel_name,
         resources={"metadata": {"path": str(args.notebook.parent)}},
+        km=_kernel_manager(kernel_name),
     )
     started = time.perf_counter()
     try:
-        client.execute()
+        client.execute(cleanup_kc=True)  # (a manager of ours: nbclient leaves it running)
     except CellExecutionError as error:
         nbformat.write(notebook, out)
         print(

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from rlm_magic.config import RLMConfig
-from rlm_magic.errors import LLMQueryError
+from rlm_magic.errors import APIKeyError, ConfigError, LLMQueryError
 from rlm_magic.llm.client import LLMClient
 from rlm_magic.llm.transports.base import Answer
 
@@ -116,12 +116,26 @@ async def test_a_rate_limit_is_waited_out_at_the_gate_and_spends_no_retry():
 
 
 async def test_a_refusal_is_not_tried_again_and_fails_in_one_line():
-    client, transport = scripted_client(HTTPFailure(401))
+    client, transport = scripted_client(HTTPFailure(400))
     with pytest.raises(LLMQueryError, match=r"^LLM call to 'openai/scripted' failed: "):
         await client.complete(QUESTION)
     assert len(transport.requests) == 1
     [record] = client.ledger.records
     assert record.error is not None
+
+
+async def test_a_refused_key_is_a_setting_to_fix_not_tried_again(monkeypatch):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    client, transport = scripted_client(HTTPFailure(401), answer(), max_retries=2)
+    with pytest.raises(ConfigError) as caught:
+        await client.complete(QUESTION)
+    assert isinstance(caught.value, APIKeyError) and isinstance(caught.value, LLMQueryError)
+    assert str(caught.value) == (
+        "no API key for 'openai/scripted': set OPENAI_API_KEY or %config RLM.api_key = ..."
+    )
+    assert len(transport.requests) == 1  # of the three attempts allowed
+    [record] = client.ledger.records
+    assert record.error == str(caught.value) and record.retries == 0
 
 
 async def test_retries_stop_at_max_retries():
@@ -159,4 +173,15 @@ async def test_a_transport_given_to_the_client_takes_every_call_whatever_the_set
     deployment = {"model_name": MODEL, "litellm_params": {"model": "openai/elsewhere"}}
     client, transport = scripted_client(answer("mine"), model_list=[deployment])
     assert (await client.complete(QUESTION)).text == "mine"
+    assert len(transport.requests) == 1
+
+
+async def test_an_sdk_that_had_no_key_to_send_is_not_tried_again(monkeypatch):
+    # What litellm raises when the OpenAI SDK refuses to send without a key: a "500".
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    missing = HTTPFailure(500)
+    missing.args = ("InternalServerError: OpenAIException - Missing credentials. Please pass",)
+    client, transport = scripted_client(missing, answer(), max_retries=2)
+    with pytest.raises(APIKeyError, match=r"^no API key for 'openai/scripted': set OPENAI"):
+        await client.complete(QUESTION)
     assert len(transport.requests) == 1

@@ -156,9 +156,19 @@ async def test_learned_limits_pace_the_next_batch_without_any_429(server):
     server.limit_rate(rps=50, burst=20)
     await helpers(rlm).llm_query_batch([f"a{i}" for i in range(40)])
     await asyncio.sleep(0.5)  # the server's bucket refills
-    rejected = server.rejected
+    rejected, sent = server.rejected, len(server.requests)
+    pacer = rlm.client.gate().requests
+    learned = (pacer.rate, pacer.capacity, pacer.distrusted, pacer.contradictions)
     await helpers(rlm).llm_query_batch([f"b{i}" for i in range(40)])
-    assert server.rejected - rejected <= 2
+    # (It failed once in 5 runs on a loaded machine with 7 429s, not reproduced in 60
+    # runs under CPU hogs and loop stalls: 0-1 each. Should it fail again, say why.)
+    requests = server.requests[sent:]
+    others = sum(not r["messages"][-1]["content"].startswith("b") for r in requests)
+    assert server.rejected - rejected <= 2, (
+        f"learned (rate, capacity, distrusted, contradictions) = {learned}, after the "
+        f"batch: {(pacer.rate, pacer.capacity, pacer.distrusted, pacer.contradictions)}; "
+        f"requests during it: {len(requests)}, of others than this batch's: {others}"
+    )
 
 
 async def test_a_run_s_root_and_sub_calls_wait_out_rate_limits(server):

@@ -187,3 +187,25 @@ def test_a_cost_the_proxy_reports_prices_a_model_litellm_cannot():
     )
     assert _cost_of(reported, Unpriced) == 0.0042
     assert _cost_of(SimpleNamespace(_hidden_params={}), Unpriced) is None
+
+
+async def test_a_key_a_deployment_has_refused_is_one_line_after_one_request(server):
+    from rlm_magic import APIKeyError
+
+    server.fail("401", times=10)
+    rlm = routed([deployment("sub", "openai/sub-model", server.base_url)], max_retries=2)
+    with pytest.raises(APIKeyError) as caught:
+        await helpers(rlm).llm_query("x")
+    message = str(caught.value)
+    assert message.startswith("the API key from RLM.model_list was refused for 'sub' (401: ")
+    assert message.endswith("): fix the deployments' api_key")
+    assert "injected bad API key" in message and "sk-deploy" not in message
+    assert len(server.requests) == 1  # neither the Router nor the client tried again
+
+
+async def test_a_keyless_local_server_behind_the_router_answers_with_no_key_set(
+    server, monkeypatch
+):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    rlm = routed([deployment("sub", "openai/sub-model", server.base_url, api_key=None)])
+    assert await helpers(rlm).llm_query("hi") == "echo: hi"

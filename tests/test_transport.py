@@ -230,7 +230,10 @@ async def test_a_key_from_the_environment_is_read_again_when_it_changes(monkeypa
     litellm = await load_litellm()
     base = "http://127.0.0.1:9/v1"
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    assert route_for(litellm, "openai/x", base, None) is None  # litellm says what's missing
+    # A server of the user's with no key anywhere is sent none (llama.cpp, vLLM...).
+    assert "Authorization" not in route_for(litellm, "openai/x", base, None).headers
+    # OpenAI's own API is never sent a request without one (the client refuses first).
+    assert route_for(litellm, "openai/x", "https://api.openai.com/v1", None) is None
     monkeypatch.setenv("OPENAI_API_KEY", "sk-first-key")
     assert (
         route_for(litellm, "openai/x", base, None).headers["Authorization"] == "Bearer sk-first-key"

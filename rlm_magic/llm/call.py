@@ -99,13 +99,15 @@ class Call:
     # -- how a call ends when it fails -------------------------------------------------
     def failed(self, failure: BaseException, redactor: Redactor) -> LLMQueryError:
         """The call failed for good: record it (with any tokens already billed)."""
-        error = redact_failure(
-            LLMQueryError(
+        if isinstance(failure, LLMQueryError):  # already its own line (a key's)
+            error, cause = failure, failure.cause
+            underlying = cause if isinstance(cause, BaseException) else failure
+        else:
+            error = LLMQueryError(
                 self.model, explain_proxy_failure(failure, self.model), retries=self.retries
-            ),
-            failure,
-            redactor,
-        )
+            )
+            underlying = failure
+        error = redact_failure(error, underlying, redactor)
         self.record_failure(str(error))
         return error
 

@@ -283,6 +283,13 @@ class LLMClient:
         call.characters = sum(
             len(m["content"]) for m in messages if isinstance(m.get("content"), str)
         )
+        endpoint = self.endpoint
+        try:
+            # Before anything is sent (a local server's window probe included): a model
+            # this endpoint cannot serve, or with no key anywhere, is one line.
+            endpoint.check(model)
+        except ConfigError as exc:
+            raise call.failed(exc, self.redactor()) from None
         await self.look_up_windows(model)
         window = self.input_window(model)
         if window is not None:
@@ -300,12 +307,7 @@ class LLMClient:
         call.streaming = (
             call.options.stream and config.stream and not (profile and profile.cannot_stream)
         )
-        endpoint = self.endpoint
         call.request = endpoint.request(model, call.marked, call.params)
-        try:
-            endpoint.check(model)
-        except ConfigError as exc:
-            raise call.failed(exc, self.redactor()) from None
         call.retries_allowed, call.attempt_timeout = endpoint.attempts()
         call.transport = endpoint.transport(model, litellm)
         call.gate = endpoint.gate(model)
@@ -404,6 +406,9 @@ class LLMClient:
                 return
             raise self._rate_limited_too_long(call, describe_exception(failure)) from failure
         gate.failed(ticket)
+        refused = self.endpoint.key_failure(failure, model)
+        if refused is not None:  # the same key would be refused again: never retried
+            raise call.failed(refused, self.redactor()) from failure
         windows.learn_from(failure, call.endpoint, model, call.messages)
         if call.marked is not call.messages and refuses_markers(failure):
             # A provider that rejects cache_control markers: send it plain, from now

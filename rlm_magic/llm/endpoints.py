@@ -17,7 +17,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..errors import ConfigError
+from ..errors import APIKeyError, ConfigError
+from . import keys
+from .litellm_loader import loaded_litellm
 from .messages import Messages
 from .ratelimit import RateGate, gate_for
 from .transports.base import Request, Transport
@@ -44,7 +46,13 @@ class Endpoint(Protocol):
         ...
 
     def check(self, model: str) -> None:
-        """A ``ConfigError`` for a model this endpoint cannot serve."""
+        """A ``ConfigError`` for a model this endpoint cannot serve (an ``APIKeyError``
+        for one with no key anywhere), before anything is sent."""
+
+    def key_failure(self, failure: BaseException, model: str) -> APIKeyError | None:
+        """The ``APIKeyError`` a failed attempt stands for (a key refused, or none
+        sent), else None."""
+        ...
 
     def attempts(self) -> tuple[int, float]:
         """(how many times the client retries a failed call, seconds per attempt)."""
@@ -79,7 +87,13 @@ class ProviderEndpoint:
         return self.config.api_base
 
     def check(self, model: str) -> None:
-        pass
+        if self.given_transport is None:
+            missing = keys.missing_key(loaded_litellm(), self.config, model)
+            if missing is not None:
+                raise missing
+
+    def key_failure(self, failure: BaseException, model: str) -> APIKeyError | None:
+        return keys.key_failure(failure, loaded_litellm(), self.config, model)
 
     def attempts(self) -> tuple[int, float]:
         return self.config.max_retries, self.config.timeout
@@ -99,6 +113,11 @@ class ProviderEndpoint:
             request["api_base"] = config.api_base
         if config.api_key:
             request["api_key"] = config.api_key
+        elif keys.keyless(loaded_litellm(), config, model):
+            # A server of the user's with no key set: litellm's OpenAI client will not
+            # send a request without one, and such a server ignores it (the wire
+            # transport sends no key at all).
+            request["api_key"] = keys.PLACEHOLDER_KEY
         return request
 
     def transport(self, model: str, litellm: Any) -> Transport:
@@ -137,6 +156,9 @@ class RouterEndpoint:
             raise ConfigError(
                 f"{model!r} is not a model group of RLM.model_list (its groups: {', '.join(known)})"
             )
+
+    def key_failure(self, failure: BaseException, model: str) -> APIKeyError | None:
+        return keys.key_failure(failure, loaded_litellm(), self.config, model, routed=True)
 
     def attempts(self) -> tuple[int, float]:
         """(retries of ours, seconds an attempt may take): the Router retries itself,

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from typing import Any
 
+from ..keys import PLACEHOLDER_KEY
 from .litellm import LiteLLMTransport
 
 
@@ -58,7 +60,7 @@ def build_router(
     """A Router for this configuration; ``router_settings`` win over our defaults."""
     settings = {"num_retries": num_retries, "timeout": timeout, **router_settings}
     known = set(litellm.model_cost)
-    router = litellm.Router(model_list=[dict(entry) for entry in model_list], **settings)
+    router = litellm.Router(model_list=[_keyed(entry) for entry in model_list], **settings)
     # The Router enters each deployment's model into litellm's process-wide price map,
     # without a price when litellm knows none: every later call to that model, routed or
     # not, would then be priced at a false $0 instead of unknown.
@@ -70,3 +72,18 @@ def build_router(
         ):
             del litellm.model_cost[name]
     return router
+
+
+def _keyed(entry: dict[str, Any]) -> dict[str, Any]:
+    """A deployment as the Router gets it: an OpenAI-compatible server of the user's
+    (an ``openai/`` model at an ``api_base``) with no key anywhere gets a placeholder,
+    which such servers ignore; litellm's OpenAI client sends nothing without a key."""
+    params = entry.get("litellm_params") or {}
+    if (
+        str(params.get("model", "")).startswith("openai/")
+        and params.get("api_base")
+        and not params.get("api_key")
+        and not os.environ.get("OPENAI_API_KEY")
+    ):
+        return {**entry, "litellm_params": {**params, "api_key": PLACEHOLDER_KEY}}
+    return dict(entry)

@@ -155,8 +155,10 @@ def _resolve(litellm: Any, model: str, api_base: str | None, api_key: str | None
     key = api_key or getattr(litellm, "api_key", None) or _env_key(provider)
     if provider == "hosted_vllm":
         key = key or "fake-api-key"  # as litellm sends it
-    if base is None or (provider == "openai" and not key):
-        return None  # litellm raises its own one-line error for a missing key or base
+    if base is None or (provider == "openai" and not key and _is_openais(base)):
+        return None  # (the client refuses a call to OpenAI's own API with no key first)
+    # A server of the user's with no key set (llama.cpp, vLLM, LM Studio...) is sent
+    # none: they take any key, or none, unless started with one (then a 401 says so).
     headers = {"Content-Type": "application/json"}
     if key:
         headers["Authorization"] = f"Bearer {key}"
@@ -191,6 +193,12 @@ def _proxy_for(url: str) -> str | None:
     if not proxy or (parts.hostname and proxy_bypass(parts.hostname)):
         return None
     return proxy
+
+
+def _is_openais(base: str) -> bool:
+    from urllib.parse import urlsplit
+
+    return urlsplit(base).hostname == "api.openai.com"
 
 
 def forget_routes() -> None:

@@ -225,7 +225,7 @@ class RLMRunError(RLMError):
 _RUN_ENDS = {"max_iterations": "ended without an answer", "interrupted": "interrupted"}
 _OWN_ERROR_NAME = re.compile(
     r"^(?:RLMError|ConfigError|LLMQueryError|PromptTooLongError|BudgetExceededError|"
-    r"CompactionError|BatchError|RLMRunError|SandboxError): "
+    r"CompactionError|BatchError|RLMRunError|SandboxError|APIKeyError): "
 )
 
 

@@ -788,8 +788,9 @@ def test_a_failed_run_shows_its_error_once_and_no_empty_result(rlm_kernel, serve
     shown = json.dumps([m["content"] for m in outputs if m is not error])
     assert "injected bad API key" not in shown, shown  # only in the error
     assert error["content"]["traceback"] == [
-        "RLMRunError: RLM run failed: LLM call to 'openai/root-model' failed: "
-        "AuthenticationError: injected bad API key; the partial result is in _rlm"
+        "RLMRunError: RLM run failed: the API key from RLM.api_key was refused for "
+        "'openai/root-model' (401: injected bad API key): set a valid key in OPENAI_API_KEY "
+        "or %config RLM.api_key = ...; the partial result is in _rlm"
     ]
     # No result box with "(no answer)" and "Trajectory (0 iterations)": only the status,
     # settled with the figures the result would have carried.

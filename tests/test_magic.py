@@ -302,7 +302,8 @@ async def test_a_failed_run_fails_the_cell_and_keeps_the_partial_result(shell, s
     with pytest.raises(rlm_magic.RLMRunError, match="injected bad API key") as caught:
         await run_cell(shell, "%%rlm -q -o partial\nq")
     assert caught.value._render_traceback_()[0].startswith(
-        "RLMRunError: RLM run failed: LLM call to 'openai/root-model' failed"
+        "RLMRunError: RLM run failed: the API key from RLM.api_key was refused for "
+        "'openai/root-model' (401: injected bad API key)"
     )
     assert shell.user_ns["partial"].success is False
 

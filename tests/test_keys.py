@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+import rlm_magic
 from rlm_magic import RLM
 from rlm_magic.errors import APIKeyError, BatchError, ConfigError
 
@@ -114,13 +115,24 @@ async def test_no_key_sends_nothing_where_a_key_would_have_been_sent(server, mon
     assert len(server.anthropic_requests) == 1
 
 
-async def test_a_map_with_no_key_sends_nothing(server, monkeypatch):
+async def test_a_map_with_no_key_sends_nothing_and_says_so_in_one_line(server, monkeypatch):
     monkeypatch.setenv("ANTHROPIC_API_BASE", server.anthropic_base)
     rlm = RLM(model="anthropic/claude-x", progress=False)
-    with pytest.raises(BatchError) as caught:
+    with pytest.raises(APIKeyError) as caught:  # not "3 of 3 items failed"
         await helpers(rlm).llm_query_batch(["a", "b", "c"])
-    assert all(isinstance(e, APIKeyError) for e in caught.value.errors.values())
+    assert str(caught.value) == (
+        "no API key for 'anthropic/claude-x': set ANTHROPIC_API_KEY or %config RLM.api_key = ..."
+    )
     assert server.anthropic_requests == []
+    assert len(rlm_magic.failed_batch().errors) == 3  # each item's error, as ever
+
+
+async def test_a_map_whose_key_failed_only_some_items_is_a_batch_error(server):
+    server.fail("401", times=1, model="sub-model")
+    rlm = make_rlm(server, max_retries=0)
+    with pytest.raises(BatchError) as caught:
+        await helpers(rlm).llm_query_batch(["a", "b"])
+    assert len(caught.value.errors) == 1 and caught.value.results.count(None) == 1
 
 
 # -- a refused key -------------------------------------------------------------------

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any, cast
 
-from ..errors import BatchError, ConfigError, interrupt
+from ..errors import APIKeyError, BatchError, ConfigError, interrupt
 from ..llm.limiter import ConcurrencyLimiter
 from ..llm.messages import as_prompt_list, build_messages, check_max_tokens
 from ..llm.structured import AnswerFormat, ask
@@ -381,6 +381,9 @@ def _collect(results: list, errors: dict[int, Exception], return_exceptions: boo
         return [errors.get(i, r) for i, r in enumerate(results)]
     global _failed_batch
     _failed_batch = BatchError(results, errors, kept_in="rlm_magic.failed_batch()")
+    if len(errors) == len(results) and all(isinstance(e, APIKeyError) for e in errors.values()):
+        # No item could be sent for want of a key: that is one line, not N failures.
+        raise next(iter(errors.values())) from None
     raise _failed_batch
 
 

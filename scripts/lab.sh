@@ -13,4 +13,6 @@ if [ "$(id -u)" = 0 ]; then
     echo "lab.sh: running as root, so passing --allow-root to jupyter lab" >&2
     set -- --allow-root "$@"
 fi
-exec .venv/bin/jupyter lab notebooks "$@"
+# Saving an example keeps the kernel metadata it is stored with: opening one leaves the
+# clone clean whichever Python or kernel runs it (scripts/jupyter_server_config.py).
+exec .venv/bin/jupyter lab notebooks --config=scripts/jupyter_server_config.py "$@"

@@ -333,3 +333,13 @@ async def test_a_variable_that_stayed_in_the_sandbox_shows_its_repr_without_raw_
     result = await make_rlm(server, sandbox="process").arun("q", context="c")
     shown = repr(result.variables["thing"])
     assert shown == "␛[2J␛]52;c;cHduZWQ=␇ thing" and "\x1b" not in shown
+
+
+def test_names_and_data_that_look_like_keywords_are_names_and_data():
+    schema = {
+        "type": "object",
+        "properties": {"$id": {"type": "string"}, "$anchor": {"const": {"$ref": "#/nowhere"}}},
+        "$defs": {"$dynamicRef": {"enum": [{"$id": "x"}]}},
+    }
+    fmt = structured.AnswerFormat(schema, trusted=False)
+    assert fmt.parse('{"$id": "a", "$anchor": {"$ref": "#/nowhere"}}')

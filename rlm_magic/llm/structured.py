@@ -237,9 +237,10 @@ def _within_budget(schema: Any) -> None:
     """One-line errors for a schema from model code over its budgets (see
     ``AnswerFormat``): its values counted, its references followed, each at most once
     per node, so this is quick whatever the schema is."""
-    values, chars, stack = 0, 0, [schema]
+    values, chars = 0, 0
+    stack: list[tuple[Any, str]] = [(schema, "schema")]
     while stack:
-        node = stack.pop()
+        node, kind = stack.pop()
         values += 1
         if values > MAX_SCHEMA_VALUES:
             raise ConfigError(
@@ -248,21 +249,22 @@ def _within_budget(schema: Any) -> None:
             )
         if isinstance(node, str):
             chars += len(node)
+        elif isinstance(node, dict):
+            chars += sum(len(key) for key in node if isinstance(key, str))
+            if kind == "schema":
+                for key in _UNTRUSTED_KEYWORDS.intersection(node):
+                    raise ConfigError(
+                        f"response_format from model code may not use {key}: refer to your "
+                        "definitions with '$ref': '#/$defs/name'"
+                    )
+            stack.extend((value, _kind_below(kind, key)) for key, value in node.items())
+        elif isinstance(node, list):
+            stack.extend((item, kind) for item in node)
         if chars > MAX_SCHEMA_CHARS:
             raise ConfigError(
                 f"response_format from model code may hold at most {MAX_SCHEMA_CHARS:,} "
                 "characters of names and text; this one holds more"
             )
-        if isinstance(node, dict):
-            chars += sum(len(key) for key in node if isinstance(key, str))
-            for key in _UNTRUSTED_KEYWORDS.intersection(node):
-                raise ConfigError(
-                    f"response_format from model code may not use {key}: refer to your "
-                    "definitions with '$ref': '#/$defs/name'"
-                )
-            stack.extend(node.values())
-        elif isinstance(node, list):
-            stack.extend(node)
     try:
         _expanded_size(schema)
     except RecursionError:
@@ -271,14 +273,26 @@ def _within_budget(schema: Any) -> None:
         ) from None
 
 
+def _kind_below(kind: str, key: Any) -> str:
+    """What a value under ``key`` of a dict of this kind is: a schema, a map of names
+    to schemas (``properties``), or data (``enum``, ``const``: no keyword in it counts)."""
+    if kind == "data":
+        return "data"
+    if kind == "names":
+        return "schema"
+    if key in _DATA:
+        return "data"
+    return "names" if key in _NAMED_SCHEMAS else "schema"
+
+
 def _expanded_size(root: Any) -> int:
     """The schema nodes a validator may walk, ``$ref``s followed; a ConfigError past
     ``MAX_EXPANDED_NODES`` or for a reference that leads back to itself."""
     sizes: dict[int, int] = {}
     walking: set[int] = set()
 
-    def size(node: Any) -> int:
-        if not isinstance(node, (dict, list)):
+    def size(node: Any, kind: str = "schema") -> int:
+        if not isinstance(node, (dict, list)) or kind == "data":
             return 1
         known = sizes.get(id(node))
         if known is not None:
@@ -289,10 +303,12 @@ def _expanded_size(root: Any) -> int:
                 "schema): write the nesting out"
             )
         walking.add(id(node))
-        items = node.values() if isinstance(node, dict) else node
-        total = 1 + sum(size(item) for item in items)
-        if isinstance(node, dict) and isinstance(node.get("$ref"), str):
-            total += size(_pointed_at(root, node["$ref"]))
+        if isinstance(node, list):
+            total = 1 + sum(size(item, kind) for item in node)
+        else:
+            total = 1 + sum(size(value, _kind_below(kind, key)) for key, value in node.items())
+            if kind == "schema" and isinstance(node.get("$ref"), str):
+                total += size(_pointed_at(root, node["$ref"]))
         walking.discard(id(node))
         if total > MAX_EXPANDED_NODES:
             raise ConfigError(

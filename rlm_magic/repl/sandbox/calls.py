@@ -232,7 +232,8 @@ def _split(value: Any) -> tuple[str, list[Any]]:
     """A large answer in parts of about ``PART_CHARS``, and how the worker joins them:
     a text's slices ("text"), a list's runs of items ("list"); anything else whole."""
     if isinstance(value, str):
-        return "text", [value[at : at + PART_CHARS] for at in range(0, len(value), PART_CHARS)]
+        slices = [value[at : at + PART_CHARS] for at in range(0, len(value), PART_CHARS)]
+        return "text", slices or [""]
     if not isinstance(value, list):
         return "whole", [value]
     parts: list[list[Any]] = [[]]

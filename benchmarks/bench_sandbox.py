@@ -273,35 +273,46 @@ async def hostile_run(
         step_timeout=20,
         timeout=20,
     )
-    stalls: list[float] = []
+    stopped = 0.0
+    async with Watched() as watched:
+        run = asyncio.ensure_future(rlm.arun("q", context="c"))
+        if interrupt_after is not None:
+            await asyncio.sleep(interrupt_after)
+            cancelled = time.perf_counter()
+            run.cancel()
+        try:
+            await run
+        except asyncio.CancelledError:
+            pass
+        if interrupt_after is not None:
+            stopped = time.perf_counter() - cancelled
+    here.send("done")
+    await asyncio.to_thread(server.join, 10)
+    return watched.growth_mb, watched.longest_stall, stopped
 
-    async def heartbeat():
+
+class Watched:
+    """This process's peak memory growth (MB, from VmHWM, reset on entry) and its
+    loop's longest stall (s, a 5 ms heartbeat) while the block runs."""
+
+    async def __aenter__(self) -> Watched:
+        self.stalls: list[float] = []
+        with open("/proc/self/clear_refs", "w") as refs:
+            refs.write("5")  # resets VmHWM, the peak resident size
+        self.before = _resident_mb()
+        self.beat = asyncio.ensure_future(self._heartbeat())
+        return self
+
+    async def _heartbeat(self) -> None:
         while True:
             started = time.perf_counter()
             await asyncio.sleep(0.005)
-            stalls.append(time.perf_counter() - started - 0.005)
+            self.stalls.append(time.perf_counter() - started - 0.005)
 
-    with open("/proc/self/clear_refs", "w") as refs:
-        refs.write("5")
-    before = _resident_mb()
-    beat = asyncio.ensure_future(heartbeat())
-    run = asyncio.ensure_future(rlm.arun("q", context="c"))
-    stopped = 0.0
-    if interrupt_after is not None:
-        await asyncio.sleep(interrupt_after)
-        cancelled = time.perf_counter()
-        run.cancel()
-    try:
-        await run
-    except asyncio.CancelledError:
-        pass
-    if interrupt_after is not None:
-        stopped = time.perf_counter() - cancelled
-    beat.cancel()
-    growth = _peak_mb() - before
-    here.send("done")
-    await asyncio.to_thread(server.join, 10)
-    return growth, max(stalls, default=0.0), stopped
+    async def __aexit__(self, *exc) -> None:
+        self.beat.cancel()
+        self.growth_mb = _peak_mb() - self.before
+        self.longest_stall = max(self.stalls, default=0.0)
 
 
 _RAW = (
@@ -333,25 +344,12 @@ async def hostile(code: str) -> tuple[float, float]:
     repl = SandboxREPL("c", HELPERS)
     await repl.start()
     await repl.run("pass")
-    stalls: list[float] = []
-
-    async def heartbeat():
-        while True:
-            started = time.perf_counter()
-            await asyncio.sleep(0.005)
-            stalls.append(time.perf_counter() - started - 0.005)
-
-    with open("/proc/self/clear_refs", "w") as refs:
-        refs.write("5")  # resets VmHWM, the peak resident size
-    before = _resident_mb()
-    beat = asyncio.ensure_future(heartbeat())
-    await repl.run(code)
-    await repl.final_var("x")
-    await repl.variables()
-    beat.cancel()
-    growth = _peak_mb() - before
+    async with Watched() as watched:
+        await repl.run(code)
+        await repl.final_var("x")
+        await repl.variables()
     await repl.aclose()
-    return growth, max(stalls, default=0.0)
+    return watched.growth_mb, watched.longest_stall
 
 
 def _status(field: str) -> float:

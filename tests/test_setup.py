@@ -67,6 +67,10 @@ def _scripts_copy(tmp_path: Path, python_script: str) -> Path:
     return tmp_path
 
 
+# Saving an example keeps its stored kernel metadata (scripts/jupyter_server_config.py).
+CONFIG = "--config=scripts/jupyter_server_config.py"
+
+
 @pytest.mark.skipif(os.name != "posix", reason="bash scripts")
 def test_lab_sh_as_root_passes_allow_root_and_says_so(tmp_path):
     repo = _scripts_copy(tmp_path, "exit 0\n")
@@ -80,12 +84,12 @@ def test_lab_sh_as_root_passes_allow_root_and_says_so(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     if os.geteuid() == 0:
-        assert done.stdout.strip() == "jupyter lab notebooks --allow-root --no-browser"
+        assert done.stdout.strip() == (f"jupyter lab notebooks {CONFIG} --allow-root --no-browser")
         assert (
             done.stderr.strip() == "lab.sh: running as root, so passing --allow-root to jupyter lab"
         )
     else:
-        assert done.stdout.strip() == "jupyter lab notebooks --no-browser"
+        assert done.stdout.strip() == f"jupyter lab notebooks {CONFIG} --no-browser"
 
 
 @pytest.mark.skipif(os.name != "posix", reason="bash scripts")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import warnings
 from typing import Any
 
@@ -85,15 +86,61 @@ def litellm_is_loading() -> bool:
     return _litellm is None and _lock is not None and _lock.locked()
 
 
+_light_ssl: Any = None
+
+
 def ssl_context() -> Any:
     """litellm's SSL settings (``SSL_CERT_FILE``, ``litellm.ssl_verify``, certifi); litellm
-    caches the context, so only the first call loads certificates."""
+    caches the context, so only the first call loads certificates. While litellm is not
+    imported (an OpenAI-compatible endpoint needs none of it), the same settings read
+    from the environment: ``SSL_VERIFY``, ``SSL_CERT_FILE``, certifi's bundle,
+    ``SSL_SECURITY_LEVEL``, ``SSL_ECDH_CURVE``, TLS 1.2 at least."""
+    global _light_ssl
+    if _litellm is None and "litellm" not in sys.modules:
+        if _light_ssl is None:
+            _light_ssl = _environment_ssl_context()
+        return _light_ssl
     try:
         from litellm.llms.custom_httpx.http_handler import get_ssl_configuration
 
         return get_ssl_configuration()
     except Exception:  # noqa: BLE001 - aiohttp's default context
         return True
+
+
+def _environment_ssl_context() -> Any:
+    import ssl
+
+    verify: Any = os.environ.get("SSL_VERIFY", True)
+    if isinstance(verify, str) and not os.path.exists(verify):
+        word = verify.strip().lower()
+        verify = False if word in ("false", "0", "no", "off") else True
+    if verify is False:
+        return False
+    cafile = verify if isinstance(verify, str) else None
+    if cafile is None:
+        given = os.environ.get("SSL_CERT_FILE")
+        if given and os.path.exists(given):
+            cafile = given
+        else:
+            try:
+                import certifi
+
+                cafile = certifi.where()
+            except ImportError:  # the system's certificates
+                cafile = None
+    context = ssl.create_default_context(cafile=cafile)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    level = os.environ.get("SSL_SECURITY_LEVEL")
+    if level:
+        context.set_ciphers(level)
+    curve = os.environ.get("SSL_ECDH_CURVE")
+    if curve:
+        try:
+            context.set_ecdh_curve(curve)
+        except (AttributeError, ValueError):
+            pass
+    return context
 
 
 # -- litellm's logging worker ----------------------------------------------------------------

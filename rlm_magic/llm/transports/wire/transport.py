@@ -7,7 +7,9 @@ as-is (``routes``), this module sends the request litellm would send and reads t
 answer with a few dictionary lookups. Everything else (the gate, retries, the ledger, the
 cache, redaction) stays in the client; errors are raised as classes with litellm's names,
 status codes and headers (``errors``), so the client classifies and words them the same
-way. litellm stays loaded for prices and token counts.
+way. Prices come from litellm's price map, read without importing litellm
+(``price_map``); token counts, when a provider sends no usage, by litellm's tokenizer if
+it is imported, else by the learned estimate.
 """
 
 from __future__ import annotations
@@ -202,6 +204,11 @@ class WireTransport:
 
     def _count(self, messages: Messages | None, text: str) -> tuple[int, int]:
         litellm, model = self._litellm, self.route.model
+        if litellm is None:  # not imported for this endpoint: the learned estimate
+            return (
+                max(1, windows.estimate_tokens(messages or [], model)),
+                round(len(text) / windows.chars_per_token(model)),
+            )
         try:
             prompt = litellm.token_counter(model=model, messages=messages or [])
             output = litellm.token_counter(model=model, text=text) if text else 0

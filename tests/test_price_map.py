@@ -20,6 +20,16 @@ MODELS = [
 ]
 
 
+def not_imported(monkeypatch) -> None:
+    """As in a process where litellm was never imported."""
+    import sys
+
+    from rlm_magic.llm import litellm_loader
+
+    monkeypatch.delitem(sys.modules, "litellm")
+    monkeypatch.setattr(litellm_loader, "_litellm", None)
+
+
 @pytest.fixture
 def bundled_only(monkeypatch, litellm_imported):
     """Prices read from the bundled file, as in a process that never imported litellm."""
@@ -71,19 +81,15 @@ def test_a_price_from_the_file_is_litellms_price(bundled_only, model):
 def test_a_route_decided_without_litellm_is_litellms_route(
     litellm_imported, monkeypatch, model, api_base
 ):
-    import sys
-
     theirs = route_for(litellm_imported, model, api_base, "sk-test")
-    monkeypatch.delitem(sys.modules, "litellm")  # (light_route asks only then)
+    not_imported(monkeypatch)  # (light_route decides only then)
     ours = light_route(model, api_base, "sk-test")
     assert ours == theirs
 
 
 @pytest.mark.parametrize("model", ["openai/o3-mini", "openai/gpt-5", "openai/gpt-4o-audio-preview"])
 def test_models_litellm_rewrites_are_left_to_it(litellm_imported, monkeypatch, model):
-    import sys
-
-    monkeypatch.delitem(sys.modules, "litellm")
+    not_imported(monkeypatch)
     assert light_route(model, "http://127.0.0.1:9/v1", "sk-test") is None
 
 

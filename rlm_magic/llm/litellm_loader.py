@@ -50,7 +50,7 @@ def import_litellm() -> Any:
         )
         # The wire transport's TLS context (certificates loaded: ~10 ms) is made here,
         # off the loop, rather than when the first request opens a session.
-        ssl_context()
+        _litellm_ssl_context()
         # litellm's import leaves ~400k objects for the cyclic GC to walk: a full
         # collection then takes ~180 ms, a stall of the kernel's loop in the middle of
         # a batch. They live as long as the process; freezing moves them out of the
@@ -80,6 +80,17 @@ def loaded_litellm() -> Any:
     return _litellm
 
 
+def imported_litellm() -> Any:
+    """litellm if it is imported, by rlm-magic or by the user, and not in the middle of
+    rlm-magic's own import (its module then exists, half built), else None."""
+    if _litellm is not None:
+        return _litellm
+    module = sys.modules.get("litellm")
+    if module is None or litellm_is_loading():
+        return None
+    return module
+
+
 def litellm_is_loading() -> bool:
     """True while litellm's first import is underway (seconds, in a thread): calls
     already admitted are waiting for it, not in flight, and progress says so."""
@@ -96,10 +107,14 @@ def ssl_context() -> Any:
     from the environment: ``SSL_VERIFY``, ``SSL_CERT_FILE``, certifi's bundle,
     ``SSL_SECURITY_LEVEL``, ``SSL_ECDH_CURVE``, TLS 1.2 at least."""
     global _light_ssl
-    if _litellm is None and "litellm" not in sys.modules:
+    if imported_litellm() is None:
         if _light_ssl is None:
             _light_ssl = _environment_ssl_context()
         return _light_ssl
+    return _litellm_ssl_context()
+
+
+def _litellm_ssl_context() -> Any:
     try:
         from litellm.llms.custom_httpx.http_handler import get_ssl_configuration
 

@@ -15,9 +15,10 @@ import asyncio
 import importlib.util
 import json
 import os
-import sys
 import threading
 from typing import Any
+
+from .litellm_loader import imported_litellm
 
 _FILE = "model_prices_and_context_window_backup.json"
 _bundled: dict[str, Any] | None = None
@@ -26,7 +27,7 @@ _lock = threading.Lock()
 
 def _litellm_if_imported() -> Any:
     """litellm when it is imported (fully: ``model_cost`` set), else None."""
-    module = sys.modules.get("litellm")
+    module = imported_litellm()
     return module if getattr(module, "model_cost", None) is not None else None
 
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-import sys
 from typing import Any
 
+from ...litellm_loader import imported_litellm
 from .errors import APIError, ResponseHeaders, event_error
 
 
@@ -94,7 +94,7 @@ def finish_reason_of(reason: Any) -> Any:
     except TypeError:  # not a word at all (a broken server's list or object)
         return None
     if known is _FINISH:
-        if "litellm" not in sys.modules:  # its table, copied: importing it takes seconds
+        if imported_litellm() is None:  # its table, copied: importing it takes seconds
             known = _LITELLM_FINISH.get(reason, "stop") if isinstance(reason, str) else reason
         else:
             try:

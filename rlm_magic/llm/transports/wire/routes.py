@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 from dataclasses import dataclass
 from typing import Any
+
+from ...litellm_loader import imported_litellm
 
 # litellm's chat configuration classes that send OpenAI's request unchanged.
 _PLAIN_CONFIGS = {
@@ -146,7 +147,7 @@ def light_route(model: str, api_base: str | None, api_key: str | None) -> Route 
     a name the provider sends as it stands, and no litellm module settings. None: ask
     ``route_for`` (with litellm) instead."""
     provider, _, name = model.partition("/")
-    if not name or provider not in _BASES or "litellm" in sys.modules:
+    if not name or provider not in _BASES or imported_litellm() is not None:
         return None
     if provider == "openai" and _NOT_PLAIN_OPENAI.match(name):
         return None

@@ -39,8 +39,8 @@ def bundled_only(monkeypatch, litellm_imported):
 
 def test_the_bundled_map_is_litellms_map(litellm_imported):
     bundled = price_map.bundled()
-    assert set(bundled) == set(litellm_imported.model_cost)
-    differ = [name for name in bundled if bundled[name] != litellm_imported.model_cost[name]]
+    # (litellm's map may also hold models registered since, e.g. the demo's)
+    differ = [name for name in bundled if bundled[name] != litellm_imported.model_cost.get(name)]
     assert differ == []
 
 

@@ -82,12 +82,15 @@ def loaded_litellm() -> Any:
 
 def imported_litellm() -> Any:
     """litellm if it is imported, by rlm-magic or by the user, and not in the middle of
-    rlm-magic's own import (its module then exists, half built), else None."""
+    an import (its module then exists, half built: touching it from another thread
+    breaks that import), else None."""
     if _litellm is not None:
         return _litellm
     module = sys.modules.get("litellm")
     if module is None or litellm_is_loading():
         return None
+    if getattr(getattr(module, "__spec__", None), "_initializing", False):
+        return None  # another thread is importing it (the demo's prices, say)
     return module
 
 

@@ -14,6 +14,7 @@ from functools import lru_cache
 from typing import Any
 
 from . import price_map
+from .litellm_loader import imported_litellm
 from .ratelimit import non_negative
 
 # Where a LiteLLM Proxy puts its price of a call: in the response's headers (the wire
@@ -78,6 +79,9 @@ def cost_of_usage(
             + output_tokens * output
         )
     if entry is not None:  # priced by the prompt's size: litellm knows the tiers
+        # (a call sent without litellm meets such an entry only once litellm is
+        # imported: one registered since, with tiers, e.g. ``register_model``'s)
+        litellm = litellm if litellm is not None else imported_litellm()
         try:
             prompt: float
             completion: float

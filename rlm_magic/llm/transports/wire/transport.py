@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ... import windows
+from ...litellm_loader import imported_litellm
 from ...messages import Messages
 from ...pricing import cost_of_usage
 from ...profiles import DEFAULT_CHARS_PER_TOKEN
@@ -203,8 +204,8 @@ class WireTransport:
         )
 
     def _count(self, messages: Messages | None, text: str) -> tuple[int, int]:
-        litellm, model = self._litellm, self.route.model
-        if litellm is None:  # not imported for this endpoint: the learned estimate
+        litellm, model = self._litellm or imported_litellm(), self.route.model
+        if litellm is None:  # not imported (this endpoint needs none): the learned estimate
             return (
                 max(1, windows.estimate_tokens(messages or [], model)),
                 round(len(text) / windows.chars_per_token(model)),

@@ -62,6 +62,12 @@ if TYPE_CHECKING:
     from .cache import ResponseCache
 
 
+def _wire_ready() -> None:
+    import aiohttp  # noqa: F401 - imported here, in a thread, rather than on the loop
+
+    litellm_loader.ssl_context()
+
+
 class LLMClient:
     """Sends chat requests, shares one concurrency limit and records usage.
 
@@ -131,8 +137,9 @@ class LLMClient:
         litellm = litellm_loader.loaded_litellm()
         if litellm is not None:
             return litellm
-        # Off the loop: the price map (whether a price is tiered), the TLS context.
-        await asyncio.gather(price_map.load(), asyncio.to_thread(litellm_loader.ssl_context))
+        # Off the loop: the price map (whether a price is tiered), aiohttp and the TLS
+        # context (~0.1 s of imports and certificates the first time).
+        await asyncio.gather(price_map.load(), asyncio.to_thread(_wire_ready))
         endpoint = self.endpoint
         if models and all(endpoint.light(model) for model in models):
             return None

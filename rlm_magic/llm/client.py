@@ -39,7 +39,7 @@ from ..errors import (
     RateLimitWaitExceeded,
     describe_exception,
 )
-from . import budget, litellm_loader, local_servers, retries, windows
+from . import budget, keys, litellm_loader, local_servers, price_map, retries, windows
 from . import cache as response_cache
 from .call import Call, CallOptions
 from .completion import Completion
@@ -60,6 +60,12 @@ if TYPE_CHECKING:
     from ..config import RLMConfig
     from .budget import Reservation
     from .cache import ResponseCache
+
+
+def _wire_ready() -> None:
+    import aiohttp  # noqa: F401 - imported here, in a thread, rather than on the loop
+
+    litellm_loader.ssl_context()
 
 
 class LLMClient:
@@ -125,15 +131,33 @@ class LLMClient:
         """How calls to ``model`` are sent now (see ``endpoints``)."""
         return self.endpoint.transport(model, litellm or litellm_loader.loaded_litellm())
 
+    async def litellm_for(self, *models: str) -> Any:
+        """litellm, imported (off the loop) unless every one of ``models`` goes without
+        it (``Endpoint.light``): then None, and nothing imports it."""
+        litellm = litellm_loader.loaded_litellm()
+        if litellm is not None:
+            return litellm
+        # Off the loop: the price map (whether a price is tiered), aiohttp and the TLS
+        # context (~0.1 s of imports and certificates the first time).
+        await asyncio.gather(price_map.load(), asyncio.to_thread(_wire_ready))
+        endpoint = self.endpoint
+        if models and all(endpoint.light(model) for model in models):
+            return None
+        return await litellm_loader.load_litellm()
+
     async def look_up_windows(self, *models: str) -> None:
         """Learn these models' windows from litellm once each, off the loop: for some
-        providers that is an HTTP request, which would stall every cell's work."""
-        litellm = await litellm_loader.load_litellm()
+        providers that is an HTTP request, which would stall every cell's work. (Models
+        that go without litellm read theirs from its bundled price map.)"""
+        litellm = await self.litellm_for(*models)
         config, endpoint = self.config, self.endpoint
         names = set(models)
         for model in models:
             names.update(endpoint.models_behind(model))
         missing = windows.missing_model_info(sorted(names))
+        if litellm is None:
+            windows.look_up_in_price_map(missing)
+            missing = []
         # A local server says what window it runs each model with (once per server).
         unasked = (
             [m for m in models if not local_servers.asked(config.api_base, m)]
@@ -276,7 +300,13 @@ class LLMClient:
     # -- 2. prepare --------------------------------------------------------------------
     async def _prepare(self, call: Call, messages: Messages) -> None:
         config, model = self.config, call.model
-        call.litellm = litellm = await litellm_loader.load_litellm()
+        # litellm only when the call needs it (another provider, a Router, a budget's
+        # count...): an OpenAI-compatible endpoint's call leaves without the import.
+        call.litellm = litellm = (
+            await litellm_loader.load_litellm()
+            if budget.budgets_of(call.ledger)
+            else await self.litellm_for(model)
+        )
         if call.redactor is None:  # (one with no secrets is falsy, and is still the one)
             call.redactor = self.redactor()
         call.messages = messages = await redact_messages(messages, call.redactor)
@@ -406,6 +436,9 @@ class LLMClient:
                 return
             raise self._rate_limited_too_long(call, describe_exception(failure)) from failure
         gate.failed(ticket)
+        if call.litellm is None and keys.may_be_key_failure(failure):
+            # What the key failure says (which variable, where from) is litellm's to tell.
+            call.litellm = await litellm_loader.load_litellm()
         refused = self.endpoint.key_failure(failure, model)
         if refused is not None:  # the same key would be refused again: never retried
             raise call.failed(refused, self.redactor()) from failure

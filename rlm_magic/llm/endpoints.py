@@ -18,14 +18,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import APIKeyError, ConfigError
-from . import keys
+from . import keys, litellm_loader
 from .litellm_loader import loaded_litellm
 from .messages import Messages
+from .pricing import tiered_price
 from .ratelimit import RateGate, gate_for
 from .transports.base import Request, Transport
 from .transports.litellm import LiteLLMTransport
 from .transports.router import RouterTransport, build_router, deployments, groups, identity
-from .transports.wire import WireTransport, fits, route_for
+from .transports.wire import Route, WireTransport, fits, light_route, route_for
 
 if TYPE_CHECKING:
     from ..config import RLMConfig
@@ -63,6 +64,11 @@ class Endpoint(Protocol):
         ...
 
     def transport(self, model: str, litellm: Any) -> Transport: ...
+
+    def light(self, model: str) -> bool:
+        """Whether calls to ``model`` go without litellm (not imported for them): over the
+        wire, priced from litellm's bundled price map."""
+        ...
 
     def gate(self, model: str) -> RateGate:
         """The rate gate of ``model`` here (shared by every client of the loop)."""
@@ -120,12 +126,31 @@ class ProviderEndpoint:
             request["api_key"] = keys.PLACEHOLDER_KEY
         return request
 
+    def light(self, model: str) -> bool:
+        return litellm_loader.loaded_litellm() is None and self._light_route(model) is not None
+
+    def _light_route(self, model: str) -> Route | None:
+        config = self.config
+        if self.given_transport is not None or not (
+            config.wire_transport and fits(config.litellm_kwargs)
+        ):
+            return None
+        route = light_route(model, config.api_base, config.api_key)
+        if route is None or tiered_price(route.price_names):
+            return None  # a price by the prompt's size: litellm's reckoning
+        return route
+
     def transport(self, model: str, litellm: Any) -> Transport:
         """Straight over the wire when the endpoint is OpenAI-compatible and the request
         is OpenAI's as it stands, else through litellm."""
         if self.given_transport is not None:
             return self.given_transport
         config = self.config
+        if litellm is None:
+            light = self._light_route(model)
+            if light is not None:
+                return WireTransport(light, None)
+            litellm = litellm_loader.import_litellm()  # (callers load it first: see light)
         if config.wire_transport and fits(config.litellm_kwargs):
             route = route_for(litellm, model, config.api_base, config.api_key)
             if route is not None:
@@ -174,6 +199,9 @@ class RouterEndpoint:
             "max_retries": 0,
             **params,
         }
+
+    def light(self, model: str) -> bool:
+        return False
 
     def transport(self, model: str, litellm: Any) -> LiteLLMTransport:
         return RouterTransport(self.router(litellm).acompletion, litellm)

@@ -102,6 +102,15 @@ def missing_key(litellm: Any, config: RLMConfig, model: str) -> APIKeyError | No
     return APIKeyError.missing(model, missing)
 
 
+def may_be_key_failure(failure: BaseException) -> bool:
+    """Whether ``failure`` may stand for a key refused or missing (see ``key_failure``)."""
+    return (
+        getattr(failure, "status_code", None) == 401
+        or type(failure).__name__ == "AuthenticationError"
+        or bool(_NO_KEY_SENTENCE.search(str(failure)))
+    )
+
+
 def key_failure(
     failure: BaseException, litellm: Any, config: RLMConfig, model: str, routed: bool = False
 ) -> APIKeyError | None:

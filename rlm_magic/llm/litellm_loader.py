@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import warnings
 from typing import Any
 
@@ -49,7 +50,7 @@ def import_litellm() -> Any:
         )
         # The wire transport's TLS context (certificates loaded: ~10 ms) is made here,
         # off the loop, rather than when the first request opens a session.
-        ssl_context()
+        _litellm_ssl_context()
         # litellm's import leaves ~400k objects for the cyclic GC to walk: a full
         # collection then takes ~180 ms, a stall of the kernel's loop in the middle of
         # a batch. They live as long as the process; freezing moves them out of the
@@ -79,21 +80,85 @@ def loaded_litellm() -> Any:
     return _litellm
 
 
+def imported_litellm() -> Any:
+    """litellm if it is imported, by rlm-magic or by the user, and not in the middle of
+    an import (its module then exists, half built: touching it from another thread
+    breaks that import), else None."""
+    if _litellm is not None:
+        return _litellm
+    module = sys.modules.get("litellm")
+    if module is None or litellm_is_loading():
+        return None
+    if getattr(getattr(module, "__spec__", None), "_initializing", False):
+        return None  # another thread is importing it (the demo's prices, say)
+    return module
+
+
 def litellm_is_loading() -> bool:
     """True while litellm's first import is underway (seconds, in a thread): calls
     already admitted are waiting for it, not in flight, and progress says so."""
     return _litellm is None and _lock is not None and _lock.locked()
 
 
+_light_ssl: Any = None
+
+
 def ssl_context() -> Any:
     """litellm's SSL settings (``SSL_CERT_FILE``, ``litellm.ssl_verify``, certifi); litellm
-    caches the context, so only the first call loads certificates."""
+    caches the context, so only the first call loads certificates. While litellm is not
+    imported (an OpenAI-compatible endpoint needs none of it), the same settings read
+    from the environment: ``SSL_VERIFY``, ``SSL_CERT_FILE``, certifi's bundle,
+    ``SSL_SECURITY_LEVEL``, ``SSL_ECDH_CURVE``, TLS 1.2 at least."""
+    global _light_ssl
+    if imported_litellm() is None:
+        if _light_ssl is None:
+            _light_ssl = _environment_ssl_context()
+        return _light_ssl
+    return _litellm_ssl_context()
+
+
+def _litellm_ssl_context() -> Any:
     try:
         from litellm.llms.custom_httpx.http_handler import get_ssl_configuration
 
         return get_ssl_configuration()
     except Exception:  # noqa: BLE001 - aiohttp's default context
         return True
+
+
+def _environment_ssl_context() -> Any:
+    import ssl
+
+    verify: Any = os.environ.get("SSL_VERIFY", True)
+    if isinstance(verify, str) and not os.path.exists(verify):
+        word = verify.strip().lower()
+        verify = False if word in ("false", "0", "no", "off") else True
+    if verify is False:
+        return False
+    cafile = verify if isinstance(verify, str) else None
+    if cafile is None:
+        given = os.environ.get("SSL_CERT_FILE")
+        if given and os.path.exists(given):
+            cafile = given
+        else:
+            try:
+                import certifi
+
+                cafile = certifi.where()
+            except ImportError:  # the system's certificates
+                cafile = None
+    context = ssl.create_default_context(cafile=cafile)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    level = os.environ.get("SSL_SECURITY_LEVEL")
+    if level:
+        context.set_ciphers(level)
+    curve = os.environ.get("SSL_ECDH_CURVE")
+    if curve:
+        try:
+            context.set_ecdh_curve(curve)
+        except (AttributeError, ValueError):
+            pass
+    return context
 
 
 # -- litellm's logging worker ----------------------------------------------------------------

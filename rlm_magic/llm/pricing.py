@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
+from . import price_map
+from .litellm_loader import imported_litellm
 from .ratelimit import non_negative
 
 # Where a LiteLLM Proxy puts its price of a call: in the response's headers (the wire
@@ -42,8 +44,9 @@ def cost_of_response(response: Any, litellm: Any) -> float | None:
 
 def price_entry(litellm: Any, names: Sequence[str]) -> dict[str, Any] | None:
     """The first of ``names`` that litellm's price map prices, looked up at each answer
-    (prices registered meanwhile count)."""
-    prices = litellm.model_cost
+    (prices registered meanwhile count). ``litellm`` None: the map in force without
+    importing it (``price_map``: the bundled file's until litellm is imported)."""
+    prices = litellm.model_cost if litellm is not None else price_map.model_cost()
     for name in names:
         entry = prices.get(name)
         if entry is not None:
@@ -76,6 +79,9 @@ def cost_of_usage(
             + output_tokens * output
         )
     if entry is not None:  # priced by the prompt's size: litellm knows the tiers
+        # (a call sent without litellm meets such an entry only once litellm is
+        # imported: one registered since, with tiers, e.g. ``register_model``'s)
+        litellm = litellm if litellm is not None else imported_litellm()
         try:
             prompt: float
             completion: float
@@ -93,6 +99,13 @@ def cost_of_usage(
 
 
 _TIERED: dict[int, tuple[dict[str, Any], bool]] = {}
+
+
+def tiered_price(names: Sequence[str]) -> bool:
+    """Whether the entry pricing one of ``names`` depends on the prompt's size (then
+    litellm prices a call: its tiers)."""
+    entry = price_entry(None, names)
+    return entry is not None and _tiered(entry)
 
 
 def _tiered(entry: dict[str, Any]) -> bool:
@@ -118,10 +131,13 @@ def cache_saving(litellm: Any, model: str, read: int, written: int) -> float | N
 
 @lru_cache(maxsize=64)
 def _cache_prices(litellm: Any, model: str) -> tuple[float, float, float] | None:
-    try:
-        info = litellm.get_model_info(model)
-    except Exception:  # noqa: BLE001 - litellm raises for models it does not price
-        return None
+    if litellm is None:  # not imported: the price map's entry (what litellm would read)
+        info: Any = price_map.entry(price_map.names_of(model)) or {}
+    else:
+        try:
+            info = litellm.get_model_info(model)
+        except Exception:  # noqa: BLE001 - litellm raises for models it does not price
+            return None
     base = info.get("input_cost_per_token")
     if base is None:
         return None

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from ..errors import PromptTooLongError
+from . import litellm_loader, price_map
 from .local_servers import guessed_window, reported_window
 from .profiles import DEFAULT_CHARS_PER_TOKEN, PROFILES
 
@@ -193,7 +194,22 @@ def look_up(litellm: Any, models: Iterable[str]) -> None:
         _model_info_window(litellm, model)
 
 
+def look_up_in_price_map(models: Iterable[str]) -> None:
+    """Each model's window from litellm's price map, litellm not imported (a model the
+    wire transport serves: its entry as ``litellm.get_model_info`` would read it)."""
+    for model in models:
+        profile = PROFILES.model(model)
+        if not profile.model_info_asked:
+            info = price_map.entry(price_map.names_of(model)) or {}
+            window = info.get("max_input_tokens") or info.get("max_tokens")
+            profile.model_info_window = int(window) if isinstance(window, (int, float)) else None
+            profile.model_info_asked = True
+
+
 def _model_info_window(litellm: Any, model: str) -> int | None:
+    known = PROFILES.known_model(model)
+    if known is not None and known.model_info_asked:
+        return known.model_info_window  # (asked of litellm, or of its price map)
     if litellm is None:
         return None  # not loaded yet: nothing to ask
     profile = PROFILES.model(model)
@@ -269,6 +285,8 @@ async def prompt_tokens_over(
     characters = _characters(messages)
     if 0 < room < characters // 8 and not learned_ratio(model):  # over even at 8 a token
         return estimate
+    if litellm is None:  # near the window: counted by litellm, imported off the loop
+        litellm = await litellm_loader.load_litellm()
     try:
         if characters > _LARGE_CHARS:
             exact = await asyncio.to_thread(_count, litellm, model, messages)

@@ -10,7 +10,7 @@ of litellm's CPU per call (``RLM.wire_transport``, on by default).
 
 from __future__ import annotations
 
-from .routes import CHAT_PARAMETERS, Route, fits, forget_routes, route_for
+from .routes import CHAT_PARAMETERS, Route, fits, forget_routes, light_route, route_for
 from .sessions import close_sessions
 from .sse import MAX_LINE
 from .transport import WireTransport
@@ -23,5 +23,6 @@ __all__ = [
     "close_sessions",
     "fits",
     "forget_routes",
+    "light_route",
     "route_for",
 ]

@@ -17,8 +17,11 @@ parameters.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
+
+from ...litellm_loader import imported_litellm
 
 # litellm's chat configuration classes that send OpenAI's request unchanged.
 _PLAIN_CONFIGS = {
@@ -133,6 +136,30 @@ def route_for(litellm: Any, model: str, api_base: str | None, api_key: str | Non
         return route
 
 
+# Model names the openai provider sends through another configuration than its plain one
+# (litellm's o-series, gpt-5, audio and search configs): such models need litellm.
+_NOT_PLAIN_OPENAI = re.compile(r"^(?:o\d|gpt-[5-9]|.*(?:audio|search|realtime|transcribe))", re.I)
+
+
+def light_route(model: str, api_base: str | None, api_key: str | None) -> Route | None:
+    """The wire route for ``model`` decided without litellm (never imported here), for the
+    cases whose answer is plain: ``openai/``, ``hosted_vllm/`` or ``litellm_proxy/`` with
+    a name the provider sends as it stands, and no litellm module settings. None: ask
+    ``route_for`` (with litellm) instead."""
+    provider, _, name = model.partition("/")
+    if not name or provider not in _BASES or imported_litellm() is not None:
+        return None
+    if provider == "openai" and _NOT_PLAIN_OPENAI.match(name):
+        return None
+    get = os.environ.get
+    where = ("light", model, api_base, api_key, *(get(n) for n in _ENVIRONMENT))
+    try:
+        return _ROUTES[where]
+    except KeyError:
+        route = _ROUTES[where] = _route(model, provider, name, api_base, api_key)
+        return route
+
+
 def _env_key(provider: str) -> str | None:
     return next((os.environ[n] for n in _KEYS.get(provider, ()) if os.environ.get(n)), None)
 
@@ -150,9 +177,15 @@ def _resolve(litellm: Any, model: str, api_base: str | None, api_key: str | None
         return None
     if getattr(litellm, "api_base", None) or getattr(litellm, "headers", None):
         return None  # litellm's module-wide settings: leave those calls to litellm
+    return _route(model, provider, name, api_base, api_key or getattr(litellm, "api_key", None))
+
+
+def _route(
+    model: str, provider: str, name: str, api_base: str | None, api_key: str | None
+) -> Route | None:
     env_names, default = _BASES[provider]
     base = api_base or next((os.environ[n] for n in env_names if os.environ.get(n)), default)
-    key = api_key or getattr(litellm, "api_key", None) or _env_key(provider)
+    key = api_key or _env_key(provider)
     if provider == "hosted_vllm":
         key = key or "fake-api-key"  # as litellm sends it
     if base is None or (provider == "openai" and not key and _is_openais(base)):

@@ -7,7 +7,9 @@ as-is (``routes``), this module sends the request litellm would send and reads t
 answer with a few dictionary lookups. Everything else (the gate, retries, the ledger, the
 cache, redaction) stays in the client; errors are raised as classes with litellm's names,
 status codes and headers (``errors``), so the client classifies and words them the same
-way. litellm stays loaded for prices and token counts.
+way. Prices come from litellm's price map, read without importing litellm
+(``price_map``); token counts, when a provider sends no usage, by litellm's tokenizer if
+it is imported, else by the learned estimate.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ... import windows
+from ...litellm_loader import imported_litellm
 from ...messages import Messages
 from ...pricing import cost_of_usage
 from ...profiles import DEFAULT_CHARS_PER_TOKEN
@@ -201,7 +204,12 @@ class WireTransport:
         )
 
     def _count(self, messages: Messages | None, text: str) -> tuple[int, int]:
-        litellm, model = self._litellm, self.route.model
+        litellm, model = self._litellm or imported_litellm(), self.route.model
+        if litellm is None:  # not imported (this endpoint needs none): the learned estimate
+            return (
+                max(1, windows.estimate_tokens(messages or [], model)),
+                round(len(text) / windows.chars_per_token(model)),
+            )
         try:
             prompt = litellm.token_counter(model=model, messages=messages or [])
             output = litellm.token_counter(model=model, text=text) if text else 0

@@ -181,8 +181,9 @@ def transform_rlm_cell(lines: list[str]) -> list[str]:
 cast(Any, transform_rlm_cell).has_side_effects = True
 
 
-async def run_rlm_cell(line: str, body: str, shell=None):
-    """What a ``%%rlm`` cell runs: parse, run on this loop, store, display."""
+def _loaded(shell: Any) -> tuple[Any, Any]:
+    """This IPython (``shell``, or the running one) and its ``RLMMagics``; a UsageError
+    if rlm_magic is not loaded there."""
     if shell is None:
         from IPython import get_ipython
 
@@ -190,6 +191,12 @@ async def run_rlm_cell(line: str, body: str, shell=None):
     magics = shell.magics_manager.registry.get("RLMMagics")
     if magics is None:
         raise UsageError("rlm_magic is not loaded: run %load_ext rlm_magic")
+    return shell, magics
+
+
+async def run_rlm_cell(line: str, body: str, shell=None):
+    """What a ``%%rlm`` cell runs: parse, run on this loop, store, display."""
+    shell, magics = _loaded(shell)
     args = parse_argstring(magics.rlm_cell, line)
     options = _checked_options(args)
     context = _resolve_variable(shell.user_ns, args.context) if args.context else None
@@ -248,13 +255,7 @@ async def run_rlm_cell(line: str, body: str, shell=None):
 
 async def run_llm_cell(line: str, body: str, shell=None):
     """What a ``%%llm`` cell runs: parse, ask, store the answer's text, show it."""
-    if shell is None:
-        from IPython import get_ipython
-
-        shell = get_ipython()
-    magics = shell.magics_manager.registry.get("RLMMagics")
-    if magics is None:
-        raise UsageError("rlm_magic is not loaded: run %load_ext rlm_magic")
+    shell, magics = _loaded(shell)
     args = parse_argstring(magics.llm_cell, line)
     if not args.out.isidentifier() or keyword.iskeyword(args.out):
         raise UsageError(f"--out needs a variable name, got {args.out!r}")

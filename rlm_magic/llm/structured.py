@@ -15,7 +15,7 @@ import json
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -238,9 +238,7 @@ def _within_budget(schema: Any) -> None:
     ``AnswerFormat``): its values counted, its references followed, each at most once
     per node, so this is quick whatever the schema is."""
     values, chars = 0, 0
-    stack: list[tuple[Any, str]] = [(schema, "schema")]
-    while stack:
-        node, kind = stack.pop()
+    for node, kind in _parts(schema):
         values += 1
         if values > MAX_SCHEMA_VALUES:
             raise ConfigError(
@@ -257,9 +255,6 @@ def _within_budget(schema: Any) -> None:
                         f"response_format from model code may not use {key}: refer to your "
                         "definitions with '$ref': '#/$defs/name'"
                     )
-            stack.extend((value, _kind_below(kind, key)) for key, value in node.items())
-        elif isinstance(node, list):
-            stack.extend((item, kind) for item in node)
         if chars > MAX_SCHEMA_CHARS:
             raise ConfigError(
                 f"response_format from model code may hold at most {MAX_SCHEMA_CHARS:,} "
@@ -271,6 +266,19 @@ def _within_budget(schema: Any) -> None:
         raise ConfigError(
             "response_format from model code is nested (or chains its $refs) too deeply"
         ) from None
+
+
+def _parts(schema: Any) -> Iterator[tuple[Any, str]]:
+    """Every value in ``schema``, each with what it is (see ``_kind_below``); lazily,
+    so a caller that stops at a budget reads no further."""
+    stack: list[tuple[Any, str]] = [(schema, "schema")]
+    while stack:
+        node, kind = stack.pop()
+        yield node, kind
+        if isinstance(node, dict):
+            stack.extend((value, _kind_below(kind, key)) for key, value in node.items())
+        elif isinstance(node, list):
+            stack.extend((item, kind) for item in node)
 
 
 def _kind_below(kind: str, key: Any) -> str:
@@ -361,13 +369,8 @@ _DATA = frozenset({"enum", "const", "default", "examples"})
 
 def _refuse_outside_references(schema: Any, trusted: bool) -> None:
     """One-line errors for what a schema may not hold (see ``AnswerFormat``)."""
-    stack = [schema]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, list):
-            stack.extend(node)
-            continue
-        if not isinstance(node, dict):
+    for node, kind in _parts(schema):
+        if kind != "schema" or not isinstance(node, dict):
             continue
         for key, value in node.items():
             if key in ("$ref", "$dynamicRef") and not (
@@ -384,10 +387,6 @@ def _refuse_outside_references(schema: Any, trusted: bool) -> None:
                     "response_format from model code may not hold regular "
                     "expressions (pattern, patternProperties)"
                 )
-            if key in _NAMED_SCHEMAS and isinstance(value, dict):
-                stack.extend(value.values())
-            elif key not in _DATA:
-                stack.append(value)
 
 
 def _retrieve_nothing(uri: str) -> NoReturn:

@@ -84,7 +84,7 @@ def test_lab_sh_as_root_passes_allow_root_and_says_so(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     if os.geteuid() == 0:
-        assert done.stdout.strip() == (f"jupyter lab notebooks {CONFIG} --allow-root --no-browser")
+        assert done.stdout.strip() == f"jupyter lab notebooks {CONFIG} --allow-root --no-browser"
         assert (
             done.stderr.strip() == "lab.sh: running as root, so passing --allow-root to jupyter lab"
         )

@@ -28,6 +28,7 @@ from .errors import (
     RLMRunError,
 )
 from .jupyter.helpers import amap, failed_batch, interrupted_batch
+from .llm.completion import CutAnswer
 from .llm.usage import CallRecord, UsageLedger, UsageSummary, usage
 from .rlm.result import CodeRun, Compaction, Iteration, RLMResult
 from .rlm.runner import RLM
@@ -50,6 +51,7 @@ __all__ = [
     "PromptTooLongError",
     "BudgetExceededError",
     "BatchError",
+    "CutAnswer",
     "UsageLedger",
     "UsageSummary",
     "CallRecord",

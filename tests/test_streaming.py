@@ -18,6 +18,7 @@ from rlm_magic.demo import split_tokens
 from rlm_magic.errors import LLMQueryError
 from rlm_magic.jupyter.progress import RunStatus
 from rlm_magic.llm import profiles
+from rlm_magic.llm.completion import partial_answer
 
 from .conftest import make_rlm
 
@@ -109,10 +110,13 @@ async def test_an_interrupt_closes_the_stream_at_once_and_keeps_its_tokens(rlm, 
         await asyncio.sleep(0.01)
     cancelled_at = time.perf_counter()
     call.cancel()
-    with pytest.raises(asyncio.CancelledError):
+    with pytest.raises(asyncio.CancelledError) as raised:
         await call
     assert server.wait_for(lambda: server.cancelled == 1, timeout=10)
     assert time.perf_counter() - cancelled_at < 1.0
+    # What had arrived is kept and counted, as an answer the interrupt cut off.
+    cut = partial_answer(raised.value)
+    assert cut is not None and cut.text.text == "".join(pieces) and cut.cut_reason == "interrupted"
     record = rlm.client.ledger.records[-1]
     assert record.error == "cancelled"
     assert record.output_tokens >= 3 and record.input_tokens > 0

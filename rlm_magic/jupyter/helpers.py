@@ -359,7 +359,8 @@ def _kept_on_interrupt(outcome: MapOutcome | BatchOutcome, name: str) -> Iterato
     except KeyboardInterrupt:
         results, errors, on_disk = outcome.answers(), outcome.failures(), outcome.on_disk
         _interrupted_batch = BatchError(results, errors)
-        kept = sum(r is not None for r in results)
+        cut = getattr(outcome, "cut_by_interrupt", 0)
+        kept = sum(r is not None for r in results) - cut
         again = (
             "call the function only on the items still without a result"
             if name == "amap"
@@ -368,9 +369,15 @@ def _kept_on_interrupt(outcome: MapOutcome | BatchOutcome, name: str) -> Iterato
         where = (
             f"; they are kept on disk too: run the same cell again to {again}" if on_disk else ""
         )
+        parts = (
+            f", with the parts of {cut} it cut off (each a CutAnswer: its .text is what "
+            "had arrived)"
+            if cut
+            else ""
+        )
         raise interrupt(
             f"{name} interrupted: the {kept} of {len(results)} answers that had arrived "
-            f"are in rlm_magic.interrupted_batch().results{where}"
+            f"are in rlm_magic.interrupted_batch().results{parts}{where}"
         ) from None
 
 

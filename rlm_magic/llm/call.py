@@ -15,7 +15,8 @@ from .identity import RequestIdentity
 from .messages import Messages
 from .redaction import Redactor, redact_failure
 from .streaming import OnText, StreamState
-from .transports.base import Transport
+from .completion import INTERRUPTED, Completion
+from .transports.base import Answer, Transport
 from .usage import CallRecord, UsageLedger
 
 if TYPE_CHECKING:
@@ -133,6 +134,21 @@ class Call:
         self.record_failure(str(error))
         return error
 
+    def interrupted(self, partial: Answer) -> Completion:
+        """The answer an interrupt cut off, as far as it came (already recorded, by
+        ``cancelled``, with what it cost)."""
+        return Completion(
+            partial.text,
+            self.model,
+            self.spent.input_tokens,
+            self.spent.output_tokens,
+            cost_usd=self.spent.cost_usd,
+            retries=self.retries,
+            elapsed_s=time.perf_counter() - self.started,
+            streamed=True,
+            cut_reason=INTERRUPTED,
+        )
+
     def cancelled(self) -> None:
         # A cancelled call may already have been billed in part: it stays in the ledger,
         # with the tokens it had streamed.
@@ -171,7 +187,10 @@ class Spent:
     def add_partial(
         self, state: StreamState | None, transport: Transport, messages: Messages
     ) -> None:
-        answer = transport.partial(state, messages)
+        self.add(transport.partial(state, messages))
+
+    def add(self, answer: Answer | None) -> None:
+        """The tokens of a cut-off attempt's ``answer`` (None: nothing arrived)."""
         if answer is None:
             return
         self.input_tokens += answer.input_tokens

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ..errors import (
@@ -355,10 +354,15 @@ class LLMClient:
             call.state = StreamState(options.on_text, call.reservation) if call.streaming else None
             try:
                 answer = await self._attempt(call)
-            except asyncio.CancelledError:
+            except asyncio.CancelledError as cancel:
                 call.gate.failed(ticket)
-                call.spent.add_partial(call.state, call.transport, call.messages)
-                call.cancelled()
+                partial = call.transport.partial(call.state, call.messages)
+                call.spent.add(partial)
+                call.cancelled()  # in the ledger as cancelled, with the tokens it had
+                if partial is not None:
+                    # What arrived rides on the cancellation, marked, to whoever keeps
+                    # a batch's answers (``partial_answer``).
+                    cancel.partial_answer = call.interrupted(partial)  # type: ignore[attr-defined]
                 raise
             except Exception as exc:  # noqa: BLE001 - every failure is decided on below
                 failure = exc
@@ -494,16 +498,12 @@ class LLMClient:
             cached_input_tokens=answer.cached_input_tokens,
             cache_write_tokens=answer.cache_write_tokens,
             streamed=call.streaming,
-            finish_reason=answer.finish_reason,
+            # Broken off: whatever the last chunk said, it is not where the model ended
+            # (its text is then a marked ``CutAnswer``).
+            finish_reason=answer.finish_reason if call.cut_reason is None else None,
+            cut_reason=call.cut_reason,
         )
-        if call.cut_reason is not None:
-            completion = replace(
-                completion,
-                finish_reason=None,
-                cut_reason=call.cut_reason,
-                text=f"{completion.text}\n[answer cut off: {call.cut_reason}]",
-            )
-        else:
+        if call.cut_reason is None:
             windows.learn_usage(
                 model,
                 call.messages,

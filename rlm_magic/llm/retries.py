@@ -75,4 +75,38 @@ def explained(
         return TimeoutError(f"{failure}{got} (timeout={timeout:g}s)")
     if isinstance(failure, asyncio.TimeoutError):
         return TimeoutError(f"no answer within timeout={timeout:g}s")
+    if state is not None and state.received and _connection_dropped(failure):
+        return ConnectionError(
+            f"the server closed the connection after {len(state.text):,} characters, "
+            "before the answer's end"
+        )
     return failure
+
+
+# How HTTP clients say that a response's body stopped short (or a stream ended without
+# its finish): aiohttp's "Response payload
+# is not completed: <TransferEncodingError: 400, ...>" (the 400 is aiohttp's own code,
+# not an HTTP status), a cut chunked body, or a connection reset mid-answer.
+_DROPPED_KINDS = ("ClientPayloadError", "TransferEncodingError", "ContentLengthError")
+_DROPPED_WORDS = (
+    "Response payload is not completed",
+    "Not enough data to satisfy",
+    "Connection reset by peer",
+    "Server disconnected",
+    "incomplete chunked read",
+    "peer closed connection without sending complete message body",
+    "Stream ended before a finish_reason was received",  # litellm's, and the wire's
+)
+
+
+def _connection_dropped(failure: BaseException) -> bool:
+    seen: BaseException | None = failure
+    for _ in range(5):  # the exception and its causes
+        if seen is None:
+            return False
+        if type(seen).__name__ in _DROPPED_KINDS or any(
+            words in str(seen) for words in _DROPPED_WORDS
+        ):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False

@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
+from ..llm.completion import Completion, partial_answer
 from ..llm.limiter import ConcurrencyLimiter
 
 # How many calls may start in one loop iteration: enough to fill the limit quickly,
@@ -31,6 +32,8 @@ class BatchOutcome:
     def __init__(self, size: int):
         self.results: list[Any] = [None] * size
         self.errors: dict[int, Exception] = {}
+        # Calls an interrupt stopped mid-answer: what they had received (``Completion``s).
+        self.partial: dict[int, Completion] = {}
 
     on_disk = False  # a batch's answers are kept only in memory (see run_map for maps)
 
@@ -75,6 +78,11 @@ async def gather_limited(
             errors[index] = exc
             if observer:
                 observer.item_failed(index, exc)
+        except asyncio.CancelledError as cancel:
+            cut = partial_answer(cancel)
+            if cut is not None:
+                outcome.partial[index] = cut
+            raise
 
     try:
         started_this_turn = 0

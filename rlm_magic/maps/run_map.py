@@ -94,16 +94,30 @@ class MapOutcome:
         self.results_are_values = False
 
     def answers(self) -> list[Any]:
-        """Each item's answer (a value), None where none has arrived."""
+        """Each item's answer (a value), None where none has arrived. An item an
+        interrupt stopped mid-answer has what had arrived, a ``CutAnswer`` (not for typed
+        answers: a part of one is no value)."""
         answers: list[Any] = [None] * self.total
         for index, value in self.kept.items():
             answers[index] = value
+        partial = self.gathered.partial if self.keeps_partial_answers else {}
         for position, index in enumerate(self.sent):
             result = self.gathered.results[position]
+            if result is None and position in partial:
+                result = partial[position]
             answers[index] = (
                 result if self.results_are_values else _value(result, self.answer_format)
             )
         return answers
+
+    @property
+    def keeps_partial_answers(self) -> bool:
+        return self.answer_format is None and not self.results_are_values
+
+    @property
+    def cut_by_interrupt(self) -> int:
+        """Items an interrupt stopped mid-answer, whose part is among ``answers()``."""
+        return len(self.gathered.partial) if self.keeps_partial_answers else 0
 
     def failures(self) -> dict[int, Exception]:
         """The items that failed, by index in the whole map."""

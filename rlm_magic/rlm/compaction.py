@@ -150,15 +150,19 @@ class Conversation:
         return record
 
     async def _summarise(self, before: int, replaced: int, shorter: bool = False) -> Completion:
-        """One summary call (``shorter``: asked for half its budget, so that it ends
+        """One summary call (``shorter``: with half its budget, and asked to end well
         within it). A prompt refused as too long is cut further and sent once more."""
         for share in (0.9, 0.6):  # the estimate may be short for code: then less
             budget, room = self._summary_room(before, replaced)
             prompt = SUMMARY_PROMPT
             if shorter:
+                # Half the budget too, not only the words asked for: a model that writes
+                # past its room again then costs half a call, not a whole one. The words
+                # (~0.75 a token) leave a fifth of it spare.
+                budget = max(32, budget // 2)
                 prompt += (
                     f" Your last summary did not end within its room: keep this "
-                    f"one under {max(20, int(budget * 0.375)):,} words."
+                    f"one under {max(20, int(budget * 0.6)):,} words."
                 )
             request = _with_user_message(
                 _fitted(self.messages, int(room * share), self.model), prompt

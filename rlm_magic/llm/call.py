@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import LLMQueryError
 from . import retries
+from .completion import INTERRUPTED, Completion
 from .identity import RequestIdentity
 from .messages import Messages
 from .redaction import Redactor, redact_failure
 from .streaming import OnText, StreamState
-from .completion import INTERRUPTED, Completion
 from .transports.base import Answer, Transport
 from .usage import CallRecord, UsageLedger
 

@@ -89,3 +89,21 @@ def test_every_error_class_is_in_the_error_tree():
 )
 def test_help_text_reads_as_written_in_markdown(help_text, markdown):
     assert reference.plain(help_text) == markdown
+
+
+def test_the_readme_stays_short():
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 200
+
+
+def test_every_link_and_image_of_the_readme_resolves():
+    # No public home yet: a target is an absolute URL, or a file of the repository (the
+    # README's link block says where to make them absolute once there is one).
+    readme = (ROOT / "README.md").read_text()
+    targets = re.findall(r"\]\(([^)\s]+)\)", readme)
+    targets += re.findall(r"^\[[\w-]+\]: (\S+)$", readme, flags=re.M)
+    assert "docs/screenshot.png" in targets
+    for target in targets:
+        if not target.startswith(("https://", "http://")):
+            assert (ROOT / target).is_file(), target
+    for label in re.findall(r"\]\[([\w-]+)\]", readme):
+        assert re.search(rf"^\[{label}\]: ", readme, flags=re.M), label

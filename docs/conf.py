@@ -43,7 +43,6 @@ nitpicky = True
 
 autodoc_typehints = "none"
 autodoc_member_order = "bysource"
-autodoc_default_options = {"show-inheritance": True}
 default_role = "literal"
 
 html_theme = "furo"

@@ -227,9 +227,10 @@ def api_markdown() -> str:
             directive = "autoexception" if issubclass(obj, BaseException) else "autoclass"
             lines += ["```{eval-rst}", f".. {directive}:: {name}", "   :members:"]
             if name == "RLM":
-                # Its base, RLMConfig, is the settings (on their own page), not an API.
-                lines.append("   :no-show-inheritance:")
+                # Its base, RLMConfig, holds the settings (on their own page): no API.
                 lines.append(f"   :exclude-members: {', '.join(sorted(setting_names))}")
+            elif obj.__bases__ != (object,):
+                lines.append("   :show-inheritance:")
             lines += ["```", ""]
         else:
             lines += ["```{eval-rst}", f".. autofunction:: {name}", "```", ""]

@@ -163,10 +163,10 @@ def magics_markdown() -> str:
         "",
     ]
     for magic, parser in cell_magic_parsers().items():
-        lines += [f"## `{magic}`", "", "```text", parser.format_usage().strip(), "```", ""]
+        # IPython writes the usage and the magic's docstring as reStructuredText.
+        usage = parser.format_usage().strip("\n")
         description = inspect.cleandoc(parser.description or "")
-        if description:
-            lines += ["```text", description, "```", ""]
+        lines += [f"## `{magic}`", "", "```{eval-rst}", usage, "", description, "```", ""]
         lines += ["| option | meaning |", "|---|---|"]
         for spelled, help_text in options(parser):
             lines.append(f"| `{spelled}` | {plain(help_text)} |")

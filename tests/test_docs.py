@@ -62,6 +62,26 @@ def test_every_rlm_subcommand_is_in_the_magics_reference():
         assert f"| `%rlm {command}" in page, command
 
 
+def test_rlm_help_entries_split_into_usage_and_description_even_over_several_lines():
+    text = (
+        "%rlm usage          tokens and cost per model\n"
+        "%rlm jobs cancel ID cancel one at its provider\n"
+        "%rlm eval [--tasks niah,count --sizes 8k,64k --n 20 --dry-run\n"
+        "          --out VAR --seed N]\n"
+        "                    does the RLM help? scored\n"
+        "                    against a direct call\n"
+        "Set options with %config RLM.<name> = value."
+    )
+    assert reference.help_entries(text) == [
+        ("%rlm usage", "tokens and cost per model"),
+        ("%rlm jobs cancel ID", "cancel one at its provider"),
+        (
+            "%rlm eval [--tasks niah,count --sizes 8k,64k --n 20 --dry-run --out VAR --seed N]",
+            "does the RLM help? scored against a direct call",
+        ),
+    ]
+
+
 def test_every_exported_name_is_documented_in_the_api_reference():
     import rlm_magic
 

@@ -138,16 +138,35 @@ def options(parser: argparse.ArgumentParser) -> Iterator[tuple[str, str]]:
         yield spelled, formatter._expand_help(action) if action.help else ""
 
 
-def subcommands() -> list[tuple[str, list[str]]]:
-    """Each ``%rlm`` subcommand with the lines of ``%rlm help`` that describe it."""
+def help_entries(text: str) -> list[tuple[str, str]]:
+    """``%rlm help``'s text as (usage, what it does) pairs. The descriptions start at one
+    column (the one most lines use); an entry's indented lines continue its usage when they
+    start left of that column, its description when they start at it."""
+    lines = text.splitlines()
+    starts = [m.end() - 1 for line in lines if (m := re.search(r"\S\s{2,}(?=\S)", line))]
+    column = max(set(starts), key=starts.count) + 1 if starts else 0
+    entries: list[tuple[list[str], list[str]]] = []
+    for line in lines:
+        if line.startswith("%"):
+            head, tail = line, ""
+            if column and len(line) > column and line[column - 1] == " ":
+                head, tail = line[:column], line[column:]
+            entries.append(([head.strip()], [tail.strip()] if tail.strip() else []))
+        elif entries and line[:1].isspace():
+            indent = len(line) - len(line.lstrip())
+            entries[-1][1 if indent >= column else 0].append(line.strip())
+    return [(" ".join(usage), " ".join(what)) for usage, what in entries]
+
+
+def subcommands() -> list[tuple[str, list[tuple[str, str]]]]:
+    """Each ``%rlm`` subcommand with the entries of ``%rlm help`` that describe it."""
     from rlm_magic.jupyter import subcommands as module
 
-    help_lines = module.HELP.splitlines()
-    listed = []
-    for command in module._COMMANDS:
-        mine = [line for line in help_lines if re.match(rf"%rlm {re.escape(command)}\b", line)]
-        listed.append((command, mine))
-    return listed
+    entries = help_entries(module.HELP)
+    return [
+        (command, [e for e in entries if re.match(rf"%rlm {re.escape(command)}\b", e[0])])
+        for command in module._COMMANDS
+    ]
 
 
 def magics_markdown() -> str:
@@ -177,26 +196,13 @@ def magics_markdown() -> str:
         "| subcommand | what it does |",
         "|---|---|",
     ]
-    for command, help_lines in subcommands():
-        if not help_lines:
+    for command, entries in subcommands():
+        if not entries:
             lines.append(f"| `%rlm {command}` | (not described in `%rlm help`) |")
-        for line in help_lines:
-            words = re.split(r"\s{2,}", line, maxsplit=1)
-            usage = words[0]
-            what = words[1] if len(words) > 1 else ""
-            if not what and " " in usage:  # "%rlm jobs cancel ID cancel one at ..."
-                usage, what = _split_usage(usage)
+        for usage, what in entries:
             lines.append(f"| `{usage}` | {plain(what)} |")
     lines += ["", "`%rlm help` prints:", "", "```text", module.HELP.rstrip(), "```", ""]
     return "\n".join(lines)
-
-
-def _split_usage(line: str) -> tuple[str, str]:
-    """``%rlm jobs cancel ID cancel one ...``: the usage ends at the last upper-case word
-    (a placeholder) or at the first lower-case word after the subcommand's words."""
-    words = line.split()
-    end = max((i for i, word in enumerate(words) if word.isupper()), default=1) + 1
-    return " ".join(words[:end]), " ".join(words[end:])
 
 
 # -- API and errors ----------------------------------------------------------------------

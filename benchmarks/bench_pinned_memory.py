@@ -1,5 +1,5 @@
 """How much host memory one sandboxed process can pin in socket and pipe buffers: the
-figure behind the README's per-process allowance.
+figure behind the per-process allowance in docs/guides/security.md.
 
 Run from the repo root (Linux):  python benchmarks/bench_pinned_memory.py [--reps 3]
                                  [--repo PATH]  (another checkout's rlm_magic, to compare)

@@ -55,7 +55,7 @@ def test_kernel_metadata_is_what_jupyterlab_sets_on_opening(path):
         "language": spec["language"],
     }
     # The kernel's own language_info, but for the Python version: that is the one field
-    # a kernel of another Python rewrites (see the README's notebooks section).
+    # a kernel of another Python rewrites (see docs/dev/notebooks.md).
     stored = dict(nb.metadata.language_info)
     expected = dict(IPythonKernel.language_info)
     assert re.fullmatch(r"3\.\d+\.\d+", stored.pop("version"))

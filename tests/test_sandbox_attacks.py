@@ -734,7 +734,7 @@ if pytest is not None:
             "fake_values": [],
             "aws_credentials": "FileNotFoundError",
             "dotenv": "FileNotFoundError",
-            # Exactly the README's list (LANG is set for the kernel; TERM is too, and
+            # Exactly the security guide's list (LANG is set for the kernel; TERM is too, and
             # stays out: model code has no terminal)
             "names": ["HOME", "LANG", "PATH", "TMPDIR"],
         }
@@ -753,11 +753,11 @@ if pytest is not None:
         }
         assert buffers["SO_SNDBUFFORCE"] == buffers["SO_RCVBUFFORCE"] == "PermissionError"
         # As many pairs as descriptors allow, each end filled to the default buffer:
-        # the README's 64 MB per process (at the default net.core.wmem_default).
+        # the security guide's 64 MB per process (at the default net.core.wmem_default).
         assert buffers["pairs_stopped_by"] == "EMFILE" and 100 < buffers["pairs"] < 128
         assert buffers["queued"] <= 256 * 1.25 * attacked["wmem_default"]
         # In flight, the kernel refuses more once the user has 256 there (ETOOMANYREFS),
-        # and one message carries at most 253: the README's second 256.
+        # and one message carries at most 253: the security guide's second 256.
         assert buffers["in_flight_stopped_by"] == "ETOOMANYREFS"
         assert 256 <= buffers["in_flight"] <= 2 * 256
 

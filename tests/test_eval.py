@@ -214,10 +214,10 @@ async def test_a_dry_run_sends_nothing_and_counts_the_calls(server):
     assert isinstance(plan, EvalPlan)
     assert server.requests == []
     assert plan.items == 2 * 2 * 10 * 2
-    # direct: one call an item; map: ceil(size / 16k) chunks and one combining call.
-    assert plan.calls == 40 * 1 + 20 * (1 + 1) + 20 * (4 + 1)
+    # direct: one call an item; map: a call a chunk (8k: 1, 64k: 5) and a combining call.
+    assert plan.calls == 40 * 1 + 20 * (1 + 1) + 20 * (5 + 1)
     assert plan.cost_usd is not None and plan.cost_usd > 0
-    assert "Plan: 80 items, ~180 calls" in repr(plan)
+    assert "Plan: 80 items, ~200 calls" in repr(plan)
 
 
 async def test_the_direct_call_says_when_the_context_was_cut_to_the_window(server):

@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..errors import ConfigError
+from ..errors import ConfigError, PromptTooLongError
 from ..llm.messages import build_messages
 from ..llm.usage import UsageLedger
 from ..maps.run_map import MapSpec, run_map
@@ -38,6 +38,7 @@ RLM_TURNS = 4
 RLM_TURN_INPUT = 3_000
 RLM_TURN_OUTPUT = 400
 
+_FITTING_ATTEMPTS = 3  # a direct call cut to the window is asked at most this often
 DIRECT_PROMPT = "{question}\n\nThe data:\n{context}"
 PART_PROMPT = (
     "{question}\n\nThis is part {number} of {parts} of the data. Answer from this part "
@@ -121,21 +122,32 @@ class DirectMethod:
         client, model = rlm.client, rlm.model
         await client.look_up_windows(model)
         window = client.input_window(model, advice=True)
-        context, notes = item.context, []
+        context = item.context
         if window is not None:
             room = window - rlm.max_tokens - estimate_tokens(item.question) - 64
-            characters = max(0, int(room * 0.95 * CHARS_PER_TOKEN))
-            if len(context) > characters:
-                notes.append(
-                    f"context cut to its first ~{estimate_tokens(context[:characters]):,} "
-                    f"of ~{estimate_tokens(context):,} tokens: {model}'s window is "
-                    f"{window:,} tokens"
+            context = _head(context, max(0, int(room * 0.95 * CHARS_PER_TOKEN)))
+        for attempt in range(_FITTING_ATTEMPTS):
+            prompt = DIRECT_PROMPT.format(question=item.question, context=context)
+            try:
+                completion = await client.complete(
+                    build_messages(prompt, None), model=model, ledger=ledger, stream=True
                 )
-                context = context[:characters].rsplit("\n", 1)[0]
-        prompt = DIRECT_PROMPT.format(question=item.question, context=context)
-        completion = await client.complete(
-            build_messages(prompt, None), model=model, ledger=ledger, stream=True
-        )
+                break
+            except PromptTooLongError as exc:
+                # The model's tokenizer reads more tokens than the estimate (digits and
+                # symbols are dense): cut in the ratio the refusal gives, and ask again.
+                if attempt == _FITTING_ATTEMPTS - 1 or exc.tokens <= 0:
+                    raise
+                context = _head(context, int(len(context) * exc.room / exc.tokens * 0.97))
+        notes = []
+        if len(context) < len(item.context):
+            notes.append(
+                f"context cut to its first ~{estimate_tokens(context):,} of "
+                f"~{estimate_tokens(item.context):,} tokens: {model}'s window is "
+                f"{window:,} tokens"
+                if window
+                else f"context cut to its first ~{estimate_tokens(context):,} tokens"
+            )
         return Answer(
             completion.text,
             notes=notes,
@@ -219,8 +231,17 @@ def chunk_lines(text: str, characters: int) -> list[str]:
     return chunks
 
 
+def _head(text: str, characters: int) -> str:
+    """The first ``characters`` of ``text``, at a line's end (all of it if it fits)."""
+    if len(text) <= characters:
+        return text
+    return text[:characters].rsplit("\n", 1)[0]
+
+
 def _parts(size: int, chunk_tokens: int) -> int:
-    return max(1, math.ceil(size / chunk_tokens))
+    # An item runs a line past its size, and a chunk stops a line short of its own: a
+    # context of exactly two chunks' size makes three.
+    return max(1, math.ceil(size * 1.01 / chunk_tokens))
 
 
 def _call(model: str, prompt: str, answer: str) -> dict[str, str]:

@@ -131,6 +131,12 @@ def test_numeric(answer, expected, tolerance, score):
     assert scorers.numeric(**tolerance)(answer, expected) == score
 
 
+def test_a_count_scores_as_oolong_does():
+    assert scorers.oolong_numeric("40", 40) == 1
+    assert scorers.oolong_numeric("I count 42.", 40) == pytest.approx(0.75**2)
+    assert scorers.oolong_numeric("many", 40) == 0
+
+
 def test_set_overlap_is_the_f1_of_the_items():
     score = scorers.set_overlap(scorers.dash_pairs)
     want = {"1-2", "1-3", "2-3", "3-4"}

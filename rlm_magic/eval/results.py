@@ -247,7 +247,7 @@ class EvalResults:
         )
         return (
             f"<details><summary><code>{html.escape(head)}</code></summary>"
-            f"<pre>{html.escape(item.trajectory_text())}</pre></details>"
+            f"<pre>{html.escape(_shortened(item.trajectory_text()))}</pre></details>"
         )
 
     # -- files and plots ----------------------------------------------------------------
@@ -312,6 +312,25 @@ class EvalResults:
 
 def json_line(item: ItemResult, settings: dict[str, Any]) -> str:
     return json.dumps({**settings, **item.to_dict()}, ensure_ascii=False, default=str) + "\n"
+
+
+def _shortened(text: str, most: int = 1_500) -> str:
+    """A trajectory's text as the table's details show it (each item's whole trajectory
+    stays in ``items``, and in the JSON-lines file)."""
+    if len(text) <= most:
+        return text
+    return f"{text[: most // 2]}\n[... {len(text) - most:,} characters ...]\n{text[-most // 2 :]}"
+
+
+def warm_plot() -> None:
+    """Import matplotlib's figure and renderer if it is installed (a second or so, the
+    first time), so the plot is drawn as soon as the last answer is in."""
+    import importlib
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is not None:
+        importlib.import_module("matplotlib.figure")
+        importlib.import_module("matplotlib.backends.backend_agg")
 
 
 def _percent(value: float | None) -> str:

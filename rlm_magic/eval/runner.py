@@ -31,7 +31,7 @@ from . import methods as methods_module
 from . import tasks as tasks_module
 from .methods import Answer, Method
 from .plan import EvalPlan, make_plan
-from .results import EvalResults, ItemResult, json_line
+from .results import EvalResults, ItemResult, json_line, warm_plot
 from .tasks import Item, Task, estimate_tokens, parse_size
 
 if TYPE_CHECKING:
@@ -128,6 +128,8 @@ class Evaluation:
             asyncio.ensure_future(self._run_unit(position, unit, slots, rlm_slots, observer))
             for position, unit in enumerate(self.units)
         ]
+        # The plot's library loads while the items run (a thread: the loop goes on).
+        warming = asyncio.ensure_future(asyncio.to_thread(warm_plot))
         try:
             await asyncio.gather(*tasks)
         except BaseException:
@@ -139,6 +141,10 @@ class Evaluation:
         finally:
             self.results.elapsed_s = time.perf_counter() - started
             self._items.clear()
+            if not warming.done():
+                warming.cancel()  # (the thread finishes its import on its own)
+            elif not warming.cancelled():
+                warming.exception()  # a failed import means no plot, nothing more
         return self.results
 
     async def _run_unit(

@@ -66,6 +66,13 @@ def numeric(rel_tol: float = 0.0, abs_tol: float = 0.0) -> Scorer:
     return score
 
 
+def oolong_numeric(answer: str, expected: Any) -> float:
+    """OOLONG's score of a numeric answer: 0.75 to the power of how far off it is (1 when
+    right, 0.75 one off, 0.56 two off...); 0 with no number."""
+    got = first_number(answer)
+    return 0.0 if got is None else 0.75 ** abs(got - float(expected))
+
+
 def comma_list(answer: str) -> set[str]:
     """The answer's items, split on commas, semicolons and new lines, normalized."""
     return {normalize(part) for part in re.split(r"[,;\n]", str(answer)) if normalize(part)}

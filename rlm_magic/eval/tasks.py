@@ -13,7 +13,7 @@ benchmarks it uses; each states its source (``Task.source``):
   sentence at a depth drawn from the seed, among filler sentences;
 - ``count``, ``most_common``, ``compare``: OOLONG-style aggregation over labelled
   records (here the labels are written out, so the task is aggregation over the whole
-  context, not classification);
+  context, not classification); a count scores as OOLONG's do, 0.75 ** |error|;
 - ``pairs``: OOLONG-Pairs-style: every pair of users who both have a record with a rare
   label (quadratic in what must be kept in mind);
 - ``two_hop``: two facts far apart (one in the first quarter, one in the last), among
@@ -275,7 +275,7 @@ def _count(size: int, index: int, seed: int) -> Item:
         "\n".join(line for _, _, line in records),
         f"How many records have the topic '{topic}'? Answer with a number only.",
         expected,
-        scorers.numeric(),
+        scorers.oolong_numeric,  # partial credit, 0.75 ** |error|, as OOLONG scores
         {"topic": topic, "records": len(records)},
     )
 

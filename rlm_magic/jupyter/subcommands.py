@@ -167,10 +167,8 @@ def _eval_arguments(args):
 
 
 def _evaluation(magics, options):
-    from .. import demo
     from ..eval import Evaluation
 
-    demo.wait_until_priced()  # the demo's pretend prices, for the plan (once, briefly)
     return Evaluation(
         magics.rlm,
         options.tasks,
@@ -192,15 +190,21 @@ def _eval(magics, args):
             "%rlm eval runs on the notebook's event loop: put it at the start of a cell "
             "of its own, or use `await rlm_magic.eval.evaluate(...)`"
         )
+    from .. import demo
+
+    demo.wait_until_priced()  # the demo's pretend prices, for the plan (once, briefly)
     return _evaluation(magics, options).plan
 
 
 async def run_eval(line: str, shell=None):
     """What a cell starting ``%rlm eval`` runs (rewritten to ``await`` it, as ``%%rlm``
     is): the plan, then every item with a progress bar; the table and the plot."""
+    import asyncio
+
     from IPython import get_ipython
     from IPython.display import Image, display
 
+    from .. import demo
     from .interrupts import run_interruptibly
     from .progress import BatchProgress
 
@@ -209,6 +213,7 @@ async def run_eval(line: str, shell=None):
     if magics is None:
         raise UsageError("rlm_magic is not loaded: run %load_ext rlm_magic")
     options = _eval_arguments(shlex.split(line))
+    await asyncio.to_thread(demo.wait_until_priced)  # the demo's prices, for the plan
     evaluation = _evaluation(magics, options)
     if options.dry_run:
         return evaluation.plan

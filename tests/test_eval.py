@@ -336,3 +336,26 @@ def test_the_combine_prompt_is_the_wording_the_demo_reads():
         answers="Part 1: 3\nPart 2: 4",
     )
     assert eval_reply(prompt) == "7"
+
+
+@pytest.mark.parametrize("name", sorted(tasks.BUILT_IN))
+def test_the_demo_model_answers_every_task_by_rule(name):
+    # Offline, the notebook's evaluation measures the harness: the demo must be right
+    # wherever it sees the whole context.
+    from rlm_magic.demo.script import eval_reply
+    from rlm_magic.eval.methods import DIRECT_PROMPT
+
+    for item in tasks.BUILT_IN[name].items(8_000, 3, seed=1):
+        answer = eval_reply(DIRECT_PROMPT.format(question=item.question, context=item.context))
+        assert item.scorer(answer, item.expected) == 1, (item.question, answer)
+
+
+def test_without_matplotlib_there_is_no_plot_and_no_error(monkeypatch):
+    import sys
+
+    from rlm_magic.eval import ItemResult
+
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # its import fails
+    results = EvalResults()
+    results.add(ItemResult("rlm", "niah", 8000, 0, "q", "1", "1", 1.0))
+    assert results.plot() is None and results.plot_png() is None

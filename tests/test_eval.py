@@ -359,3 +359,14 @@ def test_without_matplotlib_there_is_no_plot_and_no_error(monkeypatch):
     results = EvalResults()
     results.add(ItemResult("rlm", "niah", 8000, 0, "q", "1", "1", 1.0))
     assert results.plot() is None and results.plot_png() is None
+
+
+async def test_the_cost_budget_holds_rlm_runs_too(server):
+    server.usage = None
+    server.reply_with("gpt-4o", "FINAL(7)")
+    rlm = priced_rlm(server, max_tokens=100, max_concurrency=1)
+    evaluation = Evaluation(rlm, "niah", ["2k"], n=10, methods="rlm", max_cost_usd=0.02)
+    results = await evaluation.run()
+    assert results.stopped and "cost budget" in results.stopped
+    assert 0 < len(server.requests) < 10
+    assert evaluation.ledger.cost_usd <= 0.02

@@ -314,7 +314,7 @@ def json_line(item: ItemResult, settings: dict[str, Any]) -> str:
     return json.dumps({**settings, **item.to_dict()}, ensure_ascii=False, default=str) + "\n"
 
 
-def _shortened(text: str, most: int = 1_500) -> str:
+def _shortened(text: str, most: int = 800) -> str:
     """A trajectory's text as the table's details show it (each item's whole trajectory
     stays in ``items``, and in the JSON-lines file)."""
     if len(text) <= most:

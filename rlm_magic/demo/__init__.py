@@ -54,6 +54,7 @@ __all__ = [
     "typed_reply",
     "typed_schema",
     "usage_json",
+    "wait_until_priced",
 ]
 
 
@@ -123,6 +124,13 @@ def _register_prices(server: DemoServer) -> None:
         register_pretend_prices()
     finally:  # even if it failed: answer unpriced rather than never
         server.prices_registered.set()
+
+
+def wait_until_priced(timeout: float = 60.0) -> None:
+    """Block until the running demo's pretend prices are registered (if it runs): what
+    prices a plan made before the first call (an evaluation's dry run)."""
+    if _server is not None:
+        _server.prices_registered.wait(timeout)
 
 
 def stop(rlm: Settings | None = None) -> None:

@@ -15,6 +15,7 @@ import hashlib
 import json
 import re
 import threading
+from collections import Counter
 
 from .server import HTTPError, LocalChatServer, split_tokens
 
@@ -111,7 +112,11 @@ _NEGATIVE = {
 
 
 def sub_reply(prompt: str) -> str:
-    """Answer a sub-call by rule: counting lines, or classifying sentiment."""
+    """Answer a sub-call by rule: counting lines, classifying sentiment, or the questions
+    of the evaluation's tasks."""
+    evaluated = eval_reply(prompt)
+    if evaluated is not None:
+        return evaluated
     count = _COUNT.search(prompt)
     if count:
         term, field = count.group(1).lower(), count.group(2)
@@ -218,6 +223,8 @@ def root_reply(messages: list[dict]) -> str:
     """The next move of the demo strategy, from how many turns came before."""
     turn = sum(1 for m in messages if m.get("role") == "assistant")
     question = _question(messages)
+    if eval_question(question):
+        return eval_root_reply(question, turn)
     term, field = _task(question)
     dict_context = "(dict, length" in (messages[0].get("content") or "")
     if term is None:
@@ -286,4 +293,113 @@ def root_reply(messages: list[dict]) -> str:
         )
         + "if failed:\n    result += f' ({failed} chunks failed)'\nprint(result)\n```\n"
         "FINAL_VAR(result)"
+    )
+
+
+# The evaluation's tasks (rlm_magic.eval.tasks) ---------------------------------------
+# Answered by rule, so a notebook can run an evaluation offline: the scores then measure
+# the harness, never a method. A part of the data answers for itself; a prompt with
+# "Answers from the parts:" (the wording of rlm_magic.eval.methods' combining call)
+# combines the parts' answers. The first paragraph of a prompt is the question.
+
+_EVAL_NIAH = re.compile(r"special magic number for (\S+?)\?")
+_EVAL_COUNT = re.compile(r"How many records have the topic '([^']+)'\?")
+_EVAL_MOST = re.compile(r"Which topic do the most records have\?")
+_EVAL_COMPARE = re.compile(r"Do more records have the topic '([^']+)' or the topic '([^']+)'\?")
+_EVAL_PAIRS = re.compile(
+    r"List every pair of users who both have a record with the topic '([^']+)'"
+)
+_EVAL_TWO_HOP = re.compile(r"headquarters of the company (.+?) works for\?")
+_EVAL_QUESTIONS = (_EVAL_NIAH, _EVAL_COUNT, _EVAL_MOST, _EVAL_COMPARE, _EVAL_PAIRS, _EVAL_TWO_HOP)
+_EVAL_PARTS = "\nAnswers from the parts:\n"
+_NOT_FOUND = "not found"
+
+
+def eval_question(question: str) -> bool:
+    return any(pattern.search(question) for pattern in _EVAL_QUESTIONS)
+
+
+def eval_reply(prompt: str) -> str | None:
+    """The answer to an evaluation task's question about the data in ``prompt`` (or the
+    combination of its parts' answers); None for any other prompt."""
+    question, _, data = prompt.partition("\n\n")
+    if not eval_question(question):
+        return None
+    if _EVAL_PARTS in prompt:
+        answers = prompt.split(_EVAL_PARTS, 1)[1]
+        parts = [
+            found.strip()
+            for found in re.findall(r"^Part \d+: (.*)$", answers, re.M)
+            if found.strip().lower() != _NOT_FOUND and not found.startswith("(no answer")
+        ]
+        return _eval_combine(question, parts)
+    return _eval_answer(question, data)
+
+
+def _eval_answer(question: str, data: str) -> str:
+    found = _EVAL_NIAH.search(question)
+    if found:
+        needle = re.search(rf"special magic number for {re.escape(found.group(1))} is (\d+)", data)
+        return needle.group(1) if needle else _NOT_FOUND
+    found = _EVAL_COUNT.search(question)
+    if found:
+        return str(data.count(f"| topic: {found.group(1)} |"))
+    tally = Counter(re.findall(r"\| topic: (\w+) \|", data))
+    if _EVAL_MOST.search(question):
+        return tally.most_common(1)[0][0] if tally else _NOT_FOUND
+    found = _EVAL_COMPARE.search(question)
+    if found:
+        first, second = found.groups()
+        return first if tally[first] >= tally[second] else second
+    found = _EVAL_PAIRS.search(question)
+    if found:
+        users = sorted(
+            {int(u) for u in re.findall(rf"user (\d+) \| topic: {found.group(1)} \|", data)}
+        )
+        pairs = [f"{a}-{b}" for i, a in enumerate(users) for b in users[i + 1 :]]
+        return ", ".join(pairs) or _NOT_FOUND
+    found = _EVAL_TWO_HOP.search(question)
+    assert found is not None  # eval_question matched one of them
+    works = re.search(rf"{re.escape(found.group(1))} works for ([^.\n]+)\.", data)
+    if works is None:
+        return _NOT_FOUND
+    city = re.search(rf"{re.escape(works.group(1))} has its headquarters in ([^.\n]+)\.", data)
+    return city.group(1) if city else _NOT_FOUND
+
+
+def _eval_combine(question: str, parts: list[str]) -> str:
+    if not parts:
+        return _NOT_FOUND
+    if _EVAL_COUNT.search(question):
+        return str(sum(int(n) for part in parts for n in re.findall(r"\d+", part)[:1]))
+    if _EVAL_PAIRS.search(question):
+        pairs = {pair.strip() for part in parts for pair in part.split(",") if pair.strip()}
+        return ", ".join(sorted(pairs))
+    if _EVAL_MOST.search(question) or _EVAL_COMPARE.search(question):
+        return Counter(parts).most_common(1)[0][0]
+    return parts[0]  # a needle, a city: the first part that found it
+
+
+def eval_root_reply(question: str, turn: int) -> str:
+    """The demo's RLM strategy for an evaluation task: the context in chunks, each asked
+    the question at once, then one call combining the answers; FINAL_VAR."""
+    if turn > 0:
+        return "```repl\nprint(answer)\n```\nFINAL_VAR(answer)"
+    return (
+        "I split the context into chunks, ask each the question, and combine.\n```repl\n"
+        "parts, part, size = [], [], 0\n"
+        "for line in context.splitlines():\n"
+        "    if part and size + len(line) > 60000:\n"
+        "        parts.append('\\n'.join(part))\n"
+        "        part, size = [], 0\n"
+        "    part.append(line)\n"
+        "    size += len(line) + 1\n"
+        "parts.append('\\n'.join(part))\n"
+        f"question = {question!r}\n"
+        "answers = llm_query_batch([question + '\\n\\nThe data:\\n' + p for p in parts])\n"
+        "listed = '\\n'.join(f'Part {i}: ' + ' '.join(a.split()) "
+        "for i, a in enumerate(answers, 1))\n"
+        "answer = llm_query(question + '\\n\\nThe data was split into parts.\\n"
+        "Answers from the parts:\\n' + listed)\n"
+        "print(len(parts), 'parts:', answer)\n```\nFINAL_VAR(answer)"
     )

@@ -163,6 +163,10 @@ def transform_rlm_cell(lines: list[str]) -> list[str]:
     same for ``%%llm``).
 
     ``%%rlm?`` and ``%%rlm??`` are left alone so IPython shows the help."""
+    if lines and lines[0].split()[:2] == ["%rlm", "eval"]:  # awaited, as %%rlm is
+        words = lines[0].split(None, 2)
+        run = "__import__('rlm_magic.jupyter.subcommands').jupyter.subcommands.run_eval"
+        return [f"await {run}({(words[2] if len(words) > 2 else '').strip()!r})\n", *lines[1:]]
     if not lines or lines[0][:5] not in _ASYNC_CELLS:
         return lines
     first = lines[0].rstrip("\n")

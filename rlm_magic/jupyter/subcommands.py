@@ -17,6 +17,9 @@ HELP = """\
 %rlm forget NAME    end a session (its sandbox process too)
 %rlm jobs           provider batch jobs (batch_job=True) with state, counts, cost
 %rlm jobs cancel ID cancel one at its provider
+%rlm eval [--tasks niah,count --sizes 8k,64k --n 20 --methods rlm,direct,map --dry-run
+          --out VAR --jsonl PATH --max-cost USD --seed N]
+                    does the RLM help? RLM vs a direct call vs a chunked map, scored
 %rlm demo           start the offline demo model and point RLM at it
 %rlm demo stop      stop it and restore the previous settings
 %rlm help           this text
@@ -142,6 +145,95 @@ def _jobs(magics, args):
     return JobsView(jobs.JobStore(magics.rlm.cache_dir).all())
 
 
+def _eval_arguments(args):
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="%rlm eval", add_help=False)
+    parser.add_argument("--tasks", default="niah,count,pairs,two_hop")
+    parser.add_argument("--sizes", default="8k,32k")
+    parser.add_argument("--n", type=int, default=10)
+    parser.add_argument("--methods", default="rlm,direct,map")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dry-run", action="store_true")
+    parser.add_argument("--out")
+    parser.add_argument("--jsonl")
+    parser.add_argument("--max-cost", type=float)
+    parser.add_argument("--concurrency", type=int)
+    parser.add_argument("--chunk-tokens", type=int)
+    try:
+        return parser.parse_args(args)
+    except SystemExit:  # argparse printed what was wrong
+        raise UsageError("%rlm eval: see %rlm help for its options") from None
+
+
+def _evaluation(magics, options):
+    from ..eval import Evaluation
+
+    return Evaluation(
+        magics.rlm,
+        options.tasks,
+        options.sizes,
+        options.n,
+        options.methods,
+        seed=options.seed,
+        max_cost_usd=options.max_cost,
+        concurrency=options.concurrency,
+        jsonl=options.jsonl,
+        chunk_tokens=options.chunk_tokens,
+    )
+
+
+def _eval(magics, args):
+    options = _eval_arguments(args)
+    if not options.dry_run:
+        raise UsageError(
+            "%rlm eval runs on the notebook's event loop: put it at the start of a cell "
+            "of its own, or use `await rlm_magic.eval.evaluate(...)`"
+        )
+    from .. import demo
+
+    demo.wait_until_priced()  # the demo's pretend prices, for the plan (once, briefly)
+    return _evaluation(magics, options).plan
+
+
+async def run_eval(line: str, shell=None):
+    """What a cell starting ``%rlm eval`` runs (rewritten to ``await`` it, as ``%%rlm``
+    is): the plan, then every item with a progress bar; the table and the plot."""
+    import asyncio
+
+    from IPython import get_ipython
+    from IPython.display import Image, display
+
+    from .. import demo
+    from .interrupts import run_interruptibly
+    from .progress import BatchProgress
+
+    shell = shell or get_ipython()
+    magics = shell.magics_manager.registry.get("RLMMagics")
+    if magics is None:
+        raise UsageError("rlm_magic is not loaded: run %load_ext rlm_magic")
+    options = _eval_arguments(shlex.split(line))
+    await asyncio.to_thread(demo.wait_until_priced)  # the demo's prices, for the plan
+    evaluation = _evaluation(magics, options)
+    if options.dry_run:
+        return evaluation.plan
+    print(evaluation.plan.summary())
+    if options.out:
+        shell.user_ns[options.out] = evaluation.results  # fills as items finish
+    progress = BatchProgress(len(evaluation.units), "eval", enabled=magics.rlm.progress)
+    try:
+        with progress:
+            await run_interruptibly(evaluation.run(progress), "%rlm eval")
+    except KeyboardInterrupt:
+        kept = f"; they are in {options.out}" if options.out else ""
+        print(f"Interrupted: {len(evaluation.results)} items had finished{kept}.")
+        raise
+    png = evaluation.results.plot_png()
+    if png is not None:
+        display(Image(png))
+    return evaluation.results
+
+
 def _help(magics, args):
     print(HELP)
 
@@ -160,4 +252,5 @@ _COMMANDS = {
     "sessions": _sessions,
     "forget": _forget,
     "jobs": _jobs,
+    "eval": _eval,
 }

@@ -192,7 +192,9 @@ def _eval(magics, args):
         )
     from .. import demo
 
-    demo.wait_until_priced()  # the demo's pretend prices, for the plan (once, briefly)
+    # The demo's pretend prices, for the plan: registered within a moment of `%rlm demo`
+    # (a cell that starts with %rlm eval waits for them off the loop; this is on it).
+    demo.wait_until_priced(timeout=0.5)
     return _evaluation(magics, options).plan
 
 

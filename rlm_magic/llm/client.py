@@ -62,9 +62,14 @@ if TYPE_CHECKING:
 
 
 def _wire_ready() -> None:
+    global _wire_is_ready
     import aiohttp  # noqa: F401 - imported here, in a thread, rather than on the loop
 
     litellm_loader.ssl_context()
+    _wire_is_ready = True
+
+
+_wire_is_ready = False  # once: a thread's hop on every call cost more than the call
 
 
 class LLMClient:
@@ -138,7 +143,10 @@ class LLMClient:
             return litellm
         # Off the loop: the price map (whether a price is tiered), aiohttp and the TLS
         # context (~0.1 s of imports and certificates the first time).
-        await asyncio.gather(price_map.load(), asyncio.to_thread(_wire_ready))
+        if _wire_is_ready:
+            await price_map.load()  # (read once: nothing to do after)
+        else:
+            await asyncio.gather(price_map.load(), asyncio.to_thread(_wire_ready))
         endpoint = self.endpoint
         if models and all(endpoint.light(model) for model in models):
             return None

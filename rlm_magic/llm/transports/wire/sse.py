@@ -116,7 +116,9 @@ class WireStream:
             self.api_base,
         )
 
-    async def aclose(self) -> None:
+    def aclose(self) -> asyncio.Future[None]:
+        """Release or drop the connection; awaitable, and already done (the caller
+        shields it from cancellation: a coroutine would cost a task per answer)."""
         reply = self.reply
         if not self.done:
             # Mid-answer (cut off, abandoned): dropped, so the server stops generating
@@ -129,3 +131,6 @@ class WireStream:
             # on their way: aiohttp pools the connection when they come, and what has
             # not ended by then is dropped.
             asyncio.get_running_loop().call_later(END_GRACE_S, reply.close)
+        done = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done

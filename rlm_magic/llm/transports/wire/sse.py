@@ -92,7 +92,8 @@ class WireStream:
                 if payload == b"[DONE]":
                     self.done = True
                     return
-                event = loads(payload)
+                # (decoded here: json.loads of bytes first guesses their encoding)
+                event = loads(payload.decode("utf-8", "surrogatepass"))
                 choices = event.get("choices")
                 if choices:
                     choice = choices[0]

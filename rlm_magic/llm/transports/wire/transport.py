@@ -136,11 +136,14 @@ class WireTransport:
         return WireStream(reply, route.api_base)
 
     async def _post(self, request: Request, body: dict[str, Any], headers: dict[str, str]) -> Any:
-        """The reply (its status and headers read) to ``body``. A request written into a
-        kept-alive connection that the server had closed (it closes idle ones when it
-        likes, saying so by closing them) is sent again on a new connection, once a call
-        and not as a retry: the server closed that connection without a byte of answer,
-        so it had not taken the request."""
+        """The reply (its status and headers read) to ``body``.
+
+        A server closes a kept-alive connection between requests, when it likes, and
+        says so only by closing it: a request that meets such a close (the connection
+        carried requests before, and it failed before any byte of an answer: "Can not
+        write request body", "Server disconnected", a reset) was not taken, and goes
+        again on a new connection, once a call and not as a retry (RFC 9112 9.3.1). A
+        new connection's failure is the server's own: a retry, as before."""
         import aiohttp
 
         route = self.route

@@ -1,11 +1,20 @@
 """What one call costs the kernel's loop, transport by transport, side by side in one run.
 
 Run from the repo root:  python benchmarks/bench_transport.py [--calls 1000] [--quick]
+                                                 [--only floor,cpu,closing,lag,chunk,generation,rlm]
 
 The local OpenAI-compatible server (``tests/llm_server.py``) runs in processes of its
 own, so its CPU is not counted against the client. Reported:
 
-1. **Client CPU per call**: 1,000 calls at concurrency 64 against a server that answers
+0. **CPU per call against raw aiohttp, streamed and not** (``floor``): process CPU time /
+   calls of raw aiohttp (the floor: a post, its JSON read; streamed, each event's JSON
+   read), ``LLMClient.complete`` and ``llm_query_batch``, the methods taking turns run by
+   run, with each one's ratio to the raw row of its kind. Run first, while litellm is
+   not imported (an OpenAI-compatible endpoint needs none of it).
+0b. **A server that closes kept-alive connections** (``closing``): batches of 64 streamed
+   prompts against servers that close each connection after every (2nd) answer, or
+   when idle, without saying so: retries spent and items lost, ours and litellm's.
+1. **Client CPU per call** (``cpu``): 1,000 calls at concurrency 64 against a server that answers
    at once (so the client's CPU is what limits): raw aiohttp (the floor), the OpenAI SDK,
    a bare ``litellm.acompletion`` gather, and ``llm_query_batch`` with the wire transport
    on and off, with and without the progress bar. CPU is this process's
@@ -45,7 +54,6 @@ from rlm_magic.jupyter.helpers import NotebookHelpers as helpers  # noqa: E402
 from rlm_magic.llm.litellm_loader import import_litellm  # noqa: E402
 from rlm_magic.llm.transports import close_loop_clients  # noqa: E402
 
-litellm = import_litellm()
 logging.getLogger("LiteLLM").setLevel(logging.ERROR)
 API_KEY = "sk-bench"
 
@@ -132,7 +140,7 @@ async def bare_litellm(base_url: str, n: int, concurrency: int) -> list:
 
     async def one(p):
         async with semaphore:
-            r = await litellm.acompletion(
+            r = await import_litellm().acompletion(
                 model="openai/bench",
                 api_base=base_url,
                 api_key=API_KEY,
@@ -479,7 +487,7 @@ async def rlm_run(base_url: str, wire: bool, root_s: float, sub_s: float) -> flo
     return wall
 
 
-SECTIONS = ("cpu", "floor", "closing", "lag", "chunk", "generation", "rlm")
+SECTIONS = ("floor", "cpu", "closing", "lag", "chunk", "generation", "rlm")
 
 
 async def main(args) -> None:
@@ -505,23 +513,25 @@ async def main(args) -> None:
             f"{os.cpu_count()} CPUs; the servers run in processes of their own; "
             f"medians of {reps} run(s)\n"
         )
+        if "floor" in wanted:
+            # First, while litellm is not imported: an OpenAI-compatible endpoint's calls
+            # go without it, as in a kernel that needs it for nothing else.
+            print(
+                f"## CPU per call against raw aiohttp, streamed and not: {args.calls:,} "
+                "calls at concurrency 64, answered at once, the methods taking turns run "
+                "by run (process CPU time / calls; litellm not imported)\n"
+            )
+            print_floor_table(await cpu_against_floor(fast.base_url, args.calls, reps))
+
         if "cpu" in wanted:
             print(
-                f"## Client CPU per call: {args.calls:,} calls at concurrency 64, "
+                f"\n## Client CPU per call: {args.calls:,} calls at concurrency 64, "
                 "answered at once\n"
             )
             print("| client | calls/s | client CPU per call (ms) |")
             print("|---|---:|---:|")
             for label, rate, cpu in await cpu_per_call(fast.base_url, args.calls, reps):
                 print(f"| {label} | {rate:,.0f} | {cpu:.3f} |")
-
-        if "floor" in wanted:
-            print(
-                f"\n## CPU per call against raw aiohttp, streamed and not: {args.calls:,} "
-                "calls at concurrency 64, answered at once, the methods taking turns run "
-                "by run (process CPU time / calls)\n"
-            )
-            print_floor_table(await cpu_against_floor(fast.base_url, args.calls, reps))
 
         if "closing" in wanted:
             await closing_server_section(args.closing_batches)

@@ -72,6 +72,7 @@ def _wire_ready() -> None:
 
 _wire_is_ready = False  # once: a thread's hop on every call cost more than the call
 _timeout = getattr(asyncio, "timeout", None)  # Python 3.11+
+_UNASKED: Any = object()
 
 
 def _environment_items() -> tuple[Any, ...] | None:
@@ -171,11 +172,13 @@ class LLMClient:
             return None
         return await litellm_loader.load_litellm()
 
-    async def look_up_windows(self, *models: str) -> None:
+    async def look_up_windows(self, *models: str, litellm: Any = _UNASKED) -> None:
         """Learn these models' windows from litellm once each, off the loop: for some
         providers that is an HTTP request, which would stall every cell's work. (Models
-        that go without litellm read theirs from its bundled price map.)"""
-        litellm = await self.litellm_for(*models)
+        that go without litellm read theirs from its bundled price map.) ``litellm``:
+        what ``litellm_for`` already said for these models."""
+        if litellm is _UNASKED:
+            litellm = await self.litellm_for(*models)
         config, endpoint = self.config, self.endpoint
         names = set(models)
         for model in models:
@@ -346,7 +349,7 @@ class LLMClient:
             endpoint.check(model)
         except ConfigError as exc:
             raise call.failed(exc, self.redactor()) from None
-        await self.look_up_windows(model)
+        await self.look_up_windows(model, litellm=litellm)
         window = self.input_window(model)
         if window is not None:
             # A prompt the model cannot take is not sent (it would be billed or refused);

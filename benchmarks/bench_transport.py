@@ -272,7 +272,10 @@ def client_calls(stream: bool):
     return run
 
 
-def streamed_batch(stream: bool):
+def streamed_batch(stream: bool, resume: bool | None = None):
+    """``llm_query_batch`` as a notebook calls it (``resume=None``: on from 100 prompts,
+    each answer written to disk as it comes), or with ``resume`` as given."""
+
     async def run(base_url: str, n: int, concurrency: int) -> list:
         rlm = rlm_magic.RLM(
             model="openai/bench",
@@ -283,7 +286,7 @@ def streamed_batch(stream: bool):
             max_retries=0,
             stream=stream,
         )
-        return await helpers(rlm).llm_query_batch(prompts(n))
+        return await helpers(rlm).llm_query_batch(prompts(n), resume=resume)
 
     return run
 
@@ -293,9 +296,11 @@ FLOOR_METHODS = {
     (False, "raw aiohttp"): raw_aiohttp,
     (False, "`LLMClient.complete` gather"): client_calls(False),
     (False, "`llm_query_batch`"): streamed_batch(False),
+    (False, "`llm_query_batch`, resume off"): streamed_batch(False, resume=False),
     (True, "raw aiohttp"): raw_aiohttp_streamed,
     (True, "`LLMClient.complete` gather"): client_calls(True),
     (True, "`llm_query_batch`"): streamed_batch(True),
+    (True, "`llm_query_batch`, resume off"): streamed_batch(True, resume=False),
 }
 
 

@@ -1,11 +1,20 @@
 """What one call costs the kernel's loop, transport by transport, side by side in one run.
 
 Run from the repo root:  python benchmarks/bench_transport.py [--calls 1000] [--quick]
+                                                 [--only floor,cpu,closing,lag,chunk,generation,rlm]
 
 The local OpenAI-compatible server (``tests/llm_server.py``) runs in processes of its
 own, so its CPU is not counted against the client. Reported:
 
-1. **Client CPU per call**: 1,000 calls at concurrency 64 against a server that answers
+0. **CPU per call against raw aiohttp, streamed and not** (``floor``): process CPU time /
+   calls of raw aiohttp (the floor: a post, its JSON read; streamed, each event's JSON
+   read), ``LLMClient.complete`` and ``llm_query_batch``, the methods taking turns run by
+   run, with each one's ratio to the raw row of its kind. Run first, while litellm is
+   not imported (an OpenAI-compatible endpoint needs none of it).
+0b. **A server that closes kept-alive connections** (``closing``): batches of 64 streamed
+   prompts against servers that close each connection after every (2nd) answer, or
+   when idle, without saying so: retries spent and items lost, ours and litellm's.
+1. **Client CPU per call** (``cpu``): 1,000 calls at concurrency 64 against a server that answers
    at once (so the client's CPU is what limits): raw aiohttp (the floor), the OpenAI SDK,
    a bare ``litellm.acompletion`` gather, and ``llm_query_batch`` with the wire transport
    on and off, with and without the progress bar. CPU is this process's
@@ -24,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import statistics
@@ -44,7 +54,6 @@ from rlm_magic.jupyter.helpers import NotebookHelpers as helpers  # noqa: E402
 from rlm_magic.llm.litellm_loader import import_litellm  # noqa: E402
 from rlm_magic.llm.transports import close_loop_clients  # noqa: E402
 
-litellm = import_litellm()
 logging.getLogger("LiteLLM").setLevel(logging.ERROR)
 API_KEY = "sk-bench"
 
@@ -63,6 +72,12 @@ class Server:
         self.base_url = self.process.stdout.readline().strip()
         if not self.base_url.startswith("http"):
             raise RuntimeError("the benchmark server did not start")
+
+    def stats(self) -> dict:
+        """The server's counters (completed, rejected, connections...)."""
+        self.process.stdin.write("stats\n")
+        self.process.stdin.flush()
+        return json.loads(self.process.stdout.readline())
 
     def stop(self) -> None:
         self.process.kill()
@@ -125,7 +140,7 @@ async def bare_litellm(base_url: str, n: int, concurrency: int) -> list:
 
     async def one(p):
         async with semaphore:
-            r = await litellm.acompletion(
+            r = await import_litellm().acompletion(
                 model="openai/bench",
                 api_base=base_url,
                 api_key=API_KEY,
@@ -195,6 +210,190 @@ async def cpu_per_call(base_url: str, calls: int, reps: int) -> list[tuple]:
         rows.append((label, calls / wall, cpu / calls * 1000))
         print(f"  ... {label}: {calls / wall:,.0f} calls/s", file=sys.stderr, flush=True)
     return rows
+
+
+# -- 1b. CPU per call against the wire's floor, streamed and not -------------------------
+
+
+async def raw_aiohttp_streamed(base_url: str, n: int, concurrency: int) -> list:
+    """The floor of a streamed call: aiohttp, each event's JSON read and its text kept."""
+    semaphore = asyncio.Semaphore(concurrency)
+    loads = json.loads
+    async with aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0), headers={"Authorization": f"Bearer {API_KEY}"}
+    ) as s:
+
+        async def one(p):
+            async with semaphore:
+                async with s.post(
+                    base_url + "/chat/completions",
+                    json={
+                        "model": "bench",
+                        "messages": [{"role": "user", "content": p}],
+                        "stream": True,
+                        "stream_options": {"include_usage": True},
+                    },
+                ) as r:
+                    r.raise_for_status()
+                    pieces, pending = [], b""
+                    async for data in r.content.iter_any():
+                        *lines, pending = (pending + data).split(b"\n")
+                        for line in lines:
+                            if line.startswith(b"data:") and line[5:].strip() != b"[DONE]":
+                                choices = loads(line[5:])["choices"]
+                                if choices and choices[0]["delta"].get("content"):
+                                    pieces.append(choices[0]["delta"]["content"])
+                    return "".join(pieces)
+
+        return await asyncio.gather(*(one(p) for p in prompts(n)))
+
+
+def client_calls(stream: bool):
+    """``LLMClient.complete`` for each prompt (the client's pipeline, no map around it)."""
+
+    async def run(base_url: str, n: int, concurrency: int) -> list:
+        rlm = rlm_magic.RLM(
+            model="openai/bench",
+            api_base=base_url,
+            api_key=API_KEY,
+            max_concurrency=concurrency,
+            progress=False,
+            max_retries=0,
+            stream=stream,
+        )
+        answers = await asyncio.gather(
+            *(
+                rlm.client.complete([{"role": "user", "content": p}], stream=True)
+                for p in prompts(n)
+            )
+        )
+        return [a.text for a in answers]
+
+    return run
+
+
+def streamed_batch(stream: bool, resume: bool | None = None):
+    """``llm_query_batch`` as a notebook calls it (``resume=None``: on from 100 prompts,
+    each answer written to disk as it comes), or with ``resume`` as given."""
+
+    async def run(base_url: str, n: int, concurrency: int) -> list:
+        rlm = rlm_magic.RLM(
+            model="openai/bench",
+            api_base=base_url,
+            api_key=API_KEY,
+            max_concurrency=concurrency,
+            progress=False,
+            max_retries=0,
+            stream=stream,
+        )
+        return await helpers(rlm).llm_query_batch(prompts(n), resume=resume)
+
+    return run
+
+
+FLOOR_METHODS = {
+    # (streamed, label): method; each of ours is divided by the raw row of its kind
+    (False, "raw aiohttp"): raw_aiohttp,
+    (False, "`LLMClient.complete` gather"): client_calls(False),
+    (False, "`llm_query_batch`"): streamed_batch(False),
+    (False, "`llm_query_batch`, resume off"): streamed_batch(False, resume=False),
+    (True, "raw aiohttp"): raw_aiohttp_streamed,
+    (True, "`LLMClient.complete` gather"): client_calls(True),
+    (True, "`llm_query_batch`"): streamed_batch(True),
+    (True, "`llm_query_batch`, resume off"): streamed_batch(True, resume=False),
+}
+
+
+async def cpu_against_floor(base_url: str, calls: int, reps: int) -> dict:
+    """Process CPU per call of each method, the methods interleaved run by run (so a
+    machine that gets busier midway weighs on all alike): {(streamed, label): [ms...]}."""
+    for method in FLOOR_METHODS.values():
+        await method(base_url, 64, 64)  # warm up: imports, pools
+    await settle()
+    figures: dict = {key: [] for key in FLOOR_METHODS}
+    rates: dict = {key: [] for key in FLOOR_METHODS}
+    for _ in range(reps):
+        for key, method in FLOOR_METHODS.items():
+            wall, cpu = time.perf_counter(), time.process_time()
+            answers = await method(base_url, calls, 64)
+            rates[key].append(calls / (time.perf_counter() - wall))
+            figures[key].append((time.process_time() - cpu) / calls * 1000)
+            check(answers, calls, key[1])
+            await settle()
+    return {key: (figures[key], rates[key]) for key in FLOOR_METHODS}
+
+
+def print_floor_table(results: dict) -> None:
+    print("| streamed | client | calls/s | CPU per call (ms), each run | median | x raw |")
+    print("|---|---|---:|---|---:|---:|")
+    for (streamed, label), (cpus, rates) in results.items():
+        floor = statistics.median(results[(streamed, "raw aiohttp")][0])
+        median = statistics.median(cpus)
+        print(
+            f"| {'yes' if streamed else 'no'} | {label} | {statistics.median(rates):,.0f} | "
+            + ", ".join(f"{c:.3f}" for c in cpus)
+            + f" | {median:.3f} | {median / floor:.2f}x |"
+        )
+
+
+# -- 1c. a server that closes kept-alive connections ------------------------------------
+
+CLOSING_SERVERS = (
+    # (what it does, its arguments)
+    ("closes each connection after every 2nd answer", ("--close-every", "2")),
+    ("closes each connection after every answer", ("--close-every", "1")),
+    ("closes connections idle 0.2 s (batches 0.2 s apart)", ("--keep-alive", "0.2")),
+)
+
+
+async def closing_batch(base_url: str, wire: bool, batch: int) -> tuple[int, int, int]:
+    """One batch of 64 streamed prompts at the default concurrency (16): (retries,
+    failed items, connection failures seen by the retries)."""
+    rlm = rlm_magic.RLM(
+        model="openai/closing",
+        api_base=base_url,
+        api_key=API_KEY,
+        progress=False,
+        wire_transport=wire,
+        stream=True,
+    )
+    answers = await helpers(rlm).llm_query_batch(
+        [f"batch {batch} prompt {i} " + "word " * (i % 8) for i in range(64)],
+        return_exceptions=True,
+    )
+    records = rlm.client.ledger.records
+    failed = sum(isinstance(a, BaseException) for a in answers)
+    return sum(r.retries for r in records), failed, len(records)
+
+
+async def closing_server_section(batches: int) -> None:
+    print(
+        f"\n## A server that closes kept-alive connections: {batches} batches of 64 "
+        "streamed prompts at concurrency 16, without a `Connection: close`\n"
+    )
+    print("| server | client | retries, each batch | failed items | connections opened |")
+    print("|---|---|---|---:|---:|")
+    for what, server_args in CLOSING_SERVERS:
+        idle = float(server_args[1]) if server_args[0] == "--keep-alive" else 0.0
+        for wire in (True, False):
+            server = Server("--token-delay", "0.002", *server_args)
+            try:
+                retries, failed = [], 0
+                for batch in range(batches):
+                    spent, lost, _ = await closing_batch(server.base_url, wire, batch)
+                    retries.append(spent)
+                    failed += lost
+                    if idle:
+                        await asyncio.sleep(idle)
+                await close_loop_clients()
+                opened = server.stats()["connections"]
+            finally:
+                server.stop()
+            print(
+                f"| {what} | {'ours (wire)' if wire else 'litellm'} | "
+                + ", ".join(map(str, retries))
+                + f" | {failed} | {opened} |"
+            )
 
 
 # -- 2. loop lag ----------------------------------------------------------------------------
@@ -293,8 +492,15 @@ async def rlm_run(base_url: str, wire: bool, root_s: float, sub_s: float) -> flo
     return wall
 
 
+SECTIONS = ("floor", "cpu", "closing", "lag", "chunk", "generation", "rlm")
+
+
 async def main(args) -> None:
     reps = 1 if args.quick else args.reps
+    wanted = set(args.only.split(",")) if args.only else set(SECTIONS)
+    unknown = wanted - set(SECTIONS)
+    if unknown:
+        raise SystemExit(f"--only: unknown sections {sorted(unknown)}; known: {SECTIONS}")
     fast = Server("--latency", "0")
     slow = Server("--latency", "0.3")
     generating = Server("--tokens-per-second", "100")
@@ -312,60 +518,83 @@ async def main(args) -> None:
             f"{os.cpu_count()} CPUs; the servers run in processes of their own; "
             f"medians of {reps} run(s)\n"
         )
-        print(f"## Client CPU per call: {args.calls:,} calls at concurrency 64, answered at once\n")
-        print("| client | calls/s | client CPU per call (ms) |")
-        print("|---|---:|---:|")
-        for label, rate, cpu in await cpu_per_call(fast.base_url, args.calls, reps):
-            print(f"| {label} | {rate:,.0f} | {cpu:.3f} |")
-
-        print(
-            "\n## Loop lag: worst lateness of a 10 ms heartbeat, 256 prompts at "
-            "concurrency 64, 0.3 s answers\n"
-        )
-        print("| transport | worst lag (ms), each run |")
-        print("|---|---|")
-        for wire in (True, False):
-            await loop_lag(slow.base_url, wire, 64)  # warm up
-            lags = [await loop_lag(slow.base_url, wire) for _ in range(max(reps, 2))]
+        if "floor" in wanted:
+            # First, while litellm is not imported: an OpenAI-compatible endpoint's calls
+            # go without it, as in a kernel that needs it for nothing else.
             print(
-                f"| {'wire' if wire else 'litellm'} | "
-                + ", ".join(f"{lag:.0f}" for lag in lags)
-                + " |"
+                f"## CPU per call against raw aiohttp, streamed and not: {args.calls:,} "
+                "calls at concurrency 64, answered at once, the methods taking turns run "
+                "by run (process CPU time / calls; litellm not imported)\n"
             )
+            print_floor_table(await cpu_against_floor(fast.base_url, args.calls, reps))
 
-        print("\n## A streamed chunk: loop CPU per chunk of a 2,000-token answer\n")
-        print("| transport | CPU per chunk (ms) | the whole answer unstreamed (ms) |")
-        print("|---|---:|---:|")
-        for wire in (True, False):
-            per_chunk, plain = await chunk_cpu(fast.base_url, wire)
-            print(f"| {'wire' if wire else 'litellm'} | {per_chunk:.4f} | {plain:.1f} |")
-
-        print("\n## Streamed against unstreamed: 16 answers of 300 tokens at 100 tokens/s\n")
-        print("| transport | unstreamed (s) | streamed (s) | streamed / unstreamed |")
-        print("|---|---:|---:|---:|")
-        for wire in (True, False):
-            plain, streamed = await streamed_vs_plain(generating.base_url, wire)
+        if "cpu" in wanted:
             print(
-                f"| {'wire' if wire else 'litellm'} | {plain:.2f} | {streamed:.2f} | "
-                f"{streamed / plain:.3f}x |"
+                f"\n## Client CPU per call: {args.calls:,} calls at concurrency 64, "
+                "answered at once\n"
             )
+            print("| client | calls/s | client CPU per call (ms) |")
+            print("|---|---:|---:|")
+            for label, rate, cpu in await cpu_per_call(fast.base_url, args.calls, reps):
+                print(f"| {label} | {rate:,.0f} | {cpu:.3f} |")
 
-        ideal = 2 * args.root + args.sub
-        print(
-            f"\n## A scripted RLM run: chunk a context, one batch of 64 sub-calls at "
-            f"{args.sub:g} s, finish; streamed, sandbox on; root turns {args.root:g} s "
-            f"each; ideal {ideal:.2f} s\n"
-        )
-        print("| transport | wall (s), each run | best / ideal |")
-        print("|---|---|---:|")
-        for wire in (True, False):
-            await rlm_run(scripted.base_url, wire, args.root, args.sub)  # warm up
-            walls = [await rlm_run(scripted.base_url, wire, args.root, args.sub) for _ in range(3)]
+        if "closing" in wanted:
+            await closing_server_section(args.closing_batches)
+
+        if "lag" in wanted:
             print(
-                f"| {'wire' if wire else 'litellm'} | "
-                + ", ".join(f"{w:.2f}" for w in walls)
-                + f" | {min(walls) / ideal:.3f}x |"
+                "\n## Loop lag: worst lateness of a 10 ms heartbeat, 256 prompts at "
+                "concurrency 64, 0.3 s answers\n"
             )
+            print("| transport | worst lag (ms), each run |")
+            print("|---|---|")
+            for wire in (True, False):
+                await loop_lag(slow.base_url, wire, 64)  # warm up
+                lags = [await loop_lag(slow.base_url, wire) for _ in range(max(reps, 2))]
+                print(
+                    f"| {'wire' if wire else 'litellm'} | "
+                    + ", ".join(f"{lag:.0f}" for lag in lags)
+                    + " |"
+                )
+
+        if "chunk" in wanted:
+            print("\n## A streamed chunk: loop CPU per chunk of a 2,000-token answer\n")
+            print("| transport | CPU per chunk (ms) | the whole answer unstreamed (ms) |")
+            print("|---|---:|---:|")
+            for wire in (True, False):
+                per_chunk, plain = await chunk_cpu(fast.base_url, wire)
+                print(f"| {'wire' if wire else 'litellm'} | {per_chunk:.4f} | {plain:.1f} |")
+
+        if "generation" in wanted:
+            print("\n## Streamed against unstreamed: 16 answers of 300 tokens at 100 tokens/s\n")
+            print("| transport | unstreamed (s) | streamed (s) | streamed / unstreamed |")
+            print("|---|---:|---:|---:|")
+            for wire in (True, False):
+                plain, streamed = await streamed_vs_plain(generating.base_url, wire)
+                print(
+                    f"| {'wire' if wire else 'litellm'} | {plain:.2f} | {streamed:.2f} | "
+                    f"{streamed / plain:.3f}x |"
+                )
+
+        if "rlm" in wanted:
+            ideal = 2 * args.root + args.sub
+            print(
+                f"\n## A scripted RLM run: chunk a context, one batch of 64 sub-calls at "
+                f"{args.sub:g} s, finish; streamed, sandbox on; root turns {args.root:g} s "
+                f"each; ideal {ideal:.2f} s\n"
+            )
+            print("| transport | wall (s), each run | best / ideal |")
+            print("|---|---|---:|")
+            for wire in (True, False):
+                await rlm_run(scripted.base_url, wire, args.root, args.sub)  # warm up
+                walls = [
+                    await rlm_run(scripted.base_url, wire, args.root, args.sub) for _ in range(3)
+                ]
+                print(
+                    f"| {'wire' if wire else 'litellm'} | "
+                    + ", ".join(f"{w:.2f}" for w in walls)
+                    + f" | {min(walls) / ideal:.3f}x |"
+                )
     finally:
         await close_loop_clients()
         for server in (fast, slow, generating, scripted):
@@ -379,4 +608,8 @@ if __name__ == "__main__":
     parser.add_argument("--root", type=float, default=0.5, help="root turn latency (0.5)")
     parser.add_argument("--sub", type=float, default=0.3, help="sub-call latency (0.3)")
     parser.add_argument("--quick", action="store_true", help="one run per figure")
+    parser.add_argument("--only", help=f"comma-separated sections of {','.join(SECTIONS)}")
+    parser.add_argument(
+        "--closing-batches", type=int, default=3, help="batches against the closing server (3)"
+    )
     asyncio.run(main(parser.parse_args()))

@@ -23,6 +23,7 @@ import json
 import math
 import threading
 import time
+import weakref
 from collections import defaultdict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -151,7 +152,52 @@ class RateLimit:
         return admitted, headers
 
 
-class FakeLLMServer(LocalChatServer):
+# -- a server that closes kept-alive connections (issue 28, connections reused safely) -----
+class _ClosesConnections:
+    """Modes of a server that ends kept-alive connections as real ones do, without a
+    ``Connection: close`` to warn the client (llama.cpp, uvicorn and proxies close idle
+    connections after a few seconds; some servers after so many answers):
+
+    - ``close_every``: the connection is closed right after every Nth answer sent on it
+      (streamed or not), so a client that reuses it at once writes into a closed socket;
+    - ``close_idle_after(seconds)``: connections opened from now on are closed when idle
+      that long (aiohttp's own keep-alive timeout, 3,630 s by default).
+
+    ``connections`` counts the connections the server accepted, ``closed_by_server`` the
+    ones it closed this way."""
+
+    def _reset_closing_modes(self) -> None:
+        self.close_every: int | None = None
+        self.connections = 0
+        self.closed_by_server = 0
+        self._answers_on: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self.close_idle_after(None)
+
+    def close_idle_after(self, seconds: float | None) -> None:
+        runner = getattr(self, "_runner", None)
+        server = getattr(runner, "server", None)
+        if server is not None:  # read by each new connection's handler
+            server._kwargs["keepalive_timeout"] = 3630 if seconds is None else seconds
+
+    async def _chat(self, request):
+        transport = request.transport
+        if transport is not None and transport not in self._answers_on:
+            self._answers_on[transport] = 0
+            self.connections += 1
+        response = await super()._chat(request)  # type: ignore[misc]
+        every = self.close_every
+        if every and transport is not None and not transport.is_closing():
+            self._answers_on[transport] += 1
+            if self._answers_on[transport] % every == 0:
+                if not response.prepared:
+                    await response.prepare(request)
+                await response.write_eof()  # the answer goes out whole, then the close
+                transport.close()
+                self.closed_by_server += 1
+        return response
+
+
+class FakeLLMServer(_ClosesConnections, LocalChatServer):
     def __init__(self, host: str = "127.0.0.1", port: int = 0):
         super().__init__(host, port)
         self._lock = threading.Lock()
@@ -198,6 +244,7 @@ class FakeLLMServer(LocalChatServer):
             self._cut: set[int] = set()
             self._reset_local_server_modes()
             self._reset_wire_modes()
+            self._reset_closing_modes()
 
     def script(self, model: str, replies: list[Reply]) -> None:
         """Queue replies for a model, used in order before its default reply."""
@@ -823,8 +870,15 @@ def main() -> None:
         "64 parts, asks the sub-model about each in one batch, then "
         "finishes with FINAL_VAR(answers)",
     )
+    parser.add_argument(
+        "--close-every", type=int, help="close each connection after every Nth answer on it"
+    )
+    parser.add_argument("--keep-alive", type=float, help="close connections idle this many seconds")
     args = parser.parse_args()
     server = FakeLLMServer(port=args.port).start()
+    server.close_every = args.close_every
+    if args.keep_alive is not None:
+        server.close_idle_after(args.keep_alive)
     server.latency = args.latency
     server.token_delay = args.token_delay
     for pair in args.model_latency:
@@ -859,6 +913,7 @@ def main() -> None:
                         "completed": server.completed,
                         "rejected": server.rejected,
                         "peak_in_flight": server.peak_in_flight,
+                        "connections": server.connections,
                     }
                 ),
                 flush=True,

@@ -15,6 +15,7 @@ from rlm_magic import LLMQueryError
 from rlm_magic.llm.litellm_loader import load_litellm
 
 from .conftest import helpers, make_rlm
+from .llm_server import echo
 
 CLAUDE = "anthropic/claude-sonnet-4-5"
 
@@ -440,3 +441,148 @@ async def test_a_large_prompt_without_usage_is_counted_off_the_loop(rlm, server,
     cut = await rlm.client.complete(big, stream=True)
     assert cut.cut_reason and cut.input_tokens > 10_000
     assert counted_on and not any(counted_on)
+
+
+# -- connections reused safely ------------------------------------------------------------
+
+
+class ClosesKeptAliveConnections:
+    """An HTTP server that answers the first chat request on each connection and keeps
+    the connection alive, then closes it, unanswered, when the next request comes on it:
+    a kept-alive connection closed by the server as a request crosses the close, every
+    time. ``answers_fresh=False``: closes every connection unanswered (a server that is
+    down, not a stale connection). ``connections`` counts those that carried a chat
+    request (a local server's window probes get a 404 and a close)."""
+
+    def __init__(self, answers_fresh: bool = True):
+        self.answers_fresh = answers_fresh
+        self.connections = self.requests = 0
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.base_url = f"http://127.0.0.1:{self._listener.getsockname()[1]}/v1"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                connection, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(connection,), daemon=True).start()
+
+    def _serve(self, connection: socket.socket) -> None:
+        with connection:
+            data, answered = b"", False
+            while True:
+                while b"\r\n\r\n" not in data:
+                    more = connection.recv(65536)
+                    if not more:
+                        return
+                    data += more
+                head, _, data = data.partition(b"\r\n\r\n")
+                if not head.startswith(b"POST /v1/chat/completions "):
+                    connection.sendall(
+                        b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                    )
+                    return
+                length = next(
+                    int(line.split(b":")[1])
+                    for line in head.lower().split(b"\r\n")
+                    if line.startswith(b"content-length:")
+                )
+                while len(data) < length:
+                    data += connection.recv(65536)
+                self.requests += 1
+                self.connections += not answered
+                if answered or not self.answers_fresh:
+                    return  # closed, unanswered
+                answered = True
+                body = json.dumps(
+                    {
+                        "choices": [
+                            {"index": 0, "message": {"content": "ok"}, "finish_reason": "stop"}
+                        ],
+                        "usage": {"prompt_tokens": 1, "completion_tokens": 1},
+                    }
+                ).encode()
+                connection.sendall(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+                )
+                data = data[length:]
+
+    def stop(self) -> None:
+        self._listener.close()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_request_met_by_a_closed_kept_alive_connection_goes_again_without_a_retry(
+    server, stream
+):
+    closing = ClosesKeptAliveConnections()
+    rlm = make_rlm(server, api_base=closing.base_url, max_retries=0)
+    try:
+        first = await rlm.client.complete(USER, stream=stream)
+        second = await rlm.client.complete(USER, stream=stream)  # on the kept-alive one
+    finally:
+        closing.stop()
+    assert (first.text, second.text) == ("ok", "ok")
+    assert [r.retries for r in rlm.client.ledger.records] == [0, 0]
+    # The second request met the closed connection, then went on a new one.
+    assert (closing.connections, closing.requests) == (2, 3)
+
+
+async def test_a_request_that_fails_on_a_new_connection_is_not_sent_again_for_free(server):
+    down = ClosesKeptAliveConnections(answers_fresh=False)
+    rlm = make_rlm(server, api_base=down.base_url, max_retries=1)
+    try:
+        with pytest.raises(LLMQueryError, match="failed after 2 attempts"):
+            await rlm.client.complete(USER)
+    finally:
+        down.stop()
+    assert down.requests == 2  # the first attempt and its one retry, nothing more
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("every", [1, 2])
+async def test_a_batch_against_a_server_that_closes_connections_spends_no_retry(
+    server, stream, every
+):
+    server.close_every = every  # closed after every answer (or every 2nd), unannounced
+    server.token_delay = 0.001
+    rlm = make_rlm(server, stream=stream, max_retries=0)
+    prompts = [f"prompt {i} " + "word " * (i % 8) for i in range(64)]
+    answers = await helpers(rlm).llm_query_batch(prompts)
+    assert answers == [f"echo: {p}" for p in prompts]
+    assert sum(r.retries for r in rlm.client.ledger.records) == 0
+    assert len(server.requests) == 64  # each prompt answered once
+    assert server.closed_by_server >= 16
+
+
+@pytest.mark.parametrize("ending", ["whole", "cut off", "abandoned"])
+async def test_a_streamed_answer_leaves_no_broken_connection_in_the_pool(rlm, server, ending):
+    from rlm_magic.llm.transports import close_loop_clients
+
+    await close_loop_clients()  # an empty pool: the connections counted are this test's
+    if ending == "cut off":
+        server.default_reply = lambda body: "one two three four"
+        server.drop_at = 2  # the server goes away after two pieces
+    if ending == "abandoned":
+        server.token_delay = 10
+        call = asyncio.ensure_future(rlm.client.complete(USER, stream=True))
+        assert await asyncio.to_thread(server.wait_for, lambda: server.chunks_sent == 1)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+    else:
+        first = await rlm.client.complete(USER, stream=True)
+        assert first.cut_reason is None if ending == "whole" else first.cut_reason
+    server.drop_at, server.token_delay = None, 0.0
+    server.default_reply = echo
+    calls = len(rlm.client.ledger.records)
+    for _ in range(4):
+        assert (await rlm.client.complete(USER, stream=True)).text == "echo: x"
+    assert [r.retries for r in rlm.client.ledger.records[calls:]] == [0] * 4
+    # A whole answer's connection carried the next ones; an abandoned one was dropped
+    # (one cut off by the server is reused only if its body ended cleanly).
+    if ending != "cut off":
+        assert server.connections == (1 if ending == "whole" else 2)

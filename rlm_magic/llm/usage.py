@@ -102,7 +102,10 @@ class UsageSummary:
     total: ModelUsage = field(default_factory=lambda: ModelUsage("total"))
 
     def add(self, record: CallRecord) -> None:
-        self.by_model.setdefault(record.model, ModelUsage(record.model)).add(record)
+        row = self.by_model.get(record.model)
+        if row is None:  # (not setdefault: that builds a row for every record)
+            row = self.by_model[record.model] = ModelUsage(record.model)
+        row.add(record)
         self.total.add(record)
 
     def copy(self) -> UsageSummary:

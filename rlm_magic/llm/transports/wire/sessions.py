@@ -1,9 +1,20 @@
 """The wire transport's HTTP sessions: one aiohttp session per event loop, since its
-connections belong to the loop that made them, closed when that loop ends."""
+connections belong to the loop that made them, closed when that loop ends.
+
+Kept-alive connections are reused with care. A server closes an idle connection when it
+likes (llama.cpp, uvicorn and Node after 5 s idle, some servers after so many answers),
+and says so only by closing it: a request written into such a connection as the close
+crosses it is lost ("Can not write request body", "Server disconnected"). So a pooled
+connection is dropped after ``KEEP_ALIVE_S`` idle (below those servers' 5 s), and a
+request that still meets a closed one is sent again on a fresh connection
+(``WireTransport._post``; ``reused_connection`` tells when that is safe).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import json
 import weakref
 from collections.abc import AsyncGenerator
@@ -11,10 +22,31 @@ from typing import Any
 
 from ...litellm_loader import ssl_context
 
-# Each loop's (aiohttp session, the generator that closes it with the loop).
-_SESSIONS: weakref.WeakKeyDictionary[
+# Idle seconds after which a pooled connection is not reused (aiohttp's default, 15 s,
+# outlives the 5 s after which many servers close one; httpx keeps them 5 s).
+KEEP_ALIVE_S = 4.0
+
+_Registry = weakref.WeakKeyDictionary[
     asyncio.AbstractEventLoop, tuple[Any, AsyncGenerator[None, None]]
-] = weakref.WeakKeyDictionary()
+]
+# Each loop's (aiohttp session, the generator that closes it with the loop).
+_SESSIONS: _Registry = weakref.WeakKeyDictionary()
+# Each loop's session for requests sent again: every connection new, closed after use.
+_FRESH: _Registry = weakref.WeakKeyDictionary()
+# Whether the connection the current task's last request went out on had carried a
+# request before (set by the connector as it hands one out, in the sending task).
+_REUSED: contextvars.ContextVar[bool] = contextvars.ContextVar("wire_reused", default=False)
+
+
+def reused_connection() -> bool:
+    """Whether the current task's last request was written into a kept-alive connection
+    (one that had carried a request before), rather than a new one."""
+    return _REUSED.get()
+
+
+def forget_connection() -> None:
+    """Before a request: nothing is known of the connection it will go out on."""
+    _REUSED.set(False)
 
 
 def session() -> Any:
@@ -22,25 +54,66 @@ def session() -> Any:
     loop = asyncio.get_running_loop()
     entry = _SESSIONS.get(loop)
     if entry is None or entry[0].closed:
-        import aiohttp
-
-        connector = aiohttp.TCPConnector(limit=0, ssl=ssl_context(), ttl_dns_cache=300)
-        session = aiohttp.ClientSession(
-            connector=connector,  # proxies: per route (``Route.proxy``)
-            timeout=aiohttp.ClientTimeout(total=None),  # ours: wait_for, the stall watch
-            json_serialize=json.dumps,
+        connector = _connector_class()(
+            limit=0, ssl=ssl_context(), ttl_dns_cache=300, keepalive_timeout=KEEP_ALIVE_S
         )
-        closer = _closed_with_loop(loop, session)
-        try:  # started, so the loop knows it: asyncio.run closes it when the loop ends
-            closer.__anext__().send(None)
-        except StopIteration:
-            pass
-        _SESSIONS[loop] = entry = (session, closer)
+        entry = _SESSIONS[loop] = _opened(loop, connector, _SESSIONS)
     return entry[0]
 
 
+def fresh_session() -> Any:
+    """This loop's session whose every request goes out on a new connection."""
+    loop = asyncio.get_running_loop()
+    entry = _FRESH.get(loop)
+    if entry is None or entry[0].closed:
+        import aiohttp
+
+        connector = aiohttp.TCPConnector(
+            limit=0, ssl=ssl_context(), ttl_dns_cache=300, force_close=True
+        )
+        entry = _FRESH[loop] = _opened(loop, connector, _FRESH)
+    return entry[0]
+
+
+def _opened(
+    loop: asyncio.AbstractEventLoop, connector: Any, registry: _Registry
+) -> tuple[Any, AsyncGenerator[None, None]]:
+    import aiohttp
+
+    session = aiohttp.ClientSession(
+        connector=connector,  # proxies: per route (``Route.proxy``)
+        timeout=aiohttp.ClientTimeout(total=None),  # ours: wait_for, the stall watch
+        json_serialize=json.dumps,
+    )
+    closer = _closed_with_loop(loop, session, registry)
+    try:  # started, so the loop knows it: asyncio.run closes it when the loop ends
+        closer.__anext__().send(None)
+    except StopIteration:
+        pass
+    return session, closer
+
+
+@functools.cache
+def _connector_class() -> type:
+    import aiohttp
+
+    class TellingConnector(aiohttp.TCPConnector):  # type: ignore[misc]
+        """Tells the sending task whether the connection it hands out carried a request
+        before (``reused_connection``)."""
+
+        async def connect(self, req: Any, traces: Any, timeout: Any) -> Any:
+            connection = await super().connect(req, traces, timeout)
+            protocol = connection.protocol
+            if protocol is not None:
+                _REUSED.set(getattr(protocol, "wire_used", False))
+                protocol.wire_used = True
+            return connection
+
+    return TellingConnector
+
+
 async def _closed_with_loop(
-    loop: asyncio.AbstractEventLoop, session: Any
+    loop: asyncio.AbstractEventLoop, session: Any, registry: _Registry
 ) -> AsyncGenerator[None, None]:
     """Closes ``session`` when its loop shuts down (``asyncio.run`` closes every open
     async generator then), for scripts that never call ``close_loop_clients``: an
@@ -48,8 +121,8 @@ async def _closed_with_loop(
     try:
         yield
     finally:
-        if _SESSIONS.get(loop, (None,))[0] is session:
-            del _SESSIONS[loop]
+        if registry.get(loop, (None,))[0] is session:
+            del registry[loop]
         if not session.closed:
             await session.close()
 
@@ -60,9 +133,11 @@ async def close_sessions() -> None:
         loop = asyncio.get_running_loop()
     except RuntimeError:
         return
-    entry = _SESSIONS.pop(loop, None)
-    if entry is not None:
-        await entry[1].aclose()  # closes the session
+    entries = [_SESSIONS.pop(loop, None), _FRESH.pop(loop, None)]
+    for entry in entries:
+        if entry is not None:
+            await entry[1].aclose()  # closes the session
+    if any(entries):
         # The sockets close in the loop's next turns: a loop that ends now (asyncio.run)
         # would never run them, and each run would leave its connections open.
         await asyncio.sleep(0)

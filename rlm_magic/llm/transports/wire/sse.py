@@ -3,6 +3,7 @@ split into events and each event's text handed on, with no object per chunk."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -18,6 +19,9 @@ STREAM_ENDED = "Stream ended before a finish_reason was received"
 # a bound on what one stream may make the kernel hold: past it, a broken (or hostile)
 # stream, not an answer.
 MAX_LINE = 16 << 20
+# Seconds a whole answer's body may take to end (its last bytes come right after [DONE])
+# before its connection is dropped rather than pooled.
+END_GRACE_S = 1.0
 
 
 class WireStream:
@@ -88,7 +92,8 @@ class WireStream:
                 if payload == b"[DONE]":
                     self.done = True
                     return
-                event = loads(payload)
+                # (decoded here: json.loads of bytes first guesses their encoding)
+                event = loads(payload.decode("utf-8", "surrogatepass"))
                 choices = event.get("choices")
                 if choices:
                     choice = choices[0]
@@ -112,8 +117,21 @@ class WireStream:
             self.api_base,
         )
 
-    async def aclose(self) -> None:
-        if self.done:
-            self.reply.release()  # the connection goes back to the pool
+    def aclose(self) -> asyncio.Future[None]:
+        """Release or drop the connection; awaitable, and already done (the caller
+        shields it from cancellation: a coroutine would cost a task per answer)."""
+        reply = self.reply
+        if not self.done:
+            # Mid-answer (cut off, abandoned): dropped, so the server stops generating
+            # and no connection goes back to the pool with an answer still on it.
+            reply.close()
+        elif reply.content.is_eof():
+            reply.release()  # read to its end: the connection goes back to the pool
         else:
-            self.reply.close()  # mid-answer: drop it, so the server stops generating
+            # Whole, but the body's last bytes (the chunked end after [DONE]) are still
+            # on their way: aiohttp pools the connection when they come, and what has
+            # not ended by then is dropped.
+            asyncio.get_running_loop().call_later(END_GRACE_S, reply.close)
+        done = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done

@@ -26,14 +26,16 @@ from ...profiles import DEFAULT_CHARS_PER_TOKEN
 from ...ratelimit import non_negative
 from ...streaming import StreamState, stream_completion
 from ..base import Answer, Request
+from . import sessions
 from .errors import ResponseHeaders, connection_error, error_for, redirect_error
 from .parsing import completion_parts, finish_reason_of
 from .routes import Route
-from .sessions import session
 from .sse import WireStream
 
 # Prompts counted off the loop above this many characters (usage missing).
 _LARGE_CHARS = 50_000
+# Set in a call's request once it was sent again on a fresh connection (``_post``).
+_RESENT = "wire_resent"
 
 
 class WireTransport:
@@ -51,7 +53,7 @@ class WireTransport:
         body = {"model": route.sent_model}
         headers = route.headers
         for name, value in request.items():
-            if name in ("model", "timeout", "max_retries", "api_base", "api_key"):
+            if name in ("model", "timeout", "max_retries", "api_base", "api_key", _RESENT):
                 continue
             if name == "extra_headers":
                 headers = {**headers, **(value or {})}
@@ -67,11 +69,12 @@ class WireTransport:
         body, headers = self.body(request)
         route = self.route
         try:
-            async with session().post(
-                route.url, json=body, headers=headers, proxy=route.proxy, allow_redirects=False
-            ) as reply:
+            reply = await self._post(request, body, headers)
+            try:
                 raw = await reply.read()
-                status, received = reply.status, reply.headers
+            finally:
+                reply.release()
+            status, received = reply.status, reply.headers
         except aiohttp.ClientError as exc:
             raise connection_error(exc, route.api_base) from exc
         if status >= 400:
@@ -93,8 +96,11 @@ class WireTransport:
         deadline: float | None,
         messages: Messages | None = None,
     ) -> Answer:
+        async def open_stream(**sent: Any) -> WireStream:
+            return await self._open(request, sent)
+
         wire = await stream_completion(
-            self._open, request, state, stall_timeout=stall_timeout, deadline=deadline
+            open_stream, request, state, stall_timeout=stall_timeout, deadline=deadline
         )
         messages = messages or request.get("messages")
         if not state.usage:
@@ -109,16 +115,14 @@ class WireTransport:
             return None
         return self._answer(state.text, state.finish_reason, state.usage, None, messages)
 
-    async def _open(self, **request: Any) -> WireStream:
+    async def _open(self, call_request: Request, request: Request) -> WireStream:
         import aiohttp
 
         request.pop("timeout", None)  # the stall watch times a stream
         body, headers = self.body(request)
         route = self.route
         try:
-            reply = await session().post(
-                route.url, json=body, headers=headers, proxy=route.proxy, allow_redirects=False
-            )
+            reply = await self._post(call_request, body, headers)
         except aiohttp.ClientError as exc:
             raise connection_error(exc, route.api_base) from exc
         if reply.status >= 300:
@@ -130,6 +134,33 @@ class WireTransport:
                 raise redirect_error(reply.status, reply.headers, route.api_base)
             raise error_for(reply.status, raw, reply.headers, route.api_base)
         return WireStream(reply, route.api_base)
+
+    async def _post(self, request: Request, body: dict[str, Any], headers: dict[str, str]) -> Any:
+        """The reply (its status and headers read) to ``body``.
+
+        A server closes a kept-alive connection between requests, when it likes, and
+        says so only by closing it: a request that meets such a close (the connection
+        carried requests before, and it failed before any byte of an answer: "Can not
+        write request body", "Server disconnected", a reset) was not taken, and goes
+        again on a new connection, once a call and not as a retry (RFC 9112 9.3.1). A
+        new connection's failure is the server's own: a retry, as before."""
+        import aiohttp
+
+        route = self.route
+        sessions.forget_connection()
+        try:
+            return await sessions.session().post(
+                route.url, json=body, headers=headers, proxy=route.proxy, allow_redirects=False
+            )
+        except aiohttp.ClientConnectorError:
+            raise  # no connection was made: nothing to send again
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, ConnectionResetError):
+            if not sessions.reused_connection() or request.get(_RESENT):
+                raise
+        request[_RESENT] = True  # (the call's own request: its later attempts see it)
+        return await sessions.fresh_session().post(
+            route.url, json=body, headers=headers, proxy=route.proxy, allow_redirects=False
+        )
 
     async def _counted_answer(
         self,

@@ -142,3 +142,21 @@ async def test_a_summary_asked_again_shorter_gets_half_the_budget(server):
     assert again == first // 2
     words = int(again * 0.6)
     assert f"keep this one under {words:,} words" in server.requests[-1]["messages"][-1]["content"]
+
+
+# -- what a cut answer cost --------------------------------------------------------------
+
+
+async def test_a_stream_cut_before_its_usage_is_counted_at_the_models_learned_rate(server):
+    server.usage = None
+    server.chars_per_token = 1.75  # a small model's tokenizer: litellm's reads fewer
+    rlm = make_rlm(server)  # (the wire transport, with litellm imported)
+    server.reply_with("sub-model", "ok")
+    prose = "the quick brown fox jumps over the lazy dog "
+    await helpers(rlm).llm_query(prose * 50)  # teaches 1.75 a token
+    server.reply_with("sub-model", lambda body: prose * 20)
+    server.drop_at = 60  # its stream ends before the usage report
+    answer = await helpers(rlm).llm_query("q")
+    assert isinstance(answer, CutAnswer)
+    record = rlm.client.ledger.records[-1]
+    assert record.output_tokens == pytest.approx(len(answer.text) / 1.75, rel=0.05)

@@ -12,6 +12,7 @@ import threading
 import pytest
 
 from rlm_magic import LLMQueryError
+from rlm_magic.llm import profiles
 from rlm_magic.llm.litellm_loader import load_litellm
 
 from .conftest import helpers, make_rlm
@@ -435,6 +436,9 @@ async def test_a_large_prompt_without_usage_is_counted_off_the_loop(rlm, server,
     server.usage, server.stream_usage = None, False
     big = [{"role": "user", "content": "word " * 20_000}]
     for stream in (False, True):
+        # (An answer's usage teaches the model's characters per token, which then count a
+        # usage-less one without litellm's tokenizer: forgotten, so that it counts.)
+        profiles.forget()
         done = await rlm.client.complete(big, stream=stream)
         assert done.input_tokens > 10_000
     server.sse_body = TEXT_ONLY  # cut off: estimated at once, not counted on the loop

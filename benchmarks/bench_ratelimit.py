@@ -58,7 +58,8 @@ class Scenario:
         """The shortest wall time the limit allows: the burst at once, the rest at the
         refill rate, then one latency for the last answer."""
         if self.limit.get("tps"):
-            work = self.prompts * (self.prompt_chars // 4)
+            counted = self.prompt_chars // 4 * self.limit.get("token_factor", 1.0)
+            work = self.prompts * counted
             rate, burst = self.limit["tps"], self.limit.get("token_burst") or self.limit["tps"]
         else:
             work = self.prompts
@@ -87,6 +88,29 @@ SCENARIOS = [
         8000,
         16,
         {"tps": 20_000, "token_burst": 20_000},
+    ),
+    Scenario(
+        "20k tokens/s, headers announcing the minute's budget (1.2M) as OpenAI's do; "
+        "60 prompts of 2,000 tokens at the default concurrency",
+        60,
+        8000,
+        16,
+        {"tps": 20_000, "token_burst": 20_000, "minute_headers": True},
+    ),
+    Scenario(
+        "as above, the server counting 1.5x our estimate (3,000 tokens a prompt)",
+        60,
+        8000,
+        16,
+        {"tps": 20_000, "token_burst": 20_000, "minute_headers": True, "token_factor": 1.5},
+    ),
+    Scenario(
+        "50 requests/s, burst 50, headers announcing the minute's budget (3,000) as "
+        "OpenAI's do; 300 prompts at concurrency 64",
+        300,
+        40,
+        64,
+        {"rps": 50, "burst": 50, "minute_headers": True},
     ),
     Scenario(
         "50 requests/s, no rate-limit headers at all; 300 prompts at 64",
@@ -134,7 +158,8 @@ class ServerProcess:
     def __init__(self, limit: dict):
         args = [sys.executable, "-m", "tests.llm_server", "--latency", str(LATENCY)]
         for name, value in limit.items():
-            args += [f"--{name.replace('_', '-')}", str(value)]
+            flag = f"--{name.replace('_', '-')}"
+            args += [flag] if value is True else [flag, str(value)]
         self.process = subprocess.Popen(
             args, cwd=ROOT, stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True
         )
@@ -179,10 +204,13 @@ async def warm_up() -> None:
 
 
 def main() -> None:
+    global LATENCY
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--only", help="run the scenarios whose name contains this")
+    parser.add_argument("--latency", type=float, default=0.3, help="the server's, seconds")
     args = parser.parse_args()
+    LATENCY = args.latency
     asyncio.run(warm_up())
     print(f"latency {LATENCY}s; {args.reps} runs per scenario, each on a fresh loop\n")
     for scenario in SCENARIOS:

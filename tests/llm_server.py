@@ -1001,6 +1001,7 @@ def main() -> None:
                         "rejected": server.rejected,
                         "peak_in_flight": server.peak_in_flight,
                         "connections": server.connections,
+                        "rejected_at": server.rejected_at[-1000:],  # time.monotonic()
                     }
                 ),
                 flush=True,

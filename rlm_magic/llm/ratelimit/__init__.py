@@ -12,8 +12,13 @@ the notebook's batches, an RLM's root and sub-calls and its child runs all pass 
   does not, or set by ``RLM.rpm`` / ``RLM.tpm``. Pacing reserves start times, like
   GCRA: each request books the next free moment, so waiters start in order and after a
   pause resume one interval apart instead of all at once;
-- **adapts its concurrency** with additive increase and multiplicative decrease, never
-  below what the learned rate needs to stay busy;
+- **counts tokens as the server does**: our estimate of a prompt (4 characters a token)
+  is booked times what the server's usage reports showed it counts per token of that
+  estimate (another tokenizer, a chat template), learned per gate from the first answer;
+  until then, a refusal on tokens may be our miscount and is not held against headers;
+- **adapts its concurrency**: halved on a 429 only while no limit's rate is known (else
+  pacing answers it), grown by one per round of answers, never below what the known
+  rates need at the measured latency (a token rate as requests of the usual size);
 - **believes 429s over headers.** Limits may be quantized: OpenAI may enforce 60,000
   requests a minute as 1,000 a second, Azure its RPM over 1 s or 10 s windows, while the
   headers announce the minute's budget. When 429s keep coming although the headers'

@@ -30,10 +30,14 @@ from .pacer import (
 class Ticket:
     """One request's passage through the gate."""
 
-    tokens: float
+    tokens: float  # booked: our estimate, as the server was learned to count it
     sent_at: float = 0.0
     epoch: int = 0
     rejected: bool = False  # answered with a 429
+    estimate: float = 0.0  # our own estimate (0: ``tokens``)
+    # Booked once the server's count was known (an answer had come back): until then a
+    # 429 may be our miscount, not a limit stricter than its headers say.
+    counted: bool = True
 
 
 class RateGate:
@@ -58,7 +62,13 @@ class RateGate:
         )
         self.waiting = 0
         self.rate_limited = 0  # 429s seen by this gate
-        self.chars_per_token = DEFAULT_CHARS_PER_TOKEN
+        # The server's count of a prompt's tokens per token of our estimate, learned from
+        # the usage it reports (another tokenizer, a chat template): tokens are booked
+        # as the server counts them, else a token limit is paced too fast or too slow.
+        self.count_ratio = 1.0
+        self._counted = self._estimated = 0.0
+        self._request_tokens: float | None = None  # tokens a request books, smoothed
+        self._answered = False  # an answer came back (with its usage, if it reports any)
         self.latency_s: float | None = None
         self._blind_pause = FIRST_BLIND_PAUSE_S
         self._last_decrease = 0.0
@@ -78,20 +88,29 @@ class RateGate:
                     pacer.set_rate(min(pacer.rate or ceiling, ceiling))
 
     def estimate_tokens(self, characters: int) -> float:
-        return max(1.0, characters / self.chars_per_token)
+        """Our estimate of a prompt's tokens; ``enter`` books it as the server counts."""
+        return max(1.0, characters / DEFAULT_CHARS_PER_TOKEN)
+
+    @property
+    def chars_per_token(self) -> float:
+        """Characters per token as this server counts them (what was learned)."""
+        return DEFAULT_CHARS_PER_TOKEN / self.count_ratio
 
     # -- passing ---------------------------------------------------------------------
     async def enter(self, tokens: float, deadline: float | None = None) -> Ticket:
         """Wait for this endpoint's pause, concurrency and pace; then the caller sends.
 
-        ``deadline`` (monotonic) bounds the wait: past it, ``RateLimitWaitExceeded``.
+        ``tokens`` is our estimate; it is booked as the server counts (``count_ratio``,
+        as learned by the time of each booking). ``deadline`` (monotonic) bounds the
+        wait: past it, ``RateLimitWaitExceeded``.
         """
         await self.slots.acquire()
-        booked, epoch = False, self.epoch
+        booked, epoch, estimate = False, self.epoch, tokens
         try:
             while True:
                 now = time.monotonic()
                 epoch = self.epoch
+                tokens = estimate * self.count_ratio
                 start = max(now, self.paused_until)
                 start = max(
                     start, self.requests.reserve(1, start), self.tokens.reserve(tokens, start)
@@ -103,8 +122,11 @@ class RateGate:
                     await self._sleep(start - now)
                 # A pause that began while we waited voids our booking: book again.
                 if self.epoch == epoch:
-                    ticket = Ticket(tokens, time.monotonic(), epoch)
+                    ticket = Ticket(
+                        tokens, time.monotonic(), epoch, estimate=estimate, counted=self._answered
+                    )
                     self._started.append(ticket)
+                    self._request_tokens = _smooth(self._request_tokens, tokens, 0.1)
                     return ticket
                 booked = False  # the pause emptied the buckets, our booking with them
         except BaseException:
@@ -137,7 +159,8 @@ class RateGate:
         input_tokens: int | None,
         characters: int,
     ) -> None:
-        """A response came back (not a 429): learn from it and free the slot."""
+        """A response came back (not a 429): learn from it and free the slot.
+        (``characters``: the prompt's, which ``ticket.estimate`` was made from.)"""
         self.slots.release()
         now = time.monotonic()
         self.latency_s = _smooth(self.latency_s, now - ticket.sent_at)
@@ -151,13 +174,27 @@ class RateGate:
                 pacer.probe(pacer.rate, now)
                 if pacer.rate > 1.25 * pacer.booked_rate:
                     self._rebook(now)
+        self._answered = True
         if input_tokens:
-            if characters:
-                self.chars_per_token = _smooth(self.chars_per_token, characters / input_tokens, 0.2)
-            self.tokens.refund(ticket.tokens - input_tokens)  # correct the estimate
+            self._learn_count(ticket, input_tokens)
+            self.tokens.refund(ticket.tokens - input_tokens)  # correct the booking
         self._blind_pause = FIRST_BLIND_PAUSE_S
         if self.cap is not None and self.cap < 1 << 20:
             self.cap += 1 / max(self.cap, 1)  # additive increase: +1 per round of answers
+            # ... and never below what the known rates need (the latency is known now).
+            self.cap = max(self.cap, self._needed_concurrency())
+
+    def _learn_count(self, ticket: Ticket, input_tokens: int) -> None:
+        """The server counted ``input_tokens`` for what we estimated: learn the ratio,
+        weighted by size (a short prompt is mostly the chat template's few tokens)."""
+        estimate = ticket.estimate or ticket.tokens
+        if not 1 / 3 <= input_tokens / estimate <= 5:
+            return  # not this prompt's count (a fixed or cached figure): chars/token 0.8-12
+        if self._estimated > 200_000:  # recent prompts weigh most
+            self._counted, self._estimated = self._counted / 2, self._estimated / 2
+        self._counted += input_tokens
+        self._estimated += estimate
+        self.count_ratio = self._counted / self._estimated
 
     def failed(self, ticket: Ticket) -> None:
         """Any other failure: the request is over, nothing to learn."""
@@ -177,6 +214,8 @@ class RateGate:
             found = Headers(Reading(), Reading(), found.retry_after_s)
         # The headers' pace was kept when this request went out, yet it was refused;
         # or the refusal's own retry-after-ms belies the headers' rate.
+        # (Booked before we knew how the server counts tokens, a refusal may be our
+        # miscount: only a retry-after-ms far off the headers' rate says more.)
         refusing = self._refusing(found, ticket)
         contradicted: list[tuple[Pacer, str, float | None]] = [
             (pacer, kind, None)
@@ -184,6 +223,7 @@ class RateGate:
             if pacer.rate
             and not pacer.blind
             and (pacer.distrusted or pacer.learned_at < ticket.sent_at)
+            and (kind == "requests" or ticket.counted)
         ]
         if found.retry_after_exact and found.retry_after_s:
             for pacer, kind in refusing:
@@ -229,7 +269,11 @@ class RateGate:
                         bound,
                         at_once=bound is not None,
                     )
-            self.cap = max(self._needed_concurrency(), holding / 2, 1.0)
+            # Halve the requests in flight only when blind: where a limit's rate is
+            # known, pacing answers the 429, and a cut cap (the latency not yet known)
+            # would hold back what the pace allows (a token limit at long latencies).
+            paced = any(p.rate and not p.blind for p in (self.requests, self.tokens))
+            self.cap = max(self._needed_concurrency(), holding if paced else holding / 2, 1.0)
 
     def _refusing(self, found: Headers, ticket: Ticket) -> list[tuple[Pacer, str]]:
         """The limits that refused a request: those whose headers say they ran out
@@ -249,7 +293,10 @@ class RateGate:
         if now - since < 0.2:
             since = now - 1.0
         taken = [t for t in self._started if t.sent_at > since and not t.rejected]
-        amount = float(len(taken)) if kind == "requests" else sum(t.tokens for t in taken)
+        if kind == "requests":
+            amount = float(len(taken))
+        else:  # as the server counts them, as far as we know now
+            amount = sum(t.estimate * self.count_ratio if t.estimate else t.tokens for t in taken)
         return amount / max(now - since, 0.2) if now - since >= 0.2 else amount
 
     def _rebook(self, now: float) -> None:
@@ -281,10 +328,20 @@ class RateGate:
         pacer.blind, pacer.grown_at, pacer.booked_rate = True, now, rate
 
     def _needed_concurrency(self) -> float:
-        """Little's law: the requests in flight that the known rate keeps busy."""
-        if self.requests.rate and self.latency_s:
-            return math.ceil(self.requests.rate * self.latency_s * 1.5) + 1
-        return 1.0
+        """Little's law: the requests in flight that the known rates keep busy. A token
+        limit counts as the requests per second its rate allows at the usual size: a
+        cap that ignored it would pace a token-limited batch at the cap's rate instead
+        (halved on each 429, it was half the rate the server accepts)."""
+        if not self.latency_s:
+            return 1.0
+        per_second = []
+        if self.requests.rate:
+            per_second.append(self.requests.rate)
+        if self.tokens.rate and self._request_tokens:
+            per_second.append(self.tokens.rate / self._request_tokens)
+        if not per_second:
+            return 1.0
+        return math.ceil(min(per_second) * self.latency_s * 1.5) + 1
 
     # -- what a progress line shows ----------------------------------------------------
     def hold_message(self) -> str | None:

@@ -341,7 +341,7 @@ async def test_a_token_limited_batch_runs_near_its_floor_at_a_long_latency(serve
     rlm = make_rlm(server, max_retries=0)  # the default concurrency, 16
     server.usage = None
     server.latency = 1.5  # 8 requests a second need 12 in flight to keep the pace
-    server.limit_rate_per_minute(tps=4000, token_burst=4000)
+    server.limit_rate_per_minute(rps=100, tps=4000, token_burst=4000)  # OpenAI's headers
     prompts = [f"{i:03d} " + "x" * 1996 for i in range(32)]  # 500 tokens each
     started = time.perf_counter()
     answers = await helpers(rlm).llm_query_batch(prompts)
@@ -423,3 +423,54 @@ def test_429s_before_the_server_s_count_is_known_do_not_discredit_its_headers(co
     # tokenizer counts more): the headers' rate stands. Counted as the server counts,
     # refusals at that rate say the limit is stricter than its headers.
     assert gate.tokens.distrusted == count_known
+
+
+def test_a_429_that_came_a_moment_early_is_no_evidence_against_the_rate():
+    from rlm_magic.llm.ratelimit import Ticket
+
+    gate = RateGate("openai/race")
+    honest = {
+        "x-ratelimit-limit-tokens": "20000",
+        "x-ratelimit-remaining-tokens": "0",
+        "x-ratelimit-reset-tokens": "1s",
+    }
+    gate.answered(Ticket(2000.0, time.monotonic()), honest, None, 0)
+    for later in (1.0, 2.0, 3.0):
+        # 5 ms of refill short, of the 100 ms a request's tokens take: its send raced
+        # the one before it, the pace was right.
+        early = {**honest, "retry-after-ms": "5"}
+        gate.rate_limited_by(Ticket(2000.0, time.monotonic() + later), early)
+    assert not gate.tokens.distrusted
+    assert gate.tokens.rate == pytest.approx(20_000, rel=0.01)
+
+
+def test_a_refusal_with_room_left_in_the_announced_budget_shows_a_smaller_burst():
+    from rlm_magic.llm.ratelimit import Ticket
+
+    gate = RateGate("openai/minute")
+    minute = {
+        "x-ratelimit-limit-tokens": "1200000",  # the minute's budget ...
+        "x-ratelimit-remaining-tokens": "1180000",  # ... with room for this request
+        "x-ratelimit-reset-tokens": "1s",
+        "retry-after-ms": "50",
+    }
+    gate.rate_limited_by(Ticket(2000.0, time.monotonic()), minute)
+    assert gate.tokens.rate == pytest.approx(20_000, rel=0.01)  # the rate was right
+    assert gate.tokens.capacity == pytest.approx(20_000, rel=0.01)  # a second's worth
+    # Answers that announce the minute's budget again do not widen the burst.
+    gate.answered(Ticket(2000.0, time.monotonic()), {**minute, "retry-after-ms": None}, None, 0)
+    assert gate.tokens.capacity == pytest.approx(20_000, rel=0.01)
+    assert not gate.tokens.distrusted
+
+
+async def test_the_next_batch_under_a_minute_s_budget_bursts_no_more_than_is_enforced(server):
+    rlm = make_rlm(server, max_retries=0)
+    server.usage = None
+    server.limit_rate_per_minute(tps=4000, token_burst=4000)  # announced: 240,000 a minute
+    await helpers(rlm).llm_query_batch([f"a{i:03d} " + "x" * 1995 for i in range(16)])
+    await asyncio.sleep(1.2)  # the server's bucket refills; ours would hold the minute's
+    rejected = server.rejected
+    await helpers(rlm).llm_query_batch([f"b{i:03d} " + "x" * 1995 for i in range(16)])
+    # Trusting the minute's budget as a burst, all 16 would go at once and 8 be refused.
+    assert server.rejected - rejected <= 2
+    assert not rlm.client.gate().tokens.distrusted

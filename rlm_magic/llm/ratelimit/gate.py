@@ -17,6 +17,8 @@ from ..limiter import ConcurrencyLimiter
 from ..profiles import DEFAULT_CHARS_PER_TOKEN, PROFILES
 from .headers import Headers, Reading, read_headers
 from .pacer import (
+    BURST_S,
+    EARLY_SHARE,
     FIRST_BLIND_PAUSE_S,
     MAX_BLIND_PAUSE_S,
     QUANTIZED_FACTOR,
@@ -162,6 +164,7 @@ class RateGate:
         """A response came back (not a 429): learn from it and free the slot.
         (``characters``: the prompt's, which ``ticket.estimate`` was made from.)"""
         self.slots.release()
+        self._when_idle()
         now = time.monotonic()
         self.latency_s = _smooth(self.latency_s, now - ticket.sent_at)
         found = read_headers(headers) if headers and self.learns_from_headers else None
@@ -199,6 +202,13 @@ class RateGate:
     def failed(self, ticket: Ticket) -> None:
         """Any other failure: the request is over, nothing to learn."""
         self.slots.release()
+        self._when_idle()
+
+    def _when_idle(self) -> None:
+        """Nothing in flight: what was accepted since the last refusal stops counting
+        (else an idle spell reads as a slow server when the next batch is refused)."""
+        if not self.slots.holders and not self.waiting:
+            self._first_refusal = None
 
     def rate_limited_by(self, ticket: Ticket, headers: Mapping[str, Any] | None) -> None:
         """The request got a 429: pause everybody, and slow down."""
@@ -224,6 +234,7 @@ class RateGate:
             and not pacer.blind
             and (pacer.distrusted or pacer.learned_at < ticket.sent_at)
             and (kind == "requests" or ticket.counted)
+            and not self._a_moment_early(found, pacer, kind, ticket)
         ]
         if found.retry_after_exact and found.retry_after_s:
             for pacer, kind in refusing:
@@ -236,6 +247,8 @@ class RateGate:
         if found.any_limits:
             self.requests.learn(found.requests, now)
             self.tokens.learn(found.tokens, now)
+            capped = self._cap_bursts(found, ticket)
+            contradicted = [c for c in contradicted if c[0] not in capped]
         # One slow-down per burst: 429s for requests sent before the last one are
         # echoes of the same overload, not news.
         news = ticket.sent_at >= self._last_decrease
@@ -269,11 +282,11 @@ class RateGate:
                         bound,
                         at_once=bound is not None,
                     )
-            # Halve the requests in flight only when blind: where a limit's rate is
-            # known, pacing answers the 429, and a cut cap (the latency not yet known)
-            # would hold back what the pace allows (a token limit at long latencies).
-            paced = any(p.rate and not p.blind for p in (self.requests, self.tokens))
-            self.cap = max(self._needed_concurrency(), holding if paced else holding / 2, 1.0)
+            # Not halved under a known token limit: its pace answers the 429, and a cut
+            # cap (before the latency is known) held a batch to half the rate the
+            # server accepts when answers take long.
+            kept = holding if self._token_bound() else holding / 2
+            self.cap = max(self._needed_concurrency(), kept, 1.0)
 
     def _refusing(self, found: Headers, ticket: Ticket) -> list[tuple[Pacer, str]]:
         """The limits that refused a request: those whose headers say they ran out
@@ -284,6 +297,38 @@ class RateGate:
         if found.tokens.remaining is not None and found.tokens.remaining < ticket.tokens:
             refusing.append((self.tokens, "tokens"))
         return refusing or [(self.requests, "requests"), (self.tokens, "tokens")]
+
+    @staticmethod
+    def _a_moment_early(found: Headers, pacer: Pacer, kind: str, ticket: Ticket) -> bool:
+        """Refused for a few milliseconds of refill (``EARLY_SHARE`` of its turn)."""
+        if not (found.retry_after_exact and found.retry_after_s is not None and pacer.rate):
+            return False
+        needed = 1.0 if kind == "requests" else ticket.tokens
+        return found.retry_after_s < EARLY_SHARE * needed / pacer.rate
+
+    def _cap_bursts(self, found: Headers, ticket: Ticket) -> list[Pacer]:
+        """Refused while the headers' ``remaining`` had room for this request in every
+        limit: the server enforces a smaller burst than the budget they announce (as
+        OpenAI's minute budget). Each limit paced from headers is then held to
+        ``BURST_S`` of its rate at once; returns the pacers so held (this refusal was
+        their burst, not their rate)."""
+        readings = (
+            (self.requests, found.requests, 1.0),
+            (self.tokens, found.tokens, ticket.tokens),
+        )
+        if all(r.remaining is None for _, r, _ in readings) or any(
+            r.remaining is not None and r.remaining < needed for _, r, needed in readings
+        ):
+            return []
+        capped = []
+        for pacer, reading, needed in readings:
+            if pacer.rate and reading.remaining is not None and pacer.burst is None:
+                if not pacer.distrusted:
+                    pacer.burst = max(needed, pacer.rate * BURST_S)
+                    pacer.capacity = min(pacer.capacity, pacer.burst)
+                    pacer.level = min(pacer.level, pacer.capacity)
+                    capped.append(pacer)
+        return capped
 
     def _accepted(self, kind: str, now: float) -> float:
         """Requests (or their tokens) per second the server accepted over the last two
@@ -326,6 +371,14 @@ class RateGate:
         else:
             return  # nothing got through yet to learn from: the pause and the cap act
         pacer.blind, pacer.grown_at, pacer.booked_rate = True, now, rate
+
+    def _token_bound(self) -> bool:
+        """A token limit paced from headers binds: at the usual request's size it allows
+        fewer requests a second than the requests limit does (if there is one)."""
+        tokens, size = self.tokens, self._request_tokens
+        if not tokens.rate or tokens.blind or not size:
+            return False
+        return not self.requests.rate or tokens.rate / size < self.requests.rate
 
     def _needed_concurrency(self) -> float:
         """Little's law: the requests in flight that the known rates keep busy. A token

@@ -234,7 +234,8 @@ class RateGate:
             and not pacer.blind
             and (pacer.distrusted or pacer.learned_at < ticket.sent_at)
             and (kind == "requests" or ticket.counted)
-            and not self._a_moment_early(found, pacer, kind, ticket)
+            # (a probe past the server's rate is refused by a hair first: that counts)
+            and (pacer.distrusted or not self._a_moment_early(found, pacer, kind, ticket))
         ]
         if found.retry_after_exact and found.retry_after_s:
             for pacer, kind in refusing:

@@ -184,8 +184,8 @@ class RateGate:
         self._blind_pause = FIRST_BLIND_PAUSE_S
         if self.cap is not None and self.cap < 1 << 20:
             self.cap += 1 / max(self.cap, 1)  # additive increase: +1 per round of answers
-            # ... and never below what the known rates need (the latency is known now).
-            self.cap = max(self.cap, self._needed_concurrency())
+            if self._token_bound():  # ... never below what its pace needs in flight
+                self.cap = max(self.cap, self._needed_concurrency())
 
     def _learn_count(self, ticket: Ticket, input_tokens: int) -> None:
         """The server counted ``input_tokens`` for what we estimated: learn the ratio,

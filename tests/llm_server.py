@@ -197,6 +197,59 @@ class _ClosesConnections:
         return response
 
 
+# -- limits announced per minute, as OpenAI announces them (issue 28: token buckets) -------
+
+
+@dataclass
+class MinuteBudgetLimit(RateLimit):
+    """Per-second buckets enforced, while the headers speak of the minute, as OpenAI's do:
+    ``limit`` is the minute's budget (60 times the rate), ``remaining`` what is left of
+    it, ``reset`` the time until it is whole again. They tell the true rate but not the
+    small burst that is enforced. ``token_factor``: this server counts a prompt's tokens
+    as that many times ~4 characters a token (another tokenizer)."""
+
+    token_factor: float = 1.0
+    minute: dict[str, TokenBucket] | None = None
+
+    def admit(self, cost: int) -> tuple[bool, dict[str, str]]:
+        cost = max(1, round(cost * self.token_factor))
+        admitted, headers = super().admit(cost)
+        now = time.monotonic()
+        for kind, bucket, amount in (("requests", self.requests, 1), ("tokens", self.tokens, cost)):
+            budget = (self.minute or {}).get(kind)
+            if bucket is None or budget is None:
+                continue
+            budget.refill(now)
+            if admitted:
+                budget.level -= amount
+            if self.headers == "all":
+                headers.update(budget.headers(kind))
+        return admitted, headers
+
+
+def minute_budget_limit(
+    rps: float | None,
+    burst: float | None,
+    tps: float | None,
+    token_burst: float | None,
+    token_factor: float = 1.0,
+    headers: str = "all",
+) -> MinuteBudgetLimit:
+    minute = {
+        kind: TokenBucket(rate, 60 * rate)
+        for kind, rate in (("requests", rps), ("tokens", tps))
+        if rate
+    }
+    return MinuteBudgetLimit(
+        TokenBucket(rps, burst or rps) if rps else None,
+        TokenBucket(tps, token_burst or tps) if tps else None,
+        headers,
+        None,
+        token_factor,
+        minute,
+    )
+
+
 class FakeLLMServer(_ClosesConnections, LocalChatServer):
     def __init__(self, host: str = "127.0.0.1", port: int = 0):
         super().__init__(host, port)
@@ -297,6 +350,24 @@ class FakeLLMServer(_ClosesConnections, LocalChatServer):
                 headers,
                 announced or None,
             )
+
+    def limit_rate_per_minute(
+        self,
+        rps: float | None = None,
+        burst: float | None = None,
+        tps: float | None = None,
+        token_burst: float | None = None,
+        token_factor: float = 1.0,
+        headers: str = "all",
+    ) -> None:
+        """As ``limit_rate``, but the headers announce the minute's budget as OpenAI's do
+        (see ``MinuteBudgetLimit``). ``token_factor``: prompts count that many times ~4
+        characters a token, in the limit and in the usage reported (set ``usage = None``)."""
+        with self._lock:
+            self.rate_limit = minute_budget_limit(
+                rps, burst, tps, token_burst, token_factor, headers
+            )
+            self.chars_per_token = 4.0 / token_factor
 
     @property
     def rejected(self) -> int:
@@ -851,6 +922,18 @@ def main() -> None:
         "--announce-tpm", type=float, help="quantized: the tokens/minute the headers announce"
     )
     parser.add_argument(
+        "--minute-headers",
+        action="store_true",
+        help="the headers announce the minute's budget, as OpenAI's do",
+    )
+    parser.add_argument(
+        "--token-factor",
+        type=float,
+        default=1.0,
+        help="with --minute-headers: count prompt tokens as this many times ~4 characters "
+        "a token (another tokenizer), in the limit and in usage",
+    )
+    parser.add_argument(
         "--tokens-per-second",
         type=float,
         help="generate answers at this rate: streamed, chunk by chunk; "
@@ -904,6 +987,10 @@ def main() -> None:
             args.announce_rpm,
             args.announce_tpm,
         )
+    if (args.rps or args.tps) and args.minute_headers:
+        server.limit_rate_per_minute(
+            args.rps, args.burst, args.tps, args.token_burst, args.token_factor, args.headers
+        )
     print(server.base_url, flush=True)
     for line in sys.stdin:
         if line.strip() == "stats":
@@ -914,6 +1001,7 @@ def main() -> None:
                         "rejected": server.rejected,
                         "peak_in_flight": server.peak_in_flight,
                         "connections": server.connections,
+                        "rejected_at": server.rejected_at[-1000:],  # time.monotonic()
                     }
                 ),
                 flush=True,

@@ -332,3 +332,145 @@ def test_honest_headers_are_still_believed():
     gate.rate_limited_by(Ticket(1.0, time.monotonic()), honest)
     assert not gate.requests.distrusted
     assert gate.requests.rate == pytest.approx(49.5)
+
+
+# -- token limits: paced at the rate the server accepts, counted as the server counts ----
+
+
+async def test_a_token_limited_batch_runs_near_its_floor_at_a_long_latency(server):
+    rlm = make_rlm(server, max_retries=0)  # the default concurrency, 16
+    server.usage = None
+    server.latency = 1.5  # 8 requests a second need 12 in flight to keep the pace
+    server.limit_rate_per_minute(rps=100, tps=4000, token_burst=4000)  # OpenAI's headers
+    prompts = [f"{i:03d} " + "x" * 1996 for i in range(32)]  # 500 tokens each
+    started = time.perf_counter()
+    answers = await helpers(rlm).llm_query_batch(prompts)
+    wall = time.perf_counter() - started
+    assert answers == [f"echo: {p}" for p in prompts]
+    # The burst at once, the other 12,000 tokens at 4,000/s, then the last answer: 4.5 s.
+    # Halving the requests in flight on the first 429 took 7.5 s.
+    floor = 12_000 / 4000 + 1.5
+    assert wall < 1.3 * floor
+    assert server.rejected <= 8 + 3  # 8 of the first 16, sent before anything was known
+
+
+async def test_a_429_leaves_as_many_requests_in_flight_as_a_known_token_rate_needs():
+    gate = RateGate("openai/tokens")
+    tickets = [await gate.enter(2000.0) for _ in range(16)]  # nothing known: all at once
+    spent = {
+        "x-ratelimit-limit-tokens": "1200000",  # the minute's budget, as OpenAI's say
+        "x-ratelimit-remaining-tokens": "1180000",
+        "x-ratelimit-reset-tokens": "1s",  # 20,000 tokens a second
+        "retry-after-ms": "100",
+    }
+    gate.rate_limited_by(tickets[-1], spent)
+    assert gate.tokens.rate == pytest.approx(20_000, rel=0.01)
+    assert gate.cap is not None and gate.cap >= 15  # pacing answers it, not the cap
+    # An answer after 2 s: 10 requests a second then need about 20 in flight.
+    tickets[0].sent_at -= 2.0
+    gate.answered(tickets[0], spent, 2000, 8000)
+    assert gate.cap >= 20
+
+
+async def test_prompts_are_booked_as_the_server_counts_them():
+    gate = RateGate("openai/tokenizer")
+    first = await gate.enter(2000.0)  # our estimate: 4 characters a token
+    gate.answered(first, None, 3000, 8000)  # the server counted 1.5 times as many
+    assert gate.count_ratio == pytest.approx(1.5)
+    assert (await gate.enter(2000.0)).tokens == pytest.approx(3000)
+    # A usage figure that cannot be this prompt's count (a fixed one) teaches nothing.
+    gate.answered(await gate.enter(2000.0), None, 10, 8000)
+    assert gate.count_ratio == pytest.approx(1.5)
+
+
+async def test_a_server_counting_more_tokens_than_our_estimate_is_paced_by_its_count(server):
+    rlm = make_rlm(server, max_retries=0)
+    server.usage = None  # usage reports the server's own count
+    server.latency = 1.0  # a second of booking by our own estimate before usage comes
+    server.limit_rate_per_minute(tps=4000, token_burst=4000, token_factor=1.5)
+    prompts = [f"{i:03d} " + "x" * 1996 for i in range(24)]  # 500 of our tokens, 750 its
+    started = time.perf_counter()
+    answers = await helpers(rlm).llm_query_batch(prompts)
+    wall = time.perf_counter() - started
+    assert answers == [f"echo: {p}" for p in prompts]
+    gate = rlm.client.gate()
+    assert gate.count_ratio == pytest.approx(1.5, rel=0.05)
+    # Our miscount was not taken for a limit stricter than the headers say.
+    assert not gate.tokens.distrusted
+    assert gate.tokens.rate == pytest.approx(4000, rel=0.1)
+    floor = (24 * 750 - 4000) / 4000 + 1.0  # 4.5 s
+    assert wall < 1.3 * floor
+    # 11 of the first 16 go before anything is known, a few more before the first answer.
+    assert server.rejected <= 11 + 4
+
+
+@pytest.mark.parametrize("count_known", [False, True])
+def test_429s_before_the_server_s_count_is_known_do_not_discredit_its_headers(count_known):
+    from rlm_magic.llm.ratelimit import Ticket
+
+    gate = RateGate("openai/miscounted")
+    honest = {
+        "x-ratelimit-limit-tokens": "20000",
+        "x-ratelimit-remaining-tokens": "0",
+        "x-ratelimit-reset-tokens": "1s",  # 20,000 tokens a second
+        "retry-after-ms": "100",  # what that rate says: no quantized limit in sight
+    }
+    gate.answered(Ticket(2000.0, time.monotonic()), {**honest, "retry-after-ms": None}, None, 0)
+    for later in (1.0, 2.0, 3.0):  # three refusals, each sent after the headers were read
+        sent = Ticket(2000.0, time.monotonic() + later, counted=count_known)
+        gate.rate_limited_by(sent, honest)
+    # Booked by our own estimate, the refusals may be our miscount (the server's
+    # tokenizer counts more): the headers' rate stands. Counted as the server counts,
+    # refusals at that rate say the limit is stricter than its headers.
+    assert gate.tokens.distrusted == count_known
+
+
+def test_a_429_that_came_a_moment_early_is_no_evidence_against_the_rate():
+    from rlm_magic.llm.ratelimit import Ticket
+
+    gate = RateGate("openai/race")
+    honest = {
+        "x-ratelimit-limit-tokens": "20000",
+        "x-ratelimit-remaining-tokens": "0",
+        "x-ratelimit-reset-tokens": "1s",
+    }
+    gate.answered(Ticket(2000.0, time.monotonic()), honest, None, 0)
+    for later in (1.0, 2.0, 3.0):
+        # 5 ms of refill short, of the 100 ms a request's tokens take: its send raced
+        # the one before it, the pace was right.
+        early = {**honest, "retry-after-ms": "5"}
+        gate.rate_limited_by(Ticket(2000.0, time.monotonic() + later), early)
+    assert not gate.tokens.distrusted
+    assert gate.tokens.rate == pytest.approx(20_000, rel=0.01)
+
+
+def test_a_refusal_with_room_left_in_the_announced_budget_shows_a_smaller_burst():
+    from rlm_magic.llm.ratelimit import Ticket
+
+    gate = RateGate("openai/minute")
+    minute = {
+        "x-ratelimit-limit-tokens": "1200000",  # the minute's budget ...
+        "x-ratelimit-remaining-tokens": "1180000",  # ... with room for this request
+        "x-ratelimit-reset-tokens": "1s",
+        "retry-after-ms": "50",
+    }
+    gate.rate_limited_by(Ticket(2000.0, time.monotonic()), minute)
+    assert gate.tokens.rate == pytest.approx(20_000, rel=0.01)  # the rate was right
+    assert gate.tokens.capacity == pytest.approx(20_000, rel=0.01)  # a second's worth
+    # Answers that announce the minute's budget again do not widen the burst.
+    gate.answered(Ticket(2000.0, time.monotonic()), {**minute, "retry-after-ms": None}, None, 0)
+    assert gate.tokens.capacity == pytest.approx(20_000, rel=0.01)
+    assert not gate.tokens.distrusted
+
+
+async def test_the_next_batch_under_a_minute_s_budget_bursts_no_more_than_is_enforced(server):
+    rlm = make_rlm(server, max_retries=0)
+    server.usage = None
+    server.limit_rate_per_minute(tps=4000, token_burst=4000)  # announced: 240,000 a minute
+    await helpers(rlm).llm_query_batch([f"a{i:03d} " + "x" * 1995 for i in range(16)])
+    await asyncio.sleep(1.2)  # the server's bucket refills; ours would hold the minute's
+    rejected = server.rejected
+    await helpers(rlm).llm_query_batch([f"b{i:03d} " + "x" * 1995 for i in range(16)])
+    # Trusting the minute's budget as a burst, all 16 would go at once and 8 be refused.
+    assert server.rejected - rejected <= 2
+    assert not rlm.client.gate().tokens.distrusted

@@ -1,5 +1,9 @@
 """The gate every request to one provider endpoint passes (see the package's docstring),
-and the gates of this process: one per (model, endpoint, key) and event loop."""
+and the gates of this process: one per (model, endpoint, key) and event loop.
+
+One concept past 400 lines: what a 429 or an answer teaches is read against the same
+bookings, pause and concurrency (which limit refused, whether the headers or our count
+were wrong, how much was accepted), so the reading stays beside the booking."""
 
 from __future__ import annotations
 
@@ -17,6 +21,8 @@ from ..limiter import ConcurrencyLimiter
 from ..profiles import DEFAULT_CHARS_PER_TOKEN, PROFILES
 from .headers import Headers, Reading, read_headers
 from .pacer import (
+    BURST_S,
+    EARLY_SHARE,
     FIRST_BLIND_PAUSE_S,
     MAX_BLIND_PAUSE_S,
     QUANTIZED_FACTOR,
@@ -30,10 +36,14 @@ from .pacer import (
 class Ticket:
     """One request's passage through the gate."""
 
-    tokens: float
+    tokens: float  # booked: our estimate, as the server was learned to count it
     sent_at: float = 0.0
     epoch: int = 0
     rejected: bool = False  # answered with a 429
+    estimate: float = 0.0  # our own estimate (0: ``tokens``)
+    # Booked once the server's count was known (an answer had come back): until then a
+    # 429 may be our miscount, not a limit stricter than its headers say.
+    counted: bool = True
 
 
 class RateGate:
@@ -58,7 +68,13 @@ class RateGate:
         )
         self.waiting = 0
         self.rate_limited = 0  # 429s seen by this gate
-        self.chars_per_token = DEFAULT_CHARS_PER_TOKEN
+        # The server's count of a prompt's tokens per token of our estimate, learned from
+        # the usage it reports (another tokenizer, a chat template): tokens are booked
+        # as the server counts them, else a token limit is paced too fast or too slow.
+        self.count_ratio = 1.0
+        self._counted = self._estimated = 0.0
+        self._request_tokens: float | None = None  # tokens a request books, smoothed
+        self._answered = False  # an answer came back (with its usage, if it reports any)
         self.latency_s: float | None = None
         self._blind_pause = FIRST_BLIND_PAUSE_S
         self._last_decrease = 0.0
@@ -78,20 +94,29 @@ class RateGate:
                     pacer.set_rate(min(pacer.rate or ceiling, ceiling))
 
     def estimate_tokens(self, characters: int) -> float:
-        return max(1.0, characters / self.chars_per_token)
+        """Our estimate of a prompt's tokens; ``enter`` books it as the server counts."""
+        return max(1.0, characters / DEFAULT_CHARS_PER_TOKEN)
+
+    @property
+    def chars_per_token(self) -> float:
+        """Characters per token as this server counts them (what was learned)."""
+        return DEFAULT_CHARS_PER_TOKEN / self.count_ratio
 
     # -- passing ---------------------------------------------------------------------
     async def enter(self, tokens: float, deadline: float | None = None) -> Ticket:
         """Wait for this endpoint's pause, concurrency and pace; then the caller sends.
 
-        ``deadline`` (monotonic) bounds the wait: past it, ``RateLimitWaitExceeded``.
+        ``tokens`` is our estimate; it is booked as the server counts (``count_ratio``,
+        as learned by the time of each booking). ``deadline`` (monotonic) bounds the
+        wait: past it, ``RateLimitWaitExceeded``.
         """
         await self.slots.acquire()
-        booked, epoch = False, self.epoch
+        booked, epoch, estimate = False, self.epoch, tokens
         try:
             while True:
                 now = time.monotonic()
                 epoch = self.epoch
+                tokens = estimate * self.count_ratio
                 start = max(now, self.paused_until)
                 start = max(
                     start, self.requests.reserve(1, start), self.tokens.reserve(tokens, start)
@@ -103,8 +128,11 @@ class RateGate:
                     await self._sleep(start - now)
                 # A pause that began while we waited voids our booking: book again.
                 if self.epoch == epoch:
-                    ticket = Ticket(tokens, time.monotonic(), epoch)
+                    ticket = Ticket(
+                        tokens, time.monotonic(), epoch, estimate=estimate, counted=self._answered
+                    )
                     self._started.append(ticket)
+                    self._request_tokens = _smooth(self._request_tokens, tokens, 0.1)
                     return ticket
                 booked = False  # the pause emptied the buckets, our booking with them
         except BaseException:
@@ -137,8 +165,10 @@ class RateGate:
         input_tokens: int | None,
         characters: int,
     ) -> None:
-        """A response came back (not a 429): learn from it and free the slot."""
+        """A response came back (not a 429): learn from it and free the slot.
+        (``characters``: the prompt's, which ``ticket.estimate`` was made from.)"""
         self.slots.release()
+        self._when_idle()
         now = time.monotonic()
         self.latency_s = _smooth(self.latency_s, now - ticket.sent_at)
         found = read_headers(headers) if headers and self.learns_from_headers else None
@@ -151,17 +181,38 @@ class RateGate:
                 pacer.probe(pacer.rate, now)
                 if pacer.rate > 1.25 * pacer.booked_rate:
                     self._rebook(now)
+        self._answered = True
         if input_tokens:
-            if characters:
-                self.chars_per_token = _smooth(self.chars_per_token, characters / input_tokens, 0.2)
-            self.tokens.refund(ticket.tokens - input_tokens)  # correct the estimate
+            self._learn_count(ticket, input_tokens)
+            self.tokens.refund(ticket.tokens - input_tokens)  # correct the booking
         self._blind_pause = FIRST_BLIND_PAUSE_S
         if self.cap is not None and self.cap < 1 << 20:
             self.cap += 1 / max(self.cap, 1)  # additive increase: +1 per round of answers
+            if self._token_bound():  # ... never below what its pace needs in flight
+                self.cap = max(self.cap, self._needed_concurrency())
+
+    def _learn_count(self, ticket: Ticket, input_tokens: int) -> None:
+        """The server counted ``input_tokens`` for what we estimated: learn the ratio,
+        weighted by size (a short prompt is mostly the chat template's few tokens)."""
+        estimate = ticket.estimate or ticket.tokens
+        if not 1 / 3 <= input_tokens / estimate <= 5:
+            return  # not this prompt's count (a fixed or cached figure): chars/token 0.8-12
+        if self._estimated > 200_000:  # recent prompts weigh most
+            self._counted, self._estimated = self._counted / 2, self._estimated / 2
+        self._counted += input_tokens
+        self._estimated += estimate
+        self.count_ratio = self._counted / self._estimated
 
     def failed(self, ticket: Ticket) -> None:
         """Any other failure: the request is over, nothing to learn."""
         self.slots.release()
+        self._when_idle()
+
+    def _when_idle(self) -> None:
+        """Nothing in flight: what was accepted since the last refusal stops counting
+        (else an idle spell reads as a slow server when the next batch is refused)."""
+        if not self.slots.holders and not self.waiting:
+            self._first_refusal = None
 
     def rate_limited_by(self, ticket: Ticket, headers: Mapping[str, Any] | None) -> None:
         """The request got a 429: pause everybody, and slow down."""
@@ -177,6 +228,8 @@ class RateGate:
             found = Headers(Reading(), Reading(), found.retry_after_s)
         # The headers' pace was kept when this request went out, yet it was refused;
         # or the refusal's own retry-after-ms belies the headers' rate.
+        # (Booked before we knew how the server counts tokens, a refusal may be our
+        # miscount: only a retry-after-ms far off the headers' rate says more.)
         refusing = self._refusing(found, ticket)
         contradicted: list[tuple[Pacer, str, float | None]] = [
             (pacer, kind, None)
@@ -184,6 +237,9 @@ class RateGate:
             if pacer.rate
             and not pacer.blind
             and (pacer.distrusted or pacer.learned_at < ticket.sent_at)
+            and (kind == "requests" or ticket.counted)
+            # (a probe past the server's rate is refused by a hair first: that counts)
+            and (pacer.distrusted or not self._a_moment_early(found, pacer, kind, ticket))
         ]
         if found.retry_after_exact and found.retry_after_s:
             for pacer, kind in refusing:
@@ -196,6 +252,8 @@ class RateGate:
         if found.any_limits:
             self.requests.learn(found.requests, now)
             self.tokens.learn(found.tokens, now)
+            capped = self._cap_bursts(found, ticket)
+            contradicted = [c for c in contradicted if c[0] not in capped]
         # One slow-down per burst: 429s for requests sent before the last one are
         # echoes of the same overload, not news.
         news = ticket.sent_at >= self._last_decrease
@@ -229,7 +287,11 @@ class RateGate:
                         bound,
                         at_once=bound is not None,
                     )
-            self.cap = max(self._needed_concurrency(), holding / 2, 1.0)
+            # Not halved under a known token limit: its pace answers the 429, and a cut
+            # cap (before the latency is known) held a batch to half the rate the
+            # server accepts when answers take long.
+            kept = holding if self._token_bound() else holding / 2
+            self.cap = max(self._needed_concurrency(), kept, 1.0)
 
     def _refusing(self, found: Headers, ticket: Ticket) -> list[tuple[Pacer, str]]:
         """The limits that refused a request: those whose headers say they ran out
@@ -241,6 +303,38 @@ class RateGate:
             refusing.append((self.tokens, "tokens"))
         return refusing or [(self.requests, "requests"), (self.tokens, "tokens")]
 
+    @staticmethod
+    def _a_moment_early(found: Headers, pacer: Pacer, kind: str, ticket: Ticket) -> bool:
+        """Refused for a few milliseconds of refill (``EARLY_SHARE`` of its turn)."""
+        if not (found.retry_after_exact and found.retry_after_s is not None and pacer.rate):
+            return False
+        needed = 1.0 if kind == "requests" else ticket.tokens
+        return found.retry_after_s < EARLY_SHARE * needed / pacer.rate
+
+    def _cap_bursts(self, found: Headers, ticket: Ticket) -> list[Pacer]:
+        """Refused while the headers' ``remaining`` had room for this request in every
+        limit: the server enforces a smaller burst than the budget they announce (as
+        OpenAI's minute budget). Each limit paced from headers is then held to
+        ``BURST_S`` of its rate at once; returns the pacers so held (this refusal was
+        their burst, not their rate)."""
+        readings = (
+            (self.requests, found.requests, 1.0),
+            (self.tokens, found.tokens, ticket.tokens),
+        )
+        if all(r.remaining is None for _, r, _ in readings) or any(
+            r.remaining is not None and r.remaining < needed for _, r, needed in readings
+        ):
+            return []
+        capped = []
+        for pacer, reading, needed in readings:
+            if pacer.rate and reading.remaining is not None and pacer.burst is None:
+                if not pacer.distrusted:
+                    pacer.burst = max(needed, pacer.rate * BURST_S)
+                    pacer.capacity = min(pacer.capacity, pacer.burst)
+                    pacer.level = min(pacer.level, pacer.capacity)
+                    capped.append(pacer)
+        return capped
+
     def _accepted(self, kind: str, now: float) -> float:
         """Requests (or their tokens) per second the server accepted over the last two
         seconds, counted from its first refusal: before it, a full bucket's burst would
@@ -249,7 +343,10 @@ class RateGate:
         if now - since < 0.2:
             since = now - 1.0
         taken = [t for t in self._started if t.sent_at > since and not t.rejected]
-        amount = float(len(taken)) if kind == "requests" else sum(t.tokens for t in taken)
+        if kind == "requests":
+            amount = float(len(taken))
+        else:  # as the server counts them, as far as we know now
+            amount = sum(t.estimate * self.count_ratio if t.estimate else t.tokens for t in taken)
         return amount / max(now - since, 0.2) if now - since >= 0.2 else amount
 
     def _rebook(self, now: float) -> None:
@@ -280,11 +377,29 @@ class RateGate:
             return  # nothing got through yet to learn from: the pause and the cap act
         pacer.blind, pacer.grown_at, pacer.booked_rate = True, now, rate
 
+    def _token_bound(self) -> bool:
+        """A token limit paced from headers binds: at the usual request's size it allows
+        fewer requests a second than the requests limit does (if there is one)."""
+        tokens, size = self.tokens, self._request_tokens
+        if not tokens.rate or tokens.blind or not size:
+            return False
+        return not self.requests.rate or tokens.rate / size < self.requests.rate
+
     def _needed_concurrency(self) -> float:
-        """Little's law: the requests in flight that the known rate keeps busy."""
-        if self.requests.rate and self.latency_s:
-            return math.ceil(self.requests.rate * self.latency_s * 1.5) + 1
-        return 1.0
+        """Little's law: the requests in flight that the known rates keep busy. A token
+        limit counts as the requests per second its rate allows at the usual size: a
+        cap that ignored it would pace a token-limited batch at the cap's rate instead
+        (halved on each 429, it was half the rate the server accepts)."""
+        if not self.latency_s:
+            return 1.0
+        per_second = []
+        if self.requests.rate:
+            per_second.append(self.requests.rate)
+        if self.tokens.rate and self._request_tokens:
+            per_second.append(self.tokens.rate / self._request_tokens)
+        if not per_second:
+            return 1.0
+        return math.ceil(min(per_second) * self.latency_s * 1.5) + 1
 
     # -- what a progress line shows ----------------------------------------------------
     def hold_message(self) -> str | None:

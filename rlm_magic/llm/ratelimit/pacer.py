@@ -25,6 +25,13 @@ KNEE_GROWTH = 0.01
 # A limit paced by what got through: this share of what the server accepted per second
 # since it first refused (its bucket was empty then: what it took since is its refill).
 ACCEPTED_SHARE = 0.95
+# A 429 whose retry-after-ms is under this share of the request's own turn at the pace
+# came a moment early (its send raced the one before): no evidence against the rate.
+EARLY_SHARE = 0.25
+# A server that refuses while its headers say there is room enforces a smaller burst than
+# the budget they announce (OpenAI's minute, enforced over a second or less): this many
+# seconds of the rate at once.
+BURST_S = 1.0
 
 
 class Pacer:
@@ -49,6 +56,7 @@ class Pacer:
         self.contradictions = 0
         self.booked_rate = 0.0  # the probed pace the current bookings were made at
         self.knee: float | None = None  # what the server accepted when it last refused
+        self.burst: float | None = None  # the most at once, when less than the headers' limit
         self.slow_start = False
         self.grown_at = 0.0
         self.level = self.capacity
@@ -83,7 +91,7 @@ class Pacer:
             self.rate = rate if self.rate is None else 0.7 * self.rate + 0.3 * rate
             self.learned_at = now
         if reading.limit is not None and self.rate and not self.distrusted:
-            self.capacity = max(1.0, reading.limit)
+            self.capacity = max(1.0, min(reading.limit, self.burst or reading.limit))
         if reading.remaining is not None and self.rate:
             # The server's count is a latency old and misses our later starts, so it
             # only ever lowers ours (another client may share the quota).

@@ -217,8 +217,10 @@ class RLMConfig(Configurable):
         None,
         allow_none=True,
         help="Input tokens of a model litellm has no entry for (a local "
-        "server, a Router group). Default: litellm's model info, "
-        "else what the provider's context-length error says.",
+        "server, a Router group); it wins over every other source. "
+        "Default: what a local server reports (llama.cpp, vLLM, "
+        "Ollama), else litellm's model info, else what the provider's "
+        "context-length error says.",
     ).tag(config=True)
     compact_at = Float(
         0.85,
@@ -235,8 +237,9 @@ class RLMConfig(Configurable):
         allow_none=True,
         help="Replace the built-in RLM system prompt. It is "
         "formatted with {context_type}, {context_length}, "
-        "{context_preview}, {max_depth}, {depth_left}, "
-        "{max_output_chars}.",
+        "{context_preview}, {sub_model_reads} (how much one sub-call "
+        "reads), {chunk_size} (the chunk advice), {max_depth}, "
+        "{depth_left}, {max_output_chars}.",
     ).tag(config=True)
 
     # -- where the model's code runs ------------------------------------------------------

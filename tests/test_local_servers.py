@@ -16,7 +16,7 @@ import pytest
 
 from rlm_magic import PromptTooLongError
 from rlm_magic.demo import split_tokens
-from rlm_magic.llm import local_servers, profiles, windows
+from rlm_magic.llm import local_servers, profiles, slots, windows
 
 from .conftest import SUB, helpers, make_rlm
 
@@ -265,6 +265,89 @@ async def test_a_window_learned_mid_run_updates_the_chunk_advice(server):
     first, second = (r["messages"][0]["content"] for r in server.requests_for("root-model"))
     assert "~100k characters per prompt" in first
     assert "it can read ~9.8k characters per prompt" in second
+
+
+# -- a local server's slots ------------------------------------------------------------
+
+
+def short_answer(body: dict) -> str:
+    return "".join(f"s{i} " for i in range(20))  # 20 tokens: half a second at 40/s
+
+
+async def test_calls_past_a_servers_slots_wait_on_our_side_and_none_is_taken_for_stalled(
+    server,
+):
+    # The case scaled down: 64 prompts of 128 tokens against 8 slots at
+    # timeout=30 lost 16. Here 32 answers of half a second against 4 slots that queue
+    # the rest: queued at the server, the last of eight waves would wait 3.5 s for its
+    # first token, past a 1 s timeout.
+    server.slots = 4
+    server.generation_rate = 40
+    server.reply_with("sub-model", short_answer)
+    rlm = make_rlm(server, timeout=1.0, max_concurrency=64)
+    seen: list[str] = []
+
+    async def watch() -> None:
+        while True:
+            message = slots.hold_message()
+            if message:
+                seen.append(message)
+            await asyncio.sleep(0.05)
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        answers = await helpers(rlm).llm_query_batch(
+            [f"q{i}" for i in range(32)], return_exceptions=True
+        )
+    finally:
+        watcher.cancel()
+    assert [len(str(a).split()) for a in answers] == [20] * 32
+    assert server.peak_in_flight <= 4 and server.peak_queued == 0
+    usage = rlm.usage().by_model[SUB]
+    assert usage.retries == 0 and usage.errors == 0
+    assert len(server.requests_for("sub-model")) == 32
+    # The rest waited on our side, and the progress line says so.
+    assert seen and re.fullmatch(r"\d+ waiting for the server's 4 slots", seen[0])
+
+
+@pytest.mark.parametrize("kind", ["llama.cpp", "vllm"])
+async def test_before_its_first_token_a_call_queued_at_a_busy_server_is_not_stalled(server, kind):
+    # A server running fewer requests than we hold to (another client has the rest:
+    # llama.cpp says 8 slots, vLLM says none): ours queue there, and the server says
+    # it is working (llama.cpp's /slots, vLLM's /metrics).
+    server.slots = 2
+    if kind == "llama.cpp":
+        server.reported_slots = 8
+    else:
+        server.reports_window = ("vllm", 8192)
+    server.generation_rate = 40
+    server.reply_with("sub-model", short_answer)
+    rlm = make_rlm(server, timeout=0.6, max_concurrency=8)
+    answers = await helpers(rlm).llm_query_batch(
+        [f"q{i}" for i in range(8)], return_exceptions=True
+    )
+    assert [len(str(a).split()) for a in answers] == [20] * 8
+    assert server.peak_queued > 0 and server.busy_asks > 0
+    usage = rlm.usage().by_model[SUB]
+    assert usage.retries == 0 and usage.errors == 0
+
+
+async def test_a_call_at_a_server_that_says_it_is_idle_still_stalls(server):
+    server.reports_window = ("llama.cpp", 4096)  # 8 slots, none of them processing
+    server.fail("hang", times=1)
+    rlm = make_rlm(server, timeout=0.5, max_retries=0)
+    with pytest.raises(Exception, match="no new tokens for 0.5s"):
+        await helpers(rlm).llm_query("x")
+    assert "/slots" in server.window_asks  # asked whether it was working
+
+
+async def test_a_stall_after_the_first_token_is_a_stall_however_busy_the_server(server):
+    server.slots = 2
+    server.reply_with("sub-model", short_answer)
+    server.stall_at, server.stall_for = 3, 5.0  # its slot stays busy all the while
+    rlm = make_rlm(server, timeout=0.5, max_retries=0)
+    answer = await helpers(rlm).llm_query("x")
+    assert answer.startswith("s0 s1 s2") and "no new tokens for 0.5s" in answer.reason
 
 
 # -- compaction on a small root window --------------------------------------------------

@@ -38,7 +38,7 @@ from ..errors import (
     RateLimitWaitExceeded,
     describe_exception,
 )
-from . import budget, keys, litellm_loader, local_servers, price_map, retries, windows
+from . import budget, keys, litellm_loader, local_servers, price_map, retries, slots, windows
 from . import cache as response_cache
 from .call import Call, CallOptions
 from .completion import Completion
@@ -412,19 +412,21 @@ class LLMClient:
         return ticket
 
     async def _attempt(self, call: Call) -> Answer:
-        """One request by the transport, streamed (into ``call.state``) or whole."""
+        """One request by the transport, streamed (into ``call.state``) or whole; past a
+        local server's slots it waits for one first (``slots``), its timers not started."""
         options = call.options
-        if call.state is not None:
-            return await call.transport.stream(
-                call.request,
-                call.state,
-                stall_timeout=options.time_left(self.config.timeout),
-                deadline=options.deadline,
-                messages=call.messages,
+        async with slots.held(call, self.config.api_key):
+            if call.state is not None:
+                return await call.transport.stream(
+                    call.request,
+                    call.state,
+                    stall_timeout=options.time_left(self.config.timeout),
+                    deadline=options.deadline,
+                    messages=call.messages,
+                )
+            return await asyncio.wait_for(
+                call.transport.complete(call.request), options.time_left(call.attempt_timeout)
             )
-        return await asyncio.wait_for(
-            call.transport.complete(call.request), options.time_left(call.attempt_timeout)
-        )
 
     async def _after_failure(self, call: Call, ticket: Ticket, failure: Exception) -> None:
         """Decide on a failed attempt: return to try again (at once, or after a backoff),

@@ -71,6 +71,11 @@ class EndpointProfile:
     window_guess: tuple[int, float] | None = None
     # The server being asked right now (one probe at a time).
     probe: asyncio.Future[Any] | None = None
+    # What the probe found serving it ("llama.cpp", "vllm", "ollama"; None: it could not
+    # tell), and how many requests that server runs at once, if it says (llama.cpp's
+    # total_slots): see ``slots``.
+    server_kind: str | None = None
+    server_slots: int | None = None
 
 
 @dataclass
@@ -82,6 +87,10 @@ class Profiles:
     gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[GateKey, Any]] = field(
         default_factory=weakref.WeakKeyDictionary
     )
+    # The slot holds of each event loop, by (endpoint, model): see ``slots``.
+    slot_holds: weakref.WeakKeyDictionary[
+        asyncio.AbstractEventLoop, dict[tuple[str | None, str], Any]
+    ] = field(default_factory=weakref.WeakKeyDictionary)
 
     def model(self, name: str) -> ModelProfile:
         """The profile of model ``name``, made empty on first use."""
@@ -110,6 +119,7 @@ class Profiles:
         self.models.clear()
         self.endpoints.clear()
         self.gates.clear()
+        self.slot_holds.clear()
 
 
 PROFILES = Profiles()

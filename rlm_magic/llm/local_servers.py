@@ -105,6 +105,10 @@ async def ask(api_base: str | None, model: str, api_key: str | None = None) -> i
         raise
     except Exception:  # noqa: BLE001 - a server that cannot say: the window stays unknown
         window, guessed = None, False
+    if at.server_kind in ("llama.cpp", "vllm"):
+        profile = PROFILES.model(model)
+        if profile.server_takes_schema is None:  # (a refusal since would have said False)
+            profile.server_takes_schema = True  # both take a JSON schema (grammar-bound)
     if guessed and window:
         at.window_guess = (window, time.monotonic())
     else:

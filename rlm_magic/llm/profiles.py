@@ -56,6 +56,11 @@ class ModelProfile:
     # Whether litellm says it takes a JSON schema, by the size of litellm's price map
     # when asked (a model registered later is asked again).
     schema_support: tuple[int, bool] | None = None
+    # Whether its server takes one, whatever litellm says: True when the probe found a
+    # server that does (llama.cpp, vLLM), False once the server refused one.
+    server_takes_schema: bool | None = None
+    # The user was told that its typed answers' schema is not sent (once).
+    told_schema_not_sent: bool = False
 
 
 @dataclass

@@ -208,6 +208,38 @@ async def test_characters_per_token_are_learned_from_usage_and_advised(server):
     assert "it can read ~5.4k characters per prompt" in system
 
 
+LOG = "2024-01-01 12:00:01 ERROR svc[42]: x=1 y=2 retry=3\n"
+
+
+@pytest.mark.parametrize("kind", ["llama.cpp", "vllm"])
+async def test_the_first_advice_reads_the_context_as_the_servers_tokenizer_counts_it(server, kind):
+    # Gemma reads log text at 1.75 characters a token: the first advice assumed 4
+    # ("1.8k-7.4k characters" on a 4,096 window, 7.4k of them past the window).
+    server.reports_window = (kind, 4096)
+    server.tokenizes = True
+    server.chars_per_token = 1.75
+    server.script("root-model", ["FINAL(ok)"])
+    rlm = make_rlm(server, sandbox="none")
+    await rlm.arun("q", context=LOG * 400)  # 20,000 characters
+    system = server.requests_for("root-model")[0]["messages"][0]["content"]
+    # 4,096 tokens less a quarter for answers, at 1.75 characters a token, before any
+    # usage report; a step's output cut to a quarter of the root window.
+    assert "it can read ~4.3k characters per prompt" in system
+    assert "(cut to 1,800 characters)" in system
+    assert 0 < max(server.tokenize_asks) <= 6000  # a sample, not the context
+    assert windows.chars_per_token(SUB) == pytest.approx(1.75, rel=0.05)
+
+
+async def test_a_server_without_a_tokenizer_leaves_the_advice_to_usage(server):
+    server.reports_window = ("llama.cpp", 4096)  # no /tokenize
+    server.script("root-model", ["FINAL(ok)"])
+    rlm = make_rlm(server, sandbox="none")
+    await rlm.arun("q", context=LOG * 400)
+    system = server.requests_for("root-model")[0]["messages"][0]["content"]
+    assert "it can read ~9.8k characters per prompt" in system
+    assert "(cut to 4,100 characters)" in system  # a quarter of 4,096 tokens at 4
+
+
 async def test_a_context_refusal_is_not_retried_and_corrects_the_estimate(server, transport):
     server.usage = None
     server.chars_per_token = 2.0  # twice the tokens our estimate counts

@@ -144,10 +144,12 @@ class LLMClient:
             return None
         return await litellm_loader.load_litellm()
 
-    async def look_up_windows(self, *models: str) -> None:
+    async def look_up_windows(self, *models: str, sample: str | None = None) -> None:
         """Learn these models' windows from litellm once each, off the loop: for some
         providers that is an HTTP request, which would stall every cell's work. (Models
-        that go without litellm read theirs from its bundled price map.)"""
+        that go without litellm read theirs from its bundled price map.) ``sample``: a
+        sample of the text they will read, counted by a local server's own tokenizer
+        where it has one (their characters per token, before the first turn)."""
         litellm = await self.litellm_for(*models)
         config, endpoint = self.config, self.endpoint
         names = set(models)
@@ -168,6 +170,8 @@ class LLMClient:
                 *([asyncio.to_thread(windows.look_up, litellm, missing)] if missing else []),
                 *(local_servers.ask(config.api_base, m, config.api_key) for m in unasked),
             )
+        if sample and config.api_base and endpoint.probes_local_servers:
+            await windows.learn_tokenizers(config.api_base, set(models), sample, config.api_key)
 
     def input_window(self, model: str | None = None, advice: bool = False) -> int | None:
         """Input tokens ``model`` takes, if known (see ``windows.input_window``;

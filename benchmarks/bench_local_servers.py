@@ -262,6 +262,8 @@ async def main_real(url: str, model: str, only: str | None = None) -> None:
             f"(default {rlm.max_output_chars:,})"
         )
     # -- typed answers at the defaults ---------------------------------------------------
+    if only == "held":
+        return await _real_slots(url, model, (True,))
     if only not in (None, "typed"):
         return await _real_slots(url, model)
     profiles.forget()
@@ -283,14 +285,13 @@ async def main_real(url: str, model: str, only: str | None = None) -> None:
         await _real_slots(url, model)
 
 
-async def _real_slots(url: str, model: str) -> None:
+async def _real_slots(url: str, model: str, which: tuple[bool, ...] = (True, False)) -> None:
     print(
         f"{SLOT_PROMPTS} prompts, max_tokens {SLOT_ANSWER_TOKENS}, timeout 30 s, max_concurrency 64"
     )
-    rows = []
-    for name, held in (("held (now)", True), ("not held", False)):
-        rows.append((name, await run_slots(None, url, model, 1.0, held)))
-    _print_slot_rows(rows, 1.0)
+    for held in which:
+        name = "held (now)" if held else "not held"
+        _print_slot_rows([(name, await run_slots(None, url, model, 1.0, held))], 1.0)
 
 
 async def main(scale: float, wire: bool) -> None:
@@ -333,7 +334,9 @@ if __name__ == "__main__":
     parser.add_argument("--slots", action="store_true", help="64 prompts against 8 slots")
     parser.add_argument("--url", help="a real llama-server's api_base (…/v1)")
     parser.add_argument("--model", default="openai/gemma", help="its model, as rlm-magic names it")
-    parser.add_argument("--only", choices=["typed", "slots"], help="with --url: only this part")
+    parser.add_argument(
+        "--only", choices=["typed", "slots", "held"], help="with --url: only this part"
+    )
     args = parser.parse_args()
     _count_retry_causes()
     if args.url:

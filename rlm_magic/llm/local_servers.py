@@ -100,7 +100,8 @@ async def ask(api_base: str | None, model: str, api_key: str | None = None) -> i
     if pending is None or pending.get_loop() is not asyncio.get_running_loop():
         pending = at.probe = asyncio.ensure_future(_probe(api_base, model, api_key))
     try:
-        window, guessed, at.server_kind, at.server_slots = await asyncio.shield(pending)
+        found = await asyncio.shield(pending)
+        window, guessed, at.server_kind, at.server_slots, at.server_is_local = found
     except asyncio.CancelledError:
         raise
     except Exception:  # noqa: BLE001 - a server that cannot say: the window stays unknown
@@ -146,11 +147,12 @@ def _local_address(text: str) -> bool:
     return address.is_loopback or address.is_private or address.is_link_local
 
 
-Found = tuple[int | None, bool, str | None, int | None]
+Found = tuple[int | None, bool, str | None, int | None, bool]
 
 
 async def _probe(api_base: str, model: str, api_key: str | None) -> Found:
-    """(the window, whether it is a guess, the kind of server, its slots)."""
+    """(the window, whether it is a guess, the kind of server, its slots, whether it is
+    local)."""
     import aiohttp
 
     name = _PREFIX.sub("", model)
@@ -183,8 +185,8 @@ async def _probe(api_base: str, model: str, api_key: str | None) -> Found:
         kind = _kind(props, models, running, shown, name)
         window = window or _vllm(models, name) or _ollama(running, shown, name)
         if window:
-            return window, False, kind, slots
-        return _ollama_default(shown), True, kind, slots
+            return window, False, kind, slots, local
+        return _ollama_default(shown), True, kind, slots, local
 
 
 def server_root(api_base: str) -> str:
@@ -231,6 +233,13 @@ def server_kind(api_base: str | None, model: str) -> str | None:
     return at.server_kind if at is not None else None
 
 
+def local_server_kind(api_base: str | None, model: str) -> str | None:
+    """``server_kind`` of a server on this machine or the local network (whose own
+    endpoints may be asked), else None."""
+    at = PROFILES.known_at(api_base, model) if api_base else None
+    return at.server_kind if at is not None and at.server_is_local else None
+
+
 async def count_tokens(
     api_base: str, model: str, text: str, api_key: str | None = None
 ) -> int | None:
@@ -238,7 +247,7 @@ async def count_tokens(
     ``POST /tokenize``), within ``PROBE_TIMEOUT``; None where it cannot say."""
     import aiohttp
 
-    kind = server_kind(api_base, model)
+    kind = local_server_kind(api_base, model)
     if kind not in ("llama.cpp", "vllm"):
         return None
     post: dict[str, Any] = (

@@ -81,6 +81,9 @@ class EndpointProfile:
     # total_slots): see ``slots``.
     server_kind: str | None = None
     server_slots: int | None = None
+    # Whether it is on this machine or the local network: only then are its own
+    # endpoints asked (/slots, /metrics, /tokenize), as the probe's are.
+    server_is_local: bool = False
 
 
 @dataclass
@@ -92,10 +95,11 @@ class Profiles:
     gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[GateKey, Any]] = field(
         default_factory=weakref.WeakKeyDictionary
     )
-    # The slot holds of each event loop, by (endpoint, model): see ``slots``.
-    slot_holds: weakref.WeakKeyDictionary[
-        asyncio.AbstractEventLoop, dict[tuple[str | None, str], Any]
-    ] = field(default_factory=weakref.WeakKeyDictionary)
+    # The slot holds of each event loop, by endpoint (one server's slots serve every
+    # model name it is asked by): see ``slots``.
+    slot_holds: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, Any]] = field(
+        default_factory=weakref.WeakKeyDictionary
+    )
 
     def model(self, name: str) -> ModelProfile:
         """The profile of model ``name``, made empty on first use."""

@@ -39,7 +39,7 @@ BUSY_KEPT_S = 1.0  # a server's answer to "are you working?" serves every call t
 
 
 class ServerSlots:
-    """The calls in flight to one server (and model), held to its slots (None: it did
+    """The calls in flight to one server, held to its slots (None: it did
     not say how many it has), and its latest answer to "are you working?"."""
 
     def __init__(self, total: int | None):
@@ -102,9 +102,14 @@ def held(call: Call, api_key: str | None = None) -> _Hold | _NoHold:
     told how to ask the server whether it is working (``server_busy``)."""
     endpoint = call.endpoint
     at = PROFILES.known_at(endpoint, call.model)
-    if at is None or at.server_kind not in ("llama.cpp", "vllm") or not endpoint:
+    if (
+        at is None
+        or not at.server_is_local  # (its own endpoints are not asked of other hosts)
+        or at.server_kind not in ("llama.cpp", "vllm")
+        or not endpoint
+    ):
         return _NO_HOLD
-    slots = slots_for(endpoint, call.model, at.server_slots)
+    slots = slots_for(endpoint, at.server_slots)
     if call.state is not None:
         call.state.server_busy = _asker(slots, endpoint, at.server_kind, api_key)
     if not slots.total:
@@ -112,12 +117,13 @@ def held(call: Call, api_key: str | None = None) -> _Hold | _NoHold:
     return _Hold(slots, call.options.deadline)
 
 
-def slots_for(endpoint: str | None, model: str, total: int | None) -> ServerSlots:
-    """The slots of ``model``'s server at ``endpoint`` on the running loop."""
+def slots_for(endpoint: str, total: int | None) -> ServerSlots:
+    """The slots of the server at ``endpoint`` on the running loop (shared by every
+    model name it is asked by: llama.cpp serves one model, whatever the name)."""
     holds = PROFILES.slot_holds.setdefault(asyncio.get_running_loop(), {})
-    slots = holds.get((endpoint, model))
+    slots = holds.get(endpoint)
     if slots is None:
-        slots = holds[(endpoint, model)] = ServerSlots(total)
+        slots = holds[endpoint] = ServerSlots(total)
     slots.total = total  # (the server asked again may have other settings)
     return slots
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from ..errors import PromptTooLongError
 from . import litellm_loader, price_map
-from .local_servers import count_tokens, guessed_window, reported_window, server_kind
+from .local_servers import count_tokens, guessed_window, local_server_kind, reported_window
 from .profiles import DEFAULT_CHARS_PER_TOKEN, PROFILES
 
 # What providers say when a prompt is over the window; the group is the window.
@@ -142,7 +142,9 @@ async def learn_tokenizers(
     """Each model's characters per token, from its server's count of ``sample`` (the
     servers that have a ``/tokenize``: llama.cpp, vLLM; all at once, each within the
     probe's time)."""
-    asked = [m for m in sorted(set(models)) if server_kind(api_base, m) in ("llama.cpp", "vllm")]
+    asked = [
+        m for m in sorted(set(models)) if local_server_kind(api_base, m) in ("llama.cpp", "vllm")
+    ]
     if not asked:
         return
     counts = await asyncio.gather(*(count_tokens(api_base, m, sample, api_key) for m in asked))

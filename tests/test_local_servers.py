@@ -16,6 +16,7 @@ import pytest
 
 from rlm_magic import PromptTooLongError
 from rlm_magic.demo import split_tokens
+from rlm_magic.jupyter.progress import BatchProgress
 from rlm_magic.llm import local_servers, profiles, slots, windows
 
 from .conftest import SUB, helpers, make_rlm
@@ -320,10 +321,11 @@ async def test_calls_past_a_servers_slots_wait_on_our_side_and_none_is_taken_for
     seen: list[str] = []
 
     async def watch() -> None:
+        line = BatchProgress(32, "llm_query_batch", enabled=False).line
         while True:
             message = slots.hold_message()
             if message:
-                seen.append(message)
+                seen.append((message, message in line()))
             await asyncio.sleep(0.05)
 
     watcher = asyncio.ensure_future(watch())
@@ -339,7 +341,8 @@ async def test_calls_past_a_servers_slots_wait_on_our_side_and_none_is_taken_for
     assert usage.retries == 0 and usage.errors == 0
     assert len(server.requests_for("sub-model")) == 32
     # The rest waited on our side, and the progress line says so.
-    assert seen and re.fullmatch(r"\d+ waiting for the server's 4 slots", seen[0])
+    assert seen and re.fullmatch(r"\d+ waiting for the server's 4 slots", seen[0][0])
+    assert all(shown for _, shown in seen)  # in the batch's progress line
 
 
 @pytest.mark.parametrize("kind", ["llama.cpp", "vllm"])

@@ -298,6 +298,7 @@ class FakeLLMServer(_ClosesConnections, LocalChatServer):
             self._reset_local_server_modes()
             self._reset_wire_modes()
             self._reset_closing_modes()
+            self._reset_slot_modes()
 
     def script(self, model: str, replies: list[Reply]) -> None:
         """Queue replies for a model, used in order before its default reply."""
@@ -707,6 +708,7 @@ class FakeLLMServer(_ClosesConnections, LocalChatServer):
         return cached
 
     def _add_routes(self, router) -> None:
+        self._slot_routes(router)  # first: in slots mode, these answer before the others
         super()._add_routes(router)
         self._window_routes(router)
         router.add_post("/v1/messages", self._messages)
@@ -883,6 +885,121 @@ class FakeLLMServer(_ClosesConnections, LocalChatServer):
         if reply is None:
             reply = self.model_replies.get(model, self.default_reply)
         return reply(body) if callable(reply) else reply
+
+    # -- a local server's slots: N requests served at once, the rest queued ---------------
+    def _reset_slot_modes(self) -> None:
+        # Serve this many chat requests at once and queue the rest, as llama.cpp's
+        # --parallel does: a queued request gets no byte until a slot frees. The server
+        # then plays llama.cpp: /props reports total_slots (``reported_slots``, else
+        # ``slots``; the window too when ``reports_window`` gives one), /slots each slot's
+        # is_processing. (With ``reports_window`` of "vllm" it plays vLLM instead: no
+        # /props, and /metrics counts the requests running and waiting.)
+        self.slots: int | None = None
+        self.reported_slots: int | None = None
+        self.queued = 0  # requests waiting for a slot now
+        self.peak_queued = 0
+        self.busy_asks = 0  # /slots and /metrics asked whether the server is working
+        # POST /tokenize counts tokens at ``chars_per_token``, as llama.cpp's and vLLM's
+        # do (with ``reports_window``'s kind, else llama.cpp's form).
+        self.tokenizes = False
+        self.tokenize_asks: list[int] = []  # characters of each text tokenized
+        self._processing = 0
+        self._slot_gate: tuple[int, asyncio.Semaphore] | None = None
+
+    def _slot_routes(self, router) -> None:
+        router.add_post("/v1/chat/completions", self._chat_in_slot)
+        router.add_post("/chat/completions", self._chat_in_slot)
+        router.add_get("/props", self._slot_props)
+        router.add_get("/slots", self._slot_list)
+        router.add_get("/metrics", self._slot_metrics)
+        router.add_post("/tokenize", self._tokenize)
+
+    def _plays_vllm(self) -> bool:
+        return self.reports_window is not None and self.reports_window[0] == "vllm"
+
+    async def _chat_in_slot(self, request):
+        slots = self.slots
+        if slots is None:
+            return await self._chat(request)
+        if self._slot_gate is None or self._slot_gate[0] != slots:
+            self._slot_gate = (slots, asyncio.Semaphore(slots))  # on the server's loop
+        gate = self._slot_gate[1]
+        queued = gate.locked()
+        if queued:
+            with self._lock:
+                self.queued += 1
+                self.peak_queued = max(self.peak_queued, self.queued)
+        try:
+            await gate.acquire()
+        finally:
+            if queued:
+                with self._lock:
+                    self.queued -= 1
+        try:
+            with self._lock:
+                self._processing += 1
+            return await self._chat(request)
+        finally:
+            with self._lock:
+                self._processing -= 1
+            gate.release()
+
+    async def _slot_props(self, request):
+        from aiohttp import web
+
+        if self.slots is None or self._plays_vllm():
+            return await self._window_answer(request)
+        with self._lock:
+            self.window_asks.append(request.path)
+        props: dict = {"total_slots": self.reported_slots or self.slots}
+        if self.reports_window is not None:
+            props["default_generation_settings"] = {"n_ctx": self.reports_window[1]}
+        return web.json_response(props)
+
+    async def _slot_list(self, request):
+        from aiohttp import web
+
+        if self.slots is None or self._plays_vllm():
+            return await self._window_answer(request)
+        with self._lock:
+            self.window_asks.append(request.path)
+            self.busy_asks += 1
+            processing = self._processing
+        size = self.reports_window[1] if self.reports_window is not None else None
+        return web.json_response(
+            [
+                {"id": i, "is_processing": i < processing, **({"n_ctx": size} if size else {})}
+                for i in range(self.reported_slots or self.slots)
+            ]
+        )
+
+    async def _slot_metrics(self, request):
+        from aiohttp import web
+
+        if self.slots is None or not self._plays_vllm():
+            return web.json_response({"error": "not found"}, status=404)
+        with self._lock:
+            self.busy_asks += 1
+            running, waiting = self._processing, self.queued
+        return web.Response(
+            text="# HELP vllm:num_requests_running Number of requests running.\n"
+            f'vllm:num_requests_running{{model_name="sub-model"}} {float(running)}\n'
+            f'vllm:num_requests_waiting{{model_name="sub-model"}} {float(waiting)}\n'
+        )
+
+    async def _tokenize(self, request):
+        from aiohttp import web
+
+        if not self.tokenizes:
+            return web.json_response({"error": "not found"}, status=404)
+        body = await request.json()
+        text = body.get("prompt" if self._plays_vllm() else "content") or ""
+        with self._lock:
+            self.tokenize_asks.append(len(text))
+        tokens = list(range(max(1, round(len(text) / self.chars_per_token))))
+        if self._plays_vllm():
+            return web.json_response({"count": len(tokens), "tokens": tokens})
+        return web.json_response({"tokens": tokens})
 
 
 def _blocks(content) -> list[dict]:

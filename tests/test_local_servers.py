@@ -16,7 +16,8 @@ import pytest
 
 from rlm_magic import PromptTooLongError
 from rlm_magic.demo import split_tokens
-from rlm_magic.llm import local_servers, profiles, windows
+from rlm_magic.jupyter.progress import BatchProgress
+from rlm_magic.llm import local_servers, profiles, slots, windows
 
 from .conftest import SUB, helpers, make_rlm
 
@@ -208,6 +209,38 @@ async def test_characters_per_token_are_learned_from_usage_and_advised(server):
     assert "it can read ~5.4k characters per prompt" in system
 
 
+LOG = "2024-01-01 12:00:01 ERROR svc[42]: x=1 y=2 retry=3\n"
+
+
+@pytest.mark.parametrize("kind", ["llama.cpp", "vllm"])
+async def test_the_first_advice_reads_the_context_as_the_servers_tokenizer_counts_it(server, kind):
+    # Gemma reads log text at 1.75 characters a token: the first advice assumed 4
+    # ("1.8k-7.4k characters" on a 4,096 window, 7.4k of them past the window).
+    server.reports_window = (kind, 4096)
+    server.tokenizes = True
+    server.chars_per_token = 1.75
+    server.script("root-model", ["FINAL(ok)"])
+    rlm = make_rlm(server, sandbox="none")
+    await rlm.arun("q", context=LOG * 400)  # 20,000 characters
+    system = server.requests_for("root-model")[0]["messages"][0]["content"]
+    # 4,096 tokens less a quarter for answers, at 1.75 characters a token, before any
+    # usage report; a step's output cut to a quarter of the root window.
+    assert "it can read ~4.3k characters per prompt" in system
+    assert "(cut to 1,800 characters)" in system
+    assert 0 < max(server.tokenize_asks) <= 6000  # a sample, not the context
+    assert windows.chars_per_token(SUB) == pytest.approx(1.75, rel=0.05)
+
+
+async def test_a_server_without_a_tokenizer_leaves_the_advice_to_usage(server):
+    server.reports_window = ("llama.cpp", 4096)  # no /tokenize
+    server.script("root-model", ["FINAL(ok)"])
+    rlm = make_rlm(server, sandbox="none")
+    await rlm.arun("q", context=LOG * 400)
+    system = server.requests_for("root-model")[0]["messages"][0]["content"]
+    assert "it can read ~9.8k characters per prompt" in system
+    assert "(cut to 4,100 characters)" in system  # a quarter of 4,096 tokens at 4
+
+
 async def test_a_context_refusal_is_not_retried_and_corrects_the_estimate(server, transport):
     server.usage = None
     server.chars_per_token = 2.0  # twice the tokens our estimate counts
@@ -265,6 +298,91 @@ async def test_a_window_learned_mid_run_updates_the_chunk_advice(server):
     first, second = (r["messages"][0]["content"] for r in server.requests_for("root-model"))
     assert "~100k characters per prompt" in first
     assert "it can read ~9.8k characters per prompt" in second
+
+
+# -- a local server's slots ------------------------------------------------------------
+
+
+def short_answer(body: dict) -> str:
+    return "".join(f"s{i} " for i in range(20))  # 20 tokens: half a second at 40/s
+
+
+async def test_calls_past_a_servers_slots_wait_on_our_side_and_none_is_taken_for_stalled(
+    server,
+):
+    # The case scaled down: 64 prompts of 128 tokens against 8 slots at
+    # timeout=30 lost 16. Here 32 answers of half a second against 4 slots that queue
+    # the rest: queued at the server, the last of eight waves would wait 3.5 s for its
+    # first token, past a 1 s timeout.
+    server.slots = 4
+    server.generation_rate = 40
+    server.reply_with("sub-model", short_answer)
+    rlm = make_rlm(server, timeout=1.0, max_concurrency=64)
+    seen: list[str] = []
+
+    async def watch() -> None:
+        line = BatchProgress(32, "llm_query_batch", enabled=False).line
+        while True:
+            message = slots.hold_message()
+            if message:
+                seen.append((message, message in line()))
+            await asyncio.sleep(0.05)
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        answers = await helpers(rlm).llm_query_batch(
+            [f"q{i}" for i in range(32)], return_exceptions=True
+        )
+    finally:
+        watcher.cancel()
+    assert [len(str(a).split()) for a in answers] == [20] * 32
+    assert server.peak_in_flight <= 4 and server.peak_queued == 0
+    usage = rlm.usage().by_model[SUB]
+    assert usage.retries == 0 and usage.errors == 0
+    assert len(server.requests_for("sub-model")) == 32
+    # The rest waited on our side, and the progress line says so.
+    assert seen and re.fullmatch(r"\d+ waiting for the server's 4 slots", seen[0][0])
+    assert all(shown for _, shown in seen)  # in the batch's progress line
+
+
+@pytest.mark.parametrize("kind", ["llama.cpp", "vllm"])
+async def test_before_its_first_token_a_call_queued_at_a_busy_server_is_not_stalled(server, kind):
+    # A server running fewer requests than we hold to (another client has the rest:
+    # llama.cpp says 8 slots, vLLM says none): ours queue there, and the server says
+    # it is working (llama.cpp's /slots, vLLM's /metrics).
+    server.slots = 2
+    if kind == "llama.cpp":
+        server.reported_slots = 8
+    else:
+        server.reports_window = ("vllm", 8192)
+    server.generation_rate = 40
+    server.reply_with("sub-model", short_answer)
+    rlm = make_rlm(server, timeout=0.6, max_concurrency=8)
+    answers = await helpers(rlm).llm_query_batch(
+        [f"q{i}" for i in range(8)], return_exceptions=True
+    )
+    assert [len(str(a).split()) for a in answers] == [20] * 8
+    assert server.peak_queued > 0 and server.busy_asks > 0
+    usage = rlm.usage().by_model[SUB]
+    assert usage.retries == 0 and usage.errors == 0
+
+
+async def test_a_call_at_a_server_that_says_it_is_idle_still_stalls(server):
+    server.reports_window = ("llama.cpp", 4096)  # 8 slots, none of them processing
+    server.fail("hang", times=1)
+    rlm = make_rlm(server, timeout=0.5, max_retries=0)
+    with pytest.raises(Exception, match="no new tokens for 0.5s"):
+        await helpers(rlm).llm_query("x")
+    assert "/slots" in server.window_asks  # asked whether it was working
+
+
+async def test_a_stall_after_the_first_token_is_a_stall_however_busy_the_server(server):
+    server.slots = 2
+    server.reply_with("sub-model", short_answer)
+    server.stall_at, server.stall_for = 3, 5.0  # its slot stays busy all the while
+    rlm = make_rlm(server, timeout=0.5, max_retries=0)
+    answer = await helpers(rlm).llm_query("x")
+    assert answer.startswith("s0 s1 s2") and "no new tokens for 0.5s" in answer.reason
 
 
 # -- compaction on a small root window --------------------------------------------------

@@ -5,12 +5,14 @@ from __future__ import annotations
 import ast
 import json
 import socket
+import warnings
 from typing import Literal
 
 import pytest
 from pydantic import BaseModel
 
 from rlm_magic import BatchError
+from rlm_magic.demo import HTTPError
 from rlm_magic.errors import ConfigError
 from rlm_magic.llm.structured import AnswerFormat
 from rlm_magic.maps.jobs import batch_job
@@ -44,13 +46,50 @@ async def test_a_pydantic_model_gives_an_instance_of_it(rlm):
     assert answer == Label(sentiment="positive", score=4)
 
 
-async def test_a_model_without_schema_support_gets_json_mode_and_the_schema_in_the_prompt(
+async def test_a_model_litellm_does_not_know_is_sent_the_schema_and_given_it_in_the_prompt(
     rlm, server
 ):
+    # Its server is not known yet: the schema goes both ways (a server that ignores
+    # response_format still has it in the prompt).
     await helpers(rlm).llm_query("good", response_format=Label)
     request = server.requests[0]
-    assert request["response_format"] == {"type": "json_object"}
+    assert request["response_format"]["type"] == "json_schema"
     assert "matching this JSON schema" in request["messages"][-1]["content"]
+
+
+async def test_a_model_at_llama_cpp_or_vllm_is_sent_the_schema_alone(rlm, server):
+    server.reports_window = ("llama.cpp", 8192)  # the probe of the first call finds it
+    await helpers(rlm).llm_query("good", response_format=Label)
+    answer = await helpers(rlm).llm_query("good too", response_format=Label)
+    assert answer == Label(sentiment="positive", score=8)
+    request = server.requests[-1]
+    assert request["response_format"]["type"] == "json_schema"
+    assert request["messages"][-1]["content"] == "good too"
+
+
+async def test_a_server_that_refuses_the_schema_gets_json_mode_at_once_and_says_so_once(
+    rlm, server
+):
+    def no_schema(body: dict) -> str:
+        if (body.get("response_format") or {}).get("type") == "json_schema":
+            raise HTTPError(
+                400, "response_format type must be one of 'text' or 'json_object'", "invalid"
+            )
+        return labelled(body)
+
+    server.reply_with("sub-model", no_schema)
+    with pytest.warns(RuntimeWarning, match="the JSON schema is not sent.*its server refused"):
+        assert await helpers(rlm).llm_query("good", response_format=Label) == Label(
+            sentiment="positive", score=4
+        )
+    sent = [r["response_format"]["type"] for r in server.requests]
+    assert sent == ["json_schema", "json_object"]  # asked again at once, in JSON mode
+    assert "matching this JSON schema" in server.requests[1]["messages"][-1]["content"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once
+        answers = await helpers(rlm).llm_query_batch(["good", "bad"], response_format=Label)
+    assert [a.sentiment for a in answers] == ["positive", "negative"]
+    assert [r["response_format"]["type"] for r in server.requests[2:]] == ["json_object"] * 2
 
 
 async def test_a_model_litellm_says_takes_schemas_gets_the_schema_itself(server, tmp_path):

@@ -212,6 +212,41 @@ async def test_the_system_prompt_advises_chunks_that_fit_the_sub_model(server):
     assert "100k" not in system
 
 
+async def test_a_steps_output_is_cut_to_a_quarter_of_the_root_window(server):
+    server.script("root-model", [repl("print('x' * 9000)"), "FINAL(ok)"])
+    rlm = make_rlm(server, context_window=8192, sandbox="none")
+    result = await rlm.arun("q", context="c")
+    system = server.requests_for("root-model")[0]["messages"][0]["content"]
+    assert "(cut to 8,200 characters)" in system  # 2,048 tokens at 4 characters
+    seen = result.trajectory[0].code[0].output
+    assert seen.startswith("x" * 8200) and "[output cut: " in seen
+
+
+async def test_max_output_chars_set_by_the_user_wins_over_the_window(server):
+    server.script("root-model", ["FINAL(ok)"])
+    rlm = make_rlm(server, context_window=8192, max_output_chars=30_000)
+    await rlm.arun("q", context="c")
+    system = server.requests_for("root-model")[0]["messages"][0]["content"]
+    assert "(cut to 30,000 characters)" in system
+
+
+async def test_without_a_known_window_max_output_chars_stays(server):
+    server.script("root-model", ["FINAL(ok)"])
+    rlm = make_rlm(server)
+    await rlm.arun("q", context="c")
+    system = server.requests_for("root-model")[0]["messages"][0]["content"]
+    assert "(cut to 20,000 characters)" in system
+
+
+def test_a_servers_count_of_a_sample_outweighs_what_usage_taught():
+    windows.learn_usage(ROOT, [{"role": "user", "content": "word " * 1000}], 1250)
+    assert windows.chars_per_token(ROOT) == pytest.approx(5000 / 1246, rel=0.01)
+    assert windows.learn_tokenizer(ROOT, 6000, 3429)  # log text, by the server's count
+    assert windows.chars_per_token(ROOT) == pytest.approx(1.75, rel=0.01)
+    assert not windows.learn_tokenizer(ROOT, 40, 10)  # too small to say
+    assert windows.chars_per_token(ROOT) == pytest.approx(1.75, rel=0.01)
+
+
 async def test_without_a_known_window_the_classic_advice_stays(server):
     rlm = make_rlm(server)
     server.script("root-model", ["FINAL(ok)"])

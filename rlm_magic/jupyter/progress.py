@@ -25,6 +25,7 @@ from typing import Any, Protocol
 from .._terminal_text import fit, one_line, visible, width
 from ..llm.litellm_loader import litellm_is_loading
 from ..llm.ratelimit import hold_message
+from ..llm.slots import hold_message as slots_message
 from ..llm.usage import format_cost, format_saving
 from ..maps.run_map import MapObserver
 
@@ -212,7 +213,7 @@ class BatchProgress(_LiveDisplay, MapObserver):
         elif self.in_flight:
             # Once the batch has stopped, calls still counted in flight were cancelled.
             parts.append(f"{self.in_flight} {'cancelled' if stopped else 'in flight'}")
-        held = None if stopped or not self.hold else self.hold()
+        held = None if stopped else (self.hold() if self.hold else None) or slots_message()
         if held:
             parts.append(held)
         pace = self.pace(stopped)
@@ -261,7 +262,7 @@ class RunStatus(_LiveDisplay):
             calls += f", {tree.in_flight} {'cancelled' if stopped else 'in flight'}"
         if tree.failed:
             calls += f", {tree.failed} failed"
-        held = None if phase else hold_message()
+        held = None if phase else hold_message() or slots_message()
         tokens = f"{usage.total.total_tokens:,} tokens"
         if usage.total.cached_input_tokens:
             tokens += (

@@ -39,7 +39,7 @@ from ..errors import (
     RateLimitWaitExceeded,
     describe_exception,
 )
-from . import budget, keys, litellm_loader, local_servers, price_map, retries, windows
+from . import budget, keys, litellm_loader, local_servers, price_map, retries, slots, windows
 from . import cache as response_cache
 from .call import Call, CallOptions
 from .completion import Completion
@@ -172,11 +172,15 @@ class LLMClient:
             return None
         return await litellm_loader.load_litellm()
 
-    async def look_up_windows(self, *models: str, litellm: Any = _UNASKED) -> None:
+    async def look_up_windows(
+        self, *models: str, litellm: Any = _UNASKED, sample: str | None = None
+    ) -> None:
         """Learn these models' windows from litellm once each, off the loop: for some
         providers that is an HTTP request, which would stall every cell's work. (Models
         that go without litellm read theirs from its bundled price map.) ``litellm``:
-        what ``litellm_for`` already said for these models."""
+        what ``litellm_for`` already said for these models. ``sample``: a sample of the
+        text they will read, counted by a local server's own tokenizer where it has one
+        (their characters per token, before the first turn)."""
         if litellm is _UNASKED:
             litellm = await self.litellm_for(*models)
         config, endpoint = self.config, self.endpoint
@@ -198,6 +202,8 @@ class LLMClient:
                 *([asyncio.to_thread(windows.look_up, litellm, missing)] if missing else []),
                 *(local_servers.ask(config.api_base, m, config.api_key) for m in unasked),
             )
+        if sample and config.api_base and endpoint.probes_local_servers:
+            await windows.learn_tokenizers(config.api_base, set(models), sample, config.api_key)
 
     def input_window(self, model: str | None = None, advice: bool = False) -> int | None:
         """Input tokens ``model`` takes, if known (see ``windows.input_window``;
@@ -442,21 +448,23 @@ class LLMClient:
         return ticket
 
     async def _attempt(self, call: Call) -> Answer:
-        """One request by the transport, streamed (into ``call.state``) or whole."""
+        """One request by the transport, streamed (into ``call.state``) or whole; past a
+        local server's slots it waits for one first (``slots``), its timers not started."""
         options = call.options
-        if call.state is not None:
-            return await call.transport.stream(
-                call.request,
-                call.state,
-                stall_timeout=options.time_left(self.config.timeout),
-                deadline=options.deadline,
-                messages=call.messages,
-            )
-        seconds = options.time_left(call.attempt_timeout)
-        if _timeout is None:  # Python 3.10
-            return await asyncio.wait_for(call.transport.complete(call.request), seconds)
-        async with _timeout(seconds):  # (wait_for before 3.12 starts a task for each call)
-            return await call.transport.complete(call.request)
+        async with slots.held(call, self.config.api_key):
+            if call.state is not None:
+                return await call.transport.stream(
+                    call.request,
+                    call.state,
+                    stall_timeout=options.time_left(self.config.timeout),
+                    deadline=options.deadline,
+                    messages=call.messages,
+                )
+            seconds = options.time_left(call.attempt_timeout)
+            if _timeout is None:  # Python 3.10
+                return await asyncio.wait_for(call.transport.complete(call.request), seconds)
+            async with _timeout(seconds):  # (wait_for before 3.12 starts a task for each call)
+                return await call.transport.complete(call.request)
 
     async def _after_failure(self, call: Call, ticket: Ticket, failure: Exception) -> None:
         """Decide on a failed attempt: return to try again (at once, or after a backoff),

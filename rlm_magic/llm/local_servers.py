@@ -22,6 +22,12 @@ asked, and the endpoints of local servers only of a host on this machine or the 
 network (loopback, private or link-local addresses): elsewhere (a cloud provider, a
 company's proxy) only ``GET /v1/models``, the OpenAI API's own, is asked. No answer is
 read past ``MAX_BODY`` bytes.
+
+The same answers say what kind of server it is and, for llama.cpp, how many requests
+it runs at once (``total_slots`` in ``/props``, else the number of ``/slots``): calls to
+it are held to that many (``slots``); llama.cpp and vLLM take a JSON schema for typed
+answers (``structured``) and count a text's tokens at ``POST /tokenize``
+(``count_tokens``), which sizes chunks to this model's tokenizer before the first turn.
 """
 
 from __future__ import annotations
@@ -94,11 +100,16 @@ async def ask(api_base: str | None, model: str, api_key: str | None = None) -> i
     if pending is None or pending.get_loop() is not asyncio.get_running_loop():
         pending = at.probe = asyncio.ensure_future(_probe(api_base, model, api_key))
     try:
-        window, guessed = await asyncio.shield(pending)
+        found = await asyncio.shield(pending)
+        window, guessed, at.server_kind, at.server_slots, at.server_is_local = found
     except asyncio.CancelledError:
         raise
     except Exception:  # noqa: BLE001 - a server that cannot say: the window stays unknown
         window, guessed = None, False
+    if at.server_kind in ("llama.cpp", "vllm"):
+        profile = PROFILES.model(model)
+        if profile.server_takes_schema is None:  # (a refusal since would have said False)
+            profile.server_takes_schema = True  # both take a JSON schema (grammar-bound)
     if guessed and window:
         at.window_guess = (window, time.monotonic())
     else:
@@ -136,36 +147,27 @@ def _local_address(text: str) -> bool:
     return address.is_loopback or address.is_private or address.is_link_local
 
 
-async def _probe(api_base: str, model: str, api_key: str | None) -> tuple[int | None, bool]:
-    """(the window, whether it is a guess)."""
+Found = tuple[int | None, bool, str | None, int | None, bool]
+
+
+async def _probe(api_base: str, model: str, api_key: str | None) -> Found:
+    """(the window, whether it is a guess, the kind of server, its slots, whether it is
+    local)."""
     import aiohttp
 
     name = _PREFIX.sub("", model)
     base = api_base.rstrip("/")
-    root = re.sub(r"/v1$", "", base)
+    root = server_root(api_base)
     started = time.monotonic()
     local = await is_local(urlsplit(base).hostname)
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT)
-    async with aiohttp.ClientSession(timeout=timeout, headers=headers) as session:
+    async with aiohttp.ClientSession(timeout=timeout, headers=_auth(api_key)) as session:
 
         async def get(path_or_url: str, post: dict[str, Any] | None = None) -> Any:
             if not local and path_or_url.startswith("/"):
                 return None  # a local server's own endpoint: not asked of other hosts
             url = path_or_url if path_or_url.startswith("http") else root + path_or_url
-            try:
-                request = session.post(url, json=post) if post is not None else session.get(url)
-                async with request as response:
-                    if response.status != 200 or (response.content_length or 0) > MAX_BODY:
-                        return None
-                    body = bytearray()
-                    async for piece in response.content.iter_chunked(65536):
-                        body += piece
-                        if len(body) > MAX_BODY:
-                            return None
-                    return json.loads(bytes(body))
-            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
-                return None
+            return await read_json(session, url, post)
 
         models_url = base + "/models" if base.endswith("/v1") else root + "/v1/models"
         props, models, running, shown = await asyncio.wait_for(
@@ -175,12 +177,103 @@ async def _probe(api_base: str, model: str, api_key: str | None) -> tuple[int | 
             max(0.5, PROBE_TIMEOUT + 0.5 - (time.monotonic() - started)),
         )
         window = _llama_cpp(props)
-        if window is None and isinstance(props, dict):
-            window = _llama_cpp_slots(await get("/slots"))
+        slots = _positive(props.get("total_slots")) if isinstance(props, dict) else None
+        if (window is None or slots is None) and isinstance(props, dict):
+            listed = await get("/slots")
+            window = window or _llama_cpp_slots(listed)
+            slots = slots or (len(listed) if isinstance(listed, list) and listed else None)
+        kind = _kind(props, models, running, shown, name)
         window = window or _vllm(models, name) or _ollama(running, shown, name)
         if window:
-            return window, False
-        return _ollama_default(shown), True
+            return window, False, kind, slots, local
+        return _ollama_default(shown), True, kind, slots, local
+
+
+def server_root(api_base: str) -> str:
+    """The server's own address: the api_base without its ``/v1``."""
+    return re.sub(r"/v1$", "", api_base.rstrip("/"))
+
+
+def _auth(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+async def read_json(session: Any, url: str, post: dict[str, Any] | None = None) -> Any:
+    """The JSON a GET (or a POST of ``post``) answers with status 200, read up to
+    ``MAX_BODY`` bytes; None for anything else."""
+    text = await read_text(session, url, post)
+    try:
+        return None if text is None else json.loads(text)
+    except ValueError:
+        return None
+
+
+async def read_text(session: Any, url: str, post: dict[str, Any] | None = None) -> str | None:
+    import aiohttp
+
+    try:
+        request = session.post(url, json=post) if post is not None else session.get(url)
+        async with request as response:
+            if response.status != 200 or (response.content_length or 0) > MAX_BODY:
+                return None
+            body = bytearray()
+            async for piece in response.content.iter_chunked(65536):
+                body += piece
+                if len(body) > MAX_BODY:
+                    return None
+            return bytes(body).decode("utf-8", "replace")
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        return None
+
+
+def server_kind(api_base: str | None, model: str) -> str | None:
+    """What the probe found serving ``model`` at ``api_base``: "llama.cpp", "vllm",
+    "ollama", or None (not asked yet, or none of these)."""
+    at = PROFILES.known_at(api_base, model) if api_base else None
+    return at.server_kind if at is not None else None
+
+
+def local_server_kind(api_base: str | None, model: str) -> str | None:
+    """``server_kind`` of a server on this machine or the local network (whose own
+    endpoints may be asked), else None."""
+    at = PROFILES.known_at(api_base, model) if api_base else None
+    return at.server_kind if at is not None and at.server_is_local else None
+
+
+async def count_tokens(
+    api_base: str, model: str, text: str, api_key: str | None = None
+) -> int | None:
+    """Tokens of ``text`` by the server's own tokenizer (llama.cpp's and vLLM's
+    ``POST /tokenize``), within ``PROBE_TIMEOUT``; None where it cannot say."""
+    import aiohttp
+
+    kind = local_server_kind(api_base, model)
+    if kind not in ("llama.cpp", "vllm"):
+        return None
+    post: dict[str, Any] = (
+        {"content": text}
+        if kind == "llama.cpp"
+        else {"model": _PREFIX.sub("", model), "prompt": text}
+    )
+    timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT)
+    async with aiohttp.ClientSession(timeout=timeout, headers=_auth(api_key)) as session:
+        answer = await read_json(session, server_root(api_base) + "/tokenize", post)
+    if not isinstance(answer, dict):
+        return None
+    tokens = answer.get("tokens")
+    return _positive(answer.get("count")) or (len(tokens) if isinstance(tokens, list) else None)
+
+
+def _kind(props: Any, models: Any, running: Any, shown: Any, name: str) -> str | None:
+    if isinstance(props, dict) and (
+        "default_generation_settings" in props or "total_slots" in props
+    ):
+        return "llama.cpp"
+    if _vllm(models, name):
+        return "vllm"
+    if _is_ollama_show(shown) or (isinstance(running, dict) and "models" in running):
+        return "ollama"
+    return None
 
 
 def _positive(value: Any) -> int | None:

@@ -56,6 +56,11 @@ class ModelProfile:
     # Whether litellm says it takes a JSON schema, by the size of litellm's price map
     # when asked (a model registered later is asked again).
     schema_support: tuple[int, bool] | None = None
+    # Whether its server takes one, whatever litellm says: True when the probe found a
+    # server that does (llama.cpp, vLLM), False once the server refused one.
+    server_takes_schema: bool | None = None
+    # The user was told that its typed answers' schema is not sent (once).
+    told_schema_not_sent: bool = False
 
 
 @dataclass
@@ -71,6 +76,14 @@ class EndpointProfile:
     window_guess: tuple[int, float] | None = None
     # The server being asked right now (one probe at a time).
     probe: asyncio.Future[Any] | None = None
+    # What the probe found serving it ("llama.cpp", "vllm", "ollama"; None: it could not
+    # tell), and how many requests that server runs at once, if it says (llama.cpp's
+    # total_slots): see ``slots``.
+    server_kind: str | None = None
+    server_slots: int | None = None
+    # Whether it is on this machine or the local network: only then are its own
+    # endpoints asked (/slots, /metrics, /tokenize), as the probe's are.
+    server_is_local: bool = False
 
 
 @dataclass
@@ -80,6 +93,11 @@ class Profiles:
     # The rate gates of each event loop (their waiters are futures of that loop), by
     # (model, endpoint, key id): see ``ratelimit.gate_for``.
     gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[GateKey, Any]] = field(
+        default_factory=weakref.WeakKeyDictionary
+    )
+    # The slot holds of each event loop, by endpoint (one server's slots serve every
+    # model name it is asked by): see ``slots``.
+    slot_holds: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, Any]] = field(
         default_factory=weakref.WeakKeyDictionary
     )
 
@@ -110,6 +128,7 @@ class Profiles:
         self.models.clear()
         self.endpoints.clear()
         self.gates.clear()
+        self.slot_holds.clear()
 
 
 PROFILES = Profiles()

@@ -45,6 +45,10 @@ class StreamState:
         # Set by the wire transport, which hands on text, not chunk objects.
         self.finish: str | None = None
         self.usage: dict[str, Any] | None = None
+        # Asked before the first token, when the stall timer runs out: whether the
+        # server reports work in progress (a local server queues requests past its
+        # slots); while it does, the wait is no stall (set by ``slots.held``).
+        self.server_busy: Callable[[], Awaitable[bool]] | None = None
 
     def add(self, chunk: Any) -> None:
         self.chunks.append(chunk)
@@ -137,7 +141,8 @@ async def stream_completion(
     method feeds ``state`` itself (the wire transport); litellm's is iterated. Raises
     ``StreamStalled`` when no chunk comes for ``stall_timeout`` seconds or ``deadline``
     (``time.monotonic()``) passes; the connection is closed at once on any exit, an
-    interrupt included."""
+    interrupt included. Before the first token, a server that reports work in progress
+    (``state.server_busy``) is not stalled: it has queued the request."""
     # The HTTP client's own read timeout stays out of the way of the stall watch,
     # which says what happened in words.
     request = {
@@ -147,7 +152,7 @@ async def stream_completion(
         "stream_options": {"include_usage": True},
     }
     stream = None
-    watch = _StallWatch(stall_timeout, deadline)
+    watch = _StallWatch(stall_timeout, deadline, state)
     try:
         async with watch:
             stream = await acompletion(**request)
@@ -178,12 +183,16 @@ class _Expired(Exception):
 
 class _StallWatch:
     """Cancels the streaming task when no chunk came for ``seconds``, or at
-    ``deadline``. One timer, re-armed lazily: a chunk only stores a timestamp."""
+    ``deadline``. One timer, re-armed lazily: a chunk only stores a timestamp. Before
+    the first token, the server is asked first whether it is working, if it can say
+    (``StreamState.server_busy``): while it is, the wait starts over."""
 
-    def __init__(self, seconds: float, deadline: float | None):
+    def __init__(self, seconds: float, deadline: float | None, state: StreamState | None = None):
         self.seconds, self.deadline = seconds, deadline
+        self.state = state
         self.expired = False
         self._at_deadline = False
+        self._asking: asyncio.Future[None] | None = None
 
     def touch(self) -> None:
         self.last = time.monotonic()
@@ -206,6 +215,8 @@ class _StallWatch:
         tb: TracebackType | None,
     ) -> bool:
         self._handle.cancel()
+        if self._asking is not None:
+            self._asking.cancel()
         if self.expired and exc_type is asyncio.CancelledError:
             # Our own cancel, not the user's: turn it into a timeout.
             uncancel = getattr(self.task, "uncancel", None)
@@ -226,11 +237,39 @@ class _StallWatch:
         now = time.monotonic()
         if self.deadline is not None and now >= self.deadline:
             self._at_deadline = True
-        if self._at_deadline or now - self.last >= self.seconds:
-            self.expired = True
-            self.task.cancel()
+        if self._at_deadline:
+            self._expire()
+        elif now - self.last >= self.seconds:
+            state = self.state
+            if state is not None and state.server_busy is not None and not state.received:
+                self._asking = asyncio.ensure_future(self._ask_if_queued(state.server_busy))
+            else:
+                self._expire()
         else:
             self._handle = self.loop.call_later(self._next_check(), self._check)
+
+    async def _ask_if_queued(self, server_busy: Callable[[], Awaitable[bool]]) -> None:
+        """No first token yet: a server at work has the request queued (not a stall),
+        and the wait starts over; else it stalled."""
+        try:
+            busy = await asyncio.wait_for(server_busy(), max(1.0, min(5.0, self.seconds)))
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - a server that cannot say: a stall is a stall
+            busy = False
+        now = time.monotonic()
+        if busy:
+            self.touch()
+        if self.deadline is not None and now >= self.deadline:
+            self._at_deadline = True
+        if self._at_deadline or now - self.last >= self.seconds:
+            self._expire()
+        else:
+            self._handle = self.loop.call_later(self._next_check(), self._check)
+
+    def _expire(self) -> None:
+        self.expired = True
+        self.task.cancel()
 
     def reason(self) -> str:
         if self._at_deadline:

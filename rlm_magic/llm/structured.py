@@ -1,10 +1,16 @@
 """Typed answers: ``response_format=`` turns a model's answer into a validated object.
 
 The format is a pydantic model (notebook side: answers are instances of it) or a JSON
-schema (both sides; answers are dicts, what the sandbox can receive). The request uses
-the provider's structured-output mode where litellm says the model supports it
-(``litellm.supports_response_schema``), and JSON mode with the schema in the prompt
-elsewhere. Every answer is checked here either way: one that does not validate is asked
+schema (both sides; answers are dicts, what the sandbox can receive). The request sends
+the schema itself (the provider's structured-output mode, which llama.cpp and vLLM
+enforce with a grammar) where the model takes one: litellm says so
+(``litellm.supports_response_schema``), or its server does (the window probe found
+llama.cpp or vLLM). A model litellm does not know, at an OpenAI-compatible server of
+the user's, is sent the schema too, and in the prompt as well, until its server is
+known; a server that refuses the schema is asked again at once in JSON mode with the
+schema in the prompt, and so is that model from then on. Whenever the schema is not
+sent, a warning says so, once per model (a small model may not follow a schema it only
+reads). Every answer is checked here either way: one that does not validate is asked
 again once, with the error; a second failure is that item's error, like any failed call.
 """
 
@@ -14,12 +20,14 @@ import asyncio
 import json
 import re
 import threading
+import warnings
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from ..errors import ConfigError, InvalidAnswer, LLMQueryError
+from . import price_map
 from .litellm_loader import load_litellm
 from .profiles import PROFILES
 
@@ -458,18 +466,93 @@ Complete = Callable[..., Awaitable[Any]]
 
 
 def prepare(
-    messages: list[dict[str, Any]], answer_format: AnswerFormat, litellm: Any, model: str
+    messages: list[dict[str, Any]],
+    answer_format: AnswerFormat,
+    litellm: Any,
+    model: str,
+    *,
+    may_try: bool = False,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The messages and ``response_format`` of a typed request to ``model``."""
-    structured = supports_schema(litellm, model)
+    """The messages and ``response_format`` of a typed request to ``model``.
+    ``may_try``: a model litellm does not know at an OpenAI-compatible server is sent
+    the schema (and given it in the prompt too), for the caller falls back when the
+    server refuses it (``ask``); a batch job cannot."""
+    taken = takes_schema(litellm, model)
+    structured = taken or (taken is None and may_try)
     if not structured:
+        _tell_schema_not_sent(model, "litellm does not say that it takes one")
+    if not taken:
         # JSON mode promises JSON, not this shape: the schema goes in the prompt.
         last = messages[-1]
         messages = [
             *messages[:-1],
             {**last, "content": f"{last['content']}\n\n{answer_format.instruction()}"},
         ]
-    return messages, answer_format.request(structured)
+    return messages, answer_format.request(bool(structured))
+
+
+def takes_schema(litellm: Any, model: str) -> bool | None:
+    """Whether ``model`` takes a JSON schema: as its server showed (the probe found
+    llama.cpp or vLLM; or it refused one), else as litellm says; None for a model
+    litellm does not know at an OpenAI-compatible server (it may: try)."""
+    learned = PROFILES.model(model).server_takes_schema
+    if learned is not None:
+        return learned
+    if litellm is not None:
+        if supports_schema(litellm, model):
+            return True
+        known = any(name in litellm.model_cost for name in _names(model))
+    else:  # not imported: its bundled price map says as much
+        entry = price_map.entry(price_map.names_of(model))
+        if entry is not None and entry.get("supports_response_schema"):
+            return True
+        known = entry is not None
+    return None if not known and _SERVER_OF_THE_USERS.match(model) else False
+
+
+# litellm's prefixes for an OpenAI-compatible server of the user's, which serves models
+# litellm has no entry for (llama.cpp, vLLM, LM Studio, Ollama...).
+_SERVER_OF_THE_USERS = re.compile(
+    r"^(?:openai|hosted_vllm|ollama|ollama_chat|llamafile|lm_studio|custom_openai)/"
+)
+
+
+def _names(model: str) -> tuple[str, str]:
+    return model, model.split("/", 1)[-1]
+
+
+def refuses_schema(error: BaseException) -> bool:
+    """Whether a failed call is the server refusing a ``json_schema`` response format
+    (a 400 or 422 that names it)."""
+    seen: BaseException | None = error
+    for _ in range(6):  # the error and its causes
+        if seen is None:
+            return False
+        status = getattr(seen, "status_code", None)
+        if (status in (400, 422) or type(seen).__name__ == "UnsupportedParamsError") and (
+            _NAMES_THE_FORMAT.search(str(seen))
+        ):
+            return True
+        cause = getattr(seen, "cause", None)
+        seen = cause if isinstance(cause, BaseException) else seen.__cause__
+    return False
+
+
+_NAMES_THE_FORMAT = re.compile(r"response_format|json_schema|schema", re.I)
+
+
+def _tell_schema_not_sent(model: str, why: str) -> None:
+    profile = PROFILES.model(model)
+    if profile.told_schema_not_sent:
+        return
+    profile.told_schema_not_sent = True
+    warnings.warn(
+        f"typed answers from {model}: the JSON schema is not sent to the model ({why}); "
+        "JSON mode is asked for with the schema in the prompt, which a small model may "
+        "not follow (an answer that does not match is asked again once)",
+        RuntimeWarning,
+        stacklevel=3,
+    )
 
 
 async def ask(
@@ -483,8 +566,18 @@ async def ask(
     completion; its text is validated, and asked for once more with the error if it
     does not pass. Raises ``LLMQueryError`` when the second answer fails too."""
     litellm = await load_litellm()
-    messages, response_format = prepare(messages, answer_format, litellm, model_name)
-    first = await complete(messages, response_format=response_format, **options)
+    asked = messages
+    messages, response_format = prepare(messages, answer_format, litellm, model_name, may_try=True)
+    try:
+        first = await complete(messages, response_format=response_format, **options)
+    except LLMQueryError as error:
+        if response_format.get("type") != "json_schema" or not refuses_schema(error):
+            raise
+        # The server takes no schema: JSON mode from now on, and at once for this one.
+        PROFILES.model(model_name).server_takes_schema = False
+        _tell_schema_not_sent(model_name, f"its server refused it: {_excerpt(str(error), 160)}")
+        messages, response_format = prepare(asked, answer_format, litellm, model_name)
+        first = await complete(messages, response_format=response_format, **options)
     try:
         return Typed(await answer_format.checked(first.text), first)
     except AnswerTooCostly as problem:  # asking again would cost as much, and be paid

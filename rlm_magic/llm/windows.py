@@ -8,7 +8,9 @@ is remembered for the rest of the session (per endpoint and model).
 Counting is cheap on the loop: a character estimate decides clear cases; only a prompt
 near the limit is counted exactly, in a thread when it is large. The estimate's
 characters per token are learned per model from its own usage reports (and from the
-counts its refusals name): Gemma reads log text at 1.75, not 4.
+counts its refusals name), and before a run's first turn from its server's own count of
+a sample of the context where the server has a ``/tokenize`` (llama.cpp, vLLM): Gemma
+reads log text at 1.75, not 4.
 
 Room for the answer is what answers need, not ``max_tokens`` whatever the prompt: a
 prompt is refused only when not even a short answer would fit beside it, and when it
@@ -25,7 +27,7 @@ from typing import Any
 
 from ..errors import PromptTooLongError
 from . import litellm_loader, price_map
-from .local_servers import guessed_window, reported_window
+from .local_servers import count_tokens, guessed_window, local_server_kind, reported_window
 from .profiles import DEFAULT_CHARS_PER_TOKEN, PROFILES
 
 # What providers say when a prompt is over the window; the group is the window.
@@ -132,6 +134,37 @@ def learn_usage(
         profile.tokens_counted /= 2
     profile.characters_read += characters
     profile.tokens_counted += tokens
+
+
+async def learn_tokenizers(
+    api_base: str, models: Iterable[str], sample: str, api_key: str | None = None
+) -> None:
+    """Each model's characters per token, from its server's count of ``sample`` (the
+    servers that have a ``/tokenize``: llama.cpp, vLLM; all at once, each within the
+    probe's time)."""
+    asked = [
+        m for m in sorted(set(models)) if local_server_kind(api_base, m) in ("llama.cpp", "vllm")
+    ]
+    if not asked:
+        return
+    counts = await asyncio.gather(*(count_tokens(api_base, m, sample, api_key) for m in asked))
+    for model, tokens in zip(asked, counts):
+        if tokens:
+            learn_tokenizer(model, len(sample), tokens)
+
+
+def learn_tokenizer(model: str, characters: int, tokens: int) -> bool:
+    """Learn ``model``'s characters per token from its server's own count of a sample
+    of the text it will read (``local_servers.count_tokens``): that outweighs what its
+    usage reports taught (other text, a chat template around it). False when the sample
+    is too small to say."""
+    if tokens < 50 or characters < 200 or not 0.8 <= characters / tokens <= 12:
+        return False
+    profile = PROFILES.model(model)
+    weight = max(tokens, 100)  # (enough to count as learned: ``learned_ratio``)
+    profile.characters_read = characters * weight / tokens
+    profile.tokens_counted = float(weight)
+    return True
 
 
 def chars_per_token(model: str | None = None) -> float:

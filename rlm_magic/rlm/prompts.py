@@ -93,6 +93,52 @@ def chunk_advice(
     return f"~{_short_number(reads)} characters", f"{_short_number(low)}-{_short_number(high)}"
 
 
+# A step's output is shown to the root model up to a quarter of its window (as its
+# tokenizer counts), never less than this; ``RLM.max_output_chars`` at most, and exactly
+# that when the user set it.
+MIN_OUTPUT_CHARS = 500
+# Characters of the context a local server's tokenizer counts before the first turn.
+SAMPLE_CHARS = 6_000
+
+
+def output_chars(configured: int, explicit: bool, window: int | None, per_token: float) -> int:
+    """Characters of one step's output the root model is shown: ``configured`` when
+    the user set it (``explicit``) or the window is unknown, else no more than a quarter
+    of the window at the model's characters per token, so that one step's output fits
+    beside the conversation (20,000 characters of log text were 11k Gemma tokens, past
+    a 4,096-token window: every next turn compacted first)."""
+    if explicit or not window:
+        return configured
+    return min(configured, max(MIN_OUTPUT_CHARS, _round(window / 4 * per_token)))
+
+
+def set_by_user(config: Any, name: str) -> bool:
+    """Whether the user set ``RLM.<name>``: to other than its default, or through
+    traitlets' config (``%config RLM.<name> = ...``, ``ipython_config.py``)."""
+    trait = config.traits().get(name)
+    if trait is None or getattr(config, name) != trait.default_value:
+        return True
+    return any(name in (config.config.get(cls.__name__) or {}) for cls in type(config).__mro__)
+
+
+def context_sample(context: Any) -> str | None:
+    """Up to ``SAMPLE_CHARS`` of the context's text (its start, middle and end), as
+    sub-calls will read it: what a local server's tokenizer counts before the first
+    turn (``LLMClient.look_up_windows``)."""
+    if context is None:
+        return None
+    if isinstance(context, str):
+        text = context
+    elif isinstance(context, (list, tuple)) and context and isinstance(context[0], str):
+        text = "\n".join(str(item) for item in context[:200])
+    else:
+        text = describe_context(context)[2]
+    if len(text) <= SAMPLE_CHARS:
+        return text or None
+    third, middle = SAMPLE_CHARS // 3, len(text) // 2
+    return text[:third] + text[middle : middle + third] + text[-third:]
+
+
 def _round(value: float) -> int:
     """Two significant digits: advice, not a measurement."""
     value = int(value)
@@ -164,7 +210,7 @@ class RunPrompts:
         self.sub_model = sub_model
         self.max_tokens = max_tokens
         self.max_depth, self.depth = max_depth, depth
-        self.max_output_chars = max_output_chars
+        self.max_output_chars = self.configured_output_chars = max_output_chars
         self._described: tuple[str, int, str] | None = None
         self._advised_for: tuple[int | None, float] = (None, DEFAULT_CHARS_PER_TOKEN)
 
@@ -213,6 +259,17 @@ class RunPrompts:
             else ""
         )
         return f"{session.memory()}\n\n{question}{earlier}"
+
+    def fit_output(self, model: str, explicit: bool) -> int:
+        """``max_output_chars`` for a run whose root model is ``model`` (see
+        ``output_chars``), told in the system prompt from now on."""
+        self.max_output_chars = output_chars(
+            self.configured_output_chars,
+            explicit,
+            self.client.input_window(model, advice=True),
+            chars_per_token(model),
+        )
+        return self.max_output_chars
 
     def _sub_model_now(self) -> tuple[int | None, float]:
         return (

@@ -30,7 +30,13 @@ from .code_runs import CodeRuns
 from .compaction import Conversation
 from .finishing import Finishing, is_error
 from .live_turn import LiveTurn
-from .prompts import CONTINUE_PROMPT, ITERATION_LIMIT_PROMPT, RunPrompts
+from .prompts import (
+    CONTINUE_PROMPT,
+    ITERATION_LIMIT_PROMPT,
+    RunPrompts,
+    context_sample,
+    set_by_user,
+)
 from .replies import ACCEPTED_FORMS, read_final_call
 from .result import Iteration, RLMResult
 from .root_turns import RootTurns
@@ -253,8 +259,15 @@ class Run:
 
     async def _loop(self, result: RLMResult) -> None:
         settings = self.settings
-        # litellm's model info gives the windows the prompt advises by.
-        await self.client.look_up_windows(settings.model, settings.sub_model)
+        # litellm's model info gives the windows the prompt advises by (and a local
+        # server's tokenizer the characters per token of this context).
+        await self.client.look_up_windows(
+            settings.model, settings.sub_model, sample=context_sample(self.context)
+        )
+        if self.code_runs is not None:  # a step's output fits beside the conversation
+            self.code_runs.max_output_chars = self.prompts.fit_output(
+                settings.model, set_by_user(self.config, "max_output_chars")
+            )
         self.conversation.start(
             self.prompts.system(self.context),
             self.prompts.first_message(self.query, self.session),

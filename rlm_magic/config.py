@@ -230,7 +230,10 @@ class RLMConfig(Configurable):
         "share of its window.",
     ).tag(config=True)
     max_output_chars = Int(
-        20_000, help="Most characters of REPL output shown to the model per step."
+        20_000,
+        help="Most characters of REPL output shown to the model per step. Left "
+        "at its default, it is cut to a quarter of the root model's window "
+        "(at the characters per token counted for it) once that is known.",
     ).tag(config=True)
     system_prompt = Unicode(
         None,

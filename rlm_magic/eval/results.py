@@ -144,13 +144,16 @@ class EvalResults:
     def select(
         self, method: str | None = None, task: str | None = None, size: int | None = None
     ) -> list[ItemResult]:
-        return [
+        """The items of this method, task and size (any, where None), in the tasks'
+        order, not the order they finished in (which concurrency decides)."""
+        chosen = [
             i
             for i in self.items
             if (method is None or i.method == method)
             and (task is None or i.task == task)
             and (size is None or i.size == size)
         ]
+        return sorted(chosen, key=_plan_order)
 
     @property
     def methods(self) -> list[str]:
@@ -232,7 +235,7 @@ class EvalResults:
             table
             + f"<p>{html.escape(self._footer())}</p>"
             + "<details><summary>Every item, with its trajectory</summary>"
-            + "".join(self._item_html(i) for i in self.items)
+            + "".join(self._item_html(i) for i in sorted(self.items, key=_plan_order))
             + "</details>"
         )
 
@@ -347,3 +350,9 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, tuple):
         return list(value)
     return value
+
+
+def _plan_order(item: ItemResult) -> tuple[int, str, int, str]:
+    """Items by size, task, item and method: a listing that does not change with the
+    order concurrent items happened to finish in."""
+    return (item.size, item.task, item.index, item.method)

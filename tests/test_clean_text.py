@@ -230,9 +230,10 @@ def test_the_markdown_view_of_a_huge_answer_takes_little_time(shape):
     result.final_answer = HEAVY[shape]
     started = time.perf_counter()
     result._repr_markdown_()
-    # (Shown on the kernel's loop; measured 10-90 ms here: the bound leaves a loaded
-    # machine room, and fails on work that grows with the square of the answer.)
-    assert time.perf_counter() - started < 0.5
+    # (Shown on the kernel's loop; measured 10-90 ms here, 1.0 s once with two whole
+    # suites sharing two cores: the bound leaves a loaded machine room, and fails on
+    # work that grows with the square of the answer.)
+    assert time.perf_counter() - started < 2.0
 
 
 def test_past_its_work_bounds_the_markdown_view_still_carries_no_html(render):

@@ -295,7 +295,7 @@ def describe_exception(exc: BaseException, api_base: str | None = None) -> str:
 
     if isinstance(exc, (asyncio.TimeoutError, TimeoutError)) and not str(exc):
         return "timed out"
-    chain = _causes(exc)
+    chain = causes(exc)
     if any(_is_connection_failure(e) for e in chain):
         endpoint = api_base or _endpoint_named_in(exc) or "the provider's endpoint"
         reason = _one_line(_ERRNO.sub("", str(chain[-1])))
@@ -330,7 +330,7 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def _causes(exc: BaseException) -> list[BaseException]:
+def causes(exc: BaseException) -> list[BaseException]:
     """``exc`` and the exceptions it was raised from, outermost first."""
     chain: list[BaseException] = []
     link: BaseException | None = exc

@@ -14,7 +14,7 @@ import asyncio
 import random
 import time
 
-from ..errors import StreamStalled
+from ..errors import StreamStalled, causes
 from .streaming import StreamState
 
 # No retry is started with less time than this before the call's deadline.
@@ -100,13 +100,7 @@ _DROPPED_WORDS = (
 
 
 def _connection_dropped(failure: BaseException) -> bool:
-    seen: BaseException | None = failure
-    for _ in range(5):  # the exception and its causes
-        if seen is None:
-            return False
-        if type(seen).__name__ in _DROPPED_KINDS or any(
-            words in str(seen) for words in _DROPPED_WORDS
-        ):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
+    return any(
+        type(seen).__name__ in _DROPPED_KINDS or any(words in str(seen) for words in _DROPPED_WORDS)
+        for seen in causes(failure)
+    )

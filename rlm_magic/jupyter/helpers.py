@@ -359,7 +359,7 @@ def _kept_on_interrupt(outcome: MapOutcome | BatchOutcome, name: str) -> Iterato
     except KeyboardInterrupt:
         results, errors, on_disk = outcome.answers(), outcome.failures(), outcome.on_disk
         _interrupted_batch = BatchError(results, errors)
-        cut = getattr(outcome, "cut_by_interrupt", 0)
+        cut = outcome.cut_by_interrupt
         kept = sum(r is not None for r in results) - cut
         again = (
             "call the function only on the items still without a result"

@@ -184,11 +184,6 @@ class Spent:
         self.input_tokens = self.output_tokens = 0
         self.cost_usd: float | None = None
 
-    def add_partial(
-        self, state: StreamState | None, transport: Transport, messages: Messages
-    ) -> None:
-        self.add(transport.partial(state, messages))
-
     def add(self, answer: Answer | None) -> None:
         """The tokens of a cut-off attempt's ``answer`` (None: nothing arrived)."""
         if answer is None:

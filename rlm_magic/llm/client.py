@@ -415,7 +415,7 @@ class LLMClient:
                 call.gate.failed(ticket)
                 call.cut_reason = self.redactor()(str(call.explained(failure)))
                 return partial
-            call.spent.add_partial(call.state, call.transport, call.messages)
+            call.spent.add(call.transport.partial(call.state, call.messages))
             await self._after_failure(call, ticket, failure)
 
     async def _enter_gate(self, call: Call, tokens: float) -> Ticket:

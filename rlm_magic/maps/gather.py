@@ -36,6 +36,7 @@ class BatchOutcome:
         self.partial: dict[int, Completion] = {}
 
     on_disk = False  # a batch's answers are kept only in memory (see run_map for maps)
+    cut_by_interrupt = 0  # its answers() hold no part an interrupt cut (a map's do: run_map)
 
     def answers(self) -> list[Any]:
         """Each call's result, None where none has arrived."""

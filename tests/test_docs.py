@@ -127,3 +127,25 @@ def test_every_link_and_image_of_the_readme_resolves():
             assert (ROOT / target).is_file(), target
     for label in re.findall(r"\]\[([\w-]+)\]", readme):
         assert re.search(rf"^\[{label}\]: ", readme, flags=re.M), label
+
+
+def test_every_rlm_subcommand_the_readme_names_exists_with_its_options():
+    # `%rlm usage --reset`, `%rlm jobs`, ...: a stranger types them as written.
+    from rlm_magic.jupyter import subcommands
+
+    readme = (ROOT / "README.md").read_text()
+    named = re.findall(r"`%rlm ([a-z]+)((?: --?[a-z-]+)*)", readme)
+    assert named
+    for command, options in named:
+        assert command in subcommands._COMMANDS, command
+        for option in options.split():
+            line = rf"^%rlm {command}\b.*{re.escape(option)}\b"
+            assert re.search(line, subcommands.HELP, flags=re.M), (command, option)
+
+
+def test_the_kernel_the_docs_name_is_the_kernel_spec_installed():
+    import json
+
+    spec = json.loads((ROOT / "kernel_spec" / "kernel.json").read_text())
+    for page in ("README.md", "docs/getting-started.md", "docs/guides/kernel.md"):
+        assert f'"{spec["display_name"]}"' in (ROOT / page).read_text(), page

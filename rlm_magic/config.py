@@ -281,6 +281,17 @@ class RLMConfig(Configurable):
         "filesystem, network, syscalls, processes).",
     ).tag(config=True)
 
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        # Moves on every change of a setting: what is built from the settings (a
+        # model's call plan, ``llm.endpoints``) is kept until it moves, instead of
+        # being built again from ~30 reads of them on every call.
+        self.revision = 0
+        self.observe(self._setting_changed)
+
+    def _setting_changed(self, change: Any) -> None:
+        self.revision += 1
+
     @default("model")
     def _default_model(self) -> str:
         return os.environ.get("RLM_MODEL") or "gpt-4o-mini"

@@ -62,6 +62,15 @@ if TYPE_CHECKING:
     from .cache import ResponseCache
 
 
+async def _ready_without_litellm() -> None:
+    """Off the loop, once: the price map (whether a price is tiered), aiohttp and the TLS
+    context (~0.1 s of imports and certificates the first time)."""
+    if _wire_is_ready:
+        await price_map.load()  # (read once: nothing to do after)
+    else:
+        await asyncio.gather(price_map.load(), asyncio.to_thread(_wire_ready))
+
+
 def _wire_ready() -> None:
     global _wire_is_ready
     import aiohttp  # noqa: F401 - imported here, in a thread, rather than on the loop
@@ -161,12 +170,7 @@ class LLMClient:
         litellm = litellm_loader.loaded_litellm()
         if litellm is not None:
             return litellm
-        # Off the loop: the price map (whether a price is tiered), aiohttp and the TLS
-        # context (~0.1 s of imports and certificates the first time).
-        if _wire_is_ready:
-            await price_map.load()  # (read once: nothing to do after)
-        else:
-            await asyncio.gather(price_map.load(), asyncio.to_thread(_wire_ready))
+        await _ready_without_litellm()
         endpoint = self.endpoint
         if models and all(endpoint.light(model) for model in models):
             return None
@@ -204,6 +208,17 @@ class LLMClient:
             )
         if sample and config.api_base and endpoint.probes_local_servers:
             await windows.learn_tokenizers(config.api_base, set(models), sample, config.api_key)
+
+    def _windows_settled(self, model: str) -> bool:
+        """Whether looking ``model``'s windows up again would learn nothing: litellm (or
+        its price map) was asked, and a local server, if any, answered (a guessed
+        window is asked again after a while)."""
+        endpoint = self.endpoint
+        if windows.missing_model_info([model, *endpoint.models_behind(model)]):
+            return False
+        return not endpoint.probes_local_servers or local_servers.settled(
+            self.config.api_base, model
+        )
 
     def input_window(self, model: str | None = None, advice: bool = False) -> int | None:
         """Input tokens ``model`` takes, if known (see ``windows.input_window``;
@@ -334,28 +349,32 @@ class LLMClient:
 
     # -- 2. prepare --------------------------------------------------------------------
     async def _prepare(self, call: Call, messages: Messages) -> None:
-        config, model = self.config, call.model
+        config, model, endpoint = self.config, call.model, self.endpoint
+        litellm = litellm_loader.loaded_litellm()
+        if litellm is None and not (_wire_is_ready and price_map.ready()):
+            await _ready_without_litellm()
+        plan = endpoint.plan(model, litellm)
         # litellm only when the call needs it (another provider, a Router, a budget's
         # count...): an OpenAI-compatible endpoint's call leaves without the import.
-        call.litellm = litellm = (
-            await litellm_loader.load_litellm()
-            if budget.budgets_of(call.ledger)
-            else await self.litellm_for(model)
-        )
+        if litellm is None and (plan.transport is None or budget.budgets_of(call.ledger)):
+            litellm = await litellm_loader.load_litellm()
+            plan = endpoint.plan(model, litellm)
+        call.litellm = litellm
         if call.redactor is None:  # (one with no secrets is falsy, and is still the one)
             call.redactor = self.redactor()
         call.messages = messages = await redact_messages(messages, call.redactor)
         call.characters = sum(
             len(m["content"]) for m in messages if isinstance(m.get("content"), str)
         )
-        endpoint = self.endpoint
         try:
             # Before anything is sent (a local server's window probe included): a model
             # this endpoint cannot serve, or with no key anywhere, is one line.
             endpoint.check(model)
         except ConfigError as exc:
             raise call.failed(exc, self.redactor()) from None
-        await self.look_up_windows(model, litellm=litellm)
+        if plan.windows_unsettled:
+            await self.look_up_windows(model, litellm=litellm)
+            plan.windows_unsettled = not self._windows_settled(model)
         window = self.input_window(model)
         if window is not None:
             # A prompt the model cannot take is not sent (it would be billed or refused);
@@ -372,10 +391,11 @@ class LLMClient:
         call.streaming = (
             call.options.stream and config.stream and not (profile and profile.cannot_stream)
         )
-        call.request = endpoint.request(model, call.marked, call.params)
-        call.retries_allowed, call.attempt_timeout = endpoint.attempts()
-        call.transport = endpoint.transport(model, litellm)
-        call.gate = endpoint.gate(model)
+        call.request = plan.request(model, call.marked, call.params)
+        call.retries_allowed, call.attempt_timeout = plan.retries_allowed, plan.attempt_timeout
+        assert plan.transport is not None  # (planned with litellm when it needs it)
+        call.transport = plan.transport
+        call.gate = plan.gate
         call.endpoint = endpoint.identity
 
     # -- 3. send -----------------------------------------------------------------------

@@ -9,12 +9,17 @@ effect on the next one):
 - ``RouterEndpoint``: a LiteLLM Router for ``RLM.model_list`` (``transports.router``):
   it retries and fails over itself, so the client adds no retries of its own.
 
+What every call to one model shares (its transport, gate, retries and the request's
+fixed fields) is its ``CallPlan``, kept until the settings, the environment's keys and
+bases, litellm or what the session learned change: a call reads one, not ~30 settings.
+
 A test (or another front end) can give the client a transport of its own: every call
 then goes to it, with the provider endpoint's gate and retries, whatever the settings.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import APIKeyError, ConfigError
@@ -22,14 +27,63 @@ from . import keys, litellm_loader
 from .litellm_loader import loaded_litellm
 from .messages import Messages
 from .pricing import tiered_price
+from .profiles import PROFILES
 from .ratelimit import RateGate, gate_for
 from .transports.base import Request, Transport
 from .transports.litellm import LiteLLMTransport
 from .transports.router import RouterTransport, build_router, deployments, groups, identity
-from .transports.wire import Route, WireTransport, fits, light_route, route_for
+from .transports.wire import (
+    Route,
+    WireTransport,
+    fits,
+    light_route,
+    route_environment,
+    route_for,
+)
 
 if TYPE_CHECKING:
     from ..config import RLMConfig
+
+
+class CallPlan:
+    """What every call to one model at one endpoint shares while nothing it was built
+    from changes (``key``): how it is sent, its rate gate, its retries, and the
+    request's fields besides the model, messages and parameters."""
+
+    __slots__ = (
+        "key",
+        "transport",
+        "gate",
+        "retries_allowed",
+        "attempt_timeout",
+        "_fields",
+        "windows_unsettled",
+    )
+
+    def __init__(
+        self,
+        key: tuple[Any, ...],
+        transport: Transport | None,
+        gate: RateGate,
+        attempts: tuple[int, float],
+        fields: tuple[dict[str, Any], dict[str, Any]],
+    ):
+        self.key = key
+        # None: its calls go through litellm, which is not imported yet (``plan`` it
+        # again with litellm).
+        self.transport = transport
+        self.gate = gate
+        # How many times the client retries a failed call, and seconds per attempt.
+        self.retries_allowed, self.attempt_timeout = attempts
+        self._fields = fields  # (before the parameters, after them)
+        # Its windows may yet be learned: looked up before each call until they are
+        # settled (``LLMClient.look_up_windows``).
+        self.windows_unsettled = True
+
+    def request(self, model: str, messages: Messages, params: dict[str, Any]) -> Request:
+        """One call's request, as litellm takes it (the wire transport sends the same)."""
+        before, after = self._fields
+        return {"model": model, "messages": messages, **before, **params, **after}
 
 
 class Endpoint(Protocol):
@@ -55,12 +109,9 @@ class Endpoint(Protocol):
         sent), else None."""
         ...
 
-    def attempts(self) -> tuple[int, float]:
-        """(how many times the client retries a failed call, seconds per attempt)."""
-        ...
-
-    def request(self, model: str, messages: Messages, params: dict[str, Any]) -> Request:
-        """The request as litellm takes it (the wire transport sends the same)."""
+    def plan(self, model: str, litellm: Any) -> CallPlan:
+        """What calls to ``model`` share now (``litellm``: the module if imported, else
+        None); kept while nothing it depends on changes."""
         ...
 
     def transport(self, model: str, litellm: Any) -> Transport: ...
@@ -87,6 +138,7 @@ class ProviderEndpoint:
     def __init__(self, config: RLMConfig, transport: Transport | None = None):
         self.config = config
         self.given_transport = transport  # sends every call when given
+        self._plans: dict[str, CallPlan] = {}
 
     @property
     def identity(self) -> str | None:
@@ -101,30 +153,44 @@ class ProviderEndpoint:
     def key_failure(self, failure: BaseException, model: str) -> APIKeyError | None:
         return keys.key_failure(failure, loaded_litellm(), self.config, model)
 
-    def attempts(self) -> tuple[int, float]:
-        return self.config.max_retries, self.config.timeout
-
-    def request(self, model: str, messages: Messages, params: dict[str, Any]) -> Request:
+    def plan(self, model: str, litellm: Any) -> CallPlan:
         config = self.config
-        request = {
-            "model": model,
-            "messages": messages,
-            "timeout": config.timeout,
-            # Retries are ours (backoff, jitter, counted in the ledger): stop the
-            # provider SDK from retrying underneath us.
-            "max_retries": 0,
-            **params,
-        }
+        key = (
+            config.revision,
+            tuple(config.litellm_kwargs.items()),  # (a dict changed in place moves none)
+            route_environment(),
+            litellm,
+            _module_settings(litellm),
+            PROFILES.generation,
+            asyncio.get_running_loop(),  # (gates are the loop's)
+        )
+        plan = self._plans.get(model)
+        if plan is None or plan.key != key:
+            plan = self._plans[model] = CallPlan(
+                key,
+                self._transport(model, litellm),
+                self.gate(model),
+                (config.max_retries, config.timeout),
+                self._fields(model),
+            )
+        return plan
+
+    def _fields(self, model: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        config = self.config
+        # Retries are ours (backoff, jitter, counted in the ledger): stop the provider
+        # SDK from retrying underneath us.
+        before: dict[str, Any] = {"timeout": config.timeout, "max_retries": 0}
+        after: dict[str, Any] = {}
         if config.api_base:
-            request["api_base"] = config.api_base
+            after["api_base"] = config.api_base
         if config.api_key:
-            request["api_key"] = config.api_key
+            after["api_key"] = config.api_key
         elif keys.keyless(loaded_litellm(), config, model):
             # A server of the user's with no key set: litellm's OpenAI client will not
             # send a request without one, and such a server ignores it (the wire
             # transport sends no key at all).
-            request["api_key"] = keys.PLACEHOLDER_KEY
-        return request
+            after["api_key"] = keys.PLACEHOLDER_KEY
+        return before, after
 
     def light(self, model: str) -> bool:
         return litellm_loader.loaded_litellm() is None and self._light_route(model) is not None
@@ -143,14 +209,20 @@ class ProviderEndpoint:
     def transport(self, model: str, litellm: Any) -> Transport:
         """Straight over the wire when the endpoint is OpenAI-compatible and the request
         is OpenAI's as it stands, else through litellm."""
+        transport = self._transport(model, litellm)
+        if transport is None:  # (callers load litellm first: see light)
+            transport = self._transport(model, litellm_loader.import_litellm())
+        assert transport is not None
+        return transport
+
+    def _transport(self, model: str, litellm: Any) -> Transport | None:
+        """``transport``, or None when it needs litellm and ``litellm`` is None."""
         if self.given_transport is not None:
             return self.given_transport
         config = self.config
         if litellm is None:
             light = self._light_route(model)
-            if light is not None:
-                return WireTransport(light, None)
-            litellm = litellm_loader.import_litellm()  # (callers load it first: see light)
+            return None if light is None else WireTransport(light, None)
         if config.wire_transport and fits(config.litellm_kwargs):
             route = route_for(litellm, model, config.api_base, config.api_key)
             if route is not None:
@@ -174,6 +246,7 @@ class RouterEndpoint:
         self.config = config
         self.identity = identity
         self._router: Any = None
+        self._plans: dict[str, CallPlan] = {}
 
     def check(self, model: str) -> None:
         known = groups(self.config.model_list)
@@ -185,20 +258,21 @@ class RouterEndpoint:
     def key_failure(self, failure: BaseException, model: str) -> APIKeyError | None:
         return keys.key_failure(failure, loaded_litellm(), self.config, model, routed=True)
 
-    def attempts(self) -> tuple[int, float]:
-        """(retries of ours, seconds an attempt may take): the Router retries itself,
-        each of its attempts within ``RLM.timeout``."""
-        return 0, self.config.timeout * (self.config.max_retries + 1)
-
-    def request(self, model: str, messages: Messages, params: dict[str, Any]) -> Request:
-        # Keys and endpoints are the deployments', in the model list.
-        return {
-            "model": model,
-            "messages": messages,
-            "timeout": self.config.timeout,
-            "max_retries": 0,
-            **params,
-        }
+    def plan(self, model: str, litellm: Any) -> CallPlan:
+        config = self.config
+        key = (config.revision, litellm, PROFILES.generation, asyncio.get_running_loop())
+        plan = self._plans.get(model)
+        if plan is None or plan.key != key:
+            plan = self._plans[model] = CallPlan(
+                key,
+                None if litellm is None else self.transport(model, litellm),
+                self.gate(model),
+                # The Router retries itself, each of its attempts within RLM.timeout.
+                (0, config.timeout * (config.max_retries + 1)),
+                # Keys and endpoints are the deployments', in the model list.
+                ({"timeout": config.timeout, "max_retries": 0}, {}),
+            )
+        return plan
 
     def light(self, model: str) -> bool:
         return False
@@ -247,3 +321,15 @@ class Endpoints:
         if self._routed is None or self._routed[0] != key:
             self._routed = (key, RouterEndpoint(config, name))
         return self._routed[1]
+
+
+def _module_settings(litellm: Any) -> tuple[Any, ...] | None:
+    """litellm's module-wide settings a route depends on (see ``routes.route_for``)."""
+    if litellm is None:
+        return None
+    headers = getattr(litellm, "headers", None)
+    return (
+        getattr(litellm, "api_key", None),
+        getattr(litellm, "api_base", None),
+        repr(headers) if headers else None,
+    )

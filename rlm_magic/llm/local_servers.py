@@ -79,6 +79,15 @@ def asked(api_base: str | None, model: str) -> bool:
     return at.server_asked or (guess is not None and time.monotonic() - guess[1] < GUESS_KEPT_S)
 
 
+def settled(api_base: str | None, model: str) -> bool:
+    """Whether the server was asked for good: it answered (or is not asked at all); a
+    guessed window is asked again when it gets old."""
+    if not may_ask(api_base, model):
+        return True
+    at = PROFILES.known_at(api_base, model)
+    return at is not None and at.server_asked
+
+
 def may_ask(api_base: str | None, model: str) -> bool:
     """Only an OpenAI-compatible or Ollama model at an api_base of the user's is asked
     (not Azure's, Anthropic's or OpenAI's own endpoints: their windows are known)."""

@@ -75,6 +75,11 @@ def _resolve_aliases(prices: dict[str, Any]) -> None:
                 prices[name] = merged
 
 
+def ready() -> bool:
+    """Whether prices can be read without waiting (``load`` has nothing to do)."""
+    return _bundled is not None or _litellm_if_imported() is not None
+
+
 async def load() -> None:
     """Read the bundled map off the loop, unless litellm's own map is there."""
     if _bundled is None and _litellm_if_imported() is None:

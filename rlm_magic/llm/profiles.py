@@ -100,6 +100,9 @@ class Profiles:
     slot_holds: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, Any]] = field(
         default_factory=weakref.WeakKeyDictionary
     )
+    # Moves on every ``forget``: what was built from these facts (a model's call plan,
+    # holding its gate) is built again.
+    generation: int = 0
 
     def model(self, name: str) -> ModelProfile:
         """The profile of model ``name``, made empty on first use."""
@@ -129,6 +132,7 @@ class Profiles:
         self.endpoints.clear()
         self.gates.clear()
         self.slot_holds.clear()
+        self.generation += 1
 
 
 PROFILES = Profiles()

@@ -11,6 +11,7 @@ of litellm's CPU per call (``RLM.wire_transport``, on by default).
 from __future__ import annotations
 
 from .routes import CHAT_PARAMETERS, Route, fits, forget_routes, light_route, route_for
+from .routes import _environment as route_environment
 from .sessions import close_sessions
 from .sse import MAX_LINE
 from .transport import WireTransport
@@ -24,5 +25,6 @@ __all__ = [
     "fits",
     "forget_routes",
     "light_route",
+    "route_environment",
     "route_for",
 ]

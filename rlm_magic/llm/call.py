@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from .ratelimit import RateGate
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class CallOptions:
     """How one call is made, beyond the request itself.
 
@@ -55,7 +55,7 @@ class CallOptions:
         return max(0.01, min(timeout, self.deadline - time.monotonic()))
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)  # (one per call: slots are lighter, for the collector too)
 class Call:
     """One call as it goes through the stages: what it asks, and how far it got."""
 
@@ -179,6 +179,8 @@ class Call:
 class Spent:
     """Tokens and dollars of attempts that were cut off after the provider had started
     answering: they are billed, so they go into the call's record."""
+
+    __slots__ = ("input_tokens", "output_tokens", "cost_usd")
 
     def __init__(self) -> None:
         self.input_tokens = self.output_tokens = 0

@@ -241,6 +241,7 @@ class LLMClient:
         *,
         model: str | None = None,
         max_tokens: int | None = None,
+        identity: RequestIdentity | None = None,
         ledger: UsageLedger | None = None,
         slot_held: bool = False,
         redactor: Redactor | None = None,
@@ -253,11 +254,12 @@ class LLMClient:
         ``slot_held`` says the caller already holds a limiter slot for this call (the
         batch runner acquires slots itself so it can start tasks as slots free up).
         ``reservation``: what a map already holds for this call in its budgets (a
-        released one is spent: the call is admitted afresh). ``options``: see
-        ``CallOptions``.
+        released one is spent: the call is admitted afresh). ``identity``: the one a map
+        keyed its answers by (instead of ``model`` and ``max_tokens`` under the settings
+        now). ``options``: see ``CallOptions``.
         """
         call = Call(
-            self.identity(model, max_tokens),
+            identity or self.identity(model, max_tokens),
             ledger if ledger is not None else self.ledger,
             CallOptions(**options),
             redactor,
@@ -302,16 +304,19 @@ class LLMClient:
         if hit is not None:
             return hit
         await self._prepare(call, messages)
-        call.reservation = await budget.admit(
-            call.ledger,
-            call.litellm,
-            call.model,
-            self.endpoint.models_behind(call.model),
-            call.messages,
-            call.params["max_tokens"],
-            call.reservation,
-            response_format=call.options.response_format,
-        )
+        if budget.budgets_of(call.ledger):
+            call.reservation = await budget.admit(
+                call.ledger,
+                call.litellm,
+                call.model,
+                self.endpoint.models_behind(call.model),
+                call.messages,
+                call.params["max_tokens"],
+                call.reservation,
+                response_format=call.options.response_format,
+            )
+        else:  # (no budget: nothing to hold, and no work to find out what)
+            call.reservation = None
         return self._record(call, await self._send(call))
 
     # -- 1. cache ----------------------------------------------------------------------

@@ -157,7 +157,7 @@ class ProviderEndpoint:
         config = self.config
         key = (
             config.revision,
-            tuple(config.litellm_kwargs.items()),  # (a dict changed in place moves none)
+            tuple(config.litellm_kwargs),  # its names (``fits``), changed in place too
             route_environment(),
             litellm,
             _module_settings(litellm),

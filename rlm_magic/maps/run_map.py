@@ -178,8 +178,7 @@ async def run_map(
 
     async def ask_one(messages: Messages, hold: Any) -> Any:
         options: dict[str, Any] = {
-            "model": identity.model,
-            "max_tokens": spec.max_tokens,
+            "identity": identity,  # (as its answers are kept: not read again per item)
             "ledger": ledger,
             "slot_held": True,
             "redactor": redactor,

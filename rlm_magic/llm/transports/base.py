@@ -23,7 +23,7 @@ from ..streaming import StreamState
 Request = dict[str, Any]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Answer:
     """A response as the client needs it, whichever transport brought it."""
 

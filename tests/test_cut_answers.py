@@ -128,6 +128,46 @@ async def test_an_interrupted_batch_keeps_each_answer_it_cut_off(
     assert tokens[0] == 0 and all(count >= 10 for count in tokens[1:])
 
 
+async def test_an_interrupted_llm_query_keeps_the_part_of_its_answer_that_arrived(
+    shell, server, transport, sigint_as_in_a_kernel
+):
+    rlm = session_rlm(shell)
+    rlm.wire_transport = transport["wire_transport"]
+    server.generation_rate = 40  # five seconds an answer
+    server.reply_with("sub-model", long_answer)
+    code = "await llm_query('q')"
+    cell = asyncio.ensure_future(
+        shell.run_cell_async(code, transformed_cell=shell.transform_cell(code))
+    )
+    assert await asyncio.to_thread(server.wait_for, lambda: server.chunks_sent >= 40, 30)
+    signal.raise_signal(signal.SIGINT)
+    error = (await cell).error_in_exec
+    assert isinstance(error, KeyboardInterrupt)
+    (answer,) = rlm_magic.interrupted_batch().results
+    assert isinstance(answer, CutAnswer) and answer.reason == "interrupted"
+    assert len(answer.text) >= 40 and long_answer({}).startswith(answer.text)
+    assert str(error) == (
+        f"llm_query interrupted: the {len(answer.text):,} characters of its answer that had "
+        "arrived are in rlm_magic.interrupted_batch().results[0] (a CutAnswer)"
+    )
+
+
+async def test_an_llm_query_interrupted_before_its_answer_began_keeps_nothing(
+    shell, server, sigint_as_in_a_kernel
+):
+    server.latency_for = lambda body: 30
+    before = rlm_magic.interrupted_batch()
+    code = "await llm_query('q')"
+    cell = asyncio.ensure_future(
+        shell.run_cell_async(code, transformed_cell=shell.transform_cell(code))
+    )
+    assert await asyncio.to_thread(server.wait_for, lambda: len(server.requests) >= 1, 30)
+    signal.raise_signal(signal.SIGINT)
+    error = (await cell).error_in_exec
+    assert isinstance(error, KeyboardInterrupt) and str(error) == "llm_query interrupted"
+    assert rlm_magic.interrupted_batch() is before  # nothing new to keep
+
+
 # -- a summary cut at its budget --------------------------------------------------------
 
 

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any, cast
 
 from ..errors import APIKeyError, BatchError, ConfigError, interrupt
+from ..llm.completion import CutAnswer, partial_answer
 from ..llm.limiter import ConcurrencyLimiter
 from ..llm.messages import as_prompt_list, build_messages, check_max_tokens
 from ..llm.structured import AnswerFormat, ask
@@ -73,11 +74,15 @@ class NotebookHelpers:
                 "llm_query",
             )
             return typed.value
-        completion = await run_interruptibly(
-            # Streamed (RLM.stream): a slow answer is timed out on a stall, not its length.
-            self.client.complete(messages, model=model, max_tokens=max_tokens, stream=True),
-            "llm_query",
-        )
+        try:
+            completion = await run_interruptibly(
+                # Streamed (RLM.stream): a slow answer is timed out on a stall, not its length.
+                self.client.complete(messages, model=model, max_tokens=max_tokens, stream=True),
+                "llm_query",
+            )
+        except KeyboardInterrupt as stop:
+            _keep_interrupted_answer(stop)
+            raise
         return completion.text
 
     async def llm_query_batch(
@@ -338,8 +343,24 @@ _failed_batch: BatchError | None = None
 
 def interrupted_batch() -> BatchError | None:
     """The answers of the last batch that was interrupted (``.results``, with None
-    where an item had not finished, and ``.errors``), or None."""
+    where an item had not finished, and ``.errors``), or None. An ``llm_query`` cut off
+    mid-answer is a batch of one here: ``.results[0]``, the ``CutAnswer`` it had."""
     return _interrupted_batch
+
+
+def _keep_interrupted_answer(stop: KeyboardInterrupt) -> None:
+    """An interrupted ``llm_query`` that had received part of its answer: keep it where
+    an interrupted batch's answers are, and say so."""
+    global _interrupted_batch
+    cut = partial_answer(stop)
+    if cut is None:
+        return
+    _interrupted_batch = BatchError([cut.text], {})
+    arrived = cut.text.text if isinstance(cut.text, CutAnswer) else cut.text
+    raise interrupt(
+        f"llm_query interrupted: the {len(arrived):,} characters of its answer that "
+        "had arrived are in rlm_magic.interrupted_batch().results[0] (a CutAnswer)"
+    ) from None
 
 
 def failed_batch() -> BatchError | None:

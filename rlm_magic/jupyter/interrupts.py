@@ -21,6 +21,7 @@ from collections.abc import Awaitable
 from typing import TYPE_CHECKING, TypeVar
 
 from ..errors import interrupt
+from ..llm.completion import partial_answer
 
 if TYPE_CHECKING:
     from types import FrameType
@@ -108,13 +109,17 @@ async def run_interruptibly(awaitable: Awaitable[T], name: str = "the work") -> 
             # Either SIGINT cancelled the task, or our caller was cancelled: in both
             # cases the work must stop, and be awaited so nothing is left running.
             task.cancel()
+            cut = None
             try:
                 await task
-            except BaseException:  # noqa: BLE001 - it was cancelled on purpose
-                pass
+            except BaseException as stopped:  # noqa: BLE001 - it was cancelled on purpose
+                cut = partial_answer(stopped)
             if task in _interrupted:
                 if _keyboard_interrupt_is_safe():
-                    raise interrupt(f"{name} interrupted") from None
+                    stop = interrupt(f"{name} interrupted")
+                    # What a single call had received rides on, as on its cancellation.
+                    stop.partial_answer = cut  # type: ignore[attr-defined]
+                    raise stop from None
                 # In a task of its own (asyncio.gather / create_task in a cell), a
                 # KeyboardInterrupt would escape the event loop and wedge the kernel.
                 raise asyncio.CancelledError from None

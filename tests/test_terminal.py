@@ -83,6 +83,10 @@ class Terminal:
         self.child.send("exit\r")
         try:
             self.child.expect(pexpect.EOF, timeout=20)
+        except pexpect.TIMEOUT:
+            # (Seen twice under load, showing a traceback from litellm's aiohttp
+            # transport's __del__: what it printed, for whoever sees it next.)
+            pytest.fail(f"no exit 20 s after `exit`; it printed:\n{self.child.before[-3000:]}")
         finally:
             self.child.close(force=True)
 

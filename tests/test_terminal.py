@@ -11,9 +11,13 @@ import io
 import os
 import re
 import sys
+import threading
 import time
+from collections.abc import Callable
 
 import pytest
+
+from rlm_magic.demo import split_tokens
 
 from .conftest import MEASURED
 from .test_clean_text import FAILING_RUN, HOSTILE, HOSTILE_RUN, raw_sequences
@@ -51,22 +55,38 @@ class Terminal:
         self.count = 1
         self.child.expect(_prompt(1), timeout=90)
 
-    def type(self, *lines: str, timeout: float = 60) -> str:
+    def type(
+        self,
+        *lines: str,
+        timeout: float = 60,
+        seeing: str | None = None,
+        then: Callable[[], object] = lambda: None,
+    ) -> str:
         """Type lines (Enter after each) and return what the terminal showed until the
-        next prompt, without escape sequences."""
+        next prompt, without escape sequences. With ``seeing``: once the terminal has
+        shown that text (as received), call ``then()`` and go on to the prompt."""
         for line in lines:
             self.child.send(line + "\r")
-        return self.next_prompt(timeout)
+        seen = ""
+        if seeing is not None:
+            self.child.expect_exact(seeing, timeout=timeout)
+            seen = self.child.before + self.child.after
+            then()
+        return self.next_prompt(timeout, seen=seen)
 
-    def next_prompt(self, timeout: float = 60) -> str:
+    def next_prompt(self, timeout: float = 60, seen: str = "") -> str:
         self.count += 1
         self.child.expect(_prompt(self.count), timeout=timeout)
-        return _ANSI.sub("", self.child.before)
+        return _ANSI.sub("", seen + self.child.before)
 
     def close(self) -> None:
         self.child.send("exit\r")
         try:
             self.child.expect(pexpect.EOF, timeout=20)
+        except pexpect.TIMEOUT:
+            # (Seen twice under load, showing a traceback from litellm's aiohttp
+            # transport's __del__: what it printed, for whoever sees it next.)
+            pytest.fail(f"no exit 20 s after `exit`; it printed:\n{self.child.before[-3000:]}")
         finally:
             self.child.close(force=True)
 
@@ -214,6 +234,52 @@ def test_ctrl_c_stops_a_batch_with_one_clear_line(client, request, llm_server):
         terminal.type("%rlm demo")  # back to the demo model for the tests that follow
 
 
+class _HeldTurn:
+    """The server's next streamed turn of ``model``, held before its chunk ``index``
+    until ``release()`` (or the end of the ``with``).
+
+    A status line shows the last line of the turn streaming in, redrawn on a timer (4
+    times a second): unheld, a line of a few chunks is the last one for less than a
+    redraw's interval, more so on a loaded machine, and a redraw may never fall in it.
+    Held, the line is the turn's last until the test has seen it shown.
+    """
+
+    def __init__(self, server, model: str, index: int):
+        self.server, self.model, self.index = server, model, index
+        self.held = False
+        self._released = threading.Event()
+        self._chunk_delay = server.chunk_delay
+
+    def __enter__(self) -> _HeldTurn:
+        self.server.chunk_delay = self._delay
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._released.set()
+        vars(self.server).pop("chunk_delay", None)
+
+    def release(self) -> None:
+        self._released.set()
+
+    def _delay(self, body: dict, index: int) -> float:
+        delay = self._chunk_delay(body, index)
+        if not self.held and index == self.index and body.get("model") == self.model:
+            self.held = True
+            # On the server's thread, so its loop waits too: this turn is the only
+            # request in flight. The deadline only bounds a failing test.
+            self._released.wait(timeout=120)
+        return delay
+
+
+def _first_line_end(text: str) -> int:
+    """The index of the streamed chunk that ends ``text``'s first line."""
+    return next(i for i, piece in enumerate(split_tokens(text)) if "\n" in piece)
+
+
+# The streamed turn's first line, as the status line shows it (controls made visible).
+STREAMED_SHOWN = "␛[2J␛[42A ␛]52;c;UFdORUQ=␇"
+
+
 @pytest.mark.parametrize("client", ["ipython", "console"])
 def test_model_text_reaches_the_terminal_shown_not_obeyed(client, request, llm_server):
     # A hostile root model: its streamed turn (the status line), its code's printed
@@ -226,8 +292,17 @@ def test_model_text_reaches_the_terminal_shown_not_obeyed(client, request, llm_s
     terminal.type('%config RLM.model = "openai/root-model"')
     received = io.StringIO()  # everything the terminal got, escape sequences and all
     terminal.child.logfile_read = received
+    held = _HeldTurn(llm_server, "root-model", _first_line_end(HOSTILE_RUN[0]))
     try:
-        answered = terminal.type("%%rlm --context logs --out hostile", "What is it?", "", "")
+        with held:  # until the status line has shown the streamed line
+            answered = terminal.type(
+                "%%rlm --context logs --out hostile",
+                "What is it?",
+                "",
+                "",
+                seeing=STREAMED_SHOWN,
+                then=held.release,
+            )
         failed = terminal.type("%%rlm --context logs --out failed", "And now?", "", "")
         terminal.child.logfile_read = None
         value = terminal.type("hostile.final_answer.encode().hex()")
@@ -239,8 +314,9 @@ def test_model_text_reaches_the_terminal_shown_not_obeyed(client, request, llm_s
     MEASURED[f"raw escape sequences from model text, {client}"] = sum(found.values())
     assert found == {}
     # It was all shown: the streamed turn on the status line, the answer, the error.
+    assert held.held  # the streamed line was shown while the turn was still streaming
     status = _status_versions(answered, "RLM openai/root-model | ")
-    assert any("␛[2J␛[42A ␛]52;c;UFdORUQ=␇" in version for version in status), status
+    assert any(STREAMED_SHOWN in version for version in status), status
     assert "␛]52;c;UFdORUQ=␇ ␛]8;;https://evil.example/␛\\docs" in answered
     assert "RLMRunError: RLM run failed: the final answer is an error message" in failed
     assert "Error: ␛]52;c;UFdORUQ=␇" in failed

@@ -415,13 +415,6 @@ async def test_a_job_seen_ended_whose_answers_were_never_read_is_read_then_compl
     assert sum(not r.cached for r in rlm.client.ledger.records) == 3
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="rlm_magic/maps/jobs/batch_job.py polls with litellm.aretrieve_batch, which runs "
-    "retrieve_batch in a worker thread and awaits the coroutine it returns only if not "
-    "cancelled meanwhile: an interrupt then leaves it unawaited (RuntimeWarning "
-    "'coroutine OpenAIBatchesAPI.aretrieve_batch was never awaited')",
-)
 async def test_an_interrupt_during_a_poll_leaves_no_request_unawaited(
     rlm, batch_server, litellm_imported, monkeypatch
 ):

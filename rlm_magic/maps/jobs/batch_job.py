@@ -189,7 +189,9 @@ class BatchJob:
         try:
             await self._patiently(
                 "checking on",
-                lambda: litellm.aretrieve_batch(
+                partial(
+                    asyncio.to_thread,
+                    litellm.retrieve_batch,
                     record.id,
                     litellm_metadata={"batch_ignore_default_logging": True},
                     **self._credentials(),
@@ -290,7 +292,9 @@ class BatchJob:
             # the output file again and walks every line on the loop (seconds for 10,000).
             job = await self._patiently(
                 "checking on",
-                lambda: litellm.aretrieve_batch(
+                partial(
+                    asyncio.to_thread,
+                    litellm.retrieve_batch,
                     record.id,
                     litellm_metadata={"batch_ignore_default_logging": True},
                     **self._credentials(),

@@ -256,6 +256,40 @@ def test_headers_through_litellm_s_prefix_and_anthropic_s_spelling():
     assert not read_headers({"content-type": "json"}).any_limits
 
 
+def test_every_answer_s_own_figures_are_read_under_the_same_header_names():
+    from multidict import CIMultiDict, CIMultiDictProxy
+
+    def answer(remaining: str, reset: str) -> CIMultiDictProxy:  # as aiohttp gives them
+        return CIMultiDictProxy(
+            CIMultiDict(
+                {
+                    "Content-Type": "application/json",
+                    "X-RateLimit-Limit-Tokens": "1200000",
+                    "X-RateLimit-Remaining-Tokens": remaining,
+                    "X-RateLimit-Reset-Tokens": reset,
+                }
+            )
+        )
+
+    first, second = read_headers(answer("1190000", "500ms")), read_headers(answer("1150000", "2s"))
+    assert (first.tokens.remaining, first.tokens.reset_s) == (1190000, 0.5)
+    assert (second.tokens.remaining, second.tokens.reset_s) == (1150000, 2.0)
+    assert not read_headers(CIMultiDictProxy(CIMultiDict({"Server": "vllm"}))).any_limits
+
+
+async def test_a_gate_is_named_by_its_key_s_hash_never_the_key():
+    from rlm_magic.llm.ratelimit import gate_for
+
+    one, other = "sk-one-" + "a" * 40, "sk-other-" + "b" * 40
+    first = gate_for("openai/keyed", None, one)
+    assert gate_for("openai/keyed", None, one) is first  # found again, not made again
+    assert gate_for("openai/keyed", None, other) is not first  # another account's limits
+    from rlm_magic.llm.profiles import PROFILES
+
+    listed = repr(PROFILES.gates[asyncio.get_running_loop()])
+    assert "openai/keyed" in listed and one not in listed and other not in listed
+
+
 def test_a_nearly_full_bucket_teaches_no_rate():
     reading = read_headers(
         {

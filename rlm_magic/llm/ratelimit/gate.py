@@ -8,6 +8,7 @@ were wrong, how much was accepted), so the reading stays beside the booking."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import math
 import time
@@ -434,14 +435,23 @@ def gate_for(
     """The gate of one provider endpoint on the running loop. Limits belong to an
     account, so the key is part of the name (hashed: gates are listed in diagnostics)."""
     loop = asyncio.get_running_loop()
-    key_id = hashlib.sha256(api_key.encode()).hexdigest()[:8] if api_key else ""
-    name = (model, api_base or "", key_id)
-    gates = PROFILES.gates.setdefault(loop, {})
+    name = (model, api_base or "", _key_id(api_key) if api_key else "")
+    gates = PROFILES.gates.get(loop)
+    if gates is None:  # (setdefault would make a weak reference on every call)
+        gates = PROFILES.gates[loop] = {}
     gate = gates.get(name)
     if gate is None:
         gate = gates[name] = RateGate(model, rpm, tpm, learns_from_headers)
     gate.configure(rpm, tpm)
     return gate
+
+
+@functools.lru_cache(maxsize=64)
+def _key_id(api_key: str) -> str:
+    """A key's short hash, named in diagnostics instead of the key. Cached: every call
+    passes ``gate_for``, and hashing took a few microseconds of each (the cache is
+    keyed by the key, as its caller's configuration holds it, and never printed)."""
+    return hashlib.sha256(api_key.encode()).hexdigest()[:8]
 
 
 def gates() -> list[RateGate]:

@@ -8,7 +8,8 @@ requests at once with HTTP 429, ``retry-after`` and (unless told not to) OpenAI'
 ``x-ratelimit-*`` headers. Each scenario runs on a fresh event loop, so nothing learned
 in one carries over to the next. Reported per scenario:
 
-- wall time, against what the limit allows: (work - burst) / rate + latency;
+- wall time, against what the limit allows: (work - burst) / rate + latency (with no
+  limit, a latency per round of requests at the concurrency);
 - failed items (the target is 0) and rejected requests as a share of the items
   (the target is at most 10%), and how many of them answered the first burst (sent
   before anything could be known about the limit).
@@ -32,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -62,7 +64,10 @@ class Scenario:
 
     def ideal_s(self) -> float:
         """The shortest wall time the limit allows: the burst at once, the rest at the
-        refill rate, then one latency for the last answer."""
+        refill rate, then one latency for the last answer. With no limit: a latency
+        for each round of ``max_concurrency`` requests."""
+        if not self.limit:
+            return math.ceil(self.prompts / self.max_concurrency) * LATENCY
         if self.limit.get("tps"):
             counted = self.prompt_chars // 4 * self.limit.get("token_factor", 1.0)
             work = self.prompts * counted
@@ -74,6 +79,10 @@ class Scenario:
 
 
 SCENARIOS = [
+    # No limit at all: what the gate costs a provider that never refuses (nothing may
+    # hold the first requests back waiting to learn a limit).
+    Scenario("no limit; 300 prompts at concurrency 64", 300, 40, 64, {}),
+    Scenario("no limit; 60 prompts of 2,000 tokens at the default concurrency", 60, 8000, 16, {}),
     Scenario(
         "50 requests/s, burst 50; 300 prompts at concurrency 64",
         300,

@@ -149,6 +149,20 @@ def read_headers(headers: Mapping[str, Any] | None) -> Headers:
     )
 
 
+# OpenAI's refusal says what the request counted: "... on tokens per min (TPM): Limit
+# 30000, Used 27000, Requested 4000. Please try again in 2s." (Anthropic's and Azure's
+# sentences name the limit only.)
+_REQUESTED_TOKENS = re.compile(r"on tokens per \w+ \(\w+\): [^.]*?\bRequested (\d+)")
+
+
+def requested_tokens(message: str | None) -> int | None:
+    """The tokens a refused request counted against a token limit, as OpenAI's 429
+    message says them; None when it does not. (OpenAI counts the prompt and
+    ``max_tokens``: an upper bound on the prompt's count.)"""
+    found = _REQUESTED_TOKENS.search(message) if message else None
+    return int(found.group(1)) if found else None
+
+
 def is_rate_limit(exc: BaseException) -> bool:
     """An HTTP 429, or a provider's rate-limit error as litellm maps it."""
     return getattr(exc, "status_code", None) == 429 or type(exc).__name__ == "RateLimitError"

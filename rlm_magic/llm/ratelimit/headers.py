@@ -110,12 +110,14 @@ def _rate_limit_names(names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
 def read_headers(headers: Mapping[str, Any] | None) -> Headers:
     """The rate-limit facts in a response's headers, in OpenAI's or Anthropic's
     spelling, with or without litellm's ``llm_provider-`` prefix."""
+    if not headers:
+        return Headers(Reading(), Reading(), None)
     # Every answer passes here: its header names are looked up as a whole, and a
     # provider sends the same names with every answer (most none about rate limits).
-    spelled = _rate_limit_names(tuple(headers)) if headers else ()
+    spelled = _rate_limit_names(tuple(headers))
     if not spelled:
         return Headers(Reading(), Reading(), None)
-    found = {ours: headers[sent] for sent, ours in spelled}  # type: ignore[index]
+    found = {ours: headers[sent] for sent, ours in spelled}
     get = found.get
 
     def reading(kind: str, anthropic: str) -> Reading:

@@ -8,10 +8,19 @@ requests at once with HTTP 429, ``retry-after`` and (unless told not to) OpenAI'
 ``x-ratelimit-*`` headers. Each scenario runs on a fresh event loop, so nothing learned
 in one carries over to the next. Reported per scenario:
 
-- wall time, against what the limit allows: (work - burst) / rate + latency;
+- wall time, against what the limit allows: (work - burst) / rate + latency (with no
+  limit, a latency per round of requests at the concurrency);
 - failed items (the target is 0) and rejected requests as a share of the items
   (the target is at most 10%), and how many of them answered the first burst (sent
   before anything could be known about the limit).
+
+The first burst goes out whole before any answer or 429 comes back (measured: its 16
+requests pass the gate within ~45 ms; the first 429 reaches it ~20 ms after the last),
+so what it sends past the server's burst is refused: with the server counting 1.5x our
+estimate, 16 prompts of 3,000 tokens against a burst of 20,000 make 10 refusals of 60
+(17%) whatever the gate learns after. Holding the rest of a new gate's first burst back
+until the first answer refused none there (1.11x its floor), but cost a batch against
+a server with no limit one latency (1.07x -> 1.35x its floor): not done.
 
 Quantized limits (OpenAI's "may be quantized", Azure's RPM over 1 s windows) announce the
 minute's budget in their headers while a far smaller bucket is enforced, and counted in
@@ -21,7 +30,7 @@ rate, not the small burst enforced): those are marked "as OpenAI's do", one of t
 server that counts 1.5 times the tokens our estimate does (another tokenizer). The
 server runs in a process of its own, so its CPU is not counted against the client.
 ``--latency`` sets the server's (0.3 s): at longer ones, how many requests are kept in
-flight matters too.
+flight matters too. ``--per-call`` times only what the gate adds to every call.
 
 ``compare_rlms_ratelimit.py`` runs the official RLM library's batch against the same
 server, from a scratch environment.
@@ -32,6 +41,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -62,7 +72,10 @@ class Scenario:
 
     def ideal_s(self) -> float:
         """The shortest wall time the limit allows: the burst at once, the rest at the
-        refill rate, then one latency for the last answer."""
+        refill rate, then one latency for the last answer. With no limit: a latency
+        for each round of ``max_concurrency`` requests."""
+        if not self.limit:
+            return math.ceil(self.prompts / self.max_concurrency) * LATENCY
         if self.limit.get("tps"):
             counted = self.prompt_chars // 4 * self.limit.get("token_factor", 1.0)
             work = self.prompts * counted
@@ -74,6 +87,10 @@ class Scenario:
 
 
 SCENARIOS = [
+    # No limit at all: what the gate costs a provider that never refuses (nothing may
+    # hold the first requests back waiting to learn a limit).
+    Scenario("no limit; 300 prompts at concurrency 64", 300, 40, 64, {}),
+    Scenario("no limit; 60 prompts of 2,000 tokens at the default concurrency", 60, 8000, 16, {}),
     Scenario(
         "50 requests/s, burst 50; 300 prompts at concurrency 64",
         300,
@@ -231,14 +248,70 @@ async def warm_up() -> None:
     await load_litellm()
 
 
+# An answer's headers as aiohttp gives them, without and with OpenAI's rate-limit headers.
+PLAIN_HEADERS = {
+    "Content-Type": "application/json",
+    "Content-Length": "312",
+    "Date": "Thu, 26 Nov 2026 23:00:00 GMT",
+    "x-request-id": "req_abc",
+    "openai-processing-ms": "120",
+}
+OPENAI_HEADERS = {
+    **PLAIN_HEADERS,
+    "x-ratelimit-limit-requests": "10000",
+    "x-ratelimit-remaining-requests": "9999",
+    "x-ratelimit-reset-requests": "6ms",
+    "x-ratelimit-limit-tokens": "1200000",
+    "x-ratelimit-remaining-tokens": "1199000",
+    "x-ratelimit-reset-tokens": "50ms",
+}
+
+
+async def per_call_us() -> dict[str, float]:
+    """Microseconds the gate adds to every call (the best of 9 timeit runs): finding
+    the call's gate, reading an answer's headers, learning from an answer."""
+    import timeit
+
+    from multidict import CIMultiDict, CIMultiDictProxy
+
+    from rlm_magic.llm.ratelimit import RateGate, Ticket, gate_for, read_headers
+
+    number, repeat = 5000, 9
+
+    def best(call) -> float:
+        return min(timeit.repeat(call, number=number, repeat=repeat)) / number * 1e6
+
+    found = {"gate_for": best(lambda: gate_for("openai/m", None, "sk-" + "k" * 48))}
+    for name, raw in (("no rate-limit headers", PLAIN_HEADERS), ("OpenAI's", OPENAI_HEADERS)):
+        headers = CIMultiDictProxy(CIMultiDict(raw))
+        found[f"read_headers, {name}"] = best(lambda headers=headers: read_headers(headers))
+        gate = RateGate("m")
+        for _ in range(number * repeat):
+            await gate.slots.acquire()
+        tickets = iter([Ticket(100.0, time.monotonic(), estimate=100.0)] * (number * repeat))
+        found[f"RateGate.answered, {name}"] = best(
+            lambda gate=gate, tickets=tickets, headers=headers: gate.answered(
+                next(tickets), headers, 100, 400
+            )
+        )
+    return found
+
+
 def main() -> None:
     global LATENCY
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--only", help="run the scenarios whose name contains this")
     parser.add_argument("--latency", type=float, default=0.3, help="the server's, seconds")
+    parser.add_argument(
+        "--per-call", action="store_true", help="only what the gate adds to each call, in µs"
+    )
     args = parser.parse_args()
     LATENCY = args.latency
+    if args.per_call:
+        for name, micros in asyncio.run(per_call_us()).items():
+            print(f"{name:40s} {micros:6.2f} µs")
+        return
     asyncio.run(warm_up())
     print(f"latency {LATENCY}s; {args.reps} runs per scenario, each on a fresh loop\n")
     for scenario in SCENARIOS:

@@ -126,6 +126,8 @@ class RateLimit:
     headers: str  # "all", "retry-after" (only that) or "none"
     # Quantized limits: per-minute budgets the headers announce, e.g. {"requests": 3000}.
     announced: dict[str, float] | None = None
+    # The sentence of the last refusal (a 429's error message).
+    refusal = "Rate limit reached for requests"
 
     def admit(self, cost: int) -> tuple[bool, dict[str, str]]:
         """Take one request of ``cost`` tokens, or say how long to wait (as a 429's
@@ -206,7 +208,8 @@ class MinuteBudgetLimit(RateLimit):
     ``limit`` is the minute's budget (60 times the rate), ``remaining`` what is left of
     it, ``reset`` the time until it is whole again. They tell the true rate but not the
     small burst that is enforced. ``token_factor``: this server counts a prompt's tokens
-    as that many times ~4 characters a token (another tokenizer)."""
+    as that many times ~4 characters a token (another tokenizer). A refusal says so in
+    OpenAI's words, with what the request counted ("Requested 3000")."""
 
     token_factor: float = 1.0
     minute: dict[str, TokenBucket] | None = None
@@ -215,6 +218,9 @@ class MinuteBudgetLimit(RateLimit):
         cost = max(1, round(cost * self.token_factor))
         admitted, headers = super().admit(cost)
         now = time.monotonic()
+        if not admitted:  # (the buckets were refilled to now, and not charged)
+            short = self.tokens is not None and self.tokens.seconds_until(cost) > 0
+            self.refusal = self._openai_s_sentence("tokens" if short else "requests", cost)
         for kind, bucket, amount in (("requests", self.requests, 1), ("tokens", self.tokens, cost)):
             budget = (self.minute or {}).get(kind)
             if bucket is None or budget is None:
@@ -225,6 +231,25 @@ class MinuteBudgetLimit(RateLimit):
             if self.headers == "all":
                 headers.update(budget.headers(kind))
         return admitted, headers
+
+    def _openai_s_sentence(self, kind: str, cost: int) -> str:
+        """OpenAI's words for a refusal, with the minute budget's figures and what this
+        request counted ("Requested"), e.g. "Rate limit reached for gpt-4o in
+        organization org-... on tokens per min (TPM): Limit 30000, Used 27000,
+        Requested 4000. Please try again in 2s." (Here the refusal may come from the
+        smaller bucket enforced, while the minute still has room.)"""
+        budget = (self.minute or {}).get(kind)
+        enforced = self.tokens if kind == "tokens" else self.requests
+        requested = cost if kind == "tokens" else 1
+        used = int(budget.capacity - budget.level) if budget else 0
+        limit = int(budget.capacity) if budget else 0
+        wait = enforced.seconds_until(requested) if enforced else 0.0
+        again = f"{wait * 1000:.0f}ms" if wait < 1 else f"{wait:.3f}s"
+        per_min = "tokens per min (TPM)" if kind == "tokens" else "requests per min (RPM)"
+        return (
+            f"Rate limit reached for model in organization org-local on {per_min}: "
+            f"Limit {limit}, Used {used}, Requested {requested}. Please try again in {again}."
+        )
 
 
 def minute_budget_limit(
@@ -405,7 +430,7 @@ class FakeLLMServer(_ClosesConnections, LocalChatServer):
                     self.rejected_at.append(time.monotonic())
                     # Rejected at once, as providers do: it never counts as in flight.
                     raise HTTPError(
-                        429, "Rate limit reached for requests", "rate_limit_error", headers=headers
+                        429, self.rate_limit.refusal, "rate_limit_error", headers=headers
                     )
             tokens = self.count_prompt(body)
             if self.context_window is not None and tokens > self.context_window:

@@ -256,6 +256,40 @@ def test_headers_through_litellm_s_prefix_and_anthropic_s_spelling():
     assert not read_headers({"content-type": "json"}).any_limits
 
 
+def test_every_answer_s_own_figures_are_read_under_the_same_header_names():
+    from multidict import CIMultiDict, CIMultiDictProxy
+
+    def answer(remaining: str, reset: str) -> CIMultiDictProxy:  # as aiohttp gives them
+        return CIMultiDictProxy(
+            CIMultiDict(
+                {
+                    "Content-Type": "application/json",
+                    "X-RateLimit-Limit-Tokens": "1200000",
+                    "X-RateLimit-Remaining-Tokens": remaining,
+                    "X-RateLimit-Reset-Tokens": reset,
+                }
+            )
+        )
+
+    first, second = read_headers(answer("1190000", "500ms")), read_headers(answer("1150000", "2s"))
+    assert (first.tokens.remaining, first.tokens.reset_s) == (1190000, 0.5)
+    assert (second.tokens.remaining, second.tokens.reset_s) == (1150000, 2.0)
+    assert not read_headers(CIMultiDictProxy(CIMultiDict({"Server": "vllm"}))).any_limits
+
+
+async def test_a_gate_is_named_by_its_key_s_hash_never_the_key():
+    from rlm_magic.llm.ratelimit import gate_for
+
+    one, other = "sk-one-" + "a" * 40, "sk-other-" + "b" * 40
+    first = gate_for("openai/keyed", None, one)
+    assert gate_for("openai/keyed", None, one) is first  # found again, not made again
+    assert gate_for("openai/keyed", None, other) is not first  # another account's limits
+    from rlm_magic.llm.profiles import PROFILES
+
+    listed = repr(PROFILES.gates[asyncio.get_running_loop()])
+    assert "openai/keyed" in listed and one not in listed and other not in listed
+
+
 def test_a_nearly_full_bucket_teaches_no_rate():
     reading = read_headers(
         {
@@ -474,3 +508,75 @@ async def test_the_next_batch_under_a_minute_s_budget_bursts_no_more_than_is_enf
     # Trusting the minute's budget as a burst, all 16 would go at once and 8 be refused.
     assert server.rejected - rejected <= 2
     assert not rlm.client.gate().tokens.distrusted
+
+
+# -- what a refusal says it counted (issue 28: token buckets at their floor) ----------------
+
+
+async def test_a_refusal_that_says_what_it_counted_teaches_the_count_before_any_answer():
+    from tests.llm_server import minute_budget_limit
+
+    server_side = minute_budget_limit(None, None, 20_000, 20_000, token_factor=1.5)
+    gate = RateGate("openai/tokenizer")
+    burst = [await gate.enter(2000.0) for _ in range(16)]  # nothing known: all at once
+    refused = []
+    for ticket in burst:
+        admitted, headers = server_side.admit(2000)
+        if admitted:
+            gate.failed(ticket)  # (in flight; its answer would come a latency later)
+        else:
+            refused.append((ticket, headers, server_side.refusal))
+    ticket, headers, sentence = refused[0]
+    assert "Requested 3000" in sentence  # OpenAI's words, with the server's count
+    gate.rate_limited_by(ticket, headers, sentence)
+    for ticket, headers, sentence in refused[1:]:
+        gate.rate_limited_by(ticket, headers, sentence)
+    assert gate.count_ratio == pytest.approx(1.5)
+    again = await gate.enter(2000.0)  # the refused are booked again as the server counts
+    assert again.tokens == pytest.approx(3000) and again.counted
+
+
+async def test_usage_replaces_what_a_refusal_said_it_counted():
+    gate = RateGate("openai/max-tokens")
+    sentence = (
+        "Rate limit reached for gpt-4o in organization org-x on tokens per min (TPM): "
+        "Limit 30000, Used 29000, Requested {}. Please try again in 2s."
+    )
+    refused = await gate.enter(2000.0)
+    # OpenAI counts max_tokens too: the refusal's figure is more than the prompt's.
+    gate.rate_limited_by(refused, None, sentence.format(3000))
+    gate.answered(await gate.enter(2000.0), None, 2200, 8000)  # the prompt's own count
+    assert gate.count_ratio == pytest.approx(1.1)
+    gate.rate_limited_by(await gate.enter(2000.0), None, sentence.format(3000))
+    assert gate.count_ratio == pytest.approx(1.1)  # usage is known: it stands
+
+
+@pytest.mark.parametrize(
+    "message, tokens",
+    [
+        (
+            "Rate limit reached for gpt-4o in organization org-u on tokens per min (TPM): "
+            "Limit 30000, Used 29937, Requested 385. Please try again in 644ms.",
+            385,
+        ),
+        (
+            "litellm.RateLimitError: OpenAIException - Request too large for gpt-5 in "
+            "organization org-1 on tokens per min (TPM): Limit 30000, Requested 36055.",
+            36055,
+        ),
+        (
+            "Rate limit reached for gpt-4 on requests per min (RPM): Limit 3, Used 3, Requested 1.",
+            None,
+        ),
+        (
+            "This request would exceed the rate limit for your organization of 20,000 "
+            "input tokens per minute.",  # Anthropic's: the limit, not the request's count
+            None,
+        ),
+        (None, None),
+    ],
+)
+def test_what_a_refused_request_counted_in_openai_s_words(message, tokens):
+    from rlm_magic.llm.ratelimit import requested_tokens
+
+    assert requested_tokens(message) == tokens

@@ -14,8 +14,10 @@ the notebook's batches, an RLM's root and sub-calls and its child runs all pass 
   pause resume one interval apart instead of all at once;
 - **counts tokens as the server does**: our estimate of a prompt (4 characters a token)
   is booked times what the server's usage reports showed it counts per token of that
-  estimate (another tokenizer, a chat template), learned per gate from the first answer;
-  until then, a refusal on tokens may be our miscount and is not held against headers;
+  estimate (another tokenizer, a chat template), learned per gate from the first answer,
+  or earlier from the first refusal that says what the request counted (OpenAI's "...
+  Requested 3000"); until then, a refusal on tokens may be our miscount and is not
+  held against headers;
 - **adapts its concurrency** with additive increase and multiplicative decrease, never
   below what the learned rate needs to stay busy at the measured latency; where a token
   limit binds (its rate known from headers), a 429 does not halve it: the token pace
@@ -47,6 +49,7 @@ from .headers import (
     non_negative,
     parse_duration,
     read_headers,
+    requested_tokens,
 )
 from .pacer import Pacer
 
@@ -64,4 +67,5 @@ __all__ = [
     "non_negative",
     "parse_duration",
     "read_headers",
+    "requested_tokens",
 ]

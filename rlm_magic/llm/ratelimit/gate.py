@@ -8,6 +8,7 @@ were wrong, how much was accepted), so the reading stays beside the booking."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import math
 import time
@@ -19,7 +20,7 @@ from typing import Any
 from ...errors import RateLimitWaitExceeded
 from ..limiter import ConcurrencyLimiter
 from ..profiles import DEFAULT_CHARS_PER_TOKEN, PROFILES
-from .headers import Headers, Reading, read_headers
+from .headers import Headers, Reading, read_headers, requested_tokens
 from .pacer import (
     BURST_S,
     EARLY_SHARE,
@@ -41,8 +42,9 @@ class Ticket:
     epoch: int = 0
     rejected: bool = False  # answered with a 429
     estimate: float = 0.0  # our own estimate (0: ``tokens``)
-    # Booked once the server's count was known (an answer had come back): until then a
-    # 429 may be our miscount, not a limit stricter than its headers say.
+    # Booked once the server's count was known (an answer had come back, or a refusal
+    # said what it counted): until then a 429 may be our miscount, not a limit
+    # stricter than its headers say.
     counted: bool = True
 
 
@@ -74,7 +76,9 @@ class RateGate:
         self.count_ratio = 1.0
         self._counted = self._estimated = 0.0
         self._request_tokens: float | None = None  # tokens a request books, smoothed
-        self._answered = False  # an answer came back (with its usage, if it reports any)
+        # The server's count is known: an answer came back (with its usage, if it reports
+        # any), or a refusal said what the request counted.
+        self._count_known = False
         self.latency_s: float | None = None
         self._blind_pause = FIRST_BLIND_PAUSE_S
         self._last_decrease = 0.0
@@ -129,7 +133,11 @@ class RateGate:
                 # A pause that began while we waited voids our booking: book again.
                 if self.epoch == epoch:
                     ticket = Ticket(
-                        tokens, time.monotonic(), epoch, estimate=estimate, counted=self._answered
+                        tokens,
+                        time.monotonic(),
+                        epoch,
+                        estimate=estimate,
+                        counted=self._count_known,
                     )
                     self._started.append(ticket)
                     self._request_tokens = _smooth(self._request_tokens, tokens, 0.1)
@@ -181,7 +189,7 @@ class RateGate:
                 pacer.probe(pacer.rate, now)
                 if pacer.rate > 1.25 * pacer.booked_rate:
                     self._rebook(now)
-        self._answered = True
+        self._count_known = True
         if input_tokens:
             self._learn_count(ticket, input_tokens)
             self.tokens.refund(ticket.tokens - input_tokens)  # correct the booking
@@ -203,6 +211,17 @@ class RateGate:
         self._estimated += estimate
         self.count_ratio = self._counted / self._estimated
 
+    def _learn_count_from_refusal(self, ticket: Ticket, requested: int) -> None:
+        """A refusal said what the request counted (OpenAI's "Requested 3000"): book as
+        the server counts from now on, not a latency later when the first usage comes
+        (a blind burst's refusals are retried at once). Only until usage is reported,
+        which replaces it: OpenAI's figure counts ``max_tokens`` too."""
+        estimate = ticket.estimate or ticket.tokens
+        if self._estimated or not 1 / 3 <= requested / estimate <= 5:
+            return  # usage already tells, or not this prompt's count
+        self.count_ratio = requested / estimate
+        self._count_known = True
+
     def failed(self, ticket: Ticket) -> None:
         """Any other failure: the request is over, nothing to learn."""
         self.slots.release()
@@ -214,8 +233,14 @@ class RateGate:
         if not self.slots.holders and not self.waiting:
             self._first_refusal = None
 
-    def rate_limited_by(self, ticket: Ticket, headers: Mapping[str, Any] | None) -> None:
-        """The request got a 429: pause everybody, and slow down."""
+    def rate_limited_by(
+        self, ticket: Ticket, headers: Mapping[str, Any] | None, message: str | None = None
+    ) -> None:
+        """The request got a 429: pause everybody, and slow down. (``message``: the
+        refusal's own sentence, which may say what the request counted.)"""
+        requested = requested_tokens(message)
+        if requested:
+            self._learn_count_from_refusal(ticket, requested)
         holding = self.slots.holders
         self.slots.release()
         self.rate_limited += 1
@@ -434,14 +459,23 @@ def gate_for(
     """The gate of one provider endpoint on the running loop. Limits belong to an
     account, so the key is part of the name (hashed: gates are listed in diagnostics)."""
     loop = asyncio.get_running_loop()
-    key_id = hashlib.sha256(api_key.encode()).hexdigest()[:8] if api_key else ""
-    name = (model, api_base or "", key_id)
-    gates = PROFILES.gates.setdefault(loop, {})
+    name = (model, api_base or "", _key_id(api_key) if api_key else "")
+    gates = PROFILES.gates.get(loop)
+    if gates is None:  # (setdefault would make a weak reference on every call)
+        gates = PROFILES.gates[loop] = {}
     gate = gates.get(name)
     if gate is None:
         gate = gates[name] = RateGate(model, rpm, tpm, learns_from_headers)
     gate.configure(rpm, tpm)
     return gate
+
+
+@functools.lru_cache(maxsize=64)
+def _key_id(api_key: str) -> str:
+    """A key's short hash, named in diagnostics instead of the key. Cached: every call
+    passes ``gate_for``, and hashing took a few microseconds of each (the cache is
+    keyed by the key, as its caller's configuration holds it, and never printed)."""
+    return hashlib.sha256(api_key.encode()).hexdigest()[:8]
 
 
 def gates() -> list[RateGate]:

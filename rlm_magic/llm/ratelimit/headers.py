@@ -4,6 +4,7 @@ with or without litellm's ``llm_provider-`` prefix."""
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 from collections.abc import Mapping
@@ -58,13 +59,9 @@ def parse_duration(text: str | None) -> float | None:
     if text is None:
         return None
     text = str(text).strip()
-    try:
-        return max(0.0, float(text))
-    except ValueError:
-        pass
-    parts = _DURATION.findall(text)
-    if parts and "".join(n + u for n, u in parts) == text:
-        return sum(float(n) * _UNIT_S[u] for n, u in parts)
+    span = _parse_span(text)
+    if span is not None:
+        return span
     try:
         from datetime import datetime, timezone
 
@@ -72,6 +69,21 @@ def parse_duration(text: str | None) -> float | None:
         return max(0.0, (moment - datetime.now(timezone.utc)).total_seconds())
     except ValueError:
         return None
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_span(text: str) -> float | None:
+    """'1s', '6m0s', '120ms' or '0.5' in seconds (None: not a span). Cached: a server
+    repeats the same few resets, and every answer's are read; a time (RFC 3339) is not
+    cached here, its seconds from now change."""
+    try:
+        return max(0.0, float(text))
+    except ValueError:
+        pass
+    parts = _DURATION.findall(text)
+    if parts and "".join(n + u for n, u in parts) == text:
+        return sum(float(n) * _UNIT_S[u] for n, u in parts)
+    return None
 
 
 def non_negative(value: Any) -> float | None:
@@ -83,30 +95,38 @@ def non_negative(value: Any) -> float | None:
     return number if number >= 0 else None  # (NaN >= 0 is False)
 
 
+@functools.lru_cache(maxsize=64)
+def _rate_limit_names(names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """The names among a response's headers that speak of rate limits: each as sent,
+    and as we spell it (lowercase, without litellm's ``llm_provider-`` prefix)."""
+    spelled = []
+    for name in names:
+        ours = str(name).lower().removeprefix("llm_provider-")
+        if "rate" in ours or "retry" in ours:
+            spelled.append((name, ours))
+    return tuple(spelled)
+
+
 def read_headers(headers: Mapping[str, Any] | None) -> Headers:
     """The rate-limit facts in a response's headers, in OpenAI's or Anthropic's
     spelling, with or without litellm's ``llm_provider-`` prefix."""
-    found: dict[str, Any] = {}
-    for key, value in (headers or {}).items():
-        key = str(key).lower()
-        if "rate" in key or "retry" in key:  # (every answer passes here: skip the rest)
-            found[key.removeprefix("llm_provider-")] = value
-    if not found:
+    if not headers:
         return Headers(Reading(), Reading(), None)
+    # Every answer passes here: its header names are looked up as a whole, and a
+    # provider sends the same names with every answer (most none about rate limits).
+    spelled = _rate_limit_names(tuple(headers))
+    if not spelled:
+        return Headers(Reading(), Reading(), None)
+    found = {ours: headers[sent] for sent, ours in spelled}
+    get = found.get
 
     def reading(kind: str, anthropic: str) -> Reading:
-        get = found.get
-
-        def either(field: str) -> Any:
-            return get(
-                f"x-ratelimit-{field}-{kind}", get(f"anthropic-ratelimit-{anthropic}-{field}")
-            )
-
-        return Reading(
-            non_negative(either("limit")),
-            non_negative(either("remaining")),
-            parse_duration(either("reset")),
+        limit = get(f"x-ratelimit-limit-{kind}", get(f"anthropic-ratelimit-{anthropic}-limit"))
+        remaining = get(
+            f"x-ratelimit-remaining-{kind}", get(f"anthropic-ratelimit-{anthropic}-remaining")
         )
+        reset = get(f"x-ratelimit-reset-{kind}", get(f"anthropic-ratelimit-{anthropic}-reset"))
+        return Reading(non_negative(limit), non_negative(remaining), parse_duration(reset))
 
     retry_after = None
     if "retry-after-ms" in found:
@@ -129,6 +149,20 @@ def read_headers(headers: Mapping[str, Any] | None) -> Headers:
         retry_after,
         "retry-after-ms" in found and retry_after is not None,
     )
+
+
+# OpenAI's refusal says what the request counted: "... on tokens per min (TPM): Limit
+# 30000, Used 27000, Requested 4000. Please try again in 2s." (Anthropic's and Azure's
+# sentences name the limit only.)
+_REQUESTED_TOKENS = re.compile(r"on tokens per \w+ \(\w+\): [^.]*?\bRequested (\d+)")
+
+
+def requested_tokens(message: str | None) -> int | None:
+    """The tokens a refused request counted against a token limit, as OpenAI's 429
+    message says them; None when it does not. (OpenAI counts the prompt and
+    ``max_tokens``: an upper bound on the prompt's count.)"""
+    found = _REQUESTED_TOKENS.search(message) if message else None
+    return int(found.group(1)) if found else None
 
 
 def is_rate_limit(exc: BaseException) -> bool:

@@ -536,6 +536,28 @@ async def test_a_refusal_that_says_what_it_counted_teaches_the_count_before_any_
     assert again.tokens == pytest.approx(3000) and again.counted
 
 
+@pytest.mark.parametrize("wire_transport", [True, False], ids=["wire", "litellm"])
+async def test_a_refusal_s_own_count_reaches_the_gate_through_either_transport(
+    server, wire_transport
+):
+    rlm = make_rlm(server, max_retries=0, wire_transport=wire_transport)
+    server.usage = None
+    server.latency = 30  # no answer, so no usage report, while we look
+    server.limit_rate_per_minute(tps=4000, token_burst=4000, token_factor=1.5)
+    prompts = [f"{i:03d} " + "x" * 1996 for i in range(16)]  # 500 of our tokens, 750 its
+    batch = asyncio.ensure_future(helpers(rlm).llm_query_batch(prompts))
+    try:
+        gate = rlm.client.gate()
+        deadline = time.monotonic() + 60
+        while gate.rate_limited == 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)  # (the 429 comes back at once; the answers never)
+        assert gate.rate_limited >= 1
+        assert gate.count_ratio == pytest.approx(1.5)  # from its "Requested 750"
+    finally:
+        batch.cancel()
+        await asyncio.gather(batch, return_exceptions=True)
+
+
 async def test_usage_replaces_what_a_refusal_said_it_counted():
     gate = RateGate("openai/max-tokens")
     sentence = (

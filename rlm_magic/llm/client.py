@@ -498,7 +498,7 @@ class LLMClient:
         if is_rate_limit(failure):
             # Not a failure: the gate holds this call (and every other call to this
             # endpoint) back until the provider's limit allows it, then it goes again.
-            gate.rate_limited_by(ticket, headers_of(failure))
+            gate.rate_limited_by(ticket, headers_of(failure), str(failure))
             call.rate_limited += 1
             call.limited_since = call.limited_since or ticket.sent_at
             if time.monotonic() - call.limited_since < config.rate_limit_wait:

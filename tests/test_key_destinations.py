@@ -227,3 +227,68 @@ def test_keys_named_for_servers_of_ones_own_go_to_any_api_base(monkeypatch):
     assert keys.environment_key("litellm_proxy", base) == "proxy-key"
     assert keys.environment_key("openai", base) is None
     assert keys.environment_key("openai", None) == ENV_KEY  # OpenAI's own API
+
+
+# -- what a local server is asked besides chat -----------------------------------------
+
+LOG = "2024-01-01 12:00:01 ERROR svc[42]: x=1 y=2 retry=3\n"
+
+
+@pytest.mark.parametrize(
+    "setting",
+    ["environment key paired", "environment key elsewhere", "RLM.api_key"],
+)
+async def test_a_local_servers_probes_carry_the_key_its_chat_calls_carry(
+    local, monkeypatch, setting
+):
+    monkeypatch.setenv("OPENAI_API_KEY", ENV_KEY)
+    if setting == "environment key paired":
+        monkeypatch.setenv("OPENAI_BASE_URL", local.base_url)
+    local.reports_window = ("llama.cpp", 4096)
+    local.slots, local.tokenizes = 2, True
+    local.script("root-model", ["FINAL(ok)"])
+    rlm = rlm_at(local, sandbox="none", api_key=OWN_KEY if setting == "RLM.api_key" else None)
+    await rlm.arun("q", context=LOG * 40)
+    asked = {path for path, _ in local.arrived}
+    assert {"/props", "/tokenize", "/v1/chat/completions"} <= asked
+    [chat] = set(local.chat_authorizations())
+    assert local.probe_authorizations() == {chat}
+    assert (
+        chat
+        == {
+            "environment key paired": f"Bearer {ENV_KEY}",
+            "environment key elsewhere": None,
+            "RLM.api_key": f"Bearer {OWN_KEY}",
+        }[setting]
+    )
+
+
+def paired_openai_key(monkeypatch, server) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", ENV_KEY)
+    monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+
+
+def busy_asks(server, path: str) -> set[str | None]:
+    return {sent for asked, sent in server.arrived if asked == path}
+
+
+async def test_asking_a_stalled_llama_cpp_whether_it_works_carries_the_calls_key(
+    local, monkeypatch
+):
+    paired_openai_key(monkeypatch, local)
+    local.reports_window = ("llama.cpp", 4096)  # 8 slots, none of them processing
+    local.fail("hang", times=1)
+    rlm = rlm_at(local, timeout=0.5, max_retries=0)
+    with pytest.raises(Exception, match="no new tokens for 0.5s"):
+        await helpers(rlm).llm_query("x")
+    assert busy_asks(local, "/slots") == {f"Bearer {ENV_KEY}"}
+
+
+async def test_asking_a_busy_vllm_whether_it_works_carries_the_calls_key(local, monkeypatch):
+    paired_openai_key(monkeypatch, local)
+    # Two slots, eight calls: those queued there ask its /metrics whether it works.
+    local.slots, local.reports_window, local.generation_rate = 2, ("vllm", 8192), 40
+    local.reply_with("sub-model", lambda body: "".join(f"s{i} " for i in range(20)))
+    rlm = rlm_at(local, timeout=0.6, max_concurrency=8)
+    await helpers(rlm).llm_query_batch([f"q{i}" for i in range(8)], return_exceptions=True)
+    assert busy_asks(local, "/metrics") == {f"Bearer {ENV_KEY}"}

@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 
 from rlm_magic import RLM
-from rlm_magic.errors import APIKeyError
+from rlm_magic.errors import APIKeyError, ConfigError
 from rlm_magic.llm import keys
 
 from .conftest import helpers
@@ -292,3 +292,61 @@ async def test_asking_a_busy_vllm_whether_it_works_carries_the_calls_key(local, 
     rlm = rlm_at(local, timeout=0.6, max_concurrency=8)
     await helpers(rlm).llm_query_batch([f"q{i}" for i in range(8)], return_exceptions=True)
     assert busy_asks(local, "/metrics") == {f"Bearer {ENV_KEY}"}
+
+
+# -- one RLM.api_key, one provider -------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True, reason="waits for ProviderEndpoint.check to call keys.api_key_across_providers"
+)
+async def test_one_api_key_for_two_providers_is_one_line_before_anything_is_sent(
+    local, monkeypatch
+):
+    # Each provider's own endpoint, as its variable names it: here, the test server.
+    monkeypatch.setenv("OPENAI_BASE_URL", local.base_url)
+    monkeypatch.setenv("ANTHROPIC_API_BASE", local.anthropic_base)
+    rlm = rlm_at(
+        local,
+        model="anthropic/claude-sonnet-4-5",
+        sub_model="gpt-4o-mini",
+        api_base=None,
+        api_key=OWN_KEY,
+    )
+    with pytest.raises(ConfigError) as caught:
+        await helpers(rlm).llm_query("hi")
+    assert str(caught.value) == (
+        "RLM.api_key would be sent to two providers: 'anthropic/claude-sonnet-4-5' "
+        "(anthropic) and 'gpt-4o-mini' (openai); leave RLM.api_key unset so each reads "
+        "its own environment variable, or give each model its key in RLM.model_list"
+    )
+    assert local.arrived == [] and local.anthropic_requests == []
+
+
+async def test_an_api_base_takes_one_key_for_every_model(local, litellm_imported):
+    rlm = rlm_at(local, model="anthropic/claude-x", api_key=OWN_KEY)
+    assert keys.api_key_across_providers(litellm_imported, rlm, "openai/sub-model") is None
+    assert await helpers(rlm).llm_query("hi") == "echo: hi"
+    assert local.chat_authorizations() == [f"Bearer {OWN_KEY}"]
+
+
+def test_models_of_one_provider_share_rlm_api_key(litellm_imported):
+    rlm = RLM(model="gpt-4o-mini", sub_model="openai/gpt-4o", api_key=OWN_KEY)
+    assert keys.api_key_across_providers(litellm_imported, rlm, "gpt-4o-mini") is None
+    assert keys.api_key_across_providers(None, rlm, "text-completion-openai/x") is None
+
+
+def test_two_providers_are_told_apart_without_litellm_by_prefix_or_family():
+    rlm = RLM(model="claude-sonnet-4-5", sub_model="openai/gpt-4o-mini", api_key=OWN_KEY)
+    error = keys.api_key_across_providers(None, rlm, "openai/gpt-4o-mini")
+    assert error is not None and "'claude-sonnet-4-5' (anthropic)" in str(error)
+    assert not keys.key_check_needs_litellm(rlm, "openai/gpt-4o-mini")
+
+
+@pytest.mark.parametrize("root", ["command-r", "meta-llama/Llama-3.1-8B"])
+def test_a_name_of_no_known_provider_needs_litellm_to_be_checked(root):
+    rlm = RLM(model=root, sub_model="openai/gpt-4o-mini", api_key=OWN_KEY)
+    assert keys.api_key_across_providers(None, rlm, "openai/gpt-4o-mini") is None
+    assert keys.key_check_needs_litellm(rlm, "openai/gpt-4o-mini")
+    rlm.api_key = ""  # no RLM.api_key: nothing to check
+    assert not keys.key_check_needs_litellm(rlm, "openai/gpt-4o-mini")

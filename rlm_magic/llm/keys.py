@@ -18,7 +18,8 @@ from the environment goes where its name says and no further. A public service's
 (``OPENAI_API_KEY``) goes to that service, or to the base the environment pairs with
 it (``OPENAI_BASE_URL``), never to another ``api_base`` (a llama.cpp, a third party's
 host); a key named for a server of the user's own (``HOSTED_VLLM_API_KEY``) goes to
-the ``api_base`` in use. ``RLM.api_key`` goes to the ``api_base`` it is set with.
+the ``api_base`` in use. ``RLM.api_key`` goes to the ``api_base`` it is set with, or,
+with none, to one provider only (``api_key_across_providers``).
 """
 
 from __future__ import annotations
@@ -378,3 +379,57 @@ def _normalised(base: str) -> tuple[str, str | None, int | str | None, str]:
     except ValueError:  # not a port: compared as written
         port = parts.netloc
     return scheme, parts.hostname, port, parts.path.rstrip("/")
+
+
+# -- one RLM.api_key, one provider -------------------------------------------------------
+
+# Bare names whose family says their provider without litellm.
+_BARE_FAMILIES = (
+    (re.compile(r"^(?:gpt-|o\d|chatgpt-)"), "openai"),
+    (re.compile(r"^claude-"), "anthropic"),
+    (re.compile(r"^gemini-"), "gemini"),
+)
+
+
+def api_key_across_providers(litellm: Any, config: RLMConfig, model: str) -> APIKeyError | None:
+    """An ``APIKeyError`` (a ``ConfigError``: one line, nothing sent) when ``RLM.api_key``
+    would go to two providers: with no ``RLM.api_base`` each model's calls go to its
+    provider's own API, and a key is one provider's (an Anthropic key sent to OpenAI is a
+    leak, then a 401). With an api_base every model goes to that one server, whose key it
+    is: no error."""
+    if not config.api_key or config.api_base:
+        return None
+    found: dict[str, tuple[str, str]] = {}  # whose key -> (a model, its provider)
+    for name in dict.fromkeys((config.model, config.effective_sub_model, model)):
+        provider = _key_provider(litellm, name)
+        if provider is not None:
+            home = PUBLIC_HOMES.get(provider)
+            found.setdefault(home.owner if home else provider, (name, provider))
+    if len(found) < 2:
+        return None
+    (first, first_provider), (second, second_provider) = list(found.values())[:2]
+    return APIKeyError(
+        model,
+        f"RLM.api_key would be sent to two providers: {first!r} ({first_provider}) and "
+        f"{second!r} ({second_provider}); leave RLM.api_key unset so each reads its own "
+        "environment variable, or give each model its key in RLM.model_list",
+        "RLM.api_key set for models of two providers",
+    )
+
+
+def key_check_needs_litellm(config: RLMConfig, model: str) -> bool:
+    """Whether ``api_key_across_providers`` needs litellm loaded to tell the providers
+    apart (a bare name of no known family, e.g. ``command-r``): load it before the check."""
+    if not config.api_key or config.api_base:
+        return False
+    names = dict.fromkeys((config.model, config.effective_sub_model, model))
+    return any(_key_provider(None, name) is None for name in names)
+
+
+def _key_provider(litellm: Any, model: str) -> str | None:
+    if litellm is not None:
+        return provider_of(litellm, model, None)
+    provider = _provider(None, model, None)
+    if provider is None and "/" not in model:
+        provider = next((p for family, p in _BARE_FAMILIES if family.match(model)), None)
+    return provider

@@ -264,7 +264,7 @@ PUBLIC_HOMES: dict[str, PublicHome] = {
     "gemini": PublicHome(
         "Google AI Studio",
         "generativelanguage.googleapis.com",
-        ("GEMINI_API_KEY",),
+        ("GEMINI_API_KEY", "GOOGLE_API_KEY"),  # (litellm takes either)
         ("GEMINI_API_BASE",),
     ),
     "mistral": PublicHome("Mistral", "api.mistral.ai", ("MISTRAL_API_KEY",), ("MISTRAL_API_BASE",)),
@@ -369,6 +369,7 @@ def _home_or_paired(home: PublicHome, api_base: str) -> bool:
     return any(os.environ.get(n) and _normalised(os.environ[n]) == where for n in home.bases)
 
 
+@functools.lru_cache(maxsize=64)
 def _normalised(base: str) -> tuple[str, str | None, int | str | None, str]:
     """``base`` as compared: scheme and host in lower case, the default port spelt out,
     no trailing slash (``HTTP://Host:80/v1/`` is ``http://host/v1``)."""

@@ -236,13 +236,15 @@ async def test_a_key_from_the_environment_is_read_again_when_it_changes(monkeypa
     assert "Authorization" not in route_for(litellm, "openai/x", base, None).headers
     # OpenAI's own API is never sent a request without one (the client refuses first).
     assert route_for(litellm, "openai/x", "https://api.openai.com/v1", None) is None
+    openai = "https://api.openai.com/v1"  # (OPENAI_API_KEY goes nowhere else)
     monkeypatch.setenv("OPENAI_API_KEY", "sk-first-key")
     assert (
-        route_for(litellm, "openai/x", base, None).headers["Authorization"] == "Bearer sk-first-key"
+        route_for(litellm, "openai/x", openai, None).headers["Authorization"]
+        == "Bearer sk-first-key"
     )
     monkeypatch.setenv("OPENAI_API_KEY", "sk-second-key")
     assert (
-        route_for(litellm, "openai/x", base, None).headers["Authorization"]
+        route_for(litellm, "openai/x", openai, None).headers["Authorization"]
         == "Bearer sk-second-key"
     )
     # A vLLM server without a key gets litellm's placeholder, resolved once.

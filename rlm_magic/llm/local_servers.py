@@ -40,6 +40,7 @@ import time
 from typing import Any
 from urllib.parse import urlsplit
 
+from .keys import sent_key
 from .profiles import PROFILES
 
 PROBE_TIMEOUT = 2.0
@@ -97,7 +98,9 @@ def may_ask(api_base: str | None, model: str) -> bool:
 
 
 async def ask(api_base: str | None, model: str, api_key: str | None = None) -> int | None:
-    """The server's window for ``model`` (asked once; None if it does not say)."""
+    """The server's window for ``model`` (asked once; None if it does not say).
+    ``api_key``: ``RLM.api_key``; the server is sent the key ``model``'s chat calls
+    carry there (``keys.sent_key``: an environment key only where it may go)."""
     if not api_base or not may_ask(api_base, model):
         return None
     at = PROFILES.at(api_base, model)
@@ -107,7 +110,9 @@ async def ask(api_base: str | None, model: str, api_key: str | None = None) -> i
         return None  # a recent guess only
     pending = at.probe
     if pending is None or pending.get_loop() is not asyncio.get_running_loop():
-        pending = at.probe = asyncio.ensure_future(_probe(api_base, model, api_key))
+        pending = at.probe = asyncio.ensure_future(
+            _probe(api_base, model, sent_key(model, api_base, api_key))
+        )
     try:
         found = await asyncio.shield(pending)
         window, guessed, at.server_kind, at.server_slots, at.server_is_local = found
@@ -253,7 +258,8 @@ async def count_tokens(
     api_base: str, model: str, text: str, api_key: str | None = None
 ) -> int | None:
     """Tokens of ``text`` by the server's own tokenizer (llama.cpp's and vLLM's
-    ``POST /tokenize``), within ``PROBE_TIMEOUT``; None where it cannot say."""
+    ``POST /tokenize``), within ``PROBE_TIMEOUT``; None where it cannot say. Sent the
+    key ``model``'s chat calls carry (``api_key``: ``RLM.api_key``; see ``ask``)."""
     import aiohttp
 
     kind = local_server_kind(api_base, model)
@@ -265,7 +271,8 @@ async def count_tokens(
         else {"model": _PREFIX.sub("", model), "prompt": text}
     )
     timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT)
-    async with aiohttp.ClientSession(timeout=timeout, headers=_auth(api_key)) as session:
+    headers = _auth(sent_key(model, api_base, api_key))
+    async with aiohttp.ClientSession(timeout=timeout, headers=headers) as session:
         answer = await read_json(session, server_root(api_base) + "/tokenize", post)
     if not isinstance(answer, dict):
         return None

@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from .keys import sent_key
 from .limiter import ConcurrencyLimiter
 from .local_servers import PROBE_TIMEOUT, read_json, read_text, server_root
 from .profiles import PROFILES
@@ -99,7 +100,8 @@ _NO_HOLD = _NoHold()
 def held(call: Call, api_key: str | None = None) -> _Hold | _NoHold:
     """What one attempt of ``call`` holds while it is sent: a slot of its server where
     the server said how many it has (else nothing). A streamed attempt's state is also
-    told how to ask the server whether it is working (``server_busy``)."""
+    told how to ask the server whether it is working (``server_busy``), with the key
+    the call itself carries there (``api_key``: ``RLM.api_key``; ``keys.sent_key``)."""
     endpoint = call.endpoint
     at = PROFILES.known_at(endpoint, call.model)
     if (
@@ -111,7 +113,8 @@ def held(call: Call, api_key: str | None = None) -> _Hold | _NoHold:
         return _NO_HOLD
     slots = slots_for(endpoint, at.server_slots)
     if call.state is not None:
-        call.state.server_busy = _asker(slots, endpoint, at.server_kind, api_key)
+        key = sent_key(call.model, endpoint, api_key)
+        call.state.server_busy = _asker(slots, endpoint, at.server_kind, key)
     if not slots.total:
         return _NO_HOLD
     return _Hold(slots, call.options.deadline)

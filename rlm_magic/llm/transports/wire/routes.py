@@ -21,6 +21,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from ...keys import OWN_SERVER_KEYS, PUBLIC_HOMES, environment_key
 from ...litellm_loader import imported_litellm
 
 # litellm's chat configuration classes that send OpenAI's request unchanged.
@@ -37,11 +38,8 @@ _BASES = {
     "hosted_vllm": (("HOSTED_VLLM_API_BASE",), None),
     "litellm_proxy": (("LITELLM_PROXY_API_BASE",), None),
 }
-_KEYS = {
-    "openai": ("OPENAI_API_KEY",),
-    "hosted_vllm": ("HOSTED_VLLM_API_KEY",),
-    "litellm_proxy": ("LITELLM_PROXY_API_KEY",),
-}
+# Where their keys come from, and where each may go: ``keys.environment_key``.
+_KEYS = {"openai": PUBLIC_HOMES["openai"].variables, **OWN_SERVER_KEYS}
 # Request parameters OpenAI's chat API takes as they are (what may be in litellm_kwargs).
 CHAT_PARAMETERS = frozenset(
     {
@@ -173,10 +171,6 @@ def light_route(model: str, api_base: str | None, api_key: str | None) -> Route 
         return route
 
 
-def _env_key(provider: str) -> str | None:
-    return next((os.environ[n] for n in _KEYS.get(provider, ()) if os.environ.get(n)), None)
-
-
 def _resolve(litellm: Any, model: str, api_base: str | None, api_key: str | None) -> Route | None:
     try:
         name, provider, _, _ = litellm.get_llm_provider(model, api_base=api_base)
@@ -198,7 +192,9 @@ def _route(
 ) -> Route | None:
     env_names, default = _BASES[provider]
     base = api_base or next((os.environ[n] for n in env_names if os.environ.get(n)), default)
-    key = api_key or _env_key(provider)
+    # RLM.api_key goes to the base it is set with; OPENAI_API_KEY only to OpenAI's, or
+    # to the base the environment pairs with it (never to a llama.cpp, or a third party).
+    key = api_key or environment_key(provider, base)
     if provider == "hosted_vllm":
         key = key or "fake-api-key"  # as litellm sends it
     if base is None or (provider == "openai" and not key and _is_openais(base)):

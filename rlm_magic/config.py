@@ -99,8 +99,11 @@ class RLMConfig(Configurable):
     api_key = Unicode(
         None,
         allow_none=True,
-        help="API key. Default: litellm's usual environment variables "
-        "(OPENAI_API_KEY, ANTHROPIC_API_KEY, ...).",
+        help="API key, sent with every model's calls: one provider's, or the key of "
+        "the server at api_base (two providers' models with one key are refused). "
+        "Default: each provider's own environment variable (OPENAI_API_KEY, "
+        "ANTHROPIC_API_KEY, ...), sent only to that provider or the base its "
+        "environment names.",
     ).tag(config=True)
     litellm_kwargs = Dict(
         help="Extra keyword arguments for litellm.acompletion, e.g. {'temperature': 0}."

@@ -186,6 +186,22 @@ async def test_a_key_named_for_a_vllm_server_goes_to_its_api_base(local, monkeyp
     assert local.chat_authorizations() == [f"Bearer {ENV_KEY}"]
 
 
+async def test_openai_api_key_is_not_sent_to_a_model_list_deployment_s_own_api_base(
+    local, monkeypatch
+):
+    monkeypatch.setenv("OPENAI_API_KEY", ENV_KEY)
+    deployment = {"model": "openai/sub-model", "api_base": local.base_url}
+    rlm = rlm_at(
+        local,
+        api_base=None,
+        model="fast",
+        sub_model="fast",
+        model_list=[{"model_name": "fast", "litellm_params": deployment}],
+    )
+    assert await helpers(rlm).llm_query("hi") == "echo: hi"
+    assert local.chat_authorizations() == [f"Bearer {keys.PLACEHOLDER_KEY}"]
+
+
 @TRANSPORTS
 @pytest.mark.parametrize("refusal", [401, 403])
 async def test_a_server_wanting_the_key_held_back_says_so_in_one_line(
@@ -297,9 +313,6 @@ async def test_asking_a_busy_vllm_whether_it_works_carries_the_calls_key(local, 
 # -- one RLM.api_key, one provider -------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True, reason="waits for ProviderEndpoint.check to call keys.api_key_across_providers"
-)
 async def test_one_api_key_for_two_providers_is_one_line_before_anything_is_sent(
     local, monkeypatch
 ):

@@ -361,7 +361,11 @@ class LLMClient:
         plan = endpoint.plan(model, litellm)
         # litellm only when the call needs it (another provider, a Router, a budget's
         # count...): an OpenAI-compatible endpoint's call leaves without the import.
-        if litellm is None and (plan.transport is None or budget.budgets_of(call.ledger)):
+        if litellm is None and (
+            plan.transport is None
+            or budget.budgets_of(call.ledger)
+            or keys.key_check_needs_litellm(config, model)  # (whose key RLM.api_key is)
+        ):
             litellm = await litellm_loader.load_litellm()
             plan = endpoint.plan(model, litellm)
         call.litellm = litellm

@@ -146,6 +146,9 @@ class ProviderEndpoint:
 
     def check(self, model: str) -> None:
         if self.given_transport is None:
+            across = keys.api_key_across_providers(loaded_litellm(), self.config, model)
+            if across is not None:
+                raise across
             missing = keys.missing_key(loaded_litellm(), self.config, model)
             if missing is not None:
                 raise missing

@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from typing import Any
 
-from ..keys import PLACEHOLDER_KEY
+from ..keys import PLACEHOLDER_KEY, environment_key
 from .litellm import LiteLLMTransport
 
 
@@ -83,7 +82,7 @@ def _keyed(entry: dict[str, Any]) -> dict[str, Any]:
         str(params.get("model", "")).startswith("openai/")
         and params.get("api_base")
         and not params.get("api_key")
-        and not os.environ.get("OPENAI_API_KEY")
+        and environment_key("openai", params["api_base"]) is None  # (none it may carry)
     ):
         return {**entry, "litellm_params": {**params, "api_key": PLACEHOLDER_KEY}}
     return dict(entry)

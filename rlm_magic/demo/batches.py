@@ -51,7 +51,12 @@ class BatchJobsAPI:
         self.reset(step_s)
 
     def reset(self, step_s: float = 0.05) -> None:
-        """Forget every file and job (a test's fresh start); jobs run unheld."""
+        """Forget every file and job (a test's fresh start); jobs run unheld. A job still
+        running ends as expired, answering nothing more: an earlier test's job left at
+        the provider (an interrupt leaves it there) must not answer into the next test."""
+        for batch in getattr(self, "batches", {}).values():
+            if batch["status"] in ("validating", "in_progress", "finalizing"):
+                batch.update(status="expired", expired_at=int(time.time()))
         self.step_s = step_s
         self.failing_retrieves = 0
         self.lose_created = False

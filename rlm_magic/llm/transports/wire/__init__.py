@@ -10,7 +10,7 @@ of litellm's CPU per call (``RLM.wire_transport``, on by default).
 
 from __future__ import annotations
 
-from .routes import CHAT_PARAMETERS, Route, fits, forget_routes, light_route, route_for
+from .routes import CHAT_PARAMETERS, Route, fits, light_route, route_for
 from .routes import _environment as route_environment
 from .sessions import close_sessions
 from .sse import MAX_LINE
@@ -23,7 +23,6 @@ __all__ = [
     "WireTransport",
     "close_sessions",
     "fits",
-    "forget_routes",
     "light_route",
     "route_environment",
     "route_for",

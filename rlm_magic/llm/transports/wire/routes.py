@@ -241,8 +241,3 @@ def _is_openais(base: str) -> bool:
     from urllib.parse import urlsplit
 
     return urlsplit(base).hostname == "api.openai.com"
-
-
-def forget_routes() -> None:
-    """Resolve every route again (prices or environment changed)."""
-    _ROUTES.clear()

@@ -162,3 +162,28 @@ async def _close_litellm_connections():
     from rlm_magic.llm.transports import close_loop_clients
 
     await close_loop_clients()
+
+
+@pytest.fixture(scope="module")
+def recording_server():
+    """The test server recording where keys go (``key_server.RecordingServer``)."""
+    from .key_server import RecordingServer
+
+    server = RecordingServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def local(recording_server):
+    """``recording_server``, fresh: no key required, nothing recorded or learned."""
+    from rlm_magic.llm import profiles
+
+    recording_server.reset()
+    recording_server.required_key = None
+    recording_server.refusal = 401
+    recording_server.arrived = []
+    profiles.forget()  # what was learned of the server (its kind, windows, slots)
+    yield recording_server
+    recording_server.reset()
+    profiles.forget()

@@ -10,18 +10,15 @@ from __future__ import annotations
 import os
 
 import pytest
-from aiohttp import web
 
 from rlm_magic import RLM
 from rlm_magic.errors import APIKeyError, ConfigError
 from rlm_magic.llm import keys
 
 from .conftest import helpers
-from .llm_server import FakeLLMServer
 
 ENV_KEY = "sk-from-the-environment-0123456789"
 OWN_KEY = "sk-set-in-rlm-api-key-0123456789"
-_RECORDED = web.RequestKey("recorded", bool)
 TRANSPORTS = pytest.mark.parametrize("wire", [True, False], ids=["wire", "litellm"])
 _VARIABLES = (
     "OPENAI_API_KEY",
@@ -43,81 +40,6 @@ def _no_keys(monkeypatch, litellm_imported):
     """A user with no key and no endpoint in the environment, unless a test sets one."""
     for name in _VARIABLES:
         monkeypatch.delenv(name, raising=False)
-
-
-class RecordingServer(FakeLLMServer):
-    """The test server, recording the Authorization header of every request (chat, and
-    what a local server is asked: /props, /slots, /metrics, /tokenize, /v1/models...).
-    Started with a key (``required_key``) it refuses any other, with ``refusal``."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.required_key: str | None = None
-        self.refusal = 401
-        self.arrived: list[tuple[str, str | None]] = []
-
-    def _record(self, request) -> None:
-        if _RECORDED not in request:  # (a handler may hand a request to another)
-            request[_RECORDED] = True
-            self.arrived.append((request.path, request.headers.get("Authorization")))
-
-    def chat_authorizations(self) -> list[str | None]:
-        return [sent for path, sent in self.arrived if path.endswith("/chat/completions")]
-
-    def probe_authorizations(self) -> set[str | None]:
-        return {sent for path, sent in self.arrived if not path.endswith("/chat/completions")}
-
-    async def _chat(self, request):
-        self._record(request)
-        sent = request.headers.get("Authorization")
-        if self.required_key is not None and sent != f"Bearer {self.required_key}":
-            kind = "authentication_error" if self.refusal == 401 else "permission_error"
-            return web.json_response(
-                {"error": {"code": self.refusal, "message": "Invalid API Key", "type": kind}},
-                status=self.refusal,
-            )
-        return await super()._chat(request)
-
-    async def _window_answer(self, request):
-        self._record(request)
-        return await super()._window_answer(request)
-
-    async def _slot_props(self, request):
-        self._record(request)
-        return await super()._slot_props(request)
-
-    async def _slot_list(self, request):
-        self._record(request)
-        return await super()._slot_list(request)
-
-    async def _slot_metrics(self, request):
-        self._record(request)
-        return await super()._slot_metrics(request)
-
-    async def _tokenize(self, request):
-        self._record(request)
-        return await super()._tokenize(request)
-
-
-@pytest.fixture(scope="module")
-def recording_server():
-    server = RecordingServer().start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def local(recording_server):
-    from rlm_magic.llm import profiles
-
-    recording_server.reset()
-    recording_server.required_key = None
-    recording_server.refusal = 401
-    recording_server.arrived = []
-    profiles.forget()  # what was learned of the server (its kind, windows, slots)
-    yield recording_server
-    recording_server.reset()
-    profiles.forget()
 
 
 def rlm_at(server, **settings) -> RLM:

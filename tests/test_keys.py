@@ -11,7 +11,6 @@ from rlm_magic import RLM
 from rlm_magic.errors import APIKeyError, BatchError, ConfigError
 
 from .conftest import helpers, make_rlm, run_cell
-from .llm_server import FakeLLMServer
 
 KEY = "sk-the-users-own-0123456789abcdef"
 
@@ -23,50 +22,6 @@ def _no_keys(monkeypatch, litellm_imported):
         monkeypatch.delenv(name, raising=False)
     for name in ("OPENAI_BASE_URL", "OPENAI_API_BASE", "ANTHROPIC_API_BASE"):
         monkeypatch.delenv(name, raising=False)
-
-
-class KeyServer(FakeLLMServer):
-    """The test server as llama.cpp or vLLM are: it takes any key, or none, unless
-    started with one (``--api-key``); it records each request's Authorization header."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.required_key: str | None = None
-        self.authorizations: list[str | None] = []
-
-    async def _chat(self, request):
-        from aiohttp import web
-
-        sent = request.headers.get("Authorization")
-        self.authorizations.append(sent)
-        if self.required_key is not None and sent != f"Bearer {self.required_key}":
-            return web.json_response(  # llama.cpp's answer
-                {
-                    "error": {
-                        "code": 401,
-                        "message": "Invalid API Key",
-                        "type": "authentication_error",
-                    }
-                },
-                status=401,
-            )
-        return await super()._chat(request)
-
-
-@pytest.fixture(scope="module")
-def key_server():
-    server = KeyServer().start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def local(key_server):
-    key_server.reset()
-    key_server.required_key = None
-    key_server.authorizations = []
-    yield key_server
-    key_server.reset()
 
 
 def keyless_rlm(server, **settings) -> RLM:
@@ -175,14 +130,14 @@ async def test_a_keyless_local_server_answers_with_no_key_set(local, wire):
     assert await helpers(rlm).llm_query("hi") == "echo: hi"
     # Over the wire no key at all; litellm's OpenAI client will not send without one,
     # so it gets a placeholder such a server ignores.
-    assert local.authorizations == ([None] if wire else ["Bearer no-key-required"])
+    assert local.chat_authorizations() == ([None] if wire else ["Bearer no-key-required"])
 
 
 async def test_openai_base_url_in_the_environment_is_a_keyless_server_too(local, monkeypatch):
     monkeypatch.setenv("OPENAI_BASE_URL", local.base_url)
     rlm = RLM(model="openai/sub-model", progress=False)
     assert await helpers(rlm).llm_query("hi") == "echo: hi"
-    assert local.authorizations == [None]
+    assert local.chat_authorizations() == [None]
 
 
 async def test_a_local_server_started_with_a_key_says_it_wants_one(local):
@@ -194,10 +149,10 @@ async def test_a_local_server_started_with_a_key_says_it_wants_one(local):
         f"no API key for 'openai/sub-model' (the server at {local.base_url} wants one): "
         "%config RLM.api_key = ..."  # (OPENAI_API_KEY would not be sent there)
     )
-    assert len(local.authorizations) == 1
+    assert len(local.chat_authorizations()) == 1
     rlm.api_key = KEY
     assert await helpers(rlm).llm_query("hi") == "echo: hi"
-    assert local.authorizations[-1] == f"Bearer {KEY}"
+    assert local.chat_authorizations()[-1] == f"Bearer {KEY}"
 
 
 # -- no command shows a key ----------------------------------------------------------

@@ -6,9 +6,25 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from rlm_magic import RLM
+
 from .llm_server import FakeLLMServer
 
 _RECORDED = web.RequestKey("recorded", bool)
+# Where a key or an endpoint of the user's may sit in the environment.
+KEY_VARIABLES = (
+    "OPENAI_API_KEY",
+    "OPENAI_BASE_URL",
+    "OPENAI_API_BASE",
+    "HOSTED_VLLM_API_KEY",
+    "HOSTED_VLLM_API_BASE",
+    "LITELLM_PROXY_API_KEY",
+    "LITELLM_PROXY_API_BASE",
+    "ANTHROPIC_API_KEY",
+    "ANTHROPIC_AUTH_TOKEN",
+    "ANTHROPIC_API_BASE",
+    "ANTHROPIC_BASE_URL",
+)
 
 
 class RecordingServer(FakeLLMServer):
@@ -63,3 +79,18 @@ class RecordingServer(FakeLLMServer):
     async def _tokenize(self, request):
         self._record(request)
         return await super()._tokenize(request)
+
+
+def rlm_at(server, **settings) -> RLM:
+    """An RLM whose models are openai/ models at ``server``, with no key unless given."""
+    return RLM(
+        **{
+            "model": "openai/root-model",
+            "sub_model": "openai/sub-model",
+            "api_base": server.base_url,
+            "retry_backoff": 0.01,
+            "progress": False,
+            "timeout": 10,
+            **settings,
+        }
+    )

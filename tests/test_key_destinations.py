@@ -16,44 +16,18 @@ from rlm_magic.errors import APIKeyError, ConfigError
 from rlm_magic.llm import keys
 
 from .conftest import helpers
+from .key_server import KEY_VARIABLES, rlm_at
 
 ENV_KEY = "sk-from-the-environment-0123456789"
 OWN_KEY = "sk-set-in-rlm-api-key-0123456789"
 TRANSPORTS = pytest.mark.parametrize("wire", [True, False], ids=["wire", "litellm"])
-_VARIABLES = (
-    "OPENAI_API_KEY",
-    "OPENAI_BASE_URL",
-    "OPENAI_API_BASE",
-    "HOSTED_VLLM_API_KEY",
-    "HOSTED_VLLM_API_BASE",
-    "LITELLM_PROXY_API_KEY",
-    "LITELLM_PROXY_API_BASE",
-    "ANTHROPIC_API_KEY",
-    "ANTHROPIC_AUTH_TOKEN",
-    "ANTHROPIC_API_BASE",
-    "ANTHROPIC_BASE_URL",
-)
 
 
 @pytest.fixture(autouse=True)
 def _no_keys(monkeypatch, litellm_imported):
     """A user with no key and no endpoint in the environment, unless a test sets one."""
-    for name in _VARIABLES:
+    for name in KEY_VARIABLES:
         monkeypatch.delenv(name, raising=False)
-
-
-def rlm_at(server, **settings) -> RLM:
-    return RLM(
-        **{
-            "model": "openai/root-model",
-            "sub_model": "openai/sub-model",
-            "api_base": server.base_url,
-            "retry_backoff": 0.01,
-            "progress": False,
-            "timeout": 10,
-            **settings,
-        }
-    )
 
 
 # -- an environment key goes to its own service ----------------------------------------

@@ -11,6 +11,7 @@ from rlm_magic import RLM
 from rlm_magic.errors import APIKeyError, BatchError, ConfigError
 
 from .conftest import helpers, make_rlm, run_cell
+from .key_server import KEY_VARIABLES, rlm_at
 
 KEY = "sk-the-users-own-0123456789abcdef"
 
@@ -18,24 +19,8 @@ KEY = "sk-the-users-own-0123456789abcdef"
 @pytest.fixture(autouse=True)
 def _no_keys(monkeypatch, litellm_imported):
     """A user with no key anywhere (and no endpoint of their own in the environment)."""
-    for name in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN"):
+    for name in KEY_VARIABLES:
         monkeypatch.delenv(name, raising=False)
-    for name in ("OPENAI_BASE_URL", "OPENAI_API_BASE", "ANTHROPIC_API_BASE"):
-        monkeypatch.delenv(name, raising=False)
-
-
-def keyless_rlm(server, **settings) -> RLM:
-    return RLM(
-        **{
-            "model": "openai/root-model",
-            "sub_model": "openai/sub-model",
-            "api_base": server.base_url,
-            "retry_backoff": 0.01,
-            "progress": False,
-            "timeout": 10,
-            **settings,
-        }
-    )
 
 
 # -- no key --------------------------------------------------------------------------
@@ -126,7 +111,7 @@ async def test_a_refused_key_from_the_environment_names_the_variable(server, mon
 
 @pytest.mark.parametrize("wire", [True, False])
 async def test_a_keyless_local_server_answers_with_no_key_set(local, wire):
-    rlm = keyless_rlm(local, wire_transport=wire)
+    rlm = rlm_at(local, wire_transport=wire)
     assert await helpers(rlm).llm_query("hi") == "echo: hi"
     # Over the wire no key at all; litellm's OpenAI client will not send without one,
     # so it gets a placeholder such a server ignores.
@@ -142,7 +127,7 @@ async def test_openai_base_url_in_the_environment_is_a_keyless_server_too(local,
 
 async def test_a_local_server_started_with_a_key_says_it_wants_one(local):
     local.required_key = KEY
-    rlm = keyless_rlm(local, max_retries=2)
+    rlm = rlm_at(local, max_retries=2)
     with pytest.raises(APIKeyError) as caught:
         await helpers(rlm).llm_query("hi")
     assert str(caught.value) == (

@@ -48,7 +48,7 @@ from rlm_magic.jupyter.helpers import NotebookHelpers
 
 if sys.argv[2] == "import":  # as before: every call waited for litellm's import
     from rlm_magic.llm.endpoints import ProviderEndpoint
-    ProviderEndpoint.light = lambda self, model: False
+    ProviderEndpoint._light_route = lambda self, model: None
 
 async def main():
     rlm = RLM(model="openai/gpt-4o-mini", api_base=sys.argv[1], api_key="sk-test",

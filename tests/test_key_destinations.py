@@ -130,6 +130,25 @@ def test_an_api_base_is_compared_as_a_url_not_as_text(monkeypatch):
         assert keys.foreign_home("openai", elsewhere) is keys.PUBLIC_HOMES["openai"]
 
 
+@pytest.mark.parametrize("provider", sorted(keys.PUBLIC_HOMES))
+def test_every_public_service_s_key_goes_home_and_nowhere_else(monkeypatch, provider):
+    home = keys.PUBLIC_HOMES[provider]
+    for name in (*home.variables, *home.bases):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(home.variables[-1], ENV_KEY)
+    assert keys.environment_key(provider, f"https://{home.host}/v1") == ENV_KEY
+    assert keys.environment_key(provider, None) == ENV_KEY  # its own default endpoint
+    assert keys.environment_key(provider, "http://127.0.0.1:8080/v1") is None
+
+
+async def test_a_third_party_s_key_is_held_back_from_another_api_base(local, monkeypatch):
+    monkeypatch.setenv("TOGETHERAI_API_KEY", ENV_KEY)
+    model = "together_ai/sub-model"
+    rlm = rlm_at(local, model=model, sub_model=model)
+    assert await helpers(rlm).llm_query("hi") == "echo: hi"
+    assert local.chat_authorizations() == [f"Bearer {keys.PLACEHOLDER_KEY}"]
+
+
 def test_keys_named_for_servers_of_ones_own_go_to_any_api_base(monkeypatch):
     monkeypatch.setenv("HOSTED_VLLM_API_KEY", "vllm-key")
     monkeypatch.setenv("LITELLM_PROXY_API_KEY", "proxy-key")

@@ -276,6 +276,28 @@ PUBLIC_HOMES: dict[str, PublicHome] = {
         "OpenRouter", "openrouter.ai", ("OPENROUTER_API_KEY",), ("OPENROUTER_API_BASE",)
     ),
     "xai": PublicHome("xAI", "api.x.ai", ("XAI_API_KEY",), ("XAI_API_BASE",)),
+    "together_ai": PublicHome(
+        "Together AI",
+        "api.together.xyz",
+        ("TOGETHERAI_API_KEY", "TOGETHER_AI_API_KEY", "TOGETHER_API_KEY", "TOGETHER_AI_TOKEN"),
+        ("TOGETHER_AI_API_BASE",),
+    ),
+    "fireworks_ai": PublicHome(
+        "Fireworks AI",
+        "api.fireworks.ai",
+        ("FIREWORKS_API_KEY", "FIREWORKS_AI_API_KEY", "FIREWORKSAI_API_KEY", "FIREWORKS_AI_TOKEN"),
+        ("FIREWORKS_API_BASE", "FIREWORKS_AI_API_BASE"),
+    ),
+    "perplexity": PublicHome(
+        "Perplexity",
+        "api.perplexity.ai",
+        ("PERPLEXITYAI_API_KEY", "PERPLEXITY_API_KEY"),
+        ("PERPLEXITY_API_BASE",),
+    ),
+    "cohere_chat": PublicHome(
+        "Cohere", "api.cohere.com", ("COHERE_API_KEY", "CO_API_KEY"), ("COHERE_API_BASE",)
+    ),
+    "cerebras": PublicHome("Cerebras", "api.cerebras.ai", ("CEREBRAS_API_KEY",), ()),
 }
 # Keys named for a server of the user's own (there is no public vLLM or LiteLLM Proxy
 # they could belong to): sent to the api_base in use, as litellm sends them.

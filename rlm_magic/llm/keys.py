@@ -247,6 +247,9 @@ class PublicHome:
 _OPENAI = PublicHome(
     "OpenAI", _OPENAI_HOST, ("OPENAI_API_KEY",), ("OPENAI_BASE_URL", "OPENAI_API_BASE")
 )
+_COHERE = PublicHome(
+    "Cohere", "api.cohere.com", ("COHERE_API_KEY", "CO_API_KEY"), ("COHERE_API_BASE",)
+)
 # Providers whose environment key belongs to a public service: it is sent to that
 # service's host, or to the base the environment pairs with it, and held back from any
 # other api_base (a llama.cpp, a third party's host). Not listed: keys that belong to a
@@ -294,9 +297,8 @@ PUBLIC_HOMES: dict[str, PublicHome] = {
         ("PERPLEXITYAI_API_KEY", "PERPLEXITY_API_KEY"),
         ("PERPLEXITY_API_BASE",),
     ),
-    "cohere_chat": PublicHome(
-        "Cohere", "api.cohere.com", ("COHERE_API_KEY", "CO_API_KEY"), ("COHERE_API_BASE",)
-    ),
+    "cohere": _COHERE,
+    "cohere_chat": _COHERE,  # (litellm's two names for it: cohere/ models are either)
     "cerebras": PublicHome("Cerebras", "api.cerebras.ai", ("CEREBRAS_API_KEY",), ()),
 }
 # Keys named for a server of the user's own (there is no public vLLM or LiteLLM Proxy

@@ -149,6 +149,18 @@ async def test_a_third_party_s_key_is_held_back_from_another_api_base(local, mon
     assert local.chat_authorizations() == [f"Bearer {keys.PLACEHOLDER_KEY}"]
 
 
+async def test_a_base_paired_with_a_key_in_the_environment_counts_from_the_next_call(
+    local, monkeypatch
+):
+    monkeypatch.setenv("TOGETHERAI_API_KEY", ENV_KEY)
+    model = "together_ai/sub-model"
+    ask = helpers(rlm_at(local, model=model, sub_model=model)).llm_query
+    assert await ask("first") == "echo: first"
+    monkeypatch.setenv("TOGETHER_AI_API_BASE", local.base_url)  # the key is this server's
+    assert await ask("second") == "echo: second"
+    assert local.chat_authorizations() == [f"Bearer {keys.PLACEHOLDER_KEY}", f"Bearer {ENV_KEY}"]
+
+
 def test_keys_named_for_servers_of_ones_own_go_to_any_api_base(monkeypatch):
     monkeypatch.setenv("HOSTED_VLLM_API_KEY", "vllm-key")
     monkeypatch.setenv("LITELLM_PROXY_API_KEY", "proxy-key")

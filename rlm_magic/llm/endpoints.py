@@ -23,7 +23,7 @@ import asyncio
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import APIKeyError, ConfigError
-from . import keys, litellm_loader
+from . import environment, keys, litellm_loader
 from .litellm_loader import loaded_litellm
 from .messages import Messages
 from .pricing import tiered_price
@@ -32,14 +32,7 @@ from .ratelimit import RateGate, gate_for
 from .transports.base import Request, Transport
 from .transports.litellm import LiteLLMTransport
 from .transports.router import RouterTransport, build_router, deployments, groups, identity
-from .transports.wire import (
-    Route,
-    WireTransport,
-    fits,
-    light_route,
-    route_environment,
-    route_for,
-)
+from .transports.wire import ROUTE_ENVIRONMENT, Route, WireTransport, fits, light_route, route_for
 
 if TYPE_CHECKING:
     from ..config import RLMConfig
@@ -161,7 +154,7 @@ class ProviderEndpoint:
         key = (
             config.revision,
             tuple(config.litellm_kwargs),  # its names (``fits``), changed in place too
-            route_environment(),
+            _plan_environment(),  # (where keys go, and routes)
             litellm,
             _module_settings(litellm),
             PROFILES.generation,
@@ -324,6 +317,9 @@ class Endpoints:
         if self._routed is None or self._routed[0] != key:
             self._routed = (key, RouterEndpoint(config, name))
         return self._routed[1]
+
+
+_plan_environment = environment.reader(dict.fromkeys((*ROUTE_ENVIRONMENT, *keys.KEY_ENVIRONMENT)))
 
 
 def _module_settings(litellm: Any) -> tuple[Any, ...] | None:

@@ -309,6 +309,18 @@ OWN_SERVER_KEYS: dict[str, tuple[str, ...]] = {
 }
 
 
+# Every variable that decides which key goes where: the keys, and the bases paired
+# with them (what a call's plan is kept under, with the routes' own).
+KEY_ENVIRONMENT = tuple(
+    dict.fromkeys(
+        [
+            *(n for home in PUBLIC_HOMES.values() for n in (*home.variables, *home.bases)),
+            *(n for names in OWN_SERVER_KEYS.values() for n in names),
+        ]
+    )
+)
+
+
 # Prefixes read as providers without litellm (a name like "meta-llama/x" is no provider).
 _PREFIXES_WITHOUT_LITELLM = frozenset(
     {*PUBLIC_HOMES, *OPENAI_COMPATIBLE, "azure", "ollama", "ollama_chat", "vertex_ai", "bedrock"}

@@ -10,8 +10,7 @@ of litellm's CPU per call (``RLM.wire_transport``, on by default).
 
 from __future__ import annotations
 
-from .routes import CHAT_PARAMETERS, Route, fits, light_route, route_for
-from .routes import _environment as route_environment
+from .routes import CHAT_PARAMETERS, ROUTE_ENVIRONMENT, Route, fits, light_route, route_for
 from .sessions import close_sessions
 from .sse import MAX_LINE
 from .transport import WireTransport
@@ -19,11 +18,11 @@ from .transport import WireTransport
 __all__ = [
     "CHAT_PARAMETERS",
     "MAX_LINE",
+    "ROUTE_ENVIRONMENT",
     "Route",
     "WireTransport",
     "close_sessions",
     "fits",
     "light_route",
-    "route_environment",
     "route_for",
 ]

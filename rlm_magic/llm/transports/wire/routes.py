@@ -21,6 +21,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from ... import environment
 from ...keys import OWN_SERVER_KEYS, PUBLIC_HOMES, environment_key
 from ...litellm_loader import imported_litellm
 
@@ -106,26 +107,14 @@ class Route:
     proxy: str | None = None  # from HTTP(S)_PROXY / NO_PROXY, as litellm's clients
 
 
-_ROUTES: dict[tuple[str | None, ...], Route | None] = {}
+_ROUTES: dict[tuple[Any, ...], Route | None] = {}
 # The environment a route may be read from: a change (a key set later) resolves anew.
-_ENVIRONMENT = tuple(
+ROUTE_ENVIRONMENT = tuple(
     name for names in (*(b for b, _ in _BASES.values()), *_KEYS.values()) for name in names
 ) + ("OPENAI_ORGANIZATION", "OPENAI_ORG_ID", "OPENAI_PROJECT_ID")
 
 
-def _environment_reader() -> Any:
-    """What reads the variables a route depends on, as a key for the routes cached: from
-    ``os.environ``'s own dict where it has one (``os.environ.get`` raises and catches a
-    KeyError for each variable not set: ~15 us for these, on every call)."""
-    environ = os.environ
-    data, encode = getattr(environ, "_data", None), getattr(environ, "encodekey", None)
-    if isinstance(data, dict) and callable(encode):
-        keys = tuple(encode(name) for name in _ENVIRONMENT)
-        return lambda: tuple(map(data.get, keys))
-    return lambda: tuple(map(environ.get, _ENVIRONMENT))
-
-
-_environment = _environment_reader()
+_environment = environment.reader(ROUTE_ENVIRONMENT)
 
 
 def route_for(litellm: Any, model: str, api_base: str | None, api_key: str | None) -> Route | None:

@@ -182,8 +182,9 @@ class ProviderEndpoint:
         if config.api_key:
             after["api_key"] = config.api_key
         elif keys.keyless(loaded_litellm(), config, model):
-            # A server of the user's with no key set: litellm's OpenAI client will not
-            # send a request without one, and such a server ignores it (the wire
+            # A server of the user's with no key set, or one the environment's key must
+            # not reach: litellm's clients send nothing without a key (and, given none,
+            # read the environment's); such a server ignores this one (the wire
             # transport sends no key at all).
             after["api_key"] = keys.PLACEHOLDER_KEY
         return before, after

@@ -219,7 +219,17 @@ async def test_a_streamed_answer_past_what_its_budget_holds_is_cut_and_marked(se
     assert rlm.usage().cost_usd <= 0.0025
 
 
-async def test_an_answer_within_max_tokens_is_never_cut_however_tight_the_budget(server):
+@pytest.fixture
+def first_call_under_a_budget(monkeypatch):
+    """As in a fresh kernel: no model's tokenizer loaded yet for counting answers."""
+    from rlm_magic.llm import budget
+
+    monkeypatch.setattr(budget, "_WARM", {})
+
+
+async def test_an_answer_within_max_tokens_is_never_cut_however_tight_the_budget(
+    server, first_call_under_a_budget
+):
     # Room for this one call at its most, and nothing more: ~88 tokens of a 100 asked
     # (350 characters: the server counts 4 a token, the tokenizer 70).
     rlm = priced_rlm(server, max_session_cost_usd=0.0011)
@@ -229,8 +239,11 @@ async def test_an_answer_within_max_tokens_is_never_cut_however_tight_the_budget
     assert answer == "word " * 70 and rlm.usage().cost_usd <= 0.0011
 
 
-async def test_an_answer_dense_in_tokens_is_cut_within_its_budget_too(server):
-    # Digits are a token each: counted as characters at ~4 a token, they ran 4x over.
+async def test_an_answer_dense_in_tokens_is_cut_within_its_budget_too(
+    server, first_call_under_a_budget
+):
+    # Digits are a token each: counted as characters at ~4 a token, they ran 4x over
+    # (the first call of a session did, while the tokenizer loaded).
     rlm = priced_rlm(server, max_session_cost_usd=0.0025)
     server.reply_with("gpt-4o", " ".join(str(i % 10) for i in range(4000)))
     server.token_delay = 0.001

@@ -26,6 +26,7 @@ answer (cut, marked), never started over, and one that brought none was not bill
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import warnings
 from collections.abc import Callable, Sequence
@@ -213,11 +214,16 @@ async def admit(
     counter = _counter(litellm, model)
     warming = _WARM.get(model)
     if counter is not None and warming is None:
-        # A long answer is counted as it streams, on the loop: the tokenizer loads now,
-        # in a thread, while this call waits for its answer (not before it is sent).
-        # Until it has, the answer is counted by the usual estimate.
+        # A long answer is counted as it streams, on the loop: the tokenizer loads in a
+        # thread, once per model, before the first call under a budget is sent. Counted
+        # meanwhile by an estimate, an answer dense in tokens (digits, CJK: a token a
+        # character) ran 4x past its budget; counted at a token a character, an
+        # ordinary one within max_tokens was cut.
         warming = _WARM[model] = asyncio.get_running_loop().run_in_executor(None, counter, "warm")
-    reservation.counter = counter if warming is not None and warming.done() else None
+    if warming is not None and not warming.done():
+        with contextlib.suppress(Exception):  # (no tokenizer: the estimate, as before)
+            await asyncio.shield(warming)
+    reservation.counter = counter if warming is not None else None
     reservation.grow(most - reservation.amount, _why(tokens, max_tokens))
     return reservation
 

@@ -208,7 +208,8 @@ class RLMConfig(Configurable):
         None,
         allow_none=True,
         help="Dollars everything this RLM sends may spend, from its first call: runs, "
-        "notebook helpers and maps (held as max_cost_usd is). Default: no limit.",
+        "notebook helpers and maps (held as max_cost_usd is); the kernel's RLM counts "
+        "from the kernel's first call, across %reload_ext. Default: no limit.",
     ).tag(config=True)
     step_timeout = Float(
         300.0,

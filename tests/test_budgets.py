@@ -300,3 +300,33 @@ async def test_a_typed_answers_schema_is_held_as_input(server):
     with pytest.raises(BudgetExceededError, match="could cost up to"):
         await helpers(rlm).llm_query("hi", response_format=schema)
     assert server.requests == []
+
+
+async def test_reloading_the_extension_does_not_start_the_session_budget_again(shell, server):
+    from rlm_magic.jupyter.extension import session_rlm
+
+    from .conftest import run_cell, server_settings
+
+    server.usage = None
+    rlm = session_rlm(shell)
+    rlm.sub_model, rlm.max_tokens, rlm.max_session_cost_usd = PRICED, 100, 0.002
+    await run_cell(shell, "answer = await llm_query('spend a little')")
+    spent = rlm.usage().cost_usd
+    assert spent > 0
+    shell.run_line_magic("reload_ext", "rlm_magic")
+    reloaded = session_rlm(shell)
+    pristine = {name: getattr(reloaded, name) for name in reloaded.class_trait_names(config=True)}
+    try:
+        assert reloaded is not rlm  # a new RLM, with the settings of the shell's config
+        for name, value in server_settings(server).items():
+            setattr(reloaded, name, value)
+        reloaded.sub_model, reloaded.max_tokens = PRICED, 100
+        reloaded.max_session_cost_usd = spent + 0.0005  # room for what was spent, and a call
+        before = len(server.requests)
+        with pytest.raises(BudgetExceededError):  # $0.0011 at its most: no room left
+            await run_cell(shell, "await llm_query('one more')")
+        assert len(server.requests) == before  # refused, not sent
+        assert reloaded.usage().cost_usd == pytest.approx(spent)
+    finally:
+        for name, value in pristine.items():
+            setattr(reloaded, name, value)

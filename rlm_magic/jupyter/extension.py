@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import types
 
+from ..llm.usage import SESSION_LEDGER, UsageLedger
 from ..rlm.runner import RLM
 from . import interrupts
 from .helpers import HELPER_CODES, NotebookHelpers
 from .magics import RLMMagics, transform_rlm_cell
 
 _STATE_ATTR = "_rlm_magic_state"
+_LEDGER_ATTR = "_rlm_magic_ledger"  # (not removed by unload: see _kernel_ledger)
 
 
 class _State:
@@ -29,10 +31,22 @@ def session_rlm(shell) -> RLM | None:
     return state.rlm if state else None
 
 
+def _kernel_ledger(shell) -> UsageLedger:
+    """The ledger of this shell's calls, kept for the process: a ``%reload_ext
+    rlm_magic`` builds a new RLM, whose session budget (``RLM.max_session_cost_usd``)
+    goes on counting what was spent, not from $0."""
+    ledger = getattr(shell, _LEDGER_ATTR, None)
+    if ledger is None:
+        ledger = UsageLedger(SESSION_LEDGER)
+        setattr(shell, _LEDGER_ATTR, ledger)
+    return ledger
+
+
 def load(shell) -> None:
     if getattr(shell, _STATE_ATTR, None) is not None:
         return
-    rlm = RLM(parent=shell)  # picks up c.RLM.* from ipython_config.py
+    # (picks up c.RLM.* from ipython_config.py)
+    rlm = RLM(parent=shell, ledger=_kernel_ledger(shell))
     shell.configurables.append(rlm)
     magics = RLMMagics(shell, rlm)
     shell.register_magics(magics)

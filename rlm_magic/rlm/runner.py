@@ -25,16 +25,19 @@ from .session import RLMSession
 class RLM(RLMConfig):
     """Recursive Language Model runner and the ``RLM`` settings of rlm-magic."""
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, *, ledger: UsageLedger | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._client: LLMClient | None = None
+        # Where its calls are counted, and its session budget with them (a kernel's
+        # ledger outlives a %reload_ext: see ``jupyter.extension``); else its own.
+        self._ledger = ledger
         self.sessions: dict[str, RLMSession] = {}
 
     @property
     def client(self) -> LLMClient:
         """The client all calls of this RLM go through (one limit, one ledger)."""
         if self._client is None:
-            ledger = UsageLedger(parent=SESSION_LEDGER)
+            ledger = self._ledger if self._ledger is not None else UsageLedger(SESSION_LEDGER)
             # Read at each call: a %config of RLM.max_session_cost_usd holds from the next.
             ledger.budget = CostBudget(
                 ledger, lambda: self.max_session_cost_usd, "RLM.max_session_cost_usd"

@@ -154,6 +154,21 @@ def test_costs_are_shown_without_rounding_a_paid_call_to_zero(cost, shown):
     assert format_cost(cost) == shown
 
 
+def test_a_ledger_keeps_its_latest_records_and_counts_them_all(monkeypatch):
+    from rlm_magic.llm import usage
+
+    monkeypatch.setattr(usage, "KEPT_RECORDS", 3)
+    session = usage.UsageLedger()
+    ledger = usage.UsageLedger(parent=session)
+    for n in range(5):
+        ledger.record(usage.CallRecord("m", input_tokens=n, output_tokens=1, cost_usd=0.5))
+    assert [r.input_tokens for r in ledger.records] == [2, 3, 4]  # the latest, oldest first
+    assert len(ledger) == len(session) == 5
+    totals = ledger.summary().total
+    assert (totals.calls, totals.input_tokens, totals.cost_usd) == (5, 10, 2.5)
+    assert session.summary().total.calls == 5
+
+
 async def test_the_run_status_starts_with_an_unknown_cost_not_zero(rlm):
     from rlm_magic.jupyter.progress import RunStatus
 

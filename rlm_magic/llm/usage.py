@@ -2,16 +2,22 @@
 
 A ledger is append-only and safe to share between concurrent tasks (and threads).
 A run's ledger forwards each record to its parent, so the session ledger always
-holds the totals of everything, while each run can still report its own.
+holds the totals of everything, while each run can still report its own. Totals count
+every call; the records themselves, the latest ``KEPT_RECORDS`` (a kernel's ledger
+lives as long as the kernel, and a map of a million prompts would keep a million).
 """
 
 from __future__ import annotations
 
 import threading
+from collections import deque
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from .._tables import html_table, text_table
+
+# Records a ledger keeps (its totals count them all): ~0.7 KB each.
+KEPT_RECORDS = 20_000
 
 # The ``error`` of a call that was cancelled (an interrupt, a cancelled task): counted
 # apart from failures, since nothing went wrong with the model or the request.
@@ -237,19 +243,23 @@ class UsageLedger:
         self.parent = parent
         # The cost budget on what this ledger records (a ``budget.CostBudget``), if any.
         self.budget: Any = None
-        self._records: list[CallRecord] = []
+        self._records: deque[CallRecord] = deque(maxlen=KEPT_RECORDS)
+        self._recorded = 0  # every record, kept or not
         self._totals = UsageSummary()
         self._lock = threading.Lock()
 
     def record(self, record: CallRecord) -> None:
         with self._lock:
             self._records.append(record)
+            self._recorded += 1
             self._totals.add(record)
         if self.parent is not None:
             self.parent.record(record)
 
     @property
     def records(self) -> list[CallRecord]:
+        """The latest records, oldest first (at most ``KEPT_RECORDS``; ``len`` counts
+        them all)."""
         with self._lock:
             return list(self._records)
 
@@ -266,10 +276,12 @@ class UsageLedger:
     def clear(self) -> None:
         with self._lock:
             self._records.clear()
+            self._recorded = 0
             self._totals = UsageSummary()
 
     def __len__(self) -> int:
-        return len(self._records)
+        """Records made, kept or not."""
+        return self._recorded
 
 
 # Every call of the session, whichever RLM or helper made it: what usage() reports.

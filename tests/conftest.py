@@ -131,10 +131,17 @@ def shell(ipython_shell, server):
         setattr(rlm, name, value)
 
 
+async def cell_result(shell, code: str):
+    """Run a cell as the kernel would (input transformers, top-level await): its
+    ``ExecutionResult``, whose error a test reads (a KeyboardInterrupt raised out of a
+    task would escape the test's event loop)."""
+    return await shell.run_cell_async(code, transformed_cell=shell.transform_cell(code))
+
+
 async def run_cell(shell, code: str):
-    """Run a cell as the kernel would (input transformers, top-level await) and raise
-    its error, so a failing cell fails the test."""
-    result = await shell.run_cell_async(code, transformed_cell=shell.transform_cell(code))
+    """Run a cell as the kernel would and raise its error, so a failing cell fails the
+    test."""
+    result = await cell_result(shell, code)
     error = result.error_before_exec or result.error_in_exec
     if error is not None:
         raise error

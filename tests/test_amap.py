@@ -16,7 +16,7 @@ from rlm_magic import BatchError, ConfigError
 from rlm_magic.jupyter.extension import session_rlm
 from rlm_magic.maps.function_map import function_map_key
 
-from .conftest import helpers, make_rlm, run_cell
+from .conftest import cell_result, helpers, make_rlm, run_cell
 
 
 def asked(server) -> list[str]:
@@ -145,9 +145,7 @@ async def test_an_interrupt_keeps_the_finished_results_reachable_by_name(
         "    return answer\n",
     )
     code = "await amap(per_row, ['fast', 'slow 1', 'slow 2'])"
-    cell = asyncio.ensure_future(
-        shell.run_cell_async(code, transformed_cell=shell.transform_cell(code))
-    )
+    cell = asyncio.ensure_future(cell_result(shell, code))
     await until(lambda: finished == ["fast"] and len(server.requests) == 3, "fast done, slow asked")
     signal.raise_signal(signal.SIGINT)
     error = (await cell).error_in_exec

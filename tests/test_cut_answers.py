@@ -15,7 +15,7 @@ import rlm_magic
 from rlm_magic import CutAnswer
 from rlm_magic.jupyter.extension import session_rlm
 
-from .conftest import helpers, make_rlm
+from .conftest import cell_result, helpers, make_rlm
 
 WORDS = 200
 
@@ -103,9 +103,7 @@ async def test_an_interrupted_batch_keeps_each_answer_it_cut_off(
     server.latency_for = lambda body: 30 if "slow" in body["messages"][-1]["content"] else 0
     calls_before = len(rlm.client.ledger)
     code = "await llm_query_batch(['slow'] + [f'q{i}' for i in range(8)])"
-    cell = asyncio.ensure_future(
-        shell.run_cell_async(code, transformed_cell=shell.transform_cell(code))
-    )
+    cell = asyncio.ensure_future(cell_result(shell, code))
     # Each of the eight has streamed a fifth of its answer; the slow one, nothing.
     assert await asyncio.to_thread(server.wait_for, lambda: server.chunks_sent >= 8 * 40, 30)
     signal.raise_signal(signal.SIGINT)
@@ -136,9 +134,7 @@ async def test_an_interrupted_llm_query_keeps_the_part_of_its_answer_that_arrive
     server.generation_rate = 40  # five seconds an answer
     server.reply_with("sub-model", long_answer)
     code = "await llm_query('q')"
-    cell = asyncio.ensure_future(
-        shell.run_cell_async(code, transformed_cell=shell.transform_cell(code))
-    )
+    cell = asyncio.ensure_future(cell_result(shell, code))
     assert await asyncio.to_thread(server.wait_for, lambda: server.chunks_sent >= 40, 30)
     signal.raise_signal(signal.SIGINT)
     error = (await cell).error_in_exec
@@ -158,9 +154,7 @@ async def test_an_llm_query_interrupted_before_its_answer_began_keeps_nothing(
     server.latency_for = lambda body: 30
     before = rlm_magic.interrupted_batch()
     code = "await llm_query('q')"
-    cell = asyncio.ensure_future(
-        shell.run_cell_async(code, transformed_cell=shell.transform_cell(code))
-    )
+    cell = asyncio.ensure_future(cell_result(shell, code))
     assert await asyncio.to_thread(server.wait_for, lambda: len(server.requests) >= 1, 30)
     signal.raise_signal(signal.SIGINT)
     error = (await cell).error_in_exec

@@ -23,7 +23,7 @@ from rlm_magic.jupyter.extension import session_rlm
 from rlm_magic.maps import jobs
 from rlm_magic.maps.jobs import BatchJob, JobStore, batch_job
 
-from .conftest import helpers, make_rlm, run_cell
+from .conftest import cell_result, helpers, make_rlm, run_cell
 
 
 @pytest.fixture
@@ -167,9 +167,7 @@ async def test_an_interrupt_says_how_to_reattach_or_cancel(
     code = "await llm_query_batch(['s1', 's2'], batch_job=True)"
     # The cell's error is read from its result: a KeyboardInterrupt raised out of a task
     # would escape the test's event loop.
-    cell = asyncio.ensure_future(
-        shell.run_cell_async(code, transformed_cell=shell.transform_cell(code))
-    )
+    cell = asyncio.ensure_future(cell_result(shell, code))
     job_id = await job_in_progress(batch_server)
     await asyncio.to_thread(batch_server.wait_for, lambda: JobStore(str(tmp_path)).all())
     signal.raise_signal(signal.SIGINT)
@@ -482,9 +480,7 @@ async def test_an_interrupt_while_the_job_is_created_says_how_to_reattach(
     session_rlm(shell).cache_dir = str(tmp_path)
     batch_server.batch_jobs.hold_create.clear()
     code = "await llm_query_batch(['i1', 'i2'], batch_job=True)"
-    cell = asyncio.ensure_future(
-        shell.run_cell_async(code, transformed_cell=shell.transform_cell(code))
-    )
+    cell = asyncio.ensure_future(cell_result(shell, code))
     store = JobStore(str(tmp_path))
     assert await asyncio.to_thread(batch_server.wait_for, lambda: store.all(), 30)
     signal.raise_signal(signal.SIGINT)

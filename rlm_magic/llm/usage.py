@@ -244,14 +244,12 @@ class UsageLedger:
         # The cost budget on what this ledger records (a ``budget.CostBudget``), if any.
         self.budget: Any = None
         self._records: deque[CallRecord] = deque(maxlen=KEPT_RECORDS)
-        self._recorded = 0  # every record, kept or not
         self._totals = UsageSummary()
         self._lock = threading.Lock()
 
     def record(self, record: CallRecord) -> None:
         with self._lock:
             self._records.append(record)
-            self._recorded += 1
             self._totals.add(record)
         if self.parent is not None:
             self.parent.record(record)
@@ -276,12 +274,11 @@ class UsageLedger:
     def clear(self) -> None:
         with self._lock:
             self._records.clear()
-            self._recorded = 0
             self._totals = UsageSummary()
 
     def __len__(self) -> int:
-        """Records made, kept or not."""
-        return self._recorded
+        """Records made, kept or not (each counts one call in the totals)."""
+        return self._totals.total.calls
 
 
 # Every call of the session, whichever RLM or helper made it: what usage() reports.

@@ -434,10 +434,8 @@ def api_key_across_providers(litellm: Any, config: RLMConfig, model: str) -> API
     provider's own API, and a key is one provider's (an Anthropic key sent to OpenAI is a
     leak, then a 401). With an api_base every model goes to that one server, whose key it
     is: no error."""
-    if not config.api_key or config.api_base:
-        return None
     found: dict[str, tuple[str, str]] = {}  # whose key -> (a model, its provider)
-    for name in dict.fromkeys((config.model, config.effective_sub_model, model)):
+    for name in _sharing_the_key(config, model):
         provider = _key_provider(litellm, name)
         if provider is not None:
             home = PUBLIC_HOMES.get(provider)
@@ -457,10 +455,15 @@ def api_key_across_providers(litellm: Any, config: RLMConfig, model: str) -> API
 def key_check_needs_litellm(config: RLMConfig, model: str) -> bool:
     """Whether ``api_key_across_providers`` needs litellm loaded to tell the providers
     apart (a bare name of no known family, e.g. ``command-r``): load it before the check."""
+    return any(_key_provider(None, name) is None for name in _sharing_the_key(config, model))
+
+
+def _sharing_the_key(config: RLMConfig, model: str) -> tuple[str, ...]:
+    """The models ``RLM.api_key`` goes to, each once, when it may be one provider's key
+    sent to another's (no api_base): the root, the sub-model and ``model``; else none."""
     if not config.api_key or config.api_base:
-        return False
-    names = dict.fromkeys((config.model, config.effective_sub_model, model))
-    return any(_key_provider(None, name) is None for name in names)
+        return ()
+    return tuple(dict.fromkeys((config.model, config.effective_sub_model, model)))
 
 
 def _key_provider(litellm: Any, model: str) -> str | None:

@@ -32,7 +32,15 @@ from .ratelimit import RateGate, gate_for
 from .transports.base import Request, Transport
 from .transports.litellm import LiteLLMTransport
 from .transports.router import RouterTransport, build_router, deployments, groups, identity
-from .transports.wire import ROUTE_ENVIRONMENT, Route, WireTransport, fits, light_route, route_for
+from .transports.wire import (
+    ROUTE_ENVIRONMENT,
+    Route,
+    WireTransport,
+    fits,
+    light_route,
+    litellm_settings,
+    route_for,
+)
 
 if TYPE_CHECKING:
     from ..config import RLMConfig
@@ -156,7 +164,7 @@ class ProviderEndpoint:
             tuple(config.litellm_kwargs),  # its names (``fits``), changed in place too
             _plan_environment(),  # (where keys go, and routes)
             litellm,
-            _module_settings(litellm),
+            litellm_settings(litellm),
             PROFILES.generation,
             asyncio.get_running_loop(),  # (gates are the loop's)
         )
@@ -321,15 +329,3 @@ class Endpoints:
 
 
 _plan_environment = environment.reader(dict.fromkeys((*ROUTE_ENVIRONMENT, *keys.KEY_ENVIRONMENT)))
-
-
-def _module_settings(litellm: Any) -> tuple[Any, ...] | None:
-    """litellm's module-wide settings a route depends on (see ``routes.route_for``)."""
-    if litellm is None:
-        return None
-    headers = getattr(litellm, "headers", None)
-    return (
-        getattr(litellm, "api_key", None),
-        getattr(litellm, "api_base", None),
-        repr(headers) if headers else None,
-    )

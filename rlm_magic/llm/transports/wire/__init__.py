@@ -10,7 +10,15 @@ of litellm's CPU per call (``RLM.wire_transport``, on by default).
 
 from __future__ import annotations
 
-from .routes import CHAT_PARAMETERS, ROUTE_ENVIRONMENT, Route, fits, light_route, route_for
+from .routes import (
+    CHAT_PARAMETERS,
+    ROUTE_ENVIRONMENT,
+    Route,
+    fits,
+    light_route,
+    litellm_settings,
+    route_for,
+)
 from .sessions import close_sessions
 from .sse import MAX_LINE
 from .transport import WireTransport
@@ -24,5 +32,6 @@ __all__ = [
     "close_sessions",
     "fits",
     "light_route",
+    "litellm_settings",
     "route_for",
 ]

@@ -117,19 +117,22 @@ ROUTE_ENVIRONMENT = tuple(
 _environment = environment.reader(ROUTE_ENVIRONMENT)
 
 
-def route_for(litellm: Any, model: str, api_base: str | None, api_key: str | None) -> Route | None:
-    """The wire route for ``model`` at this endpoint, or None: litellm sends it."""
+def litellm_settings(litellm: Any) -> tuple[Any, ...] | None:
+    """litellm's module-wide settings a route depends on (None: litellm not imported)."""
+    if litellm is None:
+        return None
     headers = getattr(litellm, "headers", None)
-    # litellm's module-wide settings too: one set mid-session must not keep the old route.
-    where = (
-        model,
-        api_base,
-        api_key,
+    return (
         getattr(litellm, "api_key", None),
         getattr(litellm, "api_base", None),
         repr(headers) if headers else None,
-        _environment(),
     )
+
+
+def route_for(litellm: Any, model: str, api_base: str | None, api_key: str | None) -> Route | None:
+    """The wire route for ``model`` at this endpoint, or None: litellm sends it."""
+    # litellm's module-wide settings too: one set mid-session must not keep the old route.
+    where = (model, api_base, api_key, litellm_settings(litellm), _environment())
     try:
         return _ROUTES[where]
     except KeyError:

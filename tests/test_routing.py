@@ -90,6 +90,43 @@ async def test_a_group_with_a_dead_deployment_loses_no_item(server):
     assert answers == [f"echo: p{i}" for i in range(32)]
 
 
+async def test_a_router_attempt_that_times_out_is_retried_before_our_stall_watch_gives_up(
+    server,
+):
+    # The Router times each attempt out at RLM.timeout and tries again (another
+    # deployment, if the group has one): a stream that opens only after that has not
+    # stalled, and must not be given up at RLM.timeout.
+    rlm = routed([deployment("sub", "openai/sub-model", server.base_url)], timeout=2)
+    server.fail("hang", times=1)
+    assert await helpers(rlm).llm_query("x") == "echo: x"
+    assert len(server.requests) == 2
+
+
+async def test_a_deployment_refusing_connections_costs_no_item_even_before_its_cooldown(
+    server,
+):
+    # A refused connection reached no server: the Router is asked again, without
+    # spending a retry, however often its shuffle picks the dead deployment first.
+    rlm = routed(
+        [
+            deployment("sub", "openai/sub-model", server.base_url),
+            deployment("sub", "openai/sub-model", DEAD),
+        ],
+        max_retries=0,
+        max_concurrency=16,
+    )
+    answers = await helpers(rlm).llm_query_batch([f"p{i}" for i in range(32)])
+    assert answers == [f"echo: p{i}" for i in range(32)]
+    assert rlm.usage().total.errors == 0
+
+
+async def test_a_group_whose_deployments_all_refuse_fails_at_once_in_one_line():
+    rlm = routed([deployment("sub", "openai/sub-model", DEAD), deployment("sub", "openai/b", DEAD)])
+    with pytest.raises(LLMQueryError, match=r"could not reach http://127.0.0.1:9/v1") as caught:
+        await asyncio.wait_for(helpers(rlm).llm_query("x"), 30)
+    assert "\n" not in str(caught.value)
+
+
 async def test_the_router_retries_and_we_do_not_retry_on_top(server):
     rlm = routed([deployment("sub", "openai/sub-model", server.base_url)], max_retries=2)
     server.fail("500", times=5)

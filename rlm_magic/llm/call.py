@@ -83,6 +83,7 @@ class Call:
     # 3. send
     state: StreamState | None = None  # the current streamed attempt's
     retries: int = 0
+    resent: int = 0  # sent again through a Router without spending a retry
     rate_limited: int = 0  # 429s waited out
     limited_since: float | None = None  # when this call first met a rate limit
     cut_reason: str | None = None

@@ -482,6 +482,9 @@ class LLMClient:
         options = call.options
         async with slots.held(call, self.config.api_key):
             if call.state is not None:
+                # (A Router's attempt is all its failovers: the stream opens after them.)
+                if call.attempt_timeout > self.config.timeout:
+                    call.state.open_within = options.time_left(call.attempt_timeout)
                 return await call.transport.stream(
                     call.request,
                     call.state,
@@ -516,6 +519,18 @@ class LLMClient:
         if refused is not None:  # the same key would be refused again: never retried
             raise call.failed(refused, self.redactor()) from failure
         windows.learn_from(failure, call.endpoint, model, call.messages)
+        if retries.refused_connection(failure):
+            deadline = call.options.deadline
+            within_time = deadline is None or time.monotonic() + retries.MIN_ATTEMPT_S < deadline
+            routed_around = len(self.endpoint.models_behind(model)) > 1
+            if routed_around and call.resent < retries.REFUSED_RESENDS and within_time:
+                # A deployment of a Router's group refused the connection: nothing
+                # reached a server. Ask the Router again without spending a retry:
+                # until refusals put that deployment in its cooldown, the Router's
+                # shuffle may pick it for every attempt of a call.
+                call.resent += 1
+                await asyncio.sleep(0)  # (the Router records the refusal first)
+                return
         if call.marked is not call.messages and refuses_markers(failure):
             # A provider that rejects cache_control markers: send it plain, from now
             # on, without spending a retry.

@@ -19,6 +19,9 @@ from .streaming import StreamState
 
 # No retry is started with less time than this before the call's deadline.
 MIN_ATTEMPT_S = 0.5
+# How often a call whose connection a Router's deployment refused is sent again,
+# without spending a retry (a refusal costs nothing and takes a millisecond).
+REFUSED_RESENDS = 3
 # The longest a provider's retry-after is waited for by a retry (not a 429's pause).
 MAX_RETRY_AFTER_S = 60.0
 
@@ -32,6 +35,11 @@ def is_retryable(exc: BaseException) -> bool:
     if isinstance(status, int):
         return status in (408, 409) or status >= 500
     return type(exc).__name__ in {"APIConnectionError", "Timeout", "APITimeoutError"}
+
+
+def refused_connection(exc: BaseException) -> bool:
+    """The server refused the connection: nothing of the request reached it."""
+    return any(isinstance(link, ConnectionRefusedError) for link in causes(exc))
 
 
 def retry_after(exc: BaseException) -> float | None:

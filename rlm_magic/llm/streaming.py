@@ -49,6 +49,10 @@ class StreamState:
         # server reports work in progress (a local server queues requests past its
         # slots); while it does, the wait is no stall (set by ``slots.held``).
         self.server_busy: Callable[[], Awaitable[bool]] | None = None
+        # Seconds the stream may take to open, when more than the stall timeout: a
+        # Router fails over between deployments before its stream opens, each of its
+        # attempts timed by the request's own timeout (set by the client).
+        self.open_within: float | None = None
 
     def add(self, chunk: Any) -> None:
         self.chunks.append(chunk)
@@ -143,20 +147,18 @@ async def stream_completion(
     (``time.monotonic()``) passes; the connection is closed at once on any exit, an
     interrupt included. Before the first token, a server that reports work in progress
     (``state.server_busy``) is not stalled: it has queued the request."""
-    # The HTTP client's own read timeout stays out of the way of the stall watch,
-    # which says what happened in words.
-    request = {
-        **request,
-        "stream": True,
-        "timeout": stall_timeout + 5.0,
-        "stream_options": {"include_usage": True},
-    }
+    request = {**request, "stream": True, "stream_options": {"include_usage": True}}
+    if state.open_within is None:
+        # The HTTP client's own read timeout stays out of the way of the stall watch,
+        # which says what happened in words. (A Router's attempts keep theirs: it
+        # fails over when one runs out.)
+        request["timeout"] = stall_timeout + 5.0
     stream = None
     watch = _StallWatch(stall_timeout, deadline, state)
     try:
         async with watch:
             stream = await acompletion(**request)
-            watch.touch()
+            watch.opened()
             pump = getattr(stream, "pump", None)
             if pump is not None:
                 await pump(state, watch.touch)
@@ -188,14 +190,22 @@ class _StallWatch:
     (``StreamState.server_busy``): while it is, the wait starts over."""
 
     def __init__(self, seconds: float, deadline: float | None, state: StreamState | None = None):
-        self.seconds, self.deadline = seconds, deadline
+        self.deadline = deadline
         self.state = state
+        self.stall_seconds = seconds
+        opening = state.open_within if state is not None else None
+        self.seconds = max(seconds, opening) if opening is not None else seconds
         self.expired = False
         self._at_deadline = False
         self._asking: asyncio.Future[None] | None = None
 
     def touch(self) -> None:
         self.last = time.monotonic()
+
+    def opened(self) -> None:
+        """The stream is open: from now on, the stall timeout counts."""
+        self.seconds = self.stall_seconds
+        self.touch()
 
     async def __aenter__(self) -> _StallWatch:
         self.loop = asyncio.get_running_loop()
@@ -274,6 +284,8 @@ class _StallWatch:
     def reason(self) -> str:
         if self._at_deadline:
             return "the step's time ran out while the answer was streaming"
+        if self.seconds > self.stall_seconds:  # (not opened yet: a Router's failovers)
+            return f"no answer began within {self.seconds:g}s"
         return f"no new tokens for {self.seconds:g}s"
 
 

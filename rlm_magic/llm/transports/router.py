@@ -6,10 +6,12 @@ key, a region, an endpoint per model) and fails over between a group's deploymen
 
 Who retries: the Router, because only it knows which deployment failed and can try
 another; it gets ``RLM.max_retries`` as its ``num_retries``, and rlm-magic adds no
-retries of its own on top (3 x 3 attempts would hide a dead group for minutes). A 429
-that the Router could not route around still reaches our rate gate and is waited out
-like any other. Everything else of ours (the limiter, cache, ledger, redaction,
-interrupts) is unchanged. Where the client's calls go with a model list, and how they
+retries of its own on top (3 x 3 attempts would hide a dead group for minutes). Only a
+refused connection (nothing sent, a millisecond lost) is handed to the Router again,
+a few times, because until its cooldown the Router may pick the refusing deployment
+for every attempt of a call. A 429 that the Router could not route around still reaches
+our rate gate and is waited out like any other. Everything else of ours (the limiter,
+cache, ledger, redaction, interrupts) is unchanged. Where the client's calls go with a model list, and how they
 are retried, is ``endpoints.RouterEndpoint``'s.
 """
 

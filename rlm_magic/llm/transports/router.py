@@ -11,8 +11,8 @@ refused connection (nothing sent, a millisecond lost) is handed to the Router ag
 a few times, because until its cooldown the Router may pick the refusing deployment
 for every attempt of a call. A 429 that the Router could not route around still reaches
 our rate gate and is waited out like any other. Everything else of ours (the limiter,
-cache, ledger, redaction, interrupts) is unchanged. Where the client's calls go with a model list, and how they
-are retried, is ``endpoints.RouterEndpoint``'s.
+cache, ledger, redaction, interrupts) is unchanged. Where the client's calls go with a
+model list, and how they are retried, is ``endpoints.RouterEndpoint``'s.
 """
 
 from __future__ import annotations

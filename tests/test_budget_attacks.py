@@ -3,8 +3,8 @@
 Each test measures what the ledger records (or what the server would bill) against the
 budget. A breach still open is marked ``xfail(strict=True)`` with its measured overspend
 and cause. (Out of reach of any client, and not tested: a server that ignores
-``max_tokens`` bills an answer already generated, however it is read.) Prices: ``openai/gpt-4o`` ($2.50 / $10 a million tokens), as in
-tests/test_budgets.py.
+``max_tokens`` bills an answer already generated, however it is read.) Prices:
+``openai/gpt-4o`` ($2.50 / $10 a million tokens), as in tests/test_budgets.py.
 """
 
 from __future__ import annotations
@@ -362,11 +362,6 @@ async def test_resetting_the_usage_display_does_not_reset_the_session_budget(she
         rlm.max_session_cost_usd = None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BREACH: wire transport records a tiered-price model as unpriced ($0) although "
-    "the hold priced it: the budget never fills, no warning",
-)
 async def test_a_tiered_price_over_the_wire_is_recorded_and_held(server):
     # Gemini through an OpenAI-compatible endpoint: "openai/gemini-2.5-pro" is priced by
     # the hold (gemini-2.5-pro, tiered above 200k tokens), but the wire transport asks

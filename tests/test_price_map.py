@@ -39,8 +39,14 @@ def bundled_only(monkeypatch, litellm_imported):
 
 def test_the_bundled_map_is_litellms_map(litellm_imported):
     bundled = price_map.bundled()
-    # (litellm's map may also hold models registered since, e.g. the demo's)
-    differ = [name for name in bundled if bundled[name] != litellm_imported.model_cost.get(name)]
+    # (litellm's map may also hold models registered since, e.g. the demo's, and keys
+    # litellm adds to an entry as it reads it, e.g. a Router's "supported_openai_params")
+    prices = litellm_imported.model_cost
+    differ = [
+        name
+        for name, entry in bundled.items()
+        if any(value != (prices.get(name) or {}).get(key) for key, value in entry.items())
+    ]
     assert differ == []
 
 
@@ -50,7 +56,7 @@ def test_a_price_from_the_file_is_litellms_price(bundled_only, model):
     route = light_route(model, "http://127.0.0.1:9/v1", "sk-test") if "/" in model else None
     names = route.price_names if route else price_map.names_of(model)
     for usage in [(10, 5, 0), (1234, 567, 0), (2000, 100, 1024)]:
-        ours = pricing.cost_of_usage(None, model, names, usage[0], usage[1], usage[2], 0, None)
+        ours = pricing.cost_of_usage(None, names, usage[0], usage[1], usage[2], 0, None)
         try:
             prompt, completion = litellm.cost_per_token(
                 model=model,
@@ -112,3 +118,21 @@ def test_a_window_from_the_price_map_is_litellms(litellm_imported):
         assert windows.input_window(None, "openai/sub-model", None, None) is None
     finally:
         profiles.forget()
+
+
+def test_a_tiered_price_litellm_cannot_reckon_is_recorded_at_its_highest_rates(
+    litellm_imported, monkeypatch
+):
+    # A priced model is never recorded as unpriced ($0, a budget that never fills):
+    # when litellm's tier reckoning fails, the highest tier's rates count.
+    def refuses(**_: object) -> tuple[float, float]:
+        raise ValueError("model not mapped")
+
+    monkeypatch.setattr(litellm_imported, "cost_per_token", refuses)
+    names = ("openai/gemini-2.5-pro", "gemini-2.5-pro")
+    entry = litellm_imported.model_cost["gemini-2.5-pro"]
+    cost = pricing.cost_of_usage(litellm_imported, names, 1000, 1000, 0, 0, None)
+    assert cost == pytest.approx(
+        1000 * entry["input_cost_per_token_above_200k_tokens"]
+        + 1000 * entry["output_cost_per_token_above_200k_tokens"]
+    )

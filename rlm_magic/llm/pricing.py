@@ -46,17 +46,24 @@ def price_entry(litellm: Any, names: Sequence[str]) -> dict[str, Any] | None:
     """The first of ``names`` that litellm's price map prices, looked up at each answer
     (prices registered meanwhile count). ``litellm`` None: the map in force without
     importing it (``price_map``: the bundled file's until litellm is imported)."""
+    priced = _priced(litellm, names)
+    return None if priced is None else priced[1]
+
+
+def _priced(litellm: Any, names: Sequence[str]) -> tuple[str, dict[str, Any]] | None:
+    """The first of ``names`` the price map lists, and its entry, if it has a price."""
     prices = litellm.model_cost if litellm is not None else price_map.model_cost()
     for name in names:
         entry = prices.get(name)
         if entry is not None:
-            return entry if isinstance(entry.get("input_cost_per_token"), (int, float)) else None
+            if isinstance(entry.get("input_cost_per_token"), (int, float)):
+                return name, entry
+            return None
     return None
 
 
 def cost_of_usage(
     litellm: Any,
-    model: str,
     names: Sequence[str],
     input_tokens: int,
     output_tokens: int,
@@ -64,9 +71,10 @@ def cost_of_usage(
     cache_written: int,
     headers: Mapping[str, Any] | None,
 ) -> float | None:
-    """Dollars for this usage of ``model`` (priced under one of ``names``); else the
+    """Dollars for this usage of a model priced under one of ``names``; else the
     proxy's price in ``headers``; else None."""
-    entry = price_entry(litellm, names)
+    priced = _priced(litellm, names)
+    entry = None if priced is None else priced[1]
     if entry is not None and not _tiered(entry):
         base: float = entry["input_cost_per_token"]
         output: float = entry.get("output_cost_per_token") or 0.0
@@ -78,7 +86,7 @@ def cost_of_usage(
             + cache_written * (base if write_price is None else write_price)
             + output_tokens * output
         )
-    if entry is not None:  # priced by the prompt's size: litellm knows the tiers
+    if priced is not None:  # priced by the prompt's size: litellm knows the tiers
         # (a call sent without litellm meets such an entry only once litellm is
         # imported: one registered since, with tiers, e.g. ``register_model``'s)
         litellm = litellm if litellm is not None else imported_litellm()
@@ -86,14 +94,18 @@ def cost_of_usage(
             prompt: float
             completion: float
             prompt, completion = litellm.cost_per_token(
-                model=model,
+                # The name the map prices it under: litellm knows no price for
+                # "openai/gemini-2.5-pro" (Gemini at an OpenAI-compatible endpoint).
+                model=priced[0],
                 prompt_tokens=input_tokens,
                 completion_tokens=output_tokens,
                 cache_read_input_tokens=cache_read,
             )
             return prompt + completion
-        except Exception:  # noqa: BLE001 - then the proxy's word, or unknown
-            pass
+        except Exception:  # noqa: BLE001 - a priced model is never recorded as unpriced:
+            # at its highest tier's rates (what a budget held for it), not $0
+            _, highest_in, highest_out = _rates(priced[1])
+            return input_tokens * highest_in + output_tokens * highest_out
     cost = non_negative(headers.get(PROXY_COST_HEADER)) if headers else None
     return float(cost) if cost is not None else None
 
@@ -188,11 +200,17 @@ def highest_rates(
         entry = price_entry(litellm, names)
         if entry is None:
             return None
-        rates = _RATES.get(id(entry))
-        if rates is None or rates[0] is not entry:
-            rates = _RATES[id(entry)] = (entry, _highest(entry, _INPUT), _highest(entry, _OUTPUT))
+        rates = _rates(entry)
         highest_in, highest_out = max(highest_in, rates[1]), max(highest_out, rates[2])
     return highest_in, highest_out
+
+
+def _rates(entry: dict[str, Any]) -> tuple[dict[str, Any], float, float]:
+    """``entry`` with its highest input and output rates (kept per entry)."""
+    rates = _RATES.get(id(entry))
+    if rates is None or rates[0] is not entry:
+        rates = _RATES[id(entry)] = (entry, _highest(entry, _INPUT), _highest(entry, _OUTPUT))
+    return rates
 
 
 _INPUT = ("input_cost_per_token", "cache_creation_input_token_cost")
@@ -206,7 +224,13 @@ def _highest(entry: dict[str, Any], bases: tuple[str, ...]) -> float:
             float(value)
             for key, value in entry.items()
             if isinstance(value, (int, float))
-            and any(key == base or key.startswith(base + "_above_") for base in bases)
+            and any(key == base or _a_tier_of(key, base) for base in bases)
         ),
         default=0.0,
     )
+
+
+def _a_tier_of(key: str, base: str) -> bool:
+    """``base``'s rate above a prompt size (``..._above_200k_tokens``), not a service
+    tier's rate above it (``..._above_200k_tokens_priority``: asked for, not met)."""
+    return key.startswith(base + "_above_") and key.endswith("_tokens")

@@ -201,7 +201,6 @@ class WireTransport:
         route = self.route
         cost = cost_of_usage(
             self._litellm,
-            route.model,
             route.price_names,
             input_tokens,
             output_tokens,

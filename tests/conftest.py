@@ -129,6 +129,13 @@ def shell(ipython_shell, server):
     yield ipython_shell
     for name, value in saved.items():
         setattr(rlm, name, value)
+    from rlm_magic.jupyter import extension
+
+    if extension._kernel_ledger(ipython_shell).cost_usd:
+        # What a test spent stays in the kernel's ledger, which a reload goes on
+        # counting: the next test's session budget starts from $0, as in a new kernel.
+        delattr(ipython_shell, extension._LEDGER_ATTR)
+        ipython_shell.run_line_magic("reload_ext", "rlm_magic")
 
 
 async def cell_result(shell, code: str):

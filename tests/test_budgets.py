@@ -291,6 +291,17 @@ async def test_a_model_without_a_price_stops_once_its_reported_cost_spent_the_bu
     assert len(server.requests) == 2 and rlm.usage().cost_usd == pytest.approx(0.02)
 
 
+async def test_a_map_holds_n_answers_a_call_before_anything_is_sent(server):
+    # n=2 in litellm_kwargs: each call holds two answers of max_tokens (~$0.0225), so
+    # room for 4 single answers has room for 2 calls.
+    rlm = priced_rlm(server, max_session_cost_usd=room_for(4), litellm_kwargs={"n": 2})
+    server.latency = 0.2
+    with pytest.raises(BatchError) as failed:
+        await helpers(rlm).llm_query_batch(prompts(8))
+    assert len(server.requests) == 2
+    assert "2 answers of max_tokens=1,000" in str(failed.value.errors[7])
+
+
 async def test_a_typed_answers_schema_is_held_as_input(server):
     rlm = priced_rlm(server, max_session_cost_usd=room_for(1))
     schema = {

@@ -10,13 +10,16 @@ call between preparing and sending it (``admit``); a map takes its items' holds 
 before it sends any (``admit_batch``), so a batch with room for ten sends ten.
 
 The most a call can cost is its input, counted, at its model's highest input rate, plus
-``max_tokens`` at its highest output rate. A prompt up to ``SMALL_PROMPT`` characters
-counts as its UTF-8 bytes (no byte-level tokenizer makes more tokens than bytes); a
-larger one by litellm's tokenizer (the larger of that and the estimate), 5% over. What
-can still pass the count: a server that ignores ``max_tokens``, or a tokenizer that
-reads the prompt as more tokens than litellm's. The first is watched as the answer
-streams (``Reservation.more``): past its hold, the answer holds more, or is cut. The
-second is recorded as it was billed, and leaves that much less for the next call.
+``max_tokens`` at its highest output rate, for each of its ``n`` answers. Its input is its
+messages and whatever else the request carries that is billed as input (tools, functions,
+a response_format: ``RLM.litellm_kwargs`` included), as JSON. A prompt up to
+``SMALL_PROMPT`` characters counts as its UTF-8 bytes (no byte-level tokenizer makes
+more tokens than bytes); a larger one by litellm's tokenizer (the larger of that and the
+estimate), 5% over. What can still pass the count: a server that ignores
+``max_tokens``, or a tokenizer that reads the prompt as more tokens than litellm's. The
+first is watched as the answer streams (``Reservation.more``): past its hold, the answer
+holds more, or is cut. The second is recorded as it was billed, and leaves that much
+less for the next call.
 
 One hold covers every attempt of a call: an attempt that brought text is kept as the
 answer (cut, marked), never started over, and one that brought none was not billed
@@ -42,6 +45,9 @@ SMALL_PROMPT = 2_000  # characters: counted as bytes up to this, by a tokenizer 
 COUNT_MARGIN = 1.05  # over litellm's count: another tokenizer may read a few % more
 _OFF_LOOP = 50_000  # characters: a prompt this long is counted in a thread (~15 ms / 400k)
 _MESSAGE_OVERHEAD = 8  # tokens a chat template may add per message
+# Request parameters that are not content: counted otherwise (the answer's size), or
+# never sent in the body.
+_NOT_CONTENT = frozenset({"max_tokens", "max_completion_tokens", "n", "best_of", "extra_headers"})
 
 
 class CostBudget:
@@ -187,15 +193,15 @@ async def admit(
     model: str,
     behind: Sequence[str],
     messages: Messages,
-    max_tokens: int,
+    params: dict[str, Any],
     held: Reservation | None = None,
-    response_format: dict[str, Any] | None = None,
 ) -> Reservation | None:
     """Hold the most this call can cost in each of its ledger's budgets (``held``: a
     hold its map took for it, grown if the call came out larger); None when no budget
     limits it, or litellm has no price for it (said once per budget, here, before it
-    is sent). ``response_format``: a JSON schema sent beside the messages, billed as
-    input (serialized only under a budget: no work for calls without one).
+    is sent). ``params``: the request's parameters besides its messages
+    (``max_tokens``, ``RLM.litellm_kwargs``, a typed answer's ``response_format``),
+    read only under a budget: no work for calls without one.
     Raises ``BudgetExceededError`` when it does not fit: nothing is sent."""
     budgets = budgets_of(ledger)
     if not budgets:
@@ -206,11 +212,11 @@ async def admit(
             budget.warn_unpriced(model)
         _refuse_if_spent(budgets, model)
         return None
-    extra = json.dumps(response_format) if response_format else ""
+    extra, output_tokens = _content(params), _output_tokens(params)
     tokens = await input_tokens_at_most(litellm, model, messages, extra)
-    most = tokens * rates[0] + max_tokens * rates[1]
+    most = tokens * rates[0] + output_tokens * rates[1]
     reservation = held if held is not None else Reservation(budgets, model)
-    reservation.output_tokens, reservation.output_rate = max_tokens, rates[1]
+    reservation.output_tokens, reservation.output_rate = output_tokens, rates[1]
     counter = _counter(litellm, model)
     warming = _WARM.get(model)
     if counter is not None and warming is None:
@@ -224,7 +230,7 @@ async def admit(
         with contextlib.suppress(Exception):  # (no tokenizer: the estimate, as before)
             await asyncio.shield(warming)
     reservation.counter = counter if warming is not None else None
-    reservation.grow(most - reservation.amount, _why(tokens, max_tokens))
+    reservation.grow(most - reservation.amount, _why(tokens, output_tokens, params))
     return reservation
 
 
@@ -235,10 +241,11 @@ async def admit_batch(
     behind: Sequence[str],
     conversations: Sequence[Messages],
     max_tokens: int,
+    options: dict[str, Any] | None = None,
 ) -> tuple[list[Reservation | None], BudgetExceededError | None]:
     """Holds for a batch's items, taken in order until one does not fit: the first
     ``len(holds)`` items may go; the error says why the rest are not sent (None when
-    all fit). Nothing is sent here."""
+    all fit). ``options``: ``RLM.litellm_kwargs``, sent with each. Nothing is sent here."""
     budgets = budgets_of(ledger)
     rates = highest_rates(litellm, model, behind) if budgets else None
     if rates is None:
@@ -247,15 +254,17 @@ async def admit_batch(
         except BudgetExceededError as refused:
             return [], refused
         return [None] * len(conversations), None
+    params = {**(options or {}), "max_tokens": max_tokens}
+    extra, output_tokens = _content(params), _output_tokens(params)
     holds: list[Reservation | None] = []
     try:
         for index, messages in enumerate(conversations):
-            tokens = await input_tokens_at_most(litellm, model, messages)
-            hold = Reservation(budgets, model, max_tokens, rates[1])
+            tokens = await input_tokens_at_most(litellm, model, messages, extra)
+            hold = Reservation(budgets, model, output_tokens, rates[1])
             try:
                 hold.grow(
-                    tokens * rates[0] + max_tokens * rates[1],
-                    _why(tokens, max_tokens),
+                    tokens * rates[0] + output_tokens * rates[1],
+                    _why(tokens, output_tokens, params),
                     not_sent=(len(conversations) - index, len(conversations)),
                 )
             except BudgetExceededError as refused:
@@ -267,6 +276,30 @@ async def admit_batch(
                 taken.release()
         raise
     return holds, None
+
+
+def _content(params: dict[str, Any]) -> str:
+    """What a request sends besides its messages that is billed as input (tools,
+    tool_choice, functions, response_format...): as JSON, counted like a message.
+    Numbers and flags (temperature, seed) are not content."""
+    content = {
+        name: value
+        for name, value in params.items()
+        if name not in _NOT_CONTENT and value is not None and not isinstance(value, (int, float))
+    }
+    return json.dumps(content, default=str, ensure_ascii=False) if content else ""
+
+
+def _output_tokens(params: dict[str, Any]) -> int:
+    """The most answer tokens a request may be billed: ``max_tokens`` (or a larger
+    ``max_completion_tokens``) for each of its ``n`` (or ``best_of``) answers."""
+    most = max(_whole(params.get("max_tokens")), _whole(params.get("max_completion_tokens")))
+    answers = max(1, _whole(params.get("n")), _whole(params.get("best_of")))
+    return most * answers
+
+
+def _whole(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def _refuse_if_spent(
@@ -283,8 +316,12 @@ def _refuse_if_spent(
             )  # fmt: skip
 
 
-def _why(tokens: int, max_tokens: int) -> str:
-    return f" (~{tokens:,} input tokens and max_tokens={max_tokens:,})"
+def _why(tokens: int, output_tokens: int, params: dict[str, Any]) -> str:
+    answers = max(1, _whole(params.get("n")), _whole(params.get("best_of")))
+    output = f"max_tokens={output_tokens // answers:,}"
+    if answers > 1:  # each of n answers may take max_tokens
+        output = f"{answers} answers of {output}"
+    return f" (~{tokens:,} input tokens and {output})"
 
 
 async def input_tokens_at_most(

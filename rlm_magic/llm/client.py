@@ -296,6 +296,7 @@ class LLMClient:
             self.endpoint.models_behind(model),
             conversations,
             max_tokens,
+            self.config.litellm_kwargs,
         )
 
     async def _complete(self, call: Call, messages: Messages) -> Completion:
@@ -311,9 +312,8 @@ class LLMClient:
                 call.model,
                 self.endpoint.models_behind(call.model),
                 call.messages,
-                call.params["max_tokens"],
+                call.params,  # (tools, n... from litellm_kwargs: billed, so held)
                 call.reservation,
-                response_format=call.options.response_format,
             )
         else:  # (no budget: nothing to hold, and no work to find out what)
             call.reservation = None

@@ -596,7 +596,7 @@ class LLMClient:
                 completion.finish_reason == "stop",
             )
         call.ledger.record(
-            call.spent.record(
+            record := call.spent.record(
                 model,
                 completion.input_tokens,
                 completion.output_tokens,
@@ -615,6 +615,8 @@ class LLMClient:
                 cut_off=completion.incomplete,
             )
         )
+        if call.reservation is not None:  # (a reported cost prices an unpriced model)
+            call.reservation.landed(record)
         call.release()  # what it cost is recorded: the rest of its hold goes back
         # A broken-off answer is never kept; one cut at max_tokens only when that was
         # the max_tokens of the key (a hit then says cut_off, as the original did).

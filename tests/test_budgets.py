@@ -17,6 +17,7 @@ import warnings
 import pytest
 
 from rlm_magic import BatchError, BudgetExceededError, ConfigError
+from rlm_magic.llm import budget as budget_module
 
 from .conftest import helpers, make_rlm
 from .test_engine import repl
@@ -116,8 +117,9 @@ async def test_a_model_without_a_price_is_said_once_before_anything_is_sent(serv
     assert sent_when_warned == [
         (
             "RLM.max_session_cost_usd is set, but litellm has no price for openai/sub-model: "
-            "its calls are sent while the budget has anything left, and count as $0 unless "
-            "the provider reports their cost",
+            "its calls are held at the rates the provider's reported costs imply (one at a "
+            "time until one is reported), or if it reports none, sent while the budget has "
+            "anything left, and counted as $0",
             0,
         )
     ]
@@ -274,21 +276,51 @@ async def test_a_map_interrupted_while_it_takes_its_holds_gives_them_back(server
     assert server.requests == [] and budget.held == pytest.approx(0.0, abs=1e-12)
 
 
-async def test_a_model_without_a_price_stops_once_its_reported_cost_spent_the_budget(
+async def test_a_model_without_a_price_is_held_at_the_rates_its_reported_costs_imply(
     server, monkeypatch
 ):
-    # A LiteLLM Proxy prices what litellm cannot, and says so in a header.
+    # A LiteLLM Proxy prices what litellm cannot, and says so in a header: $0.01 for
+    # 1,000 + 200 tokens bounds its rates at $1e-5 a token in, $5e-5 out (200 out, or
+    # 20x the input rate); "two" holds ~$0.0051 of the $0.01 left, "three" has none.
     monkeypatch.setattr(
         server, "response_headers", lambda body: {"x-litellm-response-cost": "0.01"}
     )
-    rlm = make_rlm(server, sub_model="openai/team-gpt", max_session_cost_usd=0.02)
+    monkeypatch.setattr(budget_module, "_REPORTED", {})
+    server.usage = (1000, 200)
+    rlm = make_rlm(server, sub_model="openai/team-gpt", max_tokens=100, max_session_cost_usd=0.02)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for question in ("one", "two"):
             await helpers(rlm).llm_query(question)
-        with pytest.raises(BudgetExceededError, match="its price is not known"):
+        with pytest.raises(BudgetExceededError, match="at the rates its reported costs imply"):
             await helpers(rlm).llm_query("three")
     assert len(server.requests) == 2 and rlm.usage().cost_usd == pytest.approx(0.02)
+
+
+async def test_a_map_holds_n_answers_a_call_before_anything_is_sent(server):
+    # n=2 in litellm_kwargs: each call holds two answers of max_tokens (~$0.0225), so
+    # room for 4 single answers has room for 2 calls.
+    rlm = priced_rlm(server, max_session_cost_usd=room_for(4), litellm_kwargs={"n": 2})
+    server.latency = 0.2
+    with pytest.raises(BatchError) as failed:
+        await helpers(rlm).llm_query_batch(prompts(8))
+    assert len(server.requests) == 2
+    assert "2 answers of max_tokens=1,000" in str(failed.value.errors[7])
+
+
+@pytest.mark.filterwarnings("ignore:RLM.max_session_cost_usd is set")
+async def test_a_model_whose_costs_are_not_reported_goes_one_at_a_time_only_once(
+    server, monkeypatch
+):
+    # No price and no reported cost: nothing to learn, so after the first call the rest
+    # go at once, as without a budget (one at a time would take 4 x 0.3 s).
+    monkeypatch.setattr(budget_module, "_REPORTED", {})
+    rlm = make_rlm(server, max_session_cost_usd=1.0)
+    server.latency = 0.3
+    started = asyncio.get_running_loop().time()
+    await helpers(rlm).llm_query_batch(["a", "b", "c", "d"])
+    assert len(server.requests) == 4
+    assert asyncio.get_running_loop().time() - started < 1.0
 
 
 async def test_a_typed_answers_schema_is_held_as_input(server):

@@ -10,13 +10,18 @@ call between preparing and sending it (``admit``); a map takes its items' holds 
 before it sends any (``admit_batch``), so a batch with room for ten sends ten.
 
 The most a call can cost is its input, counted, at its model's highest input rate, plus
-``max_tokens`` at its highest output rate. A prompt up to ``SMALL_PROMPT`` characters
+``max_tokens`` at its highest output rate, for each of its ``n`` answers. Its input is its
+messages and whatever else the request carries that is billed as input (tools, functions,
+a response_format: ``RLM.litellm_kwargs`` included), as JSON. A model litellm has no
+price for is held at rates bounded by the costs its calls reported (a LiteLLM Proxy's
+header), one call at a time until one has. A prompt up to ``SMALL_PROMPT`` characters
 counts as its UTF-8 bytes (no byte-level tokenizer makes more tokens than bytes); a
 larger one by litellm's tokenizer (the larger of that and the estimate), 5% over. What
 can still pass the count: a server that ignores ``max_tokens``, or a tokenizer that
 reads the prompt as more tokens than litellm's. The first is watched as the answer
 streams (``Reservation.more``): past its hold, the answer holds more, or is cut. The
-second is recorded as it was billed, and leaves that much less for the next call.
+second is recorded as it was billed, and leaves that much less for the next call. A
+model priced only by reports is not held for its first call, nor for a fee per call.
 
 One hold covers every attempt of a call: an attempt that brought text is kept as the
 answer (cut, marked), never started over, and one that brought none was not billed
@@ -26,6 +31,7 @@ answer (cut, marked), never started over, and one that brought none was not bill
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import json
 import warnings
@@ -35,13 +41,20 @@ from typing import Any
 from ..errors import AnswerOverBudget, BudgetExceededError
 from .messages import Messages
 from .pricing import highest_rates
-from .usage import UsageLedger
+from .usage import CallRecord, UsageLedger
 from .windows import chars_per_token, estimate_tokens
 
 SMALL_PROMPT = 2_000  # characters: counted as bytes up to this, by a tokenizer past it
 COUNT_MARGIN = 1.05  # over litellm's count: another tokenizer may read a few % more
 _OFF_LOOP = 50_000  # characters: a prompt this long is counted in a thread (~15 ms / 400k)
 _MESSAGE_OVERHEAD = 8  # tokens a chat template may add per message
+# Output rate at most this many times the input rate, when learning a model's rates from
+# reported costs: of litellm's 3,323 priced chat models, all but 3 (data errors, at 120x)
+# charge at most 20x.
+OUTPUT_RATIO = 20
+# Request parameters that are not content: counted otherwise (the answer's size), or
+# never sent in the body.
+_NOT_CONTENT = frozenset({"max_tokens", "max_completion_tokens", "n", "best_of", "extra_headers"})
 
 
 class CostBudget:
@@ -77,8 +90,9 @@ class CostBudget:
         self.warned_unpriced = True
         warnings.warn(
             f"{self.setting} is set, but litellm has no price for {model}: its calls "
-            "are sent while the budget has anything left, and count as $0 unless the "
-            "provider reports their cost",
+            "are held at the rates the provider's reported costs imply (one at a time "
+            "until one is reported), or if it reports none, sent while the budget has "
+            "anything left, and counted as $0",
             RuntimeWarning,
             stacklevel=2,
         )
@@ -114,6 +128,11 @@ class Reservation:
         # the answer passes first_limit.
         self.counter: Callable[[str], int] | None = None
         self._counted_chars = self._streamed_tokens = 0
+        # No price in litellm's map: what its record reports teaches the model's rates
+        # (``landed``); ``first``: set while this is the one call of a model not yet
+        # priced that may be in flight, resolved when it ends.
+        self.learns = False
+        self.first: concurrent.futures.Future[None] | None = None
 
     def grow(self, extra: float, why: str = "", not_sent: tuple[int, int] | None = None) -> None:
         """Hold ``extra`` dollars more in every budget, or raise ``BudgetExceededError``
@@ -131,12 +150,20 @@ class Reservation:
             budget.held += extra
         self.amount += extra
 
+    def landed(self, record: CallRecord) -> None:
+        """The call's record (before ``release``): a reported cost of a model litellm
+        cannot price teaches its rates, for the holds of its next calls."""
+        if self.learns:
+            _learn(self.model, record)
+
     def release(self) -> None:
         """The call's record has landed (or it never went): give the hold back."""
         if not self.released:
             self.released = True
             for budget in self.budgets:
                 budget.held -= self.amount
+        if self.first is not None and not self.first.done():
+            self.first.set_result(None)  # the next call of its model may go
 
     # -- the answer's stream -------------------------------------------------------------
     def first_limit(self) -> int:
@@ -187,30 +214,35 @@ async def admit(
     model: str,
     behind: Sequence[str],
     messages: Messages,
-    max_tokens: int,
+    params: dict[str, Any],
     held: Reservation | None = None,
-    response_format: dict[str, Any] | None = None,
 ) -> Reservation | None:
     """Hold the most this call can cost in each of its ledger's budgets (``held``: a
     hold its map took for it, grown if the call came out larger); None when no budget
-    limits it, or litellm has no price for it (said once per budget, here, before it
-    is sent). ``response_format``: a JSON schema sent beside the messages, billed as
-    input (serialized only under a budget: no work for calls without one).
+    limits it. ``params``: the request's parameters besides its messages (``max_tokens``,
+    ``RLM.litellm_kwargs``, a typed answer's ``response_format``), read only under a
+    budget: no work for calls without one. A model litellm has no price for is held
+    at the rates its reported costs imply (``_learn``); until one is reported, one call
+    of it goes at a time (said once per budget, here, before it is sent).
     Raises ``BudgetExceededError`` when it does not fit: nothing is sent."""
     budgets = budgets_of(ledger)
     if not budgets:
         return None
     rates = highest_rates(litellm, model, behind)
+    learns = rates is None
     if rates is None:
         for budget in budgets:
             budget.warn_unpriced(model)
-        _refuse_if_spent(budgets, model)
-        return None
-    extra = json.dumps(response_format) if response_format else ""
+        rates = await _reported_rates(model)
+        if rates is None:  # no cost reported yet: this call goes alone, and teaches it
+            _refuse_if_spent(budgets, model)
+            return _first_of(model, budgets, held, _output_tokens(params))
+    extra, output_tokens = _content(params), _output_tokens(params)
     tokens = await input_tokens_at_most(litellm, model, messages, extra)
-    most = tokens * rates[0] + max_tokens * rates[1]
+    most = tokens * rates[0] + output_tokens * rates[1]
     reservation = held if held is not None else Reservation(budgets, model)
-    reservation.output_tokens, reservation.output_rate = max_tokens, rates[1]
+    reservation.output_tokens, reservation.output_rate = output_tokens, rates[1]
+    reservation.learns = learns
     counter = _counter(litellm, model)
     warming = _WARM.get(model)
     if counter is not None and warming is None:
@@ -224,7 +256,7 @@ async def admit(
         with contextlib.suppress(Exception):  # (no tokenizer: the estimate, as before)
             await asyncio.shield(warming)
     reservation.counter = counter if warming is not None else None
-    reservation.grow(most - reservation.amount, _why(tokens, max_tokens))
+    reservation.grow(most - reservation.amount, _why(tokens, output_tokens, params, learns))
     return reservation
 
 
@@ -235,27 +267,35 @@ async def admit_batch(
     behind: Sequence[str],
     conversations: Sequence[Messages],
     max_tokens: int,
+    options: dict[str, Any] | None = None,
 ) -> tuple[list[Reservation | None], BudgetExceededError | None]:
     """Holds for a batch's items, taken in order until one does not fit: the first
     ``len(holds)`` items may go; the error says why the rest are not sent (None when
-    all fit). Nothing is sent here."""
+    all fit). ``options``: ``RLM.litellm_kwargs``, sent with each. Nothing is sent here
+    (a model priced by reported costs only: each item's call waits in ``admit``)."""
     budgets = budgets_of(ledger)
     rates = highest_rates(litellm, model, behind) if budgets else None
+    learns = bool(budgets) and rates is None
+    if learns:
+        rates = _known_rates(model)
     if rates is None:
         try:
             _refuse_if_spent(budgets, model, not_sent=(len(conversations), len(conversations)))
         except BudgetExceededError as refused:
             return [], refused
         return [None] * len(conversations), None
+    params = {**(options or {}), "max_tokens": max_tokens}
+    extra, output_tokens = _content(params), _output_tokens(params)
     holds: list[Reservation | None] = []
     try:
         for index, messages in enumerate(conversations):
-            tokens = await input_tokens_at_most(litellm, model, messages)
-            hold = Reservation(budgets, model, max_tokens, rates[1])
+            tokens = await input_tokens_at_most(litellm, model, messages, extra)
+            hold = Reservation(budgets, model, output_tokens, rates[1])
+            hold.learns = learns
             try:
                 hold.grow(
-                    tokens * rates[0] + max_tokens * rates[1],
-                    _why(tokens, max_tokens),
+                    tokens * rates[0] + output_tokens * rates[1],
+                    _why(tokens, output_tokens, params, learns),
                     not_sent=(len(conversations) - index, len(conversations)),
                 )
             except BudgetExceededError as refused:
@@ -267,6 +307,109 @@ async def admit_batch(
                 taken.release()
         raise
     return holds, None
+
+
+def _content(params: dict[str, Any]) -> str:
+    """What a request sends besides its messages that is billed as input (tools,
+    tool_choice, functions, response_format...): as JSON, counted like a message.
+    Numbers and flags (temperature, seed) are not content."""
+    content = {
+        name: value
+        for name, value in params.items()
+        if name not in _NOT_CONTENT and value is not None and not isinstance(value, (int, float))
+    }
+    return json.dumps(content, default=str, ensure_ascii=False) if content else ""
+
+
+def _output_tokens(params: dict[str, Any]) -> int:
+    """The most answer tokens a request may be billed: ``max_tokens`` (or a larger
+    ``max_completion_tokens``) for each of its ``n`` (or ``best_of``) answers."""
+    most = max(_whole(params.get("max_tokens")), _whole(params.get("max_completion_tokens")))
+    answers = max(1, _whole(params.get("n")), _whole(params.get("best_of")))
+    return most * answers
+
+
+def _whole(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+# -- models priced only by what their calls report -------------------------------------
+# A model litellm has no price for may still have its calls' costs reported (a LiteLLM
+# Proxy's x-litellm-response-cost). Held at $0, a batch of them raced past the budget
+# (20 calls at $0.01 under $0.02: all sent), and one went while $0.005 was left to spend
+# $0.01. So: until a cost is reported, one call of the model goes at a time; from then
+# on its calls are held at rates its reports bound, as a priced model's are.
+
+
+class _Reported:
+    __slots__ = ("rates", "first", "unreported")
+
+    def __init__(self) -> None:
+        # Dollars per input and output token at most, from the reported costs.
+        self.rates: tuple[float, float] | None = None
+        # The call in flight while none has reported (thread-safe: any loop may wait).
+        self.first: concurrent.futures.Future[None] | None = None
+        # A call ended without a reported cost: its calls are not priced at all, and
+        # go as before (one at a time would protect nothing).
+        self.unreported = False
+
+
+_REPORTED: dict[str, _Reported] = {}  # by model
+
+
+def _known_rates(model: str) -> tuple[float, float] | None:
+    state = _REPORTED.get(model)
+    return state.rates if state is not None else None
+
+
+async def _reported_rates(model: str) -> tuple[float, float] | None:
+    """The rates ``model``'s reported costs bound, waiting for the call in flight to
+    report one first; None when this call may go unheld (the one in flight, or its
+    costs are not reported)."""
+    while True:
+        state = _REPORTED.setdefault(model, _Reported())
+        if state.rates is not None or state.unreported:
+            return state.rates
+        first = state.first
+        if first is None or first.done():
+            return None
+        await asyncio.shield(asyncio.wrap_future(first))
+
+
+def _first_of(
+    model: str, budgets: Sequence[CostBudget], held: Reservation | None, output_tokens: int
+) -> Reservation:
+    """An unheld reservation for a call of a model not yet priced; while no cost is
+    reported it is the one in flight (the others wait in ``_reported_rates``)."""
+    reservation = held if held is not None else Reservation(budgets, model)
+    # (its stream is watched only past max_tokens: there is no rate to hold more at)
+    reservation.output_tokens, reservation.learns = output_tokens, True
+    state = _REPORTED.setdefault(model, _Reported())
+    if state.rates is None and not state.unreported:
+        reservation.first = state.first = concurrent.futures.Future()
+    return reservation
+
+
+def _learn(model: str, record: CallRecord) -> None:
+    """Bound ``model``'s rates by a reported cost ``c`` of ``i`` uncached input and ``o``
+    output tokens: ``c >= in_rate * i + out_rate * o``, so ``in_rate <= c / i`` and
+    ``out_rate <= c / o``, and at most ``OUTPUT_RATIO * in_rate`` (a short answer
+    bounds it loosely). The highest bounds seen are kept: a larger prompt may be
+    priced higher (tiers). Sound for prices by the token; a fee per call is not."""
+    state = _REPORTED.setdefault(model, _Reported())
+    cost = record.cost_usd
+    if not cost or cost <= 0:
+        if record.error is None and state.rates is None:
+            state.unreported = True
+        return
+    uncached = max(record.input_tokens - record.cached_input_tokens, 1)
+    in_rate = cost / uncached
+    out_rate = OUTPUT_RATIO * in_rate
+    if record.output_tokens > 0:
+        out_rate = min(out_rate, cost / record.output_tokens)
+    if state.rates is not None:
+        in_rate, out_rate = max(in_rate, state.rates[0]), max(out_rate, state.rates[1])
+    state.rates, state.unreported = (in_rate, out_rate), False
 
 
 def _refuse_if_spent(
@@ -283,8 +426,13 @@ def _refuse_if_spent(
             )  # fmt: skip
 
 
-def _why(tokens: int, max_tokens: int) -> str:
-    return f" (~{tokens:,} input tokens and max_tokens={max_tokens:,})"
+def _why(tokens: int, output_tokens: int, params: dict[str, Any], reported: bool = False) -> str:
+    answers = max(1, _whole(params.get("n")), _whole(params.get("best_of")))
+    output = f"max_tokens={output_tokens // answers:,}"
+    if answers > 1:  # each of n answers may take max_tokens
+        output = f"{answers} answers of {output}"
+    at = ", at the rates its reported costs imply" if reported else ""
+    return f" (~{tokens:,} input tokens and {output}{at})"
 
 
 async def input_tokens_at_most(

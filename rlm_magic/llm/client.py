@@ -296,6 +296,7 @@ class LLMClient:
             self.endpoint.models_behind(model),
             conversations,
             max_tokens,
+            self.config.litellm_kwargs,
         )
 
     async def _complete(self, call: Call, messages: Messages) -> Completion:
@@ -311,9 +312,8 @@ class LLMClient:
                 call.model,
                 self.endpoint.models_behind(call.model),
                 call.messages,
-                call.params["max_tokens"],
+                call.params,  # (tools, n... from litellm_kwargs: billed, so held)
                 call.reservation,
-                response_format=call.options.response_format,
             )
         else:  # (no budget: nothing to hold, and no work to find out what)
             call.reservation = None
@@ -596,7 +596,7 @@ class LLMClient:
                 completion.finish_reason == "stop",
             )
         call.ledger.record(
-            call.spent.record(
+            record := call.spent.record(
                 model,
                 completion.input_tokens,
                 completion.output_tokens,
@@ -615,6 +615,8 @@ class LLMClient:
                 cut_off=completion.incomplete,
             )
         )
+        if call.reservation is not None:  # (a reported cost prices an unpriced model)
+            call.reservation.landed(record)
         call.release()  # what it cost is recorded: the rest of its hold goes back
         # A broken-off answer is never kept; one cut at max_tokens only when that was
         # the max_tokens of the key (a hit then says cut_off, as the original did).

@@ -202,10 +202,6 @@ async def test_lowering_the_budget_below_what_is_spent_refuses_the_next_call(ser
     assert len(server.requests) == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BREACH: a Router deployment's own price (litellm_params) is not what is held",
-)
 async def test_a_priced_router_deployment_with_its_own_price_is_held_at_that_price(server):
     # A Router deployment may carry its own price (litellm_params input/output_cost...).
     budget = 0.01

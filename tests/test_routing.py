@@ -246,3 +246,18 @@ async def test_a_keyless_local_server_behind_the_router_answers_with_no_key_set(
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     rlm = routed([deployment("sub", "openai/sub-model", server.base_url, api_key=None)])
     assert await helpers(rlm).llm_query("hi") == "echo: hi"
+
+
+def test_a_group_is_held_at_its_dearest_deployment_s_rates_its_own_price_first():
+    from rlm_magic.llm.pricing import highest_rates
+    from rlm_magic.llm.transports.router import group_rates
+
+    own = deployment("sub", "openai/gpt-4o", DEAD)
+    own["litellm_params"]["input_cost_per_token"] = 1e-3  # (its output: gpt-4o's)
+    mapped = deployment("sub", "openai/gpt-4o-mini", DEAD)
+    gpt_4o = highest_rates(None, "openai/gpt-4o")
+    assert gpt_4o is not None
+    assert group_rates(None, [own, mapped], "sub") == (1e-3, gpt_4o[1])
+    unpriced = deployment("sub", "openai/my-own-model", DEAD)
+    assert group_rates(None, [own, unpriced], "sub") is None
+    assert group_rates(None, [own], "another group") is None

@@ -40,7 +40,6 @@ from typing import Any
 
 from ..errors import AnswerOverBudget, BudgetExceededError
 from .messages import Messages
-from .pricing import highest_rates
 from .usage import CallRecord, UsageLedger
 from .windows import chars_per_token, estimate_tokens
 
@@ -212,23 +211,24 @@ async def admit(
     ledger: UsageLedger,
     litellm: Any,
     model: str,
-    behind: Sequence[str],
+    rates: tuple[float, float] | None,
     messages: Messages,
     params: dict[str, Any],
     held: Reservation | None = None,
 ) -> Reservation | None:
     """Hold the most this call can cost in each of its ledger's budgets (``held``: a
     hold its map took for it, grown if the call came out larger); None when no budget
-    limits it. ``params``: the request's parameters besides its messages (``max_tokens``,
-    ``RLM.litellm_kwargs``, a typed answer's ``response_format``), read only under a
-    budget: no work for calls without one. A model litellm has no price for is held
-    at the rates its reported costs imply (``_learn``); until one is reported, one call
-    of it goes at a time (said once per budget, here, before it is sent).
+    limits it. ``rates``: dollars per input and output token it may be charged at most
+    (``Endpoint.highest_rates``; None: unpriced). ``params``: the request's parameters
+    besides its messages (``max_tokens``, ``RLM.litellm_kwargs``, a typed answer's
+    ``response_format``), read only under a budget: no work for calls without one. A
+    model litellm has no price for is held at the rates its reported costs imply
+    (``_learn``); until one is reported, one call of it goes at a time (said once per
+    budget, here, before it is sent).
     Raises ``BudgetExceededError`` when it does not fit: nothing is sent."""
     budgets = budgets_of(ledger)
     if not budgets:
         return None
-    rates = highest_rates(litellm, model, behind)
     learns = rates is None
     if rates is None:
         for budget in budgets:
@@ -264,17 +264,18 @@ async def admit_batch(
     ledger: UsageLedger,
     litellm: Any,
     model: str,
-    behind: Sequence[str],
+    rates: tuple[float, float] | None,
     conversations: Sequence[Messages],
     max_tokens: int,
     options: dict[str, Any] | None = None,
 ) -> tuple[list[Reservation | None], BudgetExceededError | None]:
     """Holds for a batch's items, taken in order until one does not fit: the first
     ``len(holds)`` items may go; the error says why the rest are not sent (None when
-    all fit). ``options``: ``RLM.litellm_kwargs``, sent with each. Nothing is sent here
-    (a model priced by reported costs only: each item's call waits in ``admit``)."""
+    all fit). ``rates``: as ``admit``'s. ``options``: ``RLM.litellm_kwargs``, sent with
+    each. Nothing is sent here (a model priced by reported costs only: each item's call
+    waits in ``admit``)."""
     budgets = budgets_of(ledger)
-    rates = highest_rates(litellm, model, behind) if budgets else None
+    rates = rates if budgets else None
     learns = bool(budgets) and rates is None
     if learns:
         rates = _known_rates(model)

@@ -289,11 +289,12 @@ class LLMClient:
         ledger = ledger if ledger is not None else self.ledger
         if not budget.budgets_of(ledger):  # (and litellm loads as the items start)
             return [None] * len(conversations), None
+        litellm = await litellm_loader.load_litellm()
         return await budget.admit_batch(
             ledger,
-            await litellm_loader.load_litellm(),
+            litellm,
             model,
-            self.endpoint.models_behind(model),
+            self.endpoint.highest_rates(model, litellm),
             conversations,
             max_tokens,
             self.config.litellm_kwargs,
@@ -310,7 +311,7 @@ class LLMClient:
                 call.ledger,
                 call.litellm,
                 call.model,
-                self.endpoint.models_behind(call.model),
+                self.endpoint.highest_rates(call.model, call.litellm),
                 call.messages,
                 call.params,  # (tools, n... from litellm_kwargs: billed, so held)
                 call.reservation,

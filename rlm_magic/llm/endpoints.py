@@ -26,12 +26,19 @@ from ..errors import APIKeyError, ConfigError
 from . import environment, keys, litellm_loader
 from .litellm_loader import loaded_litellm
 from .messages import Messages
-from .pricing import tiered_price
+from .pricing import highest_rates, tiered_price
 from .profiles import PROFILES
 from .ratelimit import RateGate, gate_for
 from .transports.base import Request, Transport
 from .transports.litellm import LiteLLMTransport
-from .transports.router import RouterTransport, build_router, deployments, groups, identity
+from .transports.router import (
+    RouterTransport,
+    build_router,
+    deployments,
+    group_rates,
+    groups,
+    identity,
+)
 from .transports.wire import (
     ROUTE_ENVIRONMENT,
     Route,
@@ -116,6 +123,11 @@ class Endpoint(Protocol):
         ...
 
     def transport(self, model: str, litellm: Any) -> Transport: ...
+
+    def highest_rates(self, model: str, litellm: Any) -> tuple[float, float] | None:
+        """Dollars per input and output token a call to ``model`` may be charged at
+        most (what a budget holds); None when it has no price."""
+        ...
 
     def light(self, model: str) -> bool:
         """Whether calls to ``model`` go without litellm (not imported for them): over the
@@ -241,6 +253,9 @@ class ProviderEndpoint:
     def models_behind(self, model: str) -> list[str]:
         return []
 
+    def highest_rates(self, model: str, litellm: Any) -> tuple[float, float] | None:
+        return highest_rates(litellm, model)
+
 
 class RouterEndpoint:
     """Calls go through one Router, built once for one configuration."""
@@ -306,6 +321,9 @@ class RouterEndpoint:
 
     def models_behind(self, model: str) -> list[str]:
         return deployments(self.config.model_list, model)
+
+    def highest_rates(self, model: str, litellm: Any) -> tuple[float, float] | None:
+        return group_rates(litellm, self.config.model_list, model)
 
 
 class Endpoints:

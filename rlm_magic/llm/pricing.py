@@ -187,21 +187,16 @@ def batch_rates(litellm: Any, name: str, provider: str) -> tuple[float, float] |
     return input_cost / per_million, output_cost / per_million
 
 
-def highest_rates(
-    litellm: Any, model: str, behind: Sequence[str] = ()
-) -> tuple[float, float] | None:
+def highest_rates(litellm: Any, model: str) -> tuple[float, float] | None:
     """Dollars per input and per output token a call to ``model`` may be charged at
     most (a budget's reckoning): the highest of its entry's rates, the tiers above a
-    prompt size and cache writes included (not the priority tier, which is asked for);
-    for a Router group, of the deployments ``behind`` it. None when one is unpriced."""
-    highest_in = highest_out = 0.0
-    for name in behind or (model,):
-        names = (name, name.split("/", 1)[1]) if "/" in name else (name,)
-        entry = price_entry(litellm, names)
-        if entry is None:
-            return None
-        rates = _rates(entry)
-        highest_in, highest_out = max(highest_in, rates[1]), max(highest_out, rates[2])
+    prompt size and cache writes included (not the priority tier, which is asked for).
+    None when litellm has no price for it."""
+    names = (model, model.split("/", 1)[1]) if "/" in model else (model,)
+    entry = price_entry(litellm, names)
+    if entry is None:
+        return None
+    _, highest_in, highest_out = _rates(entry)
     return highest_in, highest_out
 
 

@@ -22,6 +22,7 @@ import json
 from typing import Any
 
 from ..keys import PLACEHOLDER_KEY, environment_key
+from ..pricing import highest_rates
 from .litellm import LiteLLMTransport
 
 
@@ -42,6 +43,33 @@ def deployments(model_list: list[dict[str, Any]], group: str) -> list[str]:
         for entry in model_list
         if entry.get("model_name") == group and entry.get("litellm_params", {}).get("model")
     ]
+
+
+def group_rates(
+    litellm: Any, model_list: list[dict[str, Any]], group: str
+) -> tuple[float, float] | None:
+    """Dollars per input and output token a call to ``group`` may be charged at most:
+    the highest of its deployments' rates, each deployment's own price (in its
+    ``litellm_params``, which the Router bills at) before its model's. None when one
+    has no price."""
+    found: list[tuple[float, float]] = []
+    for entry in model_list:
+        if entry.get("model_name") != group:
+            continue
+        params = entry.get("litellm_params") or {}
+        known = highest_rates(litellm, str(params.get("model")))
+        rates = [
+            float(own) if isinstance(own, (int, float)) else known[index] if known else None
+            for index, own in enumerate(
+                (params.get("input_cost_per_token"), params.get("output_cost_per_token"))
+            )
+        ]  # (a rate it does not give is its model's)
+        if rates[0] is None or rates[1] is None:
+            return None
+        found.append((rates[0], rates[1]))
+    if not found:
+        return None
+    return max(rates[0] for rates in found), max(rates[1] for rates in found)
 
 
 def identity(model_list: list[dict[str, Any]], router_settings: dict[str, Any]) -> str:

@@ -283,10 +283,6 @@ def rlm_litellm():
     return import_litellm()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BREACH: %reload_ext replaces the ledger's CostBudget: in-flight holds are lost",
-)
 async def test_reloading_the_extension_while_a_call_runs_keeps_its_hold(shell, server):
     from rlm_magic.jupyter.extension import session_rlm
 

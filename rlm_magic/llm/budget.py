@@ -75,6 +75,10 @@ class CostBudget:
     def limit(self) -> float | None:
         return self._limit() if callable(self._limit) else self._limit
 
+    def limit_by(self, limit: float | Callable[[], float | None]) -> None:
+        """Read the limit from ``limit`` now: what is held and spent stays."""
+        self._limit = limit
+
     def left(self) -> float:
         limit = self.limit
         return float("inf") if limit is None else limit - self.ledger.cost_usd - self.held

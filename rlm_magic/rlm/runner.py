@@ -21,6 +21,8 @@ from .result import RLMResult
 from .run import Run
 from .session import RLMSession
 
+_SESSION = "RLM.max_session_cost_usd"
+
 
 class RLM(RLMConfig):
     """Recursive Language Model runner and the ``RLM`` settings of rlm-magic."""
@@ -38,10 +40,17 @@ class RLM(RLMConfig):
         """The client all calls of this RLM go through (one limit, one ledger)."""
         if self._client is None:
             ledger = self._ledger if self._ledger is not None else UsageLedger(SESSION_LEDGER)
+
             # Read at each call: a %config of RLM.max_session_cost_usd holds from the next.
-            ledger.budget = CostBudget(
-                ledger, lambda: self.max_session_cost_usd, "RLM.max_session_cost_usd"
-            )
+            def limit() -> float | None:
+                return self.max_session_cost_usd
+
+            if isinstance(ledger.budget, CostBudget) and ledger.budget.setting == _SESSION:
+                # A reloaded extension's RLM: the kernel's budget goes on, with what the
+                # calls still in flight hold (a new one would start them at $0).
+                ledger.budget.limit_by(limit)
+            else:
+                ledger.budget = CostBudget(ledger, limit, _SESSION)
             self._client = LLMClient(self, ledger)
         return self._client
 

@@ -34,6 +34,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import json
+import re
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -489,9 +490,11 @@ def _counter(litellm: Any, model: str) -> Callable[[str], int] | None:
 
 def _count(litellm: Any, model: str, messages: Messages) -> int:
     counted = int(litellm.token_counter(model=model, messages=messages))
+    if _THREE_DIGITS_A_TOKEN.match(model):
+        return counted
     # litellm counts by OpenAI's tokenizer when it has no other, which reads up to three
-    # digits a token; Gemini's, Llama 2's and Mistral's read one: a table of numbers was
-    # billed 1.7x the hold. Each digit may be a token of its own.
+    # digits a token; Gemini's, Qwen's, Llama 2's and Mistral's read one: a table of
+    # numbers was billed 1.7x the hold. Each digit may be a token of its own.
     digits = sum(
         len(text) - len(text.translate(_NO_DIGITS))
         for text in (m.get("content") for m in messages)
@@ -501,3 +504,6 @@ def _count(litellm: Any, model: str, messages: Messages) -> int:
 
 
 _NO_DIGITS = str.maketrans("", "", "0123456789")
+# Models whose tokenizer reads numbers three digits a token, as litellm counts them:
+# OpenAI's (litellm's count is theirs) and Llama 3's.
+_THREE_DIGITS_A_TOKEN = re.compile(r"^(?:.*/)?(?:gpt-|o\d|chatgpt-|(?:meta-)?llama-?3)", re.I)

@@ -331,8 +331,12 @@ def _output_tokens(params: dict[str, Any]) -> int:
     """The most answer tokens a request may be billed: ``max_tokens`` (or a larger
     ``max_completion_tokens``) for each of its ``n`` (or ``best_of``) answers."""
     most = max(_whole(params.get("max_tokens")), _whole(params.get("max_completion_tokens")))
-    answers = max(1, _whole(params.get("n")), _whole(params.get("best_of")))
-    return most * answers
+    return most * _answers(params)
+
+
+def _answers(params: dict[str, Any]) -> int:
+    """How many answers a request may be billed for: its ``n`` (or ``best_of``)."""
+    return max(1, _whole(params.get("n")), _whole(params.get("best_of")))
 
 
 def _whole(value: Any) -> int:
@@ -433,7 +437,7 @@ def _refuse_if_spent(
 
 
 def _why(tokens: int, output_tokens: int, params: dict[str, Any], reported: bool = False) -> str:
-    answers = max(1, _whole(params.get("n")), _whole(params.get("best_of")))
+    answers = _answers(params)
     output = f"max_tokens={output_tokens // answers:,}"
     if answers > 1:  # each of n answers may take max_tokens
         output = f"{answers} answers of {output}"

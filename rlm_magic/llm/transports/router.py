@@ -57,16 +57,20 @@ def group_rates(
         if entry.get("model_name") != group:
             continue
         params = entry.get("litellm_params") or {}
+        own_in, own_out = params.get("input_cost_per_token"), params.get("output_cost_per_token")
+        if isinstance(own_in, (int, float)) and isinstance(own_out, (int, float)):
+            found.append((float(own_in), float(own_out)))
+            continue
+        # A rate it does not give is its model's.
         known = highest_rates(litellm, str(params.get("model")))
-        rates = [
-            float(own) if isinstance(own, (int, float)) else known[index] if known else None
-            for index, own in enumerate(
-                (params.get("input_cost_per_token"), params.get("output_cost_per_token"))
-            )
-        ]  # (a rate it does not give is its model's)
-        if rates[0] is None or rates[1] is None:
+        if known is None:
             return None
-        found.append((rates[0], rates[1]))
+        found.append(
+            (
+                float(own_in) if isinstance(own_in, (int, float)) else known[0],
+                float(own_out) if isinstance(own_out, (int, float)) else known[1],
+            )
+        )
     if not found:
         return None
     return max(rates[0] for rates in found), max(rates[1] for rates in found)

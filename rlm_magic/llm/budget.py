@@ -16,12 +16,15 @@ a response_format: ``RLM.litellm_kwargs`` included), as JSON. A model litellm ha
 price for is held at rates bounded by the costs its calls reported (a LiteLLM Proxy's
 header), one call at a time until one has. A prompt up to ``SMALL_PROMPT`` characters
 counts as its UTF-8 bytes (no byte-level tokenizer makes more tokens than bytes); a
-larger one by litellm's tokenizer (the larger of that and the estimate), 5% over. What
-can still pass the count: a server that ignores ``max_tokens``, or a tokenizer that
-reads the prompt as more tokens than litellm's. The first is watched as the answer
-streams (``Reservation.more``): past its hold, the answer holds more, or is cut. The
-second is recorded as it was billed, and leaves that much less for the next call. A
-model priced only by reports is not held for its first call, nor for a fee per call.
+larger one by litellm's tokenizer (the larger of that and the estimate), 5% over. On the
+wire, where litellm is not imported (its import held the first request seconds), a
+larger one counts as its bytes too, unless that does not fit: then litellm is imported
+to count it, rather than refuse a call that fits. What can still pass the count: a
+server that ignores ``max_tokens``, or a tokenizer that reads the prompt as more tokens
+than litellm's. The first is watched as the answer streams (``Reservation.more``): past
+its hold, the answer holds more, or is cut. The second is recorded as it was billed,
+and leaves that much less for the next call. A model priced only by reports is not held
+for its first call, nor for a fee per call.
 
 One hold covers every attempt of a call: an attempt that brought text is kept as the
 answer (cut, marked), never started over, and one that brought none was not billed
@@ -40,9 +43,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import AnswerOverBudget, BudgetExceededError
+from .litellm_loader import load_litellm
 from .messages import Messages
 from .usage import CallRecord, UsageLedger
-from .windows import chars_per_token, estimate_tokens
+from .windows import dense_tokens, estimate_tokens
 
 SMALL_PROMPT = 2_000  # characters: counted as bytes up to this, by a tokenizer past it
 COUNT_MARGIN = 1.05  # over litellm's count: another tokenizer may read a few % more
@@ -208,8 +212,9 @@ class Reservation:
                 return int(counter(text))
             except Exception:  # noqa: BLE001 - no tokenizer: the estimate
                 pass
-        # Not the bytes bound: an ordinary answer within max_tokens would be cut.
-        return max(1, round(len(text) / chars_per_token(self.model)))
+        # Not the bytes bound (an ordinary answer within max_tokens would be cut), nor
+        # the plain estimate (digits and CJK, a token a character, ran 4x past it).
+        return max(1, dense_tokens(text, self.model))
 
 
 async def admit(
@@ -243,9 +248,11 @@ async def admit(
             _refuse_if_spent(budgets, model)
             return _first_of(model, budgets, held, _output_tokens(params))
     extra, output_tokens = _content(params), _output_tokens(params)
-    tokens = await input_tokens_at_most(litellm, model, messages, extra)
-    most = tokens * rates[0] + output_tokens * rates[1]
     reservation = held if held is not None else Reservation(budgets, model)
+    tokens, litellm = await _input_held(
+        litellm, model, messages, extra, _fits(budgets, rates, output_tokens, reservation.amount)
+    )
+    most = tokens * rates[0] + output_tokens * rates[1]
     reservation.output_tokens, reservation.output_rate = output_tokens, rates[1]
     reservation.learns = learns
     counter = _counter(litellm, model)
@@ -255,7 +262,7 @@ async def admit(
         # thread, once per model, before the first call under a budget is sent. Counted
         # meanwhile by an estimate, an answer dense in tokens (digits, CJK: a token a
         # character) ran 4x past its budget; counted at a token a character, an
-        # ordinary one within max_tokens was cut.
+        # ordinary one within max_tokens was cut. (Without litellm: ``dense_tokens``.)
         warming = _WARM[model] = asyncio.get_running_loop().run_in_executor(None, counter, "warm")
     if warming is not None and not warming.done():
         with contextlib.suppress(Exception):  # (no tokenizer: the estimate, as before)
@@ -293,6 +300,13 @@ async def admit_batch(
     params = {**(options or {}), "max_tokens": max_tokens}
     extra, output_tokens = _content(params), _output_tokens(params)
     holds: list[Reservation | None] = []
+    if litellm is None:  # the items at their bytes; counted by litellm if those do not fit
+        bounds = [await input_tokens_at_most(None, model, m, extra) for m in conversations]
+        fits = _fits(budgets, rates, output_tokens * len(conversations))
+        if not fits(sum(bounds)) and any(
+            _characters(m, extra) > SMALL_PROMPT for m in conversations
+        ):
+            litellm = await load_litellm()
     try:
         for index, messages in enumerate(conversations):
             tokens = await input_tokens_at_most(litellm, model, messages, extra)
@@ -445,20 +459,47 @@ def _why(tokens: int, output_tokens: int, params: dict[str, Any], reported: bool
     return f" (~{tokens:,} input tokens and {output}{at})"
 
 
+def _fits(
+    budgets: Sequence[CostBudget],
+    rates: tuple[float, float],
+    output_tokens: int,
+    held: float = 0.0,
+) -> Callable[[int], bool]:
+    """Whether a hold of so many input tokens (beside ``output_tokens``, and ``held``
+    already) fits in what every one of ``budgets`` has left now."""
+
+    def fits(tokens: int) -> bool:
+        extra = tokens * rates[0] + output_tokens * rates[1] - held
+        return all(extra <= budget.left() for budget in budgets)
+
+    return fits
+
+
+async def _input_held(
+    litellm: Any, model: str, messages: Messages, extra: str, fits: Callable[[int], bool]
+) -> tuple[int, Any]:
+    """Input tokens to hold for a call, and litellm as it now is: imported to count a
+    large prompt only when its bytes (what it is held at without litellm) do not
+    ``fit``: a budget near its end, where a call refused costs more than the import."""
+    tokens = await input_tokens_at_most(litellm, model, messages, extra)
+    if litellm is None and not fits(tokens) and _characters(messages, extra) > SMALL_PROMPT:
+        litellm = await load_litellm()
+        tokens = await input_tokens_at_most(litellm, model, messages, extra)
+    return tokens, litellm
+
+
 async def input_tokens_at_most(
     litellm: Any, model: str, messages: Messages, extra: str = ""
 ) -> int:
     """The most input tokens a provider may bill for ``messages`` and ``extra`` (see the
-    module's docstring); a large prompt is counted off the loop."""
+    module's docstring); a large prompt is counted off the loop. ``litellm`` None (not
+    imported): its bytes."""
     if extra:
         messages = [*messages, {"role": "system", "content": extra}]
-    texts = [
-        m["content"] if isinstance(m.get("content"), str) else str(m.get("content"))
-        for m in messages
-    ]
+    texts = _texts(messages)
     overhead = _MESSAGE_OVERHEAD * len(messages)
     characters = sum(map(len, texts))
-    if characters <= SMALL_PROMPT:
+    if characters <= SMALL_PROMPT or litellm is None:
         return sum(len(text.encode("utf-8")) for text in texts) + overhead
     key = (model, hash(tuple(texts)), characters)
     counted = _COUNTED.get(key)
@@ -475,6 +516,17 @@ async def input_tokens_at_most(
             _COUNTED.clear()
         _COUNTED[key] = counted
     return int(max(counted, estimate_tokens(messages, model)) * COUNT_MARGIN) + overhead
+
+
+def _texts(messages: Messages) -> list[str]:
+    return [
+        m["content"] if isinstance(m.get("content"), str) else str(m.get("content"))
+        for m in messages
+    ]
+
+
+def _characters(messages: Messages, extra: str) -> int:
+    return sum(map(len, _texts(messages))) + len(extra)
 
 
 # Counts of large prompts, by (model, the texts' hash, their length): a map's holds and

@@ -27,7 +27,8 @@ The same answers say what kind of server it is and, for llama.cpp, how many requ
 it runs at once (``total_slots`` in ``/props``, else the number of ``/slots``): calls to
 it are held to that many (``slots``); llama.cpp and vLLM take a JSON schema for typed
 answers (``structured``) and count a text's tokens at ``POST /tokenize``
-(``count_tokens``), which sizes chunks to this model's tokenizer before the first turn.
+(``count_tokens``), which sizes chunks to this model's tokenizer before the first turn
+and counts a prompt near the window (``windows``: litellm is not imported to count it).
 """
 
 from __future__ import annotations
@@ -262,9 +263,9 @@ async def count_tokens(
     key ``model``'s chat calls carry (``api_key``: ``RLM.api_key``; see ``ask``)."""
     import aiohttp
 
-    kind = local_server_kind(api_base, model)
-    if kind not in ("llama.cpp", "vllm"):
+    if not tokenizes(api_base, model):
         return None
+    kind = local_server_kind(api_base, model)
     post: dict[str, Any] = (
         {"content": text}
         if kind == "llama.cpp"
@@ -274,10 +275,32 @@ async def count_tokens(
     headers = _auth(sent_key(model, api_base, api_key))
     async with aiohttp.ClientSession(timeout=timeout, headers=headers) as session:
         answer = await read_json(session, server_root(api_base) + "/tokenize", post)
-    if not isinstance(answer, dict):
-        return None
-    tokens = answer.get("tokens")
-    return _positive(answer.get("count")) or (len(tokens) if isinstance(tokens, list) else None)
+    tokens = answer.get("tokens") if isinstance(answer, dict) else None
+    counted = (_positive(answer.get("count")) if isinstance(answer, dict) else None) or (
+        len(tokens) if isinstance(tokens, list) else None
+    )
+    if counted is None:
+        # (a server started without it, or one too busy to say): each prompt fitted to
+        # its window would wait for it again
+        _NOT_TOKENIZING[(api_base, model)] = (time.monotonic(), PROFILES.generation)
+    return counted
+
+
+def tokenizes(api_base: str | None, model: str) -> bool:
+    """Whether ``count_tokens`` may ask the server: it is llama.cpp or vLLM, local, and
+    its ``/tokenize`` has not failed in the last ``GUESS_KEPT_S`` seconds."""
+    if local_server_kind(api_base, model) not in ("llama.cpp", "vllm"):
+        return False
+    failed = _NOT_TOKENIZING.get((api_base or "", model))
+    return (
+        failed is None
+        or failed[1] != PROFILES.generation  # (forgotten with what was learned of it)
+        or time.monotonic() - failed[0] > GUESS_KEPT_S
+    )
+
+
+# When each server's /tokenize last failed, and what PROFILES had learned then.
+_NOT_TOKENIZING: dict[tuple[str, str], tuple[float, int]] = {}
 
 
 def _kind(props: Any, models: Any, running: Any, shown: Any, name: str) -> str | None:

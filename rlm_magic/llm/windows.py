@@ -6,11 +6,16 @@ own endpoint, see ``local_servers``), else litellm's model info, else
 is remembered for the rest of the session (per endpoint and model).
 
 Counting is cheap on the loop: a character estimate decides clear cases; only a prompt
-near the limit is counted exactly, in a thread when it is large. The estimate's
-characters per token are learned per model from its own usage reports (and from the
-counts its refusals name), and before a run's first turn from its server's own count of
-a sample of the context where the server has a ``/tokenize`` (llama.cpp, vLLM): Gemma
-reads log text at 1.75, not 4.
+near the limit is counted exactly: by the server's own tokenizer where it has one (a
+local llama.cpp's or vLLM's ``/tokenize``), else by litellm's if it is imported (in a
+thread when the prompt is large). litellm is never imported to count: that held the
+first request 5 s on a 4,096-token server at the default ``max_tokens``, where every
+prompt is near the window. Without either, ``cautious_estimate`` counts.
+
+The estimate's characters per token are learned per model from its own usage reports
+(and from the counts its refusals name), and before a run's first turn from its
+server's own count of a sample of the context where the server has a ``/tokenize``
+(llama.cpp, vLLM): Gemma reads log text at 1.75, not 4.
 
 Room for the answer is what answers need, not ``max_tokens`` whatever the prompt: a
 prompt is refused only when not even a short answer would fit beside it, and when it
@@ -22,11 +27,12 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Iterable, Iterator, Sequence
+import string
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from ..errors import PromptTooLongError
-from . import litellm_loader, price_map
+from . import price_map
 from .local_servers import count_tokens, guessed_window, local_server_kind, reported_window
 from .profiles import DEFAULT_CHARS_PER_TOKEN, PROFILES
 
@@ -54,6 +60,9 @@ _PROMPT_IN_MESSAGE = [
 MIN_ANSWER = 256  # a prompt is refused only when not even this much answer fits
 _LARGE_CHARS = 50_000  # counted in a thread above this
 _MESSAGE_OVERHEAD = 4  # tokens a chat template adds per message
+# A server's count of a prompt's text (``local_servers.count_tokens``); None: it cannot say.
+ServerCount = Callable[[str], Awaitable[int | None]]
+_SERVER_COUNTS_AT_MOST = 400_000  # characters: a longer prompt is over any local window
 
 
 def is_context_error(exc: BaseException | None) -> bool:
@@ -175,7 +184,7 @@ def chars_per_token(model: str | None = None) -> float:
     return min(12.0, max(0.8, profile.characters_read / profile.tokens_counted))
 
 
-def learned_ratio(model: str) -> bool:
+def learned_ratio(model: str | None) -> bool:
     profile = PROFILES.known_model(model)
     return profile is not None and profile.tokens_counted >= 100
 
@@ -278,15 +287,51 @@ def estimate_tokens(messages: list[dict[str, Any]], model: str | None = None) ->
     return int(_characters(messages) / chars_per_token(model)) + _MESSAGE_OVERHEAD * len(messages)
 
 
+def cautious_estimate(messages: list[dict[str, Any]], model: str | None = None) -> int:
+    """Tokens of a conversation where no tokenizer counts them: ``estimate_tokens`` once
+    the model's characters per token are learned (they tell how it reads such text),
+    else ``dense_tokens``."""
+    if learned_ratio(model):
+        return estimate_tokens(messages, model)
+    texts = [m["content"] for m in messages if isinstance(m.get("content"), str)]
+    return sum(dense_tokens(text, model) for text in texts) + _MESSAGE_OVERHEAD * len(messages)
+
+
+def dense_tokens(text: str, model: str | None = None) -> int:
+    """Tokens of ``text`` counted so as not to fall short of a tokenizer's: a digit or a
+    non-ASCII character a token each (Llama's and Gemma's read digits one a token; CJK
+    is about one a character), ASCII punctuation half a token (JSON and code are dense
+    in it), the rest at the model's characters per token. Against OpenAI's cl100k it
+    reads prose, code, logs and JSON at 1.0-1.2x, where ``estimate_tokens`` reads logs
+    and JSON at half. Linear, at C speed: it runs on the loop."""
+    ascii_only = text.encode("ascii", "ignore")
+    digits = len(ascii_only) - len(ascii_only.translate(None, _DIGITS))
+    punctuation = len(ascii_only) - len(ascii_only.translate(None, _PUNCTUATION))
+    rest = len(ascii_only) - digits - punctuation
+    dense = digits + punctuation / 2 + (len(text) - len(ascii_only))
+    return int(rest / chars_per_token(model) + dense)
+
+
+_DIGITS = string.digits.encode()
+_PUNCTUATION = string.punctuation.encode()
+
+
 async def fit_answer(
-    litellm: Any, model: str, messages: list[dict[str, Any]], window: int, max_tokens: int
+    litellm: Any,
+    model: str,
+    messages: list[dict[str, Any]],
+    window: int,
+    max_tokens: int,
+    server_count: ServerCount | None = None,
 ) -> int:
     """``max_tokens`` to send with this prompt: as asked when prompt and answer fit
     the window, less when only a shorter answer fits (a server would refuse the
     request as asked, or cut it). Raises ``PromptTooLongError`` when not even the
-    shortest answer fits: then the prompt must be cut."""
+    shortest answer fits: then the prompt must be cut. ``litellm``: None when it is not
+    imported (it is not imported here); ``server_count``: the server's own tokenizer."""
     shortest = shortest_answer(max_tokens)
-    tokens = await prompt_tokens_over(litellm, model, messages, max(0, window - max_tokens))
+    room = max(0, window - max_tokens)
+    tokens = await prompt_tokens_over(litellm, model, messages, room, server_count)
     if tokens is None:
         return max_tokens
     if tokens > window - shortest:
@@ -304,24 +349,43 @@ async def fit_answer(
 
 
 async def prompt_tokens_over(
-    litellm: Any, model: str, messages: list[dict[str, Any]], room: int
+    litellm: Any,
+    model: str,
+    messages: list[dict[str, Any]],
+    room: int,
+    server_count: ServerCount | None = None,
 ) -> int | None:
     """The prompt's tokens when they are over ``room``, else None.
 
-    Clear cases are decided by the estimate; a prompt near the limit is counted
-    exactly, off the loop when it is large. For a model whose characters per token
-    were learned, or that litellm has no entry for, the larger of the two counts
-    stands."""
+    Clear cases are decided by the estimate; a prompt near the limit is counted: by
+    ``server_count`` (the model's own tokenizer) when it answers, else by litellm when
+    it is imported (``litellm``; off the loop when the prompt is large), else by
+    ``cautious_estimate``."""
     estimate = estimate_tokens(messages, model)
     if estimate <= room // 2:
         return None
     characters = _characters(messages)
     if 0 < room < characters // 8 and not learned_ratio(model):  # over even at 8 a token
         return estimate
-    if litellm is None:  # near the window: counted by litellm, imported off the loop
-        litellm = await litellm_loader.load_litellm()
+    counted = None
+    if server_count is not None and characters <= _SERVER_COUNTS_AT_MOST:
+        text = "\n".join(m["content"] for m in messages if isinstance(m.get("content"), str))
+        by_server = await server_count(text)
+        if by_server is not None:
+            counted = by_server + _MESSAGE_OVERHEAD * len(messages)
+    if counted is None and litellm is not None:
+        counted = await _litellm_count(litellm, model, messages, estimate)
+    if counted is None:  # (litellm not imported: the wire path goes on without it)
+        counted = cautious_estimate(messages, model)
+    return counted if counted > room else None
+
+
+async def _litellm_count(
+    litellm: Any, model: str, messages: list[dict[str, Any]], estimate: int
+) -> int:
+    """litellm's count of the prompt, or the estimate where that may be larger."""
     try:
-        if characters > _LARGE_CHARS:
+        if _characters(messages) > _LARGE_CHARS:
             exact = await asyncio.to_thread(_count, litellm, model, messages)
         else:
             exact = _count(litellm, model, messages)
@@ -332,7 +396,7 @@ async def prompt_tokens_over(
         # litellm counts a model it has no entry for with OpenAI's tokenizer, which
         # may read its text quite differently: the estimate stands when larger.
         exact = max(exact, estimate)
-    return exact if exact > room else None
+    return exact
 
 
 def _count(litellm: Any, model: str, messages: list[dict[str, Any]]) -> int:

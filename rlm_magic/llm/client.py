@@ -220,6 +220,19 @@ class LLMClient:
             self.config.api_base, model
         )
 
+    def _server_count(self, model: str) -> windows.ServerCount | None:
+        """The server's own count of a text's tokens, where it has one (a local
+        llama.cpp's or vLLM's ``/tokenize``): it reads as the model does."""
+        config = self.config
+        api_base = config.api_base
+        if not (
+            api_base
+            and self.endpoint.probes_local_servers
+            and local_servers.tokenizes(api_base, model)
+        ):
+            return None
+        return lambda text: local_servers.count_tokens(api_base, model, text, config.api_key)
+
     def input_window(self, model: str | None = None, advice: bool = False) -> int | None:
         """Input tokens ``model`` takes, if known (see ``windows.input_window``;
         ``advice``: a guessed window counts too, for planning, never for refusing)."""
@@ -287,9 +300,9 @@ class LLMClient:
         """Holds for a map's items in the budgets of ``ledger``, in order, before any is
         sent (see ``budget.admit_batch``): the first ``len(holds)`` items may go."""
         ledger = ledger if ledger is not None else self.ledger
-        if not budget.budgets_of(ledger):  # (and litellm loads as the items start)
+        if not budget.budgets_of(ledger):
             return [None] * len(conversations), None
-        litellm = await litellm_loader.load_litellm()
+        litellm = await self.litellm_for(model)  # (None on the wire: it counts without)
         return await budget.admit_batch(
             ledger,
             litellm,
@@ -360,11 +373,11 @@ class LLMClient:
         if litellm is None and not (_wire_is_ready and price_map.ready()):
             await _ready_without_litellm()
         plan = endpoint.plan(model, litellm)
-        # litellm only when the call needs it (another provider, a Router, a budget's
-        # count...): an OpenAI-compatible endpoint's call leaves without the import.
+        # litellm only when the call needs it (another provider, a Router...): an
+        # OpenAI-compatible endpoint's call leaves without the import, near its window
+        # and under a budget too (they count without it: ``windows``, ``budget``).
         if litellm is None and (
             plan.transport is None
-            or budget.budgets_of(call.ledger)
             or keys.key_check_needs_litellm(config, model)  # (whose key RLM.api_key is)
         ):
             litellm = await litellm_loader.load_litellm()
@@ -390,7 +403,12 @@ class LLMClient:
             # A prompt the model cannot take is not sent (it would be billed or refused);
             # one that fits beside a shorter answer asks for less (windows.fit_answer).
             call.params["max_tokens"] = await windows.fit_answer(
-                litellm, model, messages, window, call.params["max_tokens"]
+                litellm,
+                model,
+                messages,
+                window,
+                call.params["max_tokens"],
+                self._server_count(model),
             )
         call.marked = (
             mark_prefix(messages)

@@ -49,14 +49,36 @@ ACCEPTED_FORMS = (
 )
 
 _OPENING = re.compile(r"^([ \t]*)(`{3,})[ \t]*([^\s`]*)[^`\n]*$")
-_MARKER = re.compile(r"^[ \t]*(?:[>*_#+`-]+[ \t]*)*(FINAL_VAR|FINAL)\(", re.MULTILINE)
+# One Markdown character per repeat: "(?:[>*]+[ \t]*)*" backtracked exponentially on a
+# line of 30 '*' (minutes for one reply).
+_MARKER = re.compile(r"^[ \t]*(?:[>*_#+`-][ \t]*)*(FINAL_VAR|FINAL)\(", re.MULTILINE)
 _MENTION = re.compile(r"\bFINAL(?:_VAR)?\b")
 _PRINTED_MARKER = re.compile(r"\s*(FINAL_VAR|FINAL)\(")
 # A list marker's token before its ')': a number, a letter or a small roman numeral,
 # at the start of a line (or of the answer) or after a space.
 _LIST_TOKEN = re.compile(r"(?:^|(?<=[\s*_]))(\d{1,2}|[A-Za-z]|[ivx]{2,4})$", re.MULTILINE)
 _ROMAN = ("i", "ii", "iii", "iv", "v", "vi", "vii", "viii", "ix", "x")
-_EMOTICON_EYES = re.compile(r"[:;=]-?$")
+# What may change the depth of an answer's parentheses, one match each and found at C
+# speed (each match starts with the text up to it): a quoted span of one line (skipped
+# whole), an emoticon's parenthesis (skipped: ":)", ";-)", "=)", and ":(" before a space
+# or the line's end, not "x:(y)"), a parenthesis (groups 1 and 2), a lone quote.
+_EYES_BEFORE = r"(?:(?<=[:;=]{0})|(?<=[:;=]-{0})|(?<=[:;=]\n{0}))"
+_PAREN_TOKENS = re.compile(
+    r'[^()"`]*(?:"[^"\n]*"|`[^`\n]*`'
+    + r"|\)"
+    + _EYES_BEFORE.format(r"\)")
+    + r"|\("
+    + _EYES_BEFORE.format(r"\(")
+    + r"(?=[ \t\n]|\Z)|(\()|(\))|[\"`]|\Z)"
+)
+# An answer whose end takes more parentheses and quoted spans than this to find is not
+# read (40 ms of the kernel's loop at most; a printed marker of 3.4 MB of "a) " took 3 s).
+MAX_MARKER_TOKENS = 10_000
+# The ')' ending a line (``str.splitlines``'s line breaks, trailing spaces stripped).
+_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+_LINE_ENDING_IN_PAREN = re.compile(rf"\)[^\S{_BREAKS}]*(?=[{_BREAKS}]|\Z)")
+_PARAGRAPH_END = re.compile(r"[ \t]*(?:\n[ \t]*(?:\n|$)|$)")
+_WORD = re.compile(r"\S+")
 # What may follow the answer's ')' on its line for it to end the line.
 _LINE_TAIL = re.compile(r"[ \t.,;:!?*_`~]*(?:\n|$)")
 
@@ -243,7 +265,10 @@ def _is_lone_marker(body: str) -> bool:
     match = _MARKER.match(body)
     if match is None:
         return False
-    end, _, _ = _argument_end(body[match.end() :])
+    try:
+        end, _, _ = _argument_end(body[match.end() :])
+    except _TooLong:
+        return False
     return end is not None and match.end() + end == len(body) - 1
 
 
@@ -292,16 +317,23 @@ def _prose(text: str, fences: list[Fence]) -> list[str]:
 def _marker(segment: str, match: re.Match[str], limit: int) -> tuple[Final | None, str]:
     kind, start = match.group(1), match.end()
     area = segment[start:limit]
-    end, balanced, readings = _argument_end(area)
+    try:
+        end, balanced, readings = _argument_end(area)
+    except _TooLong:
+        return None, (
+            f"Your {kind}(...) holds more than {MAX_MARKER_TOKENS:,} parentheses and "
+            "quotes, too many to read where it ends, so no answer was read from it. Put the "
+            'answer in a variable in a ```repl block and finish with FINAL_VAR("variable_name").'
+        )
     if readings:
-        short, long = (_quote(area[:index], 80) for index in readings)
+        short, long = (_quote(area, 80, 0, index) for index in readings)
         return None, (
             f"Your {kind}(...) can be read two ways, as {short} or as {long}, "
             f"so no answer was read from it. Put the answer in a variable in a "
             f'```repl block and finish with FINAL_VAR("variable_name").'
         )
     if end is None:
-        seen = _quote(segment[match.start() : limit])
+        seen = _quote(segment, 160, match.start(), limit)
         return None, (
             f"Your {kind}( is never closed, so no answer was read from it: "
             f"{seen}. Accepted forms: {ACCEPTED_FORMS}."
@@ -328,14 +360,16 @@ def _marker(segment: str, match: re.Match[str], limit: int) -> tuple[Final | Non
 
 def _argument_end(area: str) -> tuple[int | None, bool, tuple[int, int] | None]:
     """Where the argument after "FINAL(" ends in ``area``, whether a balancing ')' ends
-    it, and, when it reads two ways, where each reading ends (the end is then None)."""
-    closers = list(_closers(area))
-    if closers:
-        first, marker = closers[0]
+    it, and, when it reads two ways, where each reading ends (the end is then None).
+    Reads only as far as it must (``_TooLong`` past ``MAX_MARKER_TOKENS`` tokens)."""
+    closers = _closers(area)
+    opening = next(closers, None)
+    if opening is not None:
+        first, marker = opening
         if marker is None:
             return first, True, None
         skipped = [marker]
-        for index, marker in closers[1:]:
+        for index, marker in closers:
             if marker is None:  # an ordinary ')' after marker-like ones: a longer reading
                 if _counts_up(skipped) and _LINE_TAIL.match(area, index + 1):
                     return index, True, None  # FINAL(Answer: a) yes\n\nb) no)
@@ -348,36 +382,28 @@ def _argument_end(area: str) -> tuple[int | None, bool, tuple[int, int] | None]:
     return None, False, None
 
 
+class _TooLong(Exception):
+    """An answer whose end is more than ``MAX_MARKER_TOKENS`` tokens away."""
+
+
 def _closers(area: str) -> Iterator[tuple[int, str | None]]:
     """Each ')' of ``area`` that balances the "FINAL(" before it, with what makes it read
     as a list marker or a percentage ("1", "a", "ii", "%"), or None. Parentheses in a
-    quoted span of one line and those of emoticons do not count."""
-    depth, index = 0, 0
-    while index < len(area):
-        char = area[index]
-        if char in '"`':
-            close = area.find(char, index + 1)
-            if close != -1 and area.find("\n", index + 1, close) == -1:
-                index = close + 1
-                continue
-        elif _is_emoticon(area, index):
-            pass
-        elif char == "(":
+    quoted span of one line and those of emoticons do not count. Raises ``_TooLong``
+    past ``MAX_MARKER_TOKENS`` tokens: the scan is a regex's, the depth Python's."""
+    depth = 0
+    for count, token in enumerate(_PAREN_TOKENS.finditer(area)):
+        if count == MAX_MARKER_TOKENS:
+            raise _TooLong
+        paren = token.lastindex
+        if paren == 1:
             depth += 1
-        elif char == ")":
+        elif paren == 2:
             if depth:
                 depth -= 1
             else:
+                index = token.end() - 1
                 yield index, _marker_token(area, index)
-        index += 1
-
-
-def _is_emoticon(area: str, index: int) -> bool:
-    """ ":)", ";-)", "=)"; and ":(" when a space or the line's end follows (not "x:(y)")."""
-    char = area[index]
-    if char not in "()" or not _EMOTICON_EYES.search(area, max(0, index - 2), index):
-        return False
-    return char == ")" or area[index + 1 : index + 2] in ("", " ", "\t", "\n")
 
 
 def _marker_token(area: str, index: int) -> str | None:
@@ -411,18 +437,13 @@ def _counts_up(markers: list[str]) -> bool:
 
 
 def _first_line_ending_in_paren(area: str) -> int | None:
-    offset = 0
-    for line in area.splitlines(keepends=True):
-        stripped = line.rstrip()
-        if stripped.endswith(")"):
-            return offset + len(stripped) - 1
-        offset += len(line)
-    return None
+    found = _LINE_ENDING_IN_PAREN.search(area)
+    return found.start() if found else None
 
 
 def _ends_paragraph(area: str, index: int) -> bool:
     """Whether the line ending at ``index`` is the last of its paragraph."""
-    return re.match(r"[ \t]*(?:\n[ \t]*(?:\n|$)|$)", area[index + 1 :]) is not None
+    return _PARAGRAPH_END.match(area, index + 1) is not None
 
 
 def _mentions(text: str, fences: list[Fence]) -> list[str]:
@@ -444,9 +465,17 @@ def _mentions(text: str, fences: list[Fence]) -> list[str]:
     return []
 
 
-def _quote(text: str, limit: int = 160) -> str:
-    text = " ".join(text.split())
-    return repr(text if len(text) <= limit else text[:limit] + "...")
+def _quote(text: str, limit: int = 160, start: int = 0, end: int | None = None) -> str:
+    """``text[start:end]`` with its spaces collapsed, cut at ``limit`` characters; its
+    words read only as far as the limit (a quote of megabytes was built whole)."""
+    words, size = [], -1
+    for word in _WORD.finditer(text, start, len(text) if end is None else end):
+        words.append(word.group())
+        size += len(words[-1]) + 1
+        if size > limit:
+            break
+    quoted = " ".join(words)
+    return repr(quoted if len(quoted) <= limit else quoted[:limit] + "...")
 
 
 def _name(argument: str) -> str:

@@ -20,11 +20,12 @@ import asyncio
 import json
 import re
 import threading
+import time
 import warnings
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from ..errors import ConfigError, InvalidAnswer, LLMQueryError
 from . import price_map
@@ -34,7 +35,7 @@ from .profiles import PROFILES
 if TYPE_CHECKING:
     from .completion import Completion
 
-_FENCE = re.compile(r"^\s*```(?:json)?\s*\n(.*?)\n\s*```\s*$", re.DOTALL)
+_T = TypeVar("_T")
 
 
 class AnswerFormat:
@@ -46,10 +47,17 @@ class AnswerFormat:
     or a large one cost seconds to check: it holds at most ``MAX_SCHEMA_VALUES`` values,
     ``MAX_EXPANDED_NODES`` once its references are followed, none of them circular, and
     no regular expression (``pattern``: the kernel would run it against the answer,
-    where a catastrophic one stalls for minutes); checking it and its answers runs off
-    the loop, each answer within ``MAX_CHECKS`` keyword checks. No schema may refer
-    outside itself: a remote ``$ref`` would have the kernel fetch a URL (the sandbox has
-    no network; the kernel must not become its proxy).
+    where a catastrophic one stalls for minutes) nor ``unevaluated*`` keyword (each
+    application walks the schema again for every property); checking it and its answers
+    runs off the loop, each answer within ``MAX_CHECKS`` units of work counted at their
+    real cost (see ``_Budget``) and ``MAX_CHECK_SECONDS`` of the thread's time. No schema
+    may refer outside itself: a remote ``$ref`` would have the kernel fetch a URL (the
+    sandbox has no network; the kernel must not become its proxy).
+
+    Any answer, whoever wrote the schema, is at most ``MAX_ANSWER_CHARS`` characters and
+    ``MAX_ANSWER_VALUES`` JSON values, both counted before it is decoded; a large one is
+    checked off the loop, and a check off the loop stops at its next step once the call
+    waiting for it is cancelled (its step ended).
     """
 
     def __init__(self, spec: Any, *, trusted: bool = True):
@@ -76,8 +84,7 @@ class AnswerFormat:
                     f"response_format is not a valid JSON schema: {_excerpt(exc.message)}"
                 ) from None
             _refuse_outside_references(schema, trusted)
-            if not trusted:
-                validator_class = _counted(validator_class)
+            validator_class = _counted(validator_class)
             self.schema = schema
             self.name = _name(schema.get("title", "answer"))
             # A registry that retrieves nothing: jsonschema would otherwise fetch a
@@ -130,11 +137,12 @@ class AnswerFormat:
     def instruction(self) -> str:
         return f"Answer with JSON only, matching this JSON schema: {self._schema_text}"
 
-    def parse(self, text: str) -> Any:
-        """The answer as an object (a pydantic instance or a dict), or InvalidAnswer."""
-        fenced = _FENCE.match(text)
-        if fenced:  # JSON mode on some models still wraps the object in a code fence
-            text = fenced.group(1)
+    def parse(self, text: str, allowance: Allowance | None = None) -> Any:
+        """The answer as an object (a pydantic instance or a dict), or InvalidAnswer.
+        ``allowance``: what checking its call's answers has left (a fresh one if None),
+        spent here for a schema from model code."""
+        _refuse_oversize(text)
+        text = _unfenced(text)
         if self.model is not None:
             from pydantic import ValidationError
 
@@ -144,28 +152,36 @@ class AnswerFormat:
                 first = exc.errors()[0]
                 where = ".".join(str(p) for p in first.get("loc", ())) or "the answer"
                 raise InvalidAnswer(f"{where}: {first.get('msg')}") from None
+        started = time.thread_time()
         try:
             value = json.loads(text)
         except ValueError as exc:
             raise InvalidAnswer(f"not JSON ({exc})") from None
-        if not self.trusted:
-            _work.left = MAX_CHECKS
+        except RecursionError:
+            raise InvalidAnswer("nested too deeply to read") from None
+        stop = getattr(_work, "stop", None) or threading.Event()
+        allowance = None if self.trusted else allowance or Allowance()
+        deadline = started + allowance.seconds if allowance else 0.0
+        _work.budget = _Budget(stop, allowance, deadline)
         try:
             error = next(iter(self._check.iter_errors(value)), None)
         except RecursionError:
             raise InvalidAnswer("nested too deeply to check") from None
         finally:
-            _work.left = None
+            _work.budget = None
+            if allowance:
+                allowance.seconds -= time.thread_time() - started
         if error is not None:
             where = ".".join(str(p) for p in error.absolute_path) or "the answer"
             raise InvalidAnswer(f"{_excerpt(where, 100)}: {_excerpt(error.message)}")
         return value
 
-    async def checked(self, text: str) -> Any:
-        """``parse``, off the loop for a schema from model code (see the class)."""
-        if self.trusted:
+    async def checked(self, text: str, allowance: Allowance | None = None) -> Any:
+        """``parse``, off the loop for a schema from model code or a long answer (see
+        the class)."""
+        if self.trusted and len(text) <= _PARSED_ON_LOOP:
             return self.parse(text)
-        return await asyncio.to_thread(self.parse, text)
+        return await _abandonable(self.parse, text, allowance)
 
     async def checked_all(self, texts: list[str | None]) -> list[Any]:
         """Each text parsed (None stays None), or the ``InvalidAnswer`` it raised: in one
@@ -180,27 +196,155 @@ class AnswerFormat:
                     out.append(problem)
             return out
 
-        return parse_all() if self.trusted else await asyncio.to_thread(parse_all)
+        if self.trusted and sum(len(text or "") for text in texts) <= _PARSED_ON_LOOP:
+            return parse_all()
+        return await _abandonable(parse_all)
 
 
 # A schema from model code: the most values it may hold, and schema nodes once its
-# references are followed (a doubling chain of 18 $refs is 262,144 of them); checks
-# (keyword applications) of one answer, about a second of a thread's time.
+# references are followed (a doubling chain of 18 $refs is 262,144 of them); the units
+# of work (``_Budget``) and the thread CPU time that checking a call's answers may take
+# (its answer and, if that did not match, the one asked again).
 MAX_SCHEMA_VALUES = 2_000
 MAX_SCHEMA_CHARS = 100_000  # of its names and texts
 MAX_EXPANDED_NODES = 10_000
 MAX_CHECKS = 250_000
+MAX_CHECK_SECONDS = 1.0
+# Any answer: decoding holds the interpreter's lock, so the loop waits for it whatever
+# thread decodes (4 MB of JSON: about 40 ms); a decoded value takes up to about 70
+# bytes (a list of 10 million empty objects is 30 MB of text and 700 MB decoded).
+MAX_ANSWER_CHARS = 4 * 2**20
+MAX_ANSWER_VALUES = 200_000
+_PARSED_ON_LOOP = 64 * 2**10  # a longer answer to the notebook's own schema: in a thread
+_ERROR_CHARS_PER_CHECK = 16  # an error's text costs a unit per this many characters
 # Names whose meaning would let a schema from model code refer other than by a plain
 # "#/..." pointer into itself (the expansion above follows only those).
 _UNTRUSTED_KEYWORDS = frozenset(
     {"$id", "$anchor", "$dynamicRef", "$dynamicAnchor", "$recursiveRef", "$recursiveAnchor"}
 )
+# Keywords whose check reads each item or property of the answer's value: they cost
+# that many units, not one.
+_READS_INSTANCE = frozenset(
+    {
+        "items",
+        "prefixItems",
+        "additionalItems",
+        "contains",
+        "additionalProperties",
+        "propertyNames",
+        "patternProperties",
+    }
+)
+# Keywords that compare the answer's value with each value of their own, nested ones too.
+_COMPARES_VALUES = frozenset({"enum", "const"})
 _BUILT: OrderedDict[str, AnswerFormat] = OrderedDict()  # model code's formats, by schema
-_work = threading.local()  # the checks left to the answer this thread is checking
+_work = threading.local()  # this thread's stop flag, and the budget of the answer it checks
 
 
 class AnswerTooCostly(InvalidAnswer):
-    """An answer that would take more than ``MAX_CHECKS`` checks against its schema."""
+    """An answer that would take more than its budget to check against its schema."""
+
+
+class Allowance:
+    """What checking a call's answers against a schema from model code may take:
+    ``MAX_CHECKS`` units of work (see ``_Budget``) and ``MAX_CHECK_SECONDS`` of a
+    thread's CPU time, shared by its answer and the one asked again if it did not match."""
+
+    def __init__(self) -> None:
+        self.units = MAX_CHECKS
+        self.seconds = MAX_CHECK_SECONDS
+
+
+class _Abandoned(Exception):
+    """The call waiting for a check was cancelled: the check stops where it is."""
+
+
+class _Budget:
+    """The work checking one answer spends from its call's ``Allowance`` (None: no limit,
+    the notebook's own schema), counted at its real cost: a unit is a few microseconds
+    of a thread's time (a keyword applied, an item or property it reads, a value of
+    ``enum`` or ``const`` it compares with, a value ``uniqueItems`` reads, 16 characters
+    of an error's text, which quotes the value). The thread's CPU time is read every few
+    hundred units; whether the waiting call was cancelled, at every step."""
+
+    def __init__(self, stop: threading.Event, allowance: Allowance | None, deadline: float):
+        self.stop = stop
+        self.allowance = allowance
+        self.deadline = deadline  # of time.thread_time()
+        self._until_clock = 256
+
+    def spend(self, units: int) -> None:
+        if self.stop.is_set():
+            raise _Abandoned
+        allowance = self.allowance
+        if allowance is None:
+            return
+        allowance.units -= units
+        if allowance.units < 0:
+            raise AnswerTooCostly(
+                f"checking it against this schema takes more than {MAX_CHECKS:,} steps: "
+                "ask for a smaller answer or a simpler schema"
+            )
+        self._until_clock -= units
+        if self._until_clock <= 0:
+            self._until_clock = 256
+            if time.thread_time() > self.deadline:
+                raise AnswerTooCostly(
+                    f"checking it against this schema takes more than {MAX_CHECK_SECONDS:g} s "
+                    "of the kernel's time: ask for a smaller answer or a simpler schema"
+                )
+
+
+async def _abandonable(work: Callable[..., _T], *args: Any) -> _T:
+    """``work(*args)`` in a thread that stops at its next step (``_Budget.spend``) once
+    the task awaiting it is cancelled, rather than run on past the step that asked."""
+    stop = threading.Event()
+
+    def run() -> _T:
+        _work.stop = stop
+        try:
+            return work(*args)
+        finally:
+            _work.stop = None
+
+    try:
+        return await asyncio.to_thread(run)
+    finally:
+        stop.set()
+
+
+def _refuse_oversize(text: str) -> None:
+    """InvalidAnswer for an answer over ``MAX_ANSWER_CHARS`` or ``MAX_ANSWER_VALUES``,
+    before it is decoded. Every value but the first follows a ',', '[', '{' or ':', so
+    their count bounds the values (and keys) from above."""
+    if len(text) > MAX_ANSWER_CHARS:
+        raise AnswerTooCostly(
+            f"an answer of {len(text):,} characters, over the {MAX_ANSWER_CHARS:,} "
+            "a typed answer may hold"
+        )
+    values = 1 + sum(text.count(mark) for mark in ",[{:")
+    if values > MAX_ANSWER_VALUES:
+        raise AnswerTooCostly(
+            f"an answer of up to {values:,} JSON values, over the {MAX_ANSWER_VALUES:,} "
+            "a typed answer may hold"
+        )
+
+
+def _unfenced(text: str) -> str:
+    """The JSON inside a code fence (JSON mode on some models still wraps the object in
+    one: "```json\n{...}\n```"), found by string operations: a regular expression here
+    backtracked for seconds over an answer of 2,000 blank lines."""
+    body = text.strip()
+    if len(body) < 6 or not (body.startswith("```") and body.endswith("```")):
+        return text
+    body = body[3:-3]
+    if body.startswith("json") and body[4:5].isspace():
+        body = body[4:]
+    inner = body.strip()
+    if not inner:
+        return inner if body.count("\n") >= 2 else text
+    opening, closing = body[: len(body) - len(body.lstrip())], body[len(body.rstrip()) :]
+    return inner if "\n" in opening and "\n" in closing else text
 
 
 def _unwrapped(spec: dict[str, Any]) -> Any:
@@ -211,31 +355,104 @@ def _unwrapped(spec: dict[str, Any]) -> Any:
 
 
 def _counted(validator_class: Any) -> Any:
-    """``validator_class`` whose every keyword check spends one of ``_work.left``."""
+    """``validator_class`` whose every keyword check spends its real cost from this
+    thread's ``_Budget`` (see there), with ``uniqueItems`` checked in linear time."""
     counted = _COUNTED.get(validator_class)
     if counted is None:
         import jsonschema
 
-        def spend(check: Callable[..., Any]) -> Callable[..., Any]:
+        def spend(keyword: str, check: Callable[..., Any]) -> Callable[..., Any]:
+            compares, reads = keyword in _COMPARES_VALUES, keyword in _READS_INSTANCE
+
             def checked(validator: Any, value: Any, instance: Any, schema: Any) -> Any:
-                left = getattr(_work, "left", None)
-                if left is not None:
-                    if left <= 0:
-                        raise AnswerTooCostly(
-                            f"checking it against this schema takes more than "
-                            f"{MAX_CHECKS:,} steps: ask for a smaller answer or a simpler "
-                            "schema"
-                        )
-                    _work.left = left - 1
-                return check(validator, value, instance, schema)
+                budget: _Budget | None = getattr(_work, "budget", None)
+                if budget is None:
+                    return check(validator, value, instance, schema)
+                if budget.allowance is None:  # the notebook's schema: stoppable, not metered
+                    if budget.stop.is_set():
+                        raise _Abandoned
+                    return check(validator, value, instance, schema)
+                cost = 1 + (_values_in(value) if compares else _width(value))
+                if reads:
+                    cost += _width(instance)
+                budget.spend(cost)
+                return _metered(check(validator, value, instance, schema), budget)
 
             return checked
 
-        validators = {name: spend(check) for name, check in validator_class.VALIDATORS.items()}
+        validators = {
+            name: spend(name, check) for name, check in validator_class.VALIDATORS.items()
+        }
+        if "uniqueItems" in validators:
+            validators["uniqueItems"] = spend("uniqueItems", _unique_items)
         counted = _COUNTED[validator_class] = jsonschema.validators.extend(
             validator_class, validators
         )
     return counted
+
+
+def _metered(errors: Any, budget: _Budget) -> Iterator[Any]:
+    """A keyword's errors, each paid for by the length of its text (jsonschema's quote
+    the whole value: an anyOf of 900 types against an 8 MB list made 7 GB of them)."""
+    for error in errors or ():
+        budget.spend(len(error.message) // _ERROR_CHARS_PER_CHECK)
+        yield error
+
+
+def _width(value: Any) -> int:
+    return len(value) if isinstance(value, (list, dict)) else 0
+
+
+def _values_in(value: Any) -> int:
+    """How many values ``value`` holds, nested ones included."""
+    count, stack = 0, [value]
+    while stack:
+        node = stack.pop()
+        count += 1
+        if isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return count
+
+
+def _unique_items(validator: Any, unique: Any, instance: Any, schema: Any) -> Iterator[Any]:
+    """``uniqueItems`` in time linear in the array: jsonschema compares unsortable items
+    (objects) pairwise, 10 s of CPU for 3,000 of them. Each item becomes a key equal for
+    equal JSON values (1 and 1.0 alike, true and 1 not), hashed through strings, whose
+    hashes are salted: numbers chosen to collide cannot make the set quadratic."""
+    if not (unique and validator.is_type(instance, "array")):
+        return
+    from jsonschema.exceptions import ValidationError
+
+    budget: _Budget | None = getattr(_work, "budget", None)
+    seen: dict[Any, int] = {}
+    for index, item in enumerate(instance):
+        key = _key(item, budget)
+        if key in seen:
+            yield ValidationError(f"items {seen[key]} and {index} are equal, and must be unique")
+            return
+        seen[key] = index
+
+
+def _key(value: Any, budget: _Budget | None) -> Any:
+    """A hashable key equal for values JSON Schema calls equal, a unit per value."""
+    if budget is not None:
+        budget.spend(1)
+    if isinstance(value, str):
+        return value
+    if value is True or value is False or value is None:
+        return ("literal", repr(value))
+    if isinstance(value, int):
+        return ("number", hex(value))  # linear in the digits, unlike str()
+    if isinstance(value, float):
+        whole = value.is_integer()
+        return ("number", hex(int(value)) if whole else repr(value))
+    if isinstance(value, list):
+        return ("array", tuple(_key(item, budget) for item in value))
+    if isinstance(value, dict):
+        return ("object", frozenset((name, _key(item, budget)) for name, item in value.items()))
+    return ("other", repr(value))
 
 
 _COUNTED: dict[Any, Any] = {}
@@ -394,6 +611,11 @@ def _refuse_outside_references(schema: Any, trusted: bool) -> None:
                 raise ConfigError(
                     "response_format from model code may not hold regular "
                     "expressions (pattern, patternProperties)"
+                )
+            if not trusted and key in ("unevaluatedProperties", "unevaluatedItems"):
+                raise ConfigError(
+                    f"response_format from model code may not use {key} (its check walks "
+                    "the schema again for every property): use additionalProperties or items"
                 )
 
 
@@ -578,8 +800,9 @@ async def ask(
         _tell_schema_not_sent(model_name, f"its server refused it: {_excerpt(str(error), 160)}")
         messages, response_format = prepare(asked, answer_format, litellm, model_name)
         first = await complete(messages, response_format=response_format, **options)
+    allowance = Allowance()
     try:
-        return Typed(await answer_format.checked(first.text), first)
+        return Typed(await answer_format.checked(first.text, allowance), first)
     except AnswerTooCostly as problem:  # asking again would cost as much, and be paid
         raise LLMQueryError(model_name, f"the answer could not be checked: {problem}") from None
     except InvalidAnswer as problem:
@@ -598,7 +821,7 @@ async def ask(
         extra_cost_usd=first.cost_usd or 0.0,
     )
     try:
-        return Typed(await answer_format.checked(second.text), second, **extra)
+        return Typed(await answer_format.checked(second.text, allowance), second, **extra)
     except InvalidAnswer as problem:
         raise LLMQueryError(
             model_name, f"the answer did not match the schema twice ({problem})"

@@ -62,7 +62,9 @@ _LARGE_CHARS = 50_000  # counted in a thread above this
 _MESSAGE_OVERHEAD = 4  # tokens a chat template adds per message
 # A server's count of a prompt's text (``local_servers.count_tokens``); None: it cannot say.
 ServerCount = Callable[[str], Awaitable[int | None]]
-_SERVER_COUNTS_AT_MOST = 400_000  # characters: a longer prompt is over any local window
+# Characters: the token ids /tokenize answers a longer prompt with (~7 bytes each) would
+# pass what is read of an answer (``local_servers.MAX_BODY``).
+_SERVER_COUNTS_AT_MOST = 400_000
 
 
 def is_context_error(exc: BaseException | None) -> bool:

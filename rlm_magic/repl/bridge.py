@@ -145,6 +145,8 @@ def parse_json(body: bytes | str) -> dict:
         message = json.loads(body if isinstance(body, str) else body.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         raise BridgeError(f"a message that is not JSON ({exc})") from None
+    except RecursionError:  # within MAX_VALUES, 40,000 '[' still are
+        raise BridgeError("a message nested too deeply to decode") from None
     if not isinstance(message, dict) or not isinstance(message.get("op"), str):
         raise BridgeError("a message without an 'op'")
     return message

@@ -1,7 +1,9 @@
 """What counts as a secret, where secrets are found, and how one is shown masked.
 
 Secrets never reach a model nor the model's code: redaction (``llm.redaction``) removes
-these values from every prompt and every output the model reads, the sandbox's
+these values, in the forms they travel in (base64, hex, URL-encoded, spaced...), and the
+values of echoed credential headers (``CREDENTIAL_NAMES``), from every prompt, every
+output the model reads and every answer or error its code gets, the sandbox's
 environment leaves them out, and ``%rlm config`` and ``%config RLM`` show them masked
 (a secret setting's value is a ``Secret``, whose repr is masked).
 """
@@ -16,6 +18,13 @@ from typing import Any
 SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTHORIZATION")
 # Shorter values ("1", "true") would blank out ordinary text and are not real secrets.
 MIN_SECRET_LENGTH = 8
+# Headers and settings whose value is a credential whatever it is, as regular expressions
+# of the words that end their names (lower case): ``Authorization`` and
+# ``Proxy-Authorization``, ``x-api-key``, Azure's ``api-key``, Google's
+# ``x-goog-api-key``, ``api_key=`` in a client's repr, ``x-auth-token``, Azure APIM's
+# ``Ocp-Apim-Subscription-Key``. An echo of one is redacted even when its value is no
+# secret we know (a token from a credentials file).
+CREDENTIAL_NAMES = ("authorization", "api[-_]?key", "auth[-_]token", "subscription[-_]key")
 # litellm's way of naming an environment variable in a setting instead of its value.
 _ENVIRONMENT_REFERENCE = "os.environ/"
 

@@ -14,7 +14,7 @@ from . import retries
 from .completion import INTERRUPTED, Completion
 from .identity import RequestIdentity
 from .messages import Messages
-from .redaction import Redactor, redact_failure
+from .redaction import Redactor, redact_causes, redact_failure
 from .streaming import OnText, StreamState
 from .transports.base import Answer, Transport
 from .usage import CallRecord, UsageLedger
@@ -105,6 +105,9 @@ class Call:
             error, cause = failure, failure.cause
             underlying = cause if isinstance(cause, BaseException) else failure
         else:
+            # Redacted before its message is made: the message cuts a long error text,
+            # and a secret cut in two would be found by neither half.
+            redact_causes(failure, redactor)
             error = LLMQueryError(
                 self.model, explain_proxy_failure(failure, self.model), retries=self.retries
             )

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from ..errors import APIKeyError, describe_exception
+from .redaction import Redactor, redact_causes
 
 if TYPE_CHECKING:
     from ..config import RLMConfig
@@ -130,6 +131,9 @@ def key_failure(
     """The ``APIKeyError`` a failed attempt stands for: a 401, an authentication error,
     or an SDK that had no key to send; None for any other failure."""
     status = getattr(failure, "status_code", None)
+    # Redacted before it is described: the description cuts a long sentence, and a key
+    # cut in two (or its base64, its hex) would be found by neither half.
+    redact_causes(failure, Redactor(extra=config.configured_secrets()))
     text = str(failure)
     said = describe_exception(failure)  # the provider's sentence, once
     kind = f"{type(failure).__name__}: "

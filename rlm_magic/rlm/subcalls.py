@@ -3,9 +3,10 @@
 
 Model code may not choose its model (the sub-model is pinned), may not spend past the
 run's sub-call and cost budgets (a call the cost budget has no room for is not sent,
-and a batch is cut to what fits before any item goes), and sees failures as
-``"Error: ..."`` strings, never as exceptions. A model code's map is the notebook's
-(``maps.run_map``), reporting its way.
+and a batch is cut to what fits before any item goes), sees failures as
+``"Error: ..."`` strings, never as exceptions, and gets answers and errors redacted (an
+endpoint may echo a key in either, in any form ``llm.redaction`` knows). A model
+code's map is the notebook's (``maps.run_map``), reporting its way.
 The budgets and counts a run shares with its children are its ``tree.RunTree``.
 """
 
@@ -15,8 +16,10 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import ConfigError, LLMQueryError, PromptTooLongError, describe_exception
+from ..llm.completion import CutAnswer
 from ..llm.limiter import ConcurrencyLimiter
 from ..llm.messages import build_messages
+from ..llm.redaction import Redactor, off_loop_if_large
 from ..llm.structured import AnswerFormat, ask
 from ..llm.windows import is_context_error, prompt_in_error
 from ..maps.gather import gather_limited
@@ -132,6 +135,8 @@ class SubCalls:
             deadline=lambda: self.deadline,
         )
         answers, errors = await run_map(self.client, conversations, spec, _TreeObserver(self))
+        size = sum(len(a) for a in answers if isinstance(a, str))
+        answers = await off_loop_if_large(size, redacted, answers, self.client.redactor())
         answers = [
             self._error_value(errors[i], tokens) if i in errors else answer
             for i, answer in enumerate(answers)
@@ -154,9 +159,10 @@ class SubCalls:
         self.tree.call_started()
         outcome = await self.child_run(prompt, context, self.deadline)
         self.tree.call_ended(failed=not outcome.success)
+        redact = self.client.redactor()
         if outcome.success:
-            return cast(str, outcome.final_answer)  # a successful run has an answer
-        return f"Error: child RLM failed: {outcome.error}"
+            return redact(cast(str, outcome.final_answer))  # a successful run has one
+        return redact(f"Error: child RLM failed: {outcome.error}")
 
     async def rlm_query_batch(
         self, prompts: Any, contexts: Any = None, model: str | None = None, **_ignored: Any
@@ -173,7 +179,8 @@ class SubCalls:
         limiter = ConcurrencyLimiter(self.concurrency)
         calls = [(lambda p=p, c=c: self.rlm_query(p, c)) for p, c in zip(prompts, contexts)]
         answers, errors = await gather_limited(calls, limiter)
-        return [f"Error: {errors[i]}" if i in errors else a for i, a in enumerate(answers)]
+        redact = self.client.redactor()
+        return [redact(f"Error: {errors[i]}") if i in errors else a for i, a in enumerate(answers)]
 
     async def _sub_call(
         self,
@@ -210,7 +217,8 @@ class SubCalls:
         self.tree.call_ended()
         if completion.incomplete:  # at max_tokens, or broken off (a stall, a deadline)
             self.cut_answers += 1
-        return typed.value if answer_format is not None else completion.text
+        answer = typed.value if answer_format is not None else completion.text
+        return redacted(answer, self.client.redactor())
 
     def _tokens(self, max_tokens: Any) -> int:
         """The max_tokens model code asked for, at most the run's."""
@@ -219,7 +227,11 @@ class SubCalls:
         return self.max_tokens
 
     def _error_value(self, exc: BaseException, max_tokens: int) -> str:
-        """A failed sub-call as model code sees it: one line, with what to change."""
+        """A failed sub-call as model code sees it: one line, with what to change, and
+        nothing of a secret (whatever raised it: a typed answer's check quotes it)."""
+        return self.client.redactor()(self._error_line(exc, max_tokens))
+
+    def _error_line(self, exc: BaseException, max_tokens: int) -> str:
         if isinstance(exc, PromptTooLongError):
             return "Error: " + exc.reason.replace("the model takes", "the sub-model takes")
         if is_context_error(exc):
@@ -240,6 +252,24 @@ class SubCalls:
             f"Error: max_sub_calls={self.tree.max_sub_calls} reached for this run; "
             "no request was sent"
         )
+
+
+def redacted(answer: Any, redact: Redactor) -> Any:
+    """A sub-call's answer (its text, a typed value, a map's list of them) as model code
+    gets it: a proxy or a server that quotes the request may echo a key in an answer as
+    well as in an error. A cut answer stays a ``CutAnswer``."""
+    if isinstance(answer, CutAnswer):
+        text = redact(answer.text)
+        if text == answer.text:
+            return answer
+        return CutAnswer(text, answer.reason, broken_off=answer.broken_off)
+    if isinstance(answer, str):
+        return redact(answer)
+    if isinstance(answer, dict):
+        return {redacted(k, redact): redacted(v, redact) for k, v in answer.items()}
+    if isinstance(answer, list):
+        return [redacted(item, redact) for item in answer]
+    return answer
 
 
 def refusal_advice(exc: BaseException, window: int | None, max_tokens: int) -> str:

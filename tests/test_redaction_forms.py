@@ -280,6 +280,15 @@ def test_the_head_of_a_text_never_shows_part_of_a_secret(secret, form, before, l
     assert text.startswith(kept[0]) and len(kept[0]) <= limit
 
 
+def test_a_base64_echo_loses_the_characters_that_hold_the_key_and_no_others():
+    key = "sk-proj-" + "aB3dE5gH7jK9" * 3
+    redact = _redactor(key)
+    assert redact(f"a\n{base64.b64encode(key.encode()).decode()}\nb") == f"a\n{REDACTED}\nb"
+    # Basic auth's "user:key": what encodes "use" stays, the rest holds bits of the key.
+    basic = base64.b64encode(f"user:{key}".encode()).decode()
+    assert redact(f"Basic {basic}!") == f"Basic {basic[:4]}{REDACTED}!"
+
+
 def test_a_secret_too_short_for_loose_forms_is_still_removed_as_it_is():
     redact = _redactor("hunter22")
     assert redact("password hunter22!") == f"password {REDACTED}!"

@@ -1,6 +1,8 @@
 """What model-sent data costs the kernel: each reader alone, and whole runs (issue 38).
 
 Run from the repo root:  python benchmarks/bench_model_sent.py [--runs-only | --readers-only]
+(it measures the rlm_magic of the tree it is in: copy it into another commit's tree, with
+bench_sandbox.py, for that commit's figures side by side).
 
 - each reader of model-sent data, alone, on the payload that costs it most that we know
   of: its CPU time per MB (this thread's clock) and its peak allocation (tracemalloc);
@@ -116,8 +118,9 @@ _FOUR_UNIQUE = "\n".join(
 )
 # name: (the block, what the sub-model answers, how many calls it makes)
 RUNS = {
-    "prints a 3.4 MB FINAL( of 'a) '": ('print("FINAL(" + "a) " * 1_133_000)', None, 0),
-    "prints a 3.4 MB FINAL( of '('": ('print("FINAL(" + "(" * 3_400_000)', None, 0),
+    # An f-string that starts with FINAL( is a printed finish (a "+" is not).
+    "prints a 3.4 MB FINAL( of 'a) '": ("print(f\"FINAL({'a) ' * 1_133_000}\")", None, 0),
+    "prints a 3.4 MB FINAL( of '('": ("print(f\"FINAL({'(' * 3_400_000}\")", None, 0),
     "asks uniqueItems over 3,000 objects, four times": (_FOUR_UNIQUE, _OBJECTS, 4),
     "asks anyOf of 600 types of a 1 MB answer": (
         "print(str(llm_query('q', response_format={'anyOf': [{'type': 'string'}] * 600}))[:60])",
@@ -132,13 +135,15 @@ RUNS = {
 }
 
 
-async def runs() -> None:
+async def runs(only: str) -> None:
     # A typed call imports litellm (about 150 MB and a second): once, before measuring.
     await hostile_run("print(llm_query('q', response_format={'type': 'string'}))", '"x"')
     started = time.process_time()
     await hostile_run("print(1)", None)
     bare = time.process_time() - started  # a run's own CPU, taken off each below
     for name, (code, answer, calls) in RUNS.items():
+        if only not in name:
+            continue
         started = time.process_time()
         growth, stall, _ = await hostile_run(code, answer)
         cpu = time.process_time() - started - bare
@@ -155,12 +160,13 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs-only", action="store_true")
     parser.add_argument("--readers-only", action="store_true")
+    parser.add_argument("--only", default="", help="only the runs whose name holds this")
     args = parser.parse_args()
     print("| measure | figure | bound |\n|---|---|---|")
     if not args.runs_only:
         readers()
     if not args.readers_only:
-        await runs()
+        await runs(args.only)
 
 
 if __name__ == "__main__":

@@ -243,6 +243,7 @@ async def test_the_worker_loads_neither_litellm_nor_the_package(rlm, server):
             "rlm_magic.repl.isolation.report",
             "rlm_magic.repl.isolation.syscalls",
             "rlm_magic.repl.namespace",
+            "rlm_magic.repl.provenance",
             "rlm_magic.repl.rewrite",
             "rlm_magic.repl.steps",
         ]

@@ -255,3 +255,47 @@ async def test_a_second_block_and_a_final_var_right_after_a_block_are_never_cut(
     result = await rlm.arun("q", context=CONTEXT)
     assert result.final_answer == "40" and server.cancelled == 0
     assert [block.output for block in result.trajectory[0].code] == ["20", "40"]
+
+
+# -- by origin, whatever the spelling (tests/test_provenance.py generates the class) -------
+@pytest.mark.parametrize(
+    "finish",
+    [
+        'FINAL(f"{7} lines")',
+        "FINAL(3 + 4)",
+        'FINAL("{} lines".format(7))',
+        'FINAL("There are %d lines" % 7)',
+        'FINAL(" ".join(["7", "lines"]))',
+        "answer.update(content=str(7), ready=True)",
+        'print(f"FINAL({7} lines)")',
+    ],
+)
+async def test_an_answer_typed_in_any_spelling_after_unseen_output_is_not_taken(
+    rlm, server, finish
+):
+    server.script("root-model", [repl(f"print(context.count('\\n'))\n{finish}"), "FINAL(20)"])
+    result = await rlm.arun("How many lines?", context=CONTEXT)
+    assert result.final_answer == "20" and result.iterations == 2
+    assert result.trajectory[0].withheld[0].why == "unseen output"
+
+
+@pytest.mark.parametrize(
+    "finish",
+    [
+        "print(FINAL(v))",
+        "FINAL(v)",
+        "FINAL_VAR('v')",
+        "answer['content'] = v\nanswer['ready'] = True",
+    ],
+)
+async def test_a_reply_that_only_writes_its_answer_down_finishes_in_its_turn(rlm, server, finish):
+    server.script("root-model", [repl(f"v = '42'\n{finish}")])
+    result = await rlm.arun("What is the answer?", context=CONTEXT)
+    assert result.success and result.final_answer == "42" and result.iterations == 1
+
+
+async def test_an_answer_computed_in_any_spelling_is_taken_in_its_turn(rlm, server):
+    code = "n = context.count('\\n')\nprint(n)\nFINAL(f'There are {n} lines')"
+    server.script("root-model", [repl(code)])
+    result = await rlm.arun("How many lines?", context=CONTEXT)
+    assert result.final_answer == "There are 20 lines" and result.iterations == 1

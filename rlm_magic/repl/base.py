@@ -5,10 +5,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .provenance import Replayed
 from .steps import StepOutput
 
 if TYPE_CHECKING:
@@ -45,6 +46,15 @@ class REPL(Protocol):
 
     async def final_var(self, name: str) -> str | None:
         """What ``FINAL_VAR(name)`` answers, or None when there is no such variable."""
+        ...
+
+    async def replay(
+        self, codes: Sequence[str], variable: str | None = None, timeout: float = 10.0
+    ) -> Replayed:
+        """Run a reply's blocks ``codes`` again with every piece of data changed
+        (``provenance``): per world, the digest of its answer (the last block's finish,
+        or ``variable``'s value), and whether the code read data. Within ``timeout``
+        seconds; nothing it does reaches the namespace or the kernel."""
         ...
 
     async def set_variable(self, name: str, value: Any) -> None: ...

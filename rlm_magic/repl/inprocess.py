@@ -23,13 +23,16 @@ import io
 import itertools
 import threading
 import time
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .base import REPL, Helpers, SubCallBudget
 from .capture import OutputSink, routing_installed
+from .provenance import Replayed, replay
 from .steps import (
     StepInterrupted,
     StepOutput,
+    compile_step,
     execute_step,
     final_var,
     install_helpers,
@@ -145,7 +148,11 @@ class AsyncREPL:
         step.thread = threading.Thread(
             target=self._execute,
             name=f"rlm-step-{step.id}",
-            args=(step, compiled, buffer, output, done),
+            args=(
+                step,
+                lambda: execute_step(compiled, self.namespace, output, buffer, self._sink),
+                done,
+            ),
             daemon=True,
         )
         self._current = step
@@ -172,15 +179,43 @@ class AsyncREPL:
             output.elapsed_s = time.perf_counter() - started
         return output
 
-    def _execute(
-        self, step: _Step, compiled, buffer, output: StepOutput, done: asyncio.Future
-    ) -> None:
+    async def replay(
+        self, codes: Sequence[str], variable: str | None = None, timeout: float = 10.0
+    ) -> Replayed:
+        """The reply's blocks run again with the data changed (``provenance``), in a
+        thread of their own stopped like a step's when ``timeout`` is up."""
+        found = Replayed()
+
+        def work() -> None:
+            nonlocal found
+            found = replay(
+                codes, self.namespace, self.helper_names, compile_step, variable=variable
+            )
+
+        step = _Step(next(_step_ids))
+        done: asyncio.Future = self.loop.create_future()
+        step.thread = threading.Thread(
+            target=self._execute, name=f"rlm-replay-{step.id}", args=(step, work, done), daemon=True
+        )
+        with routing_installed():
+            step.thread.start()
+            try:
+                await asyncio.wait_for(asyncio.shield(done), timeout)
+            except asyncio.TimeoutError:
+                self._stop(step)
+                return Replayed()
+            except BaseException:
+                self._stop(step)
+                raise
+        return found
+
+    def _execute(self, step: _Step, work: Callable[[], None], done: asyncio.Future) -> None:
         ident = threading.get_ident()
         try:
             with self._lock:
                 self._threads[ident] = step
                 step.threads.add(threading.current_thread())
-            execute_step(compiled, self.namespace, output, buffer, self._sink)
+            work()
         except StepInterrupted:
             pass  # a kill landing just outside the model's code
         finally:

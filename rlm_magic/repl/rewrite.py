@@ -135,10 +135,11 @@ def _walk_same_scope(tree):
 
 
 class FinishRewriter(ast.NodeTransformer):
-    """Two ways real models finish from code, made explicit at compile time:
+    """Three ways real models finish from code, made explicit at compile time:
     - ``print("FINAL(...)")`` / ``print(f"FINAL({x})")``: a print whose own text (a
       literal or f-string written in the code) begins with FINAL( or FINAL_VAR( goes
       to a print that also finishes. Printed *data* that holds the word never does.
+    - ``print(FINAL(v))``: the finish alone (FINAL returns None, which it would print).
     - ``FINAL_VAR(total)``, a variable written bare instead of its name in quotes: the
       call is told its argument is a value (``FINAL_VAR("total")`` stays a name)."""
 
@@ -147,6 +148,12 @@ class FinishRewriter(ast.NodeTransformer):
         func = node.func
         if not isinstance(func, ast.Name):
             return node
+        if func.id == "print" and len(node.args) == 1 and not node.keywords:
+            inner = node.args[0]
+            if isinstance(inner, ast.Call) and _is_finisher(inner.func):
+                # print(FINAL(v)), as OpenEnv-style models finish: the finish itself,
+                # not a print of the None it returns (output the model never saw).
+                return inner
         if func.id == "print" and node.args and _starts_with_final(node.args[0]):
             node.func = ast.copy_location(ast.Name(id=PRINT_FINAL, ctx=ast.Load()), func)
         elif (
@@ -157,6 +164,10 @@ class FinishRewriter(ast.NodeTransformer):
         ):
             node.keywords = [ast.keyword(arg="_value_given", value=ast.Constant(True))]
         return node
+
+
+def _is_finisher(node: ast.AST) -> bool:
+    return isinstance(node, ast.Name) and node.id in ("FINAL", "FINAL_VAR")
 
 
 def _starts_with_final(node: ast.AST) -> bool:

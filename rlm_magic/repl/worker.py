@@ -32,6 +32,7 @@ def _import_shared_code():
 
 _import_shared_code()
 
+import _thread  # noqa: E402
 import base64  # noqa: E402
 import concurrent.futures  # noqa: E402
 import contextvars  # noqa: E402
@@ -56,9 +57,11 @@ from rlm_magic.repl.fitting import (  # noqa: E402
     listed_batch,
 )
 from rlm_magic.repl.helpers import BATCH_NAMES  # noqa: E402
+from rlm_magic.repl.provenance import Replayed, replay  # noqa: E402
 from rlm_magic.repl.steps import (  # noqa: E402
     StepInterrupted,
     StepOutput,
+    compile_step,
     execute_step,
     final_var,
     install_helpers,
@@ -301,6 +304,8 @@ class Worker:
                         "value": final_text(self.namespace, str(message.get("name"))),
                     }
                 )
+            elif op == "replay":
+                self.send({"op": "replay", **self.replay(message).as_message()})
             elif op == "names":
                 names = user_variables(self.namespace)[:VARIABLES_MOST]
                 self.send({"op": "names", "names": names})
@@ -320,6 +325,30 @@ class Worker:
                 index = int(message.get("index", 0))
                 part = self.carry_parts[index] if 0 <= index < len(self.carry_parts) else b""
                 self.send({"op": "carry_part", "data": base64.b64encode(part).decode("ascii")})
+
+    def replay(self, message: dict) -> Replayed:
+        """The reply's blocks run again with the data changed (``provenance``), stopped
+        like a step when its ``seconds`` are up: a digest of the answer in each world."""
+        codes = [str(code) for code in message.get("codes") or ()]
+        variable = message.get("variable")
+        seconds = float(message.get("seconds") or 0)
+        timer = threading.Timer(seconds, _thread.interrupt_main, (signal.SIGINT,))
+        self.running, self.stop_requested = True, False
+        timer.start()
+        try:
+            return replay(
+                codes,
+                self.namespace,
+                self.helper_names,
+                compile_step,
+                variable=None if variable is None else str(variable),
+                fit=fitted_finish,
+            )
+        except (KeyboardInterrupt, StepInterrupted, SyntaxError):
+            return Replayed()
+        finally:
+            self.running = False
+            timer.cancel()
 
     def carry_out(self) -> dict:
         """The model's variables as plain data, for the session's next question: how

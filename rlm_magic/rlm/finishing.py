@@ -16,14 +16,37 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import replace
+from enum import Enum
 from typing import TYPE_CHECKING
 
+from ..repl.provenance import Replayed, answer_digest
 from .replies import ACCEPTED_FORMS, Final, Reply, read_printed_final, read_reply
 from .result import Iteration, RLMResult, Withheld
-from .seen_output import UNSEEN, guessed_output_at, literal_finish, ran_code, short, typed
+from .seen_output import UNSEEN, guessed_output_at, short
 
 if TYPE_CHECKING:
     from ..repl.base import REPL
+
+
+# A replay is given this long, and twice what the reply's blocks took, within a step's time.
+REPLAY_MIN_S = 5.0
+
+
+class Origin(Enum):
+    """Where an answer came from (``repl.provenance``)."""
+
+    COMPUTED = "computed"  # it moved when the data did
+    TYPED = "typed"  # the same in every world: the model wrote it
+    UNDECIDED = "undecided"  # a world could not run to an answer, and none moved
+
+
+def origin_of(real: str, digests: Sequence[str | None]) -> Origin:
+    """The origin the replay's digests show against the real answer's ``real``."""
+    if any(digest is not None and digest != real for digest in digests):
+        return Origin.COMPUTED
+    if digests and all(digest == real for digest in digests):
+        return Origin.TYPED
+    return Origin.UNDECIDED
 
 
 class Finishing:
@@ -38,6 +61,7 @@ class Finishing:
         self.cut_off = ""  # where the last root turn was cut ("" if it was whole)
         self.broken_off: str | None = None  # why the last root turn broke off
         self._told_restored: set[str] = set()  # scaffold names the model was told of
+        self.step_timeout = 120.0  # the run's, bounding a replay (``_origin``)
 
     def read(self, reply: str, *, until_guess: bool = False) -> Reply:
         """The reply's blocks and markers. A turn that broke off (a stall, a server
@@ -82,7 +106,7 @@ class Finishing:
         if not finish:
             return False
         how, answer = finish
-        printed, by_variable = answer, False
+        printed, variable = answer, None
         if how == "print":  # the block printed a FINAL(...) line of its own
             marker = read_printed_final(answer)
             if marker is None:
@@ -96,8 +120,7 @@ class Finishing:
             if resolved is None:
                 outputs.append(problem)
                 return False
-            answer = resolved
-        # Taken only if the model saw what came before it (``seen_output``).
+            answer, variable = resolved, marker.value if by_variable else None
         head = answer[:200]  # an answer may be megabytes: name it by its start
         what = short(
             {"code": f"FINAL({head!r})", "answer dict": f"answer['content'] = {head!r}"}.get(
@@ -107,19 +130,9 @@ class Finishing:
         if any(run.error for run in iteration.code[:-1]):
             iteration.withheld.append(Withheld(what, "unseen failure"))
             return False
-        # A literal is withheld after earlier blocks that did more than write values
-        # down, or after output of its own block the model has not seen; one written
-        # as the finisher's argument, after any other code of its block too. (A value
-        # the block's own logic picked among literals, silently, is its answer.)
-        earlier = [run.code for run in iteration.code[: number - 1]]
-        written = typed([*earlier, code])
-        own = iteration.code[-1].output if iteration.code else ""
-        if how == "print":
-            own = own.replace(printed.rstrip("\n"), "", 1)
-        unseen = ran_code(earlier) or own.strip() not in ("", "(no output)")
-        if (literal_finish(code, how, printed) and (unseen or ran_code([code]))) or (
-            (answer.strip() in written or printed.strip() in written) and unseen
-        ):
+        codes = [run.code for run in iteration.code[:number]]
+        real = answer_digest(*(("variable", answer) if variable else (how, printed)))
+        if await self._guessed(codes, real, iteration, variable):
             iteration.withheld.append(Withheld(what, UNSEEN))
             return False
         self.finished = (answer, {"code": "call in code", "print": "printed marker"}.get(how, how))
@@ -127,8 +140,9 @@ class Finishing:
 
     async def from_text(self, marker: Final, iteration: Iteration) -> tuple[str | None, str]:
         """(the answer a marker in the reply's text gives, or None, and the problem to
-        tell the model): a literal one is not taken from a reply whose code ran, nor any
-        from a reply whose code failed (the model wrote it before it saw either)."""
+        tell the model): one the model typed is not taken from a reply whose code showed
+        output it had not seen, nor any from a reply whose code failed (the model wrote
+        it before it saw either); a variable's value only if it came from data."""
         answer, problem, by_variable = await self._resolve(marker, iteration)
         if answer is None or not iteration.code:
             return answer, problem
@@ -137,11 +151,40 @@ class Finishing:
             iteration.withheld.append(Withheld(what, "unseen failure"))
             return None, ""
         codes = [run.code for run in iteration.code]
-        shown = any(run.output.strip() not in ("", "(no output)") for run in iteration.code)
-        if (not by_variable and ran_code(codes)) or (answer.strip() in typed(codes) and shown):
+        # Written in the reply's text, unless it names a variable: then its value's.
+        real = answer_digest("variable", answer) if by_variable else None
+        variable = marker.value if by_variable else None
+        if await self._guessed(codes, real, iteration, variable):
             iteration.withheld.append(Withheld(what, UNSEEN))
             return None, ""
         return answer, problem
+
+    async def _guessed(
+        self, codes: list[str], real: str | None, iteration: Iteration, variable: str | None = None
+    ) -> bool:
+        """Whether an answer was written before the model could know it: the reply's
+        code read data (a context, a variable from before, a sub-call's answer), so what
+        it showed or made was news to the model, and the answer did not come from that
+        data: it stays the same when the reply is replayed with the data changed
+        (``repl.provenance``). ``real``: the answer's digest (None: written in the
+        reply's text). Code that read no data showed nothing the model's own words did
+        not decide."""
+        replayed = Replayed()
+        if self.repl is not None:
+            spent = sum(run.elapsed_s for run in iteration.code)
+            seconds = min(self.step_timeout, REPLAY_MIN_S + 2 * spent)
+            try:
+                replayed = await self.repl.replay(codes, variable, timeout=seconds)
+            except Exception:  # noqa: BLE001 - a sandbox that cannot say decides nothing
+                replayed = Replayed()
+        origin = Origin.TYPED if real is None else origin_of(real, replayed.digests)
+        guessed = replayed.read_data is not False and origin is not Origin.COMPUTED
+        if guessed and origin is Origin.UNDECIDED:
+            iteration.notes.append(
+                "the answer's origin could not be told (the reply replayed with its data "
+                "changed ran to no answer), so it was taken as written"
+            )
+        return guessed
 
     def restored_note(self, names: list[str]) -> str:
         """Tell the model, once per name, that the block rebound a name the REPL

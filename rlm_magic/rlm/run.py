@@ -143,6 +143,7 @@ class Run:
             sandbox=settings.sandbox,
         )
         self.finishing = Finishing(self.result)
+        self.finishing.step_timeout = settings.step_timeout
         self.prompts = RunPrompts(
             client,
             template=config.system_prompt,

@@ -21,12 +21,14 @@ import pickle
 import re
 import signal
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..._terminal_text import visible
 from .. import bridge, carried, isolation
 from ..base import REPL, Helpers, SandboxSettings, SubCallBudget
 from ..carried import Carried
+from ..provenance import Replayed
 from ..steps import StepOutput
 from .calls import HelperCalls
 from .isolation_report import insist_on_isolation, read_isolation
@@ -73,6 +75,7 @@ def _is_name(name: Any) -> bool:
     )
 
 
+_DIGEST = re.compile(r"[0-9a-f]{64}")  # a replay's answer (``provenance.answer_digest``)
 _TYPE_NAME = re.compile(r"[A-Za-z_][\w.]{0,59}(, [\w ]{1,60})?")
 
 
@@ -369,6 +372,29 @@ class SandboxREPL:
     async def final_var(self, name: str) -> str | None:
         value = (await self._request("final_var", "final_var", timeout=30, name=name)).get("value")
         return value if isinstance(value, str) else None
+
+    async def replay(
+        self, codes: Sequence[str], variable: str | None = None, timeout: float = 10.0
+    ) -> Replayed:
+        """The reply's blocks run again in the sandbox with the data changed; the
+        worker stops itself at ``timeout``, and is stopped like a step if it does not."""
+        sandbox = self._sandbox
+        if sandbox is None or sandbox.dead or self._closed:
+            return Replayed()
+        fields = {"codes": list(codes), "variable": variable, "seconds": timeout}
+        try:
+            reply = await self._request("replay", "replay", timeout + self.STOP_GRACE_S, **fields)
+        except SandboxError:
+            if not sandbox.dead:
+                sandbox.signal(signal.SIGINT)
+            return Replayed()
+        digests, read_data = reply.get("digests"), reply.get("read_data")
+        if not isinstance(digests, list) or len(digests) > 8:
+            raise bridge.BridgeError("a replay's answer that is not a short list of digests")
+        return Replayed(
+            [d if isinstance(d, str) and _DIGEST.fullmatch(d) else None for d in digests],
+            read_data if isinstance(read_data, bool) else None,
+        )
 
     async def _deliver_context(
         self, sandbox: SandboxProcess, pickled: bytes, names: list[str]

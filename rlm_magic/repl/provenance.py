@@ -1,0 +1,371 @@
+"""Where an answer came from, told by running the reply again with the data changed.
+
+A model that writes its answer in the same reply as code whose output it has not seen
+may have typed that answer before it could know it (``FINAL(7)`` after
+``print(len(lines))``), or may have computed it (``FINAL(len(lines))``). No reading of
+the code's spelling tells the two apart for every way Python can write a value, so the
+question is put to the value itself: **an answer is typed when it comes out the same
+with every piece of data replaced**. The reply's blocks run again (``replay``) in a
+counterfactual namespace, once per world below, where
+
+- the contexts and every variable of the model's are changed into other values of the
+  same type (text with its letters and digits shifted; text doubled; numbers moved;
+  containers changed item by item, and lengthened in the second world),
+- ``llm_query`` and the other helpers answer at once, locally, with text no real model
+  would give (no call leaves the process),
+- the model's functions see the counterfactual namespace as their globals,
+- ``open`` is refused, and objects that cannot be copied safely (a DataFrame, an
+  instance of the model's own class) raise on any use.
+
+Each world's answer goes back to the kernel as a digest (``answer_digest``), and the
+kernel decides (``rlm.finishing``): a digest that differs from the real answer's means
+the answer depends on data (computed); the same digest in every world means it was
+typed; a world that could not run to the same kind of finish (an error, a refused
+object, its time up) decides nothing.
+
+Its limits, stated in the security guide: an answer drawn from a clock or a random
+number counts as computed; a replay doubles the CPU the reply's own code spent
+(sub-calls excepted), within the time the run gives it, and writes nothing.
+
+Standard library only: the sandbox worker imports this.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import hashlib
+import inspect
+import types
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .capture import OutputSink, captured_into
+from .finishers import Finish, answer_dict_finish, final_var, finisher_functions
+from .helpers import BATCH_NAMES, HELPER_NAMES
+from .namespace import ASYNC_TABLE, FINISHERS, PRINT_FINAL
+
+# Replayed blocks are compiled under this name (never a step's: the interrupt handler
+# and the tracebacks read those).
+REPLAY_FILENAME = "<rlm-replay>"
+
+# Values a replay copies at most (items of containers, counted once each), and characters
+# of text: past either, the world decides nothing rather than cost the process more.
+_MOST_ITEMS = 2_000_000
+_MOST_CHARS = 256 * 2**20
+
+
+class Undecidable(Exception):
+    """A world that cannot stand in for the real one (a value it may not copy)."""
+
+
+def answer_digest(how: str, text: str) -> str:
+    """What a finish is compared by, in the kernel and in the REPL alike."""
+    return hashlib.sha256(f"{how}\0{text}".encode("utf-8", "surrogatepass")).hexdigest()
+
+
+# -- the worlds ----------------------------------------------------------------------------
+# Letters and digits one up, the last staying: not a permutation, so even what a set of
+# them gives (its least member, how many kinds) moves.
+_SHIFTED = str.maketrans(
+    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789",
+    "bcdefghijklmnopqrstuvwxyzzBCDEFGHIJKLMNOPQRSTUVWXYZZ1234567899",
+)
+
+
+class World:
+    """One counterfactual: how it changes text, numbers and containers, and what its
+    sub-models answer."""
+
+    def __init__(self, name: str, text: Callable[[str], str], number: Callable[[Any], Any]):
+        self.name, self.text, self.number = name, text, number
+        self.longer = name == "doubled"  # lengthen sequences, as it doubles text
+        self.answers = 0
+
+    def answer(self, prompt: Any) -> str:
+        """A sub-model's answer in this world: never one a real model gives."""
+        self.answers += 1
+        return f"\u27e6{self.name} answer {self.answers} to {str(prompt)[:40]!r}\u27e7"
+
+
+def worlds() -> list[World]:
+    """The worlds a reply is replayed in, the likelier to move a computed answer first:
+    the first keeps the data's shape (JSON, CSV and line counts parse as before, every
+    value differs); the second doubles text and lengthens lists (every count moves)."""
+    return [
+        World("shifted", lambda text: text.translate(_SHIFTED), lambda n: n + 1),
+        World("doubled", lambda text: f"{text}\n{text}", lambda n: n * 2 + 3),
+    ]
+
+
+class _Opaque:
+    """Stands in for a value a world cannot change safely: any use of it undecides."""
+
+    __slots__ = ("_what",)
+
+    def __init__(self, what: str):
+        object.__setattr__(self, "_what", what)
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+        raise Undecidable(f"a {object.__getattribute__(self, '_what')} is not replayed")
+
+    def __getattribute__(self, name: str) -> Any:
+        raise Undecidable(f"a {object.__getattribute__(self, '_what')} is not replayed")
+
+    __call__ = __getitem__ = __setitem__ = __iter__ = __len__ = __contains__ = _refuse
+    __str__ = __repr__ = __format__ = __bool__ = __eq__ = __hash__ = __lt__ = _refuse
+    __add__ = __radd__ = __mul__ = __sub__ = __truediv__ = __int__ = __float__ = _refuse
+    __enter__ = __exit__ = __index__ = __setattr__ = __delattr__ = _refuse
+
+
+# Values of these types are shared with the real namespace: they cannot change.
+_SHARED = (
+    types.ModuleType,
+    types.BuiltinFunctionType,
+    type(None),
+    type(Ellipsis),
+    range,
+    slice,
+)
+
+
+class _Copier:
+    """The world's version of every value of the namespace, each made once (shared and
+    cyclic structures stay so)."""
+
+    def __init__(self, world: World, real: dict[str, Any], replayed: dict[str, Any]):
+        self.world, self.real, self.replayed = world, real, replayed
+        self.made: dict[int, Any] = {}
+        self.items = self.chars = 0
+
+    def __call__(self, value: Any) -> Any:
+        key = id(value)
+        if key in self.made:
+            return self.made[key]
+        self.items += 1
+        if self.items > _MOST_ITEMS:
+            raise Undecidable("too many values to replay")
+        made = self._changed(value)
+        self.made[key] = made
+        return made
+
+    def _changed(self, value: Any) -> Any:
+        world = self.world
+        if isinstance(value, bool) or isinstance(value, _SHARED):
+            return value
+        if isinstance(value, str):
+            self.chars += len(value)
+            if self.chars > _MOST_CHARS:
+                raise Undecidable("too much text to replay")
+            return world.text(value)  # a str subclass's own constructor may want more
+        if isinstance(value, bytes):
+            return world.text(value.decode("latin-1")).encode("latin-1")
+        if isinstance(value, (int, float, complex)):
+            return world.number(value)
+        if isinstance(value, types.FunctionType):
+            return self._function(value)
+        if isinstance(value, type):
+            # A class of the model's own: its methods read the real namespace.
+            return _Opaque("class") if value.__module__ == self.real.get("__name__") else value
+        if type(value) in (list, tuple, set, frozenset):
+            return self._sequence(value)
+        if isinstance(value, dict):
+            return self._mapping(value)
+        return _Opaque(type(value).__name__)
+
+    def _sequence(self, value: Any) -> Any:
+        if isinstance(value, list):
+            made: list[Any] = []
+            self.made[id(value)] = made  # a list that holds itself
+            made.extend(self(item) for item in value)
+        else:
+            made = [self(item) for item in value]
+        if self.world.longer and made:
+            made.append(made[0] if not isinstance(value, (set, frozenset)) else self._other(made))
+        return made if isinstance(value, list) else type(value)(made)
+
+    def _other(self, made: list[Any]) -> Any:
+        first = made[0]
+        return self.world.text(first) if isinstance(first, str) else _Opaque("item")
+
+    def _mapping(self, value: dict[Any, Any]) -> dict[Any, Any]:
+        try:
+            made = value.copy()  # its own type: Counter, OrderedDict, defaultdict
+        except Exception:  # noqa: BLE001 - a dict subclass of the model's own
+            raise Undecidable("a mapping that cannot be copied") from None
+        if type(made) is not type(value):
+            raise Undecidable("a mapping that cannot be copied")
+        self.made[id(value)] = made
+        for key, item in value.items():
+            made[key] = self(item)
+        return made
+
+    def _function(self, function: types.FunctionType) -> Any:
+        if function.__globals__ is not self.real:
+            return function  # imported: it reads its own module, not the data
+        made = types.FunctionType(
+            function.__code__,
+            self.replayed,
+            function.__name__,
+            function.__defaults__,
+            function.__closure__,
+        )
+        made.__kwdefaults__ = function.__kwdefaults__
+        made.__qualname__ = function.__qualname__
+        return made
+
+
+class _Watched(dict):
+    """A replay's namespace, which notes whether the reply's code read data: a name
+    holding data (a context, a variable from before the reply, a helper's answer) read
+    before the reply wrote it. Code at a block's top level and in its functions reads
+    and writes its globals through these methods when they are not a plain dict."""
+
+    def __init__(self, data: set[str]):
+        super().__init__()
+        self.data, self.written, self.read_data = data, set[str](), False
+
+    def __getitem__(self, name: str) -> Any:
+        if name in self.data and name not in self.written:
+            self.read_data = True
+        return super().__getitem__(name)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        self.written.add(name)
+        super().__setitem__(name, value)
+
+    def __delitem__(self, name: str) -> None:
+        self.written.add(name)
+        super().__delitem__(name)
+
+
+# What the namespace holds that is not data: the protocol and the preloaded modules.
+_NOT_DATA = {"__name__", "__builtins__", "answer", "asyncio", "re", "json", *FINISHERS, PRINT_FINAL}
+
+
+def _is_data(name: str, value: Any) -> bool:
+    if name in _NOT_DATA:
+        return False
+    return not isinstance(value, (types.ModuleType, types.FunctionType, type, *_SHARED))
+
+
+def _refused_open(*args: Any, **kwargs: Any) -> Any:
+    raise Undecidable("files are not opened in a replay")
+
+
+def replayed_namespace(real: dict[str, Any], world: World, finish: Finish) -> _Watched:
+    """The counterfactual of ``real``: its data changed, its helpers answered locally."""
+    data = {name for name, value in real.items() if _is_data(name, value)}
+    replayed = _Watched(data | set(HELPER_NAMES) | {ASYNC_TABLE})
+    dict.__setitem__(replayed, "__name__", real.get("__name__", "__rlm__"))
+    table = dict(real.get("__builtins__") or vars(builtins))
+    table["open"] = _refused_open
+    dict.__setitem__(replayed, "__builtins__", table)
+    copy = _Copier(world, real, replayed)
+    for name, value in real.items():
+        if name in replayed or name in HELPER_NAMES or name in FINISHERS:
+            continue
+        if name in (ASYNC_TABLE, PRINT_FINAL):
+            continue
+        if name == "answer" and isinstance(value, dict):
+            # Its content is data; whether it is ready is the protocol's, kept as it is.
+            dict.__setitem__(replayed, name, {**copy(value), "ready": value.get("ready")})
+        else:
+            dict.__setitem__(replayed, name, copy(value))
+    dict.update(replayed, finisher_functions(replayed, finish))
+    dict.update(replayed, _local_helpers(world))
+    return replayed
+
+
+def _local_helpers(world: World) -> dict[str, Any]:
+    def blocking(name: str) -> Callable[..., Any]:
+        batch = name in BATCH_NAMES
+
+        def helper(prompts: Any = None, *args: Any, **kwargs: Any) -> Any:
+            if batch:
+                return [world.answer(prompt) for prompt in list(prompts or ())]
+            return world.answer(prompts)
+
+        helper.__name__ = name
+        return helper
+
+    def awaitable(call: Callable[..., Any]) -> Callable[..., Any]:
+        async def helper(*args: Any, **kwargs: Any) -> Any:
+            return call(*args, **kwargs)
+
+        return helper
+
+    table = {name: blocking(name) for name in HELPER_NAMES}
+    return {**table, ASYNC_TABLE: {name: awaitable(call) for name, call in table.items()}}
+
+
+# -- the replay ----------------------------------------------------------------------------
+@dataclass
+class Replayed:
+    """What a replay found: per world, the digest of its answer, or None where the world
+    could not run to one; and whether the reply's code read data (None: not known)."""
+
+    digests: list[str | None] = field(default_factory=list)
+    read_data: bool | None = None
+
+    def as_message(self) -> dict[str, Any]:
+        return {"digests": self.digests, "read_data": self.read_data}
+
+
+def replay(
+    codes: Sequence[str],
+    real: dict[str, Any],
+    helper_names: set[str],
+    compile_block: Callable[[str, set[str], str], Any],
+    *,
+    variable: str | None = None,
+    fit: Callable[[list[str] | None], list[str] | None] = lambda finish: finish,
+) -> Replayed:
+    """Run the reply's ``codes`` again in each world: what it answers there (the finish
+    of its last block, or ``variable``'s value), as a digest. ``fit``: what the REPL
+    does to a finish before the kernel sees it."""
+    compiled = [compile_block(code, helper_names, REPLAY_FILENAME) for code in codes]
+    found = Replayed()
+    for world in worlds():
+        finish = Finish({})
+        try:
+            namespace = replayed_namespace(real, world, finish)
+        except Exception:  # noqa: BLE001 - a value that cannot be changed: no world
+            found.digests.append(None)
+            continue
+        try:
+            found.digests.append(_answer_in(namespace, finish, compiled, variable, fit))
+        except Exception:  # noqa: BLE001 - the data changed, so the code may fail
+            found.digests.append(None)
+        # Any world that read data says so; one that ran to its answer without, that
+        # the code reads none (a world cut short by an error may not have got there).
+        if namespace.read_data:
+            found.read_data = True
+        elif found.digests[-1] is not None and found.read_data is None:
+            found.read_data = False
+    return found
+
+
+def _answer_in(
+    namespace: _Watched,
+    finish: Finish,
+    compiled: list[Any],
+    variable: str | None,
+    fit: Callable[[list[str] | None], list[str] | None],
+) -> str | None:
+    finish.namespace = namespace
+    with captured_into(OutputSink()):  # what the replay prints goes nowhere
+        for code in compiled:
+            finish.result = None  # the last block's finish is the one compared
+            result = eval(code, namespace)  # noqa: S307 - model code, as the step ran it
+            if inspect.iscoroutine(result):
+                asyncio.run(result)
+    if variable is not None:
+        value = final_var(namespace, variable)
+        return None if value is None else answer_digest("variable", value)
+    done = finish.result
+    if done is None:
+        done, _ = answer_dict_finish(namespace)
+    done = fit(done)
+    return None if done is None else answer_digest(done[0], done[1])

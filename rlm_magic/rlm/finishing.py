@@ -6,9 +6,9 @@ a ``FINAL``/``FINAL_VAR`` call in its code, a ``FINAL(...)`` line its code print
 answer dict set ready. ``Finishing`` reads these against the REPL (a variable's value
 for ``FINAL_VAR``), and refuses what cannot be an answer: a marker cut off with its
 reply, an empty value, an answer given by a block that then failed, and an answer the
-model wrote before it saw what its code printed (``seen_output``: a literal answer is
-taken only from a reply that runs no other code before it). ``is_error`` tells an answer
-that is only a failed call's error string.
+model typed in a reply whose code read data it had not seen: typed, because a replay of
+the reply with its data changed gives it again (``repl.provenance``; ``Origin``), however
+it is spelled. ``is_error`` tells an answer that is only a failed call's error string.
 """
 
 from __future__ import annotations

@@ -50,8 +50,8 @@ FINAL(summary)  # a variable, or a literal: FINAL("Paris")
 ```
 The run ends when that block ends, and the answer is exactly the value you passed (a
 string as it is; anything else converted with str()). Do not call FINAL before you have
-looked at the data. An answer written as a literal after other code of the same reply is
-not taken: you had not seen that code's output yet.
+looked at the data. An answer you type yourself in a reply whose code reads the data is not
+taken (you had not seen that code's output yet): pass the value your code computed.
 """
 
 ITERATION_LIMIT_PROMPT = (

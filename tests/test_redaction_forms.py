@@ -14,6 +14,7 @@ import base64
 import json
 import re
 import string
+import time
 import traceback
 import urllib.parse
 from collections.abc import Callable, Iterator
@@ -24,7 +25,7 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from rlm_magic.errors import LLMQueryError
-from rlm_magic.llm.redaction import REDACTED, Redactor
+from rlm_magic.llm.redaction import OFF_LOOP_CHARS, REDACTED, Redactor
 
 from .conftest import helpers
 from .llm_server import FakeLLMServer
@@ -58,6 +59,9 @@ surroundings = st.lists(
     ),
     max_size=40,
 ).map("".join)
+
+
+KEY_IN_TEXTS = "sk-proj-" + "aB3dE5gH7jK9" * 4
 
 
 def _redactor(secret: str) -> Redactor:
@@ -293,6 +297,30 @@ def test_a_secret_too_short_for_loose_forms_is_still_removed_as_it_is():
     redact = _redactor("hunter22")
     assert redact("password hunter22!") == f"password {REDACTED}!"
     assert redact("h u n t e r 2") == "h u n t e r 2"  # (7 characters: not a secret)
+
+
+# -- bounded work: linear in the text, whatever it holds --------------------------------
+
+HOSTILE = {
+    "credential names, each with a value": "Authorization: Bearer x1234567 ",
+    "credential names and nothing else": "api_key=",
+    "escape leaders": "%\\&#",
+    "escapes": "%41\\u0041&#65;\\n",
+    "a spaced-out key, over and over": " ".join(KEY_IN_TEXTS) + "  ",
+    "base64 keys": base64.b64encode(KEY_IN_TEXTS.encode()).decode() + "\n",
+}
+
+
+@pytest.mark.parametrize("unit", HOSTILE.values(), ids=HOSTILE.keys())
+def test_redacting_the_most_a_loop_may_redact_takes_a_fraction_of_a_second(unit):
+    # OFF_LOOP_CHARS is the most redacted on the event loop: whatever the text holds, a
+    # small part of a second (~60 ms at worst on a quiet machine; a pass that is
+    # quadratic in the text would take seconds).
+    text = (unit * (OFF_LOOP_CHARS // len(unit) + 1))[:OFF_LOOP_CHARS]
+    redact = _redactor(KEY_IN_TEXTS)
+    started = time.perf_counter()
+    redact(text)
+    assert time.perf_counter() - started < 0.5
 
 
 # -- end to end: a server that echoes the key in its errors ----------------------------

@@ -159,10 +159,11 @@ class SubCalls:
         self.tree.call_started()
         outcome = await self.child_run(prompt, context, self.deadline)
         self.tree.call_ended(failed=not outcome.success)
-        redact = self.client.redactor()
         if outcome.success:
-            return redact(cast(str, outcome.final_answer))  # a successful run has one
-        return redact(f"Error: child RLM failed: {outcome.error}")
+            answer = cast(str, outcome.final_answer)  # a successful run has one
+        else:
+            answer = f"Error: child RLM failed: {outcome.error}"
+        return await off_loop_if_large(len(answer), self.client.redactor(), answer)
 
     async def rlm_query_batch(
         self, prompts: Any, contexts: Any = None, model: str | None = None, **_ignored: Any
@@ -218,7 +219,8 @@ class SubCalls:
         if completion.incomplete:  # at max_tokens, or broken off (a stall, a deadline)
             self.cut_answers += 1
         answer = typed.value if answer_format is not None else completion.text
-        return redacted(answer, self.client.redactor())
+        size = len(answer) if isinstance(answer, str) else 0
+        return await off_loop_if_large(size, redacted, answer, self.client.redactor())
 
     def _tokens(self, max_tokens: Any) -> int:
         """The max_tokens model code asked for, at most the run's."""

@@ -103,7 +103,7 @@ class OutputSink(io.TextIOBase):
     keep the sink they were started under, not one step's buffer, so a thread pool made
     in one step prints into the later steps that use it."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.buffer: io.StringIO | None = None
 
     def write(self, text):

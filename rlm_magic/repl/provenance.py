@@ -216,7 +216,7 @@ class _Copier:
         return made
 
 
-class _Watched(dict):
+class _Watched(dict[str, Any]):
     """A replay's namespace, which notes whether the reply's code read data: a name
     holding data (a context, a variable from before the reply, a helper's answer) read
     before the reply wrote it. Code at a block's top level and in its functions reads

@@ -20,6 +20,7 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 from ..repl.provenance import Replayed, answer_digest
+from .echoes import Echoes
 from .replies import ACCEPTED_FORMS, Final, Reply, read_printed_final, read_reply
 from .result import Iteration, RLMResult, Withheld
 from .seen_output import UNSEEN, guessed_output_at, short
@@ -61,7 +62,9 @@ class Finishing:
         self.cut_off = ""  # where the last root turn was cut ("" if it was whole)
         self.broken_off: str | None = None  # why the last root turn broke off
         self._told_restored: set[str] = set()  # scaffold names the model was told of
-        self.step_timeout = 120.0  # the run's, bounding a replay (``_origin``)
+        self.step_timeout = 120.0  # the run's, bounding a replay (``_guessed``)
+        # The run's own instructions: an answer that only repeats them is not one.
+        self.echoes = Echoes([ACCEPTED_FORMS])
 
     def read(self, reply: str, *, until_guess: bool = False) -> Reply:
         """The reply's blocks and markers. A turn that broke off (a stall, a server
@@ -129,6 +132,10 @@ class Finishing:
         )
         if any(run.error for run in iteration.code[:-1]):
             iteration.withheld.append(Withheld(what, "unseen failure"))
+            return False
+        echoed = self.echoes.problem(answer, what) if how != "print" else None
+        if echoed is not None:  # a printed marker was checked as it was resolved
+            outputs.append(echoed)
             return False
         codes = [run.code for run in iteration.code[:number]]
         real = answer_digest(*(("variable", answer) if variable else (how, printed)))
@@ -221,6 +228,10 @@ class Finishing:
                 ),
                 by_variable,
             )
+        if answer is not None:
+            echoed = self.echoes.problem(answer, short(f"{marker.kind}({marker.value})"))
+            if echoed is not None:
+                return None, echoed, by_variable
         return answer, problem, by_variable
 
     async def _resolve_marker(

@@ -28,6 +28,7 @@ from ..llm.usage import UsageLedger
 from ..repl.base import REPL, SandboxSettings
 from .code_runs import CodeRuns
 from .compaction import Conversation
+from .echoes import Echoes
 from .finishing import Finishing, is_error
 from .live_turn import LiveTurn
 from .prompts import (
@@ -152,6 +153,10 @@ class Run:
             max_depth=settings.max_depth,
             depth=depth,
             max_output_chars=settings.max_output_chars,
+        )
+        self.finishing.echoes = Echoes(
+            [self.prompts.template, CONTINUE_PROMPT, ITERATION_LIMIT_PROMPT, ACCEPTED_FORMS],
+            question=query,
         )
         # The root conversation, compacted to fit the model's window.
         self.conversation = Conversation(

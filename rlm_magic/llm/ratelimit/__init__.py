@@ -16,8 +16,12 @@ the notebook's batches, an RLM's root and sub-calls and its child runs all pass 
   is booked times what the server's usage reports showed it counts per token of that
   estimate (another tokenizer, a chat template), learned per gate from the first answer,
   or earlier from the first refusal that says what the request counted (OpenAI's "...
-  Requested 3000"); until then, a refusal on tokens may be our miscount and is not
-  held against headers;
+  Requested 3000") or whose token budget headers show what left it; until then, a
+  refusal on tokens may be our miscount and is not held against headers;
+- **waits a refill, not a rounded second**: a ``retry-after`` in whole seconds (or an
+  HTTP date) under a rate known from headers pauses for this request's refill at that
+  rate, within the server's figure (a second's pause after each refusal held a
+  token-limited batch to 1.3-1.4x its floor);
 - **adapts its concurrency** with additive increase and multiplicative decrease, never
   below what the learned rate needs to stay busy at the measured latency; where a token
   limit binds (its rate known from headers), a 429 does not halve it: the token pace

@@ -192,7 +192,8 @@ class RateGate:
         self._count_known = True
         if input_tokens:
             self._learn_count(ticket, input_tokens)
-            self.tokens.refund(ticket.tokens - input_tokens)  # correct the booking
+            if ticket.epoch == self.epoch:  # (a pause since emptied the buckets: void)
+                self.tokens.refund(ticket.tokens - input_tokens)  # correct the booking
         self._blind_pause = FIRST_BLIND_PAUSE_S
         if self.cap is not None and self.cap < 1 << 20:
             self.cap += 1 / max(self.cap, 1)  # additive increase: +1 per round of answers
@@ -221,6 +222,22 @@ class RateGate:
             return  # usage already tells, or not this prompt's count
         self.count_ratio = requested / estimate
         self._count_known = True
+
+    def _learn_count_from_budget(self, reading: Reading, now: float) -> None:
+        """Before any answer or usage: the token budget's headers tell what the server
+        counted of the requests it took so far (what left its budget, and the refill
+        since the first was sent), against our estimate of those not refused. A rough
+        count (a refusal on its way counts as taken until it arrives), but the blind
+        burst's refusals would otherwise be followed by more, a latency long, from a
+        server that counts 2-4x our estimate. The first usage replaces it."""
+        if reading.limit is None or reading.remaining is None or not self._started:
+            return
+        rate = reading.rate or self.tokens.rate
+        first = self._started[0].sent_at
+        counted = reading.limit - reading.remaining + (rate or 0.0) * (now - first)
+        estimated = sum(t.estimate or t.tokens for t in self._started if not t.rejected)
+        if estimated and 1 / 3 <= counted / estimated <= 5:
+            self.count_ratio = counted / estimated
 
     def failed(self, ticket: Ticket) -> None:
         """Any other failure: the request is over, nothing to learn."""
@@ -251,6 +268,8 @@ class RateGate:
         found = read_headers(headers)
         if not self.learns_from_headers:
             found = Headers(Reading(), Reading(), found.retry_after_s)
+        if not self._count_known:
+            self._learn_count_from_budget(found.tokens, now)
         # The headers' pace was kept when this request went out, yet it was refused;
         # or the refusal's own retry-after-ms belies the headers' rate.
         # (Booked before we knew how the server counts tokens, a refusal may be our
@@ -283,6 +302,8 @@ class RateGate:
         # echoes of the same overload, not news.
         news = ticket.sent_at >= self._last_decrease
         wait = found.retry_after_s
+        refill = None if found.retry_after_exact else self._refill_wait(wait, refusing, ticket)
+        wait = wait if refill is None else refill
         if wait is None and news:
             if self.requests.rate:  # pacing will slow us down; a moment's pause is enough
                 wait = 1 / self.requests.rate
@@ -294,9 +315,10 @@ class RateGate:
             self.paused_until = until
             self.epoch += 1
             # Empty on the server: whatever we thought was available was not.
+            # (A refill we worked out ourselves is from empty now: it pays this request.)
             binding = [p for p in (self.requests, self.tokens) if p.rate]
             for pacer in binding or [self.requests]:
-                pacer.drain(until)
+                pacer.drain(until if refill is None else now)
             for sleeper in self._sleepers:  # their bookings are void: book again now
                 _set_done(sleeper)
         if news:
@@ -327,6 +349,28 @@ class RateGate:
         if found.tokens.remaining is not None and found.tokens.remaining < ticket.tokens:
             refusing.append((self.tokens, "tokens"))
         return refusing or [(self.requests, "requests"), (self.tokens, "tokens")]
+
+    def _refill_wait(
+        self, retry_after: float | None, refusing: list[tuple[Pacer, str]], ticket: Ticket
+    ) -> float | None:
+        """A ``retry-after`` in whole seconds (or an HTTP date) rounds a refill of a few
+        milliseconds up to a second, which everybody would wait out (1.3-1.4x the floor
+        of a token-limited batch). Where the refusing limits' rates are known (headers),
+        the pause is the refill of this request at those rates instead, within the
+        server's figure; the pace does the rest. None: no rate known to work it out."""
+        waits = []
+        for pacer, kind in refusing:
+            if not pacer.rate or pacer.blind:
+                continue
+            needed = 1.0 if kind == "requests" else self._counted_tokens(ticket)
+            waits.append(needed / pacer.rate)
+        if not retry_after or not waits:
+            return None
+        return min(retry_after, max(waits))
+
+    def _counted_tokens(self, ticket: Ticket) -> float:
+        """A request's tokens as the server counts them, as far as we know now."""
+        return max(ticket.tokens, (ticket.estimate or ticket.tokens) * self.count_ratio)
 
     @staticmethod
     def _a_moment_early(found: Headers, pacer: Pacer, kind: str, ticket: Ticket) -> bool:

@@ -19,18 +19,27 @@ class Reading:
     limit: float | None = None
     remaining: float | None = None
     reset_s: float | None = None
+    # The limit's window, when its spelling says (Anthropic's are per minute): its rate
+    # is then the limit over it. Else the window is unknown (OpenAI's may be a day).
+    window_s: float | None = None
 
     @property
     def rate(self) -> float | None:
-        """Refill per second: what was used, over the time until it is full again.
+        """Refill per second: what was used, over the time until it is full again (or
+        the limit over its window, when known: Anthropic's resets are whole seconds,
+        which made a second's deficit read as 0.7-2x its rate).
 
         ``remaining`` is rounded down by providers, hence the half unit; a nearly
         full bucket says too little to learn from (one unit of rounding would be a
         large error), and is not when pacing matters anyway."""
-        if self.limit is None or self.remaining is None or not self.reset_s:
+        if self.limit is None or self.remaining is None:
             return None
         deficit = self.limit - self.remaining
         if deficit < max(2.0, min(20.0, self.limit / 2)):
+            return None
+        if self.window_s:
+            return self.limit / self.window_s
+        if not self.reset_s:
             return None
         return (deficit - 0.5) / self.reset_s
 
@@ -121,12 +130,18 @@ def read_headers(headers: Mapping[str, Any] | None) -> Headers:
     get = found.get
 
     def reading(kind: str, anthropic: str) -> Reading:
-        limit = get(f"x-ratelimit-limit-{kind}", get(f"anthropic-ratelimit-{anthropic}-limit"))
-        remaining = get(
-            f"x-ratelimit-remaining-{kind}", get(f"anthropic-ratelimit-{anthropic}-remaining")
-        )
-        reset = get(f"x-ratelimit-reset-{kind}", get(f"anthropic-ratelimit-{anthropic}-reset"))
-        return Reading(non_negative(limit), non_negative(remaining), parse_duration(reset))
+        limit = get(f"x-ratelimit-limit-{kind}")
+        if limit is None and f"anthropic-ratelimit-{anthropic}-limit" in found:
+            # Anthropic's: per minute, refilled continuously (its rate limits guide)
+            limit = get(f"anthropic-ratelimit-{anthropic}-limit")
+            remaining = get(f"anthropic-ratelimit-{anthropic}-remaining")
+            reset = get(f"anthropic-ratelimit-{anthropic}-reset")
+            window = 60.0
+        else:
+            remaining = get(f"x-ratelimit-remaining-{kind}")
+            reset = get(f"x-ratelimit-reset-{kind}")
+            window = None
+        return Reading(non_negative(limit), non_negative(remaining), parse_duration(reset), window)
 
     retry_after = None
     if "retry-after-ms" in found:

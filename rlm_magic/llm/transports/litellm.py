@@ -15,18 +15,45 @@ from ..pricing import cost_of_response
 from ..prompt_cache import cache_figures
 from ..streaming import StreamState, stream_completion
 from .base import Answer, Request
+from .wire import sessions
+
+# How many times a request that met a closed kept-alive connection goes again at once.
+STALE_RESENDS = 3
 
 
 class LiteLLMTransport:
     """Calls ``send`` (``litellm.acompletion`` or ``Router.acompletion``)."""
 
     name = "litellm"
+    # litellm's requests go out on the wire transport's sessions (``shared_session``),
+    # which tell whether a connection was reused: a kept-alive one the server closed
+    # before the request went out is then reopened, as on the wire. (A Router builds
+    # its deployments' clients itself.)
+    shares_sessions = True
 
     def __init__(self, send: Callable[..., Awaitable[Any]], litellm: Any):
         self.send, self.litellm = send, litellm
 
     async def complete(self, request: Request, messages: Messages | None = None) -> Answer:
-        return self._answer(await self.send(**request), None)
+        return self._answer(await self._sent(**request), None)
+
+    async def _sent(self, **request: Any) -> Any:
+        """``send``'s response; a request that met a kept-alive connection the server
+        had closed (it failed before any byte of an answer) goes again, and not as a
+        retry: see ``WireTransport._post``. litellm keeps the client it made with the
+        first session it was given, so it goes on the same pool, which has dropped that
+        connection: a few times at most, as the pool may hold more that were closed."""
+        if not self.shares_sessions or "shared_session" in request:
+            return await self.send(**request)
+        for _ in range(STALE_RESENDS):
+            sessions.forget_connection()
+            try:
+                return await self.send(**request, shared_session=sessions.session())
+            except Exception as exc:
+                if not (sessions.reused_connection() and sessions.closed_unanswered(exc)):
+                    raise
+        sessions.forget_connection()
+        return await self.send(**request, shared_session=sessions.session())
 
     async def stream(
         self,
@@ -40,7 +67,7 @@ class LiteLLMTransport:
         # The stream carries the headers; its chunks, built into one response, carry the
         # text and usage.
         raw = await stream_completion(
-            self.send, request, state, stall_timeout=stall_timeout, deadline=deadline
+            self._sent, request, state, stall_timeout=stall_timeout, deadline=deadline
         )
         response = state.response(self.litellm, messages) or raw
         return self._answer(response, _response_headers(raw))

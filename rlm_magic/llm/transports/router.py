@@ -30,6 +30,7 @@ class RouterTransport(LiteLLMTransport):
     """``Router.acompletion``, read as litellm's own answers are."""
 
     name = "router"
+    shares_sessions = False
 
 
 def groups(model_list: list[dict[str, Any]]) -> list[str]:

@@ -7,7 +7,9 @@ and says so only by closing it: a request written into such a connection as the 
 crosses it is lost ("Can not write request body", "Server disconnected"). So a pooled
 connection is dropped after ``KEEP_ALIVE_S`` idle (below those servers' 5 s), and a
 request that still meets a closed one is sent again on a fresh connection
-(``WireTransport._post``; ``reused_connection`` tells when that is safe).
+(``WireTransport._post``; ``reused_connection`` tells when that is safe). litellm's
+requests go out on these sessions too (its ``shared_session``), so that the same is
+known of them (``LiteLLMTransport._sent``).
 """
 
 from __future__ import annotations
@@ -34,19 +36,42 @@ _SESSIONS: _Registry = weakref.WeakKeyDictionary()
 # Each loop's session for requests sent again: every connection new, closed after use.
 _FRESH: _Registry = weakref.WeakKeyDictionary()
 # Whether the connection the current task's last request went out on had carried a
-# request before (set by the connector as it hands one out, in the sending task).
-_REUSED: contextvars.ContextVar[bool] = contextvars.ContextVar("wire_reused", default=False)
+# request before: a cell the connector fills as it hands one out. (A cell, not the flag:
+# litellm may send from a task of its own, which sees the cell but sets in a copy.)
+_REUSED: contextvars.ContextVar[list[bool] | None] = contextvars.ContextVar(
+    "wire_reused", default=None
+)
 
 
 def reused_connection() -> bool:
     """Whether the current task's last request was written into a kept-alive connection
     (one that had carried a request before), rather than a new one."""
-    return _REUSED.get()
+    cell = _REUSED.get()
+    return bool(cell and cell[0])
 
 
 def forget_connection() -> None:
     """Before a request: nothing is known of the connection it will go out on."""
-    _REUSED.set(False)
+    _REUSED.set([False])
+
+
+def closed_unanswered(exc: BaseException) -> bool:
+    """The connection failed before any byte of an answer came: the server closed it
+    ("Server disconnected", a reset, "Can not write request body"), whatever wraps it
+    (litellm's and the OpenAI SDK's errors keep aiohttp's as a cause). A connection
+    that could not be opened is not one of these."""
+    import aiohttp
+
+    from ....errors import causes
+
+    for link in causes(exc):
+        if isinstance(link, aiohttp.ClientConnectorError):
+            return False
+        if isinstance(
+            link, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, ConnectionResetError)
+        ):
+            return True
+    return False
 
 
 def session() -> Any:
@@ -104,8 +129,10 @@ def _connector_class() -> type:
         async def connect(self, req: Any, traces: Any, timeout: Any) -> Any:
             connection = await super().connect(req, traces, timeout)
             protocol = connection.protocol
+            cell = _REUSED.get()
             if protocol is not None:
-                _REUSED.set(getattr(protocol, "wire_used", False))
+                if cell is not None:
+                    cell[0] = getattr(protocol, "wire_used", False)
                 protocol.wire_used = True
             return connection
 

@@ -182,8 +182,8 @@ def leaked(secret: str, text: str) -> str | None:
 
 # -- properties -----------------------------------------------------------------------
 
-FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-EACH_FORM = settings(FAST, max_examples=20)  # (times 29 forms)
+FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+EACH_FORM = settings(FAST, max_examples=15)  # (times 30 forms)
 
 
 @pytest.mark.parametrize("form", FORMS)

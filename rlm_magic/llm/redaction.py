@@ -93,6 +93,9 @@ _SEPARATORS = (
     "\u2067\u2068\u2069\u3000\ufeff\"'`,:"
 )
 _DROP_SEPARATORS = dict.fromkeys(map(ord, _SEPARATORS))
+_ASCII_SEPARATORS = [c for c in _SEPARATORS if c.isascii()]
+_OTHER_SEPARATORS = [c for c in _SEPARATORS if not c.isascii()]
+_OTHER_SEPARATOR = re.compile(f"[{''.join(_OTHER_SEPARATORS)}]")
 _SEPARATOR_RUN_KEPT = re.compile(f"([{re.escape(_SEPARATORS)}]+)")
 # Escapes, decoded to what they stand for, in this order: runs of two-character ones
 # ("\"", "\\", a whitespace escape such as "\n" dropped), runs of \x or percent bytes
@@ -145,9 +148,10 @@ def _decoded(text: str) -> str:
 def _without_separators(text: str) -> str:
     if text.isascii():
         return text.translate(_DROP_SEPARATORS)
-    # str.translate leaves its fast path for any other text: 170 ms a MB, against 15-40
-    # for a pass of str.replace for each separator the text has.
-    for separator in _SEPARATORS:
+    # str.translate leaves its fast path for any other text (170 ms a MB): a pass of
+    # str.replace for each separator the text has, the rare ones looked for at once.
+    others = _OTHER_SEPARATORS if _OTHER_SEPARATOR.search(text) else ()
+    for separator in (*_ASCII_SEPARATORS, *others):
         if separator in text:
             text = text.replace(separator, "")
     return text
@@ -394,7 +398,9 @@ _CREDENTIAL_STARTS = (
 
 
 def _credential_spans(text: str) -> Iterator[Span]:
-    lower = text.translate(_ASCII_LOWER)  # (the same length, unlike str.lower)
+    lower = text.lower()
+    if len(lower) != len(text):  # ("İ" lowers to two characters: the names would move)
+        lower = text.translate(_ASCII_LOWER)
     for name in _CREDENTIAL_STARTS:
         start = lower.find(name)
         while start >= 0:

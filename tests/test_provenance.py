@@ -267,3 +267,8 @@ def test_a_replay_opens_no_file_and_answers_sub_calls_locally(tmp_path):
     code = f"open({str(target)!r}, 'w').write('x')\nFINAL(llm_query('q'))"
     found = replay([code], namespace, set(HELPER_NAMES), compile_step)
     assert not target.exists() and found.digests == [None, None]
+
+
+@pytest.mark.parametrize("pre", [p for p in READS_NOTHING if p])
+async def test_a_prose_answer_after_code_that_read_no_data_is_taken(pre):
+    assert await taken([pre], "FINAL(7)")

@@ -17,8 +17,9 @@ forms a secret travels in when an endpoint or a program echoes it:
 
 Transformed forms are found by searching copies of the text with its separators
 dropped and its escapes decoded (``_views``) for each form spelled out once, so the
-work is linear in the text: a few C passes over it (and one more per escape it holds),
-and, only when a form is there, a slower pass that maps it back to the text.
+work is linear in the text: a few C passes over it (and a Python call per run of
+escapes it holds), and, only when a form is there, a slower pass that maps it back to
+the text.
 
 It guards against echoes, not against code that means to hide a secret: code that has
 one can still encode it some other way. That is why the sandbox gets none.

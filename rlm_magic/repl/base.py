@@ -59,6 +59,11 @@ class REPL(Protocol):
 
     async def set_variable(self, name: str, value: Any) -> None: ...
 
+    async def still_carried(self) -> dict[str, str | None]:
+        """The variables that still hold what an earlier question of a session left,
+        each with the digest its text answers by (``provenance.carried_digests``)."""
+        ...
+
     async def variable_names(self) -> list[str]:
         """The names of the variables the model made."""
         ...

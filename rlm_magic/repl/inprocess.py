@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from .base import REPL, Helpers, SubCallBudget
 from .capture import OutputSink, routing_installed
-from .provenance import Replayed, replay
+from .provenance import Replayed, carried_digests, replay
 from .steps import (
     StepInterrupted,
     StepOutput,
@@ -91,6 +91,7 @@ class AsyncREPL:
         self.isolation: dict[str, Any] | None = None
         self.network_isolated: bool | None = None
         self._sink = OutputSink()
+        self._carried: dict[str, Any] = {}  # ``mark_carried``
         install_helpers(
             namespace,
             list(helpers),
@@ -265,6 +266,14 @@ class AsyncREPL:
 
     async def set_variable(self, name: str, value: Any) -> None:
         self.namespace[name] = value
+
+    def mark_carried(self) -> None:
+        """A session's next question begins: what the model's variables hold now is
+        data of the earlier questions, not this one's work."""
+        self._carried = {name: self.namespace[name] for name in user_variables(self.namespace)}
+
+    async def still_carried(self) -> dict[str, str | None]:
+        return carried_digests(self.namespace, self._carried)
 
     async def set_context(self, value: Any, names: list[str]) -> None:
         for name in names:

@@ -65,6 +65,23 @@ def answer_digest(how: str, text: str) -> str:
     return hashlib.sha256(f"{how}\0{text}".encode("utf-8", "surrogatepass")).hexdigest()
 
 
+def carried_digests(namespace: dict[str, Any], carried: dict[str, Any]) -> dict[str, str | None]:
+    """The variables that still hold what an earlier question left (``carried``: name ->
+    the object it left), each with the digest its text answers by (None for a value
+    other than text or a number: containers are not written out to compare)."""
+    held: dict[str, str | None] = {}
+    for name, value in carried.items():
+        if namespace.get(name, _GONE) is not value:
+            continue  # this question set it again (or deleted it)
+        plain = isinstance(value, (str, int, float)) and not isinstance(value, bool)
+        text = value if isinstance(value, str) else str(value)
+        held[name] = answer_digest("variable", text) if plain else None
+    return held
+
+
+_GONE = object()
+
+
 # -- the worlds ----------------------------------------------------------------------------
 # Letters and digits one up, the last staying: not a permutation, so even what a set of
 # them gives (its least member, how many kinds) moves.
@@ -334,15 +351,17 @@ def replay(
         except Exception:  # noqa: BLE001 - a value that cannot be changed: no world
             found.digests.append(None)
             continue
+        ran = False
         try:
             found.digests.append(_answer_in(namespace, finish, compiled, variable, fit))
+            ran = True
         except Exception:  # noqa: BLE001 - the data changed, so the code may fail
             found.digests.append(None)
-        # Any world that read data says so; one that ran to its answer without, that
-        # the code reads none (a world cut short by an error may not have got there).
+        # Any world that read data says so; one that ran every block without, that the
+        # code reads none (a world cut short by an error may not have got there).
         if namespace.read_data:
             found.read_data = True
-        elif found.digests[-1] is not None and found.read_data is None:
+        elif ran and found.read_data is None:
             found.read_data = False
     return found
 

@@ -57,7 +57,7 @@ from rlm_magic.repl.fitting import (  # noqa: E402
     listed_batch,
 )
 from rlm_magic.repl.helpers import BATCH_NAMES  # noqa: E402
-from rlm_magic.repl.provenance import Replayed, replay  # noqa: E402
+from rlm_magic.repl.provenance import Replayed, carried_digests, replay  # noqa: E402
 from rlm_magic.repl.steps import (  # noqa: E402
     StepInterrupted,
     StepOutput,
@@ -148,9 +148,11 @@ class Worker:
         self.helper_names = set(init["helpers"])
         namespace = self.namespace = {"__name__": "__rlm__", "__builtins__": repl_builtins()}
         refused = None
+        self.carried_in: dict = {}  # what an earlier question left, as it left it
         if init.get("carried"):  # a session's variables from its last question, as data
             variables, refused = self.receive_carried()
             namespace.update(variables)
+            self.carried_in = dict(variables)
         namespace.update(preloaded(namespace, context))
         for name in init.get("context_names") or ():
             namespace[str(name)] = context  # the same object: one copy in memory
@@ -306,6 +308,9 @@ class Worker:
                 )
             elif op == "replay":
                 self.send({"op": "replay", **self.replay(message).as_message()})
+            elif op == "carried":
+                held = carried_digests(self.namespace, self.carried_in)
+                self.send({"op": "carried", "held": held})
             elif op == "names":
                 names = user_variables(self.namespace)[:VARIABLES_MOST]
                 self.send({"op": "names", "names": names})

@@ -65,6 +65,9 @@ class Finishing:
         self.step_timeout = 120.0  # the run's, bounding a replay (``_guessed``)
         # The run's own instructions: an answer that only repeats them is not one.
         self.echoes = Echoes([ACCEPTED_FORMS])
+        # A session's variables from its earlier questions: name -> the question (from 1)
+        # it came from. Data of those questions' contexts, never this question's answer.
+        self.carried_from: dict[str, int] = {}
 
     def read(self, reply: str, *, until_guess: bool = False) -> Reply:
         """The reply's blocks and markers. A turn that broke off (a stall, a server
@@ -193,6 +196,35 @@ class Finishing:
             )
         return guessed
 
+    async def _still_carried(self) -> dict[str, str | None]:
+        """The carried variables this question has not set (none outside a session)."""
+        if not self.carried_from or self.repl is None:
+            return {}
+        try:
+            held = await self.repl.still_carried()
+        except Exception:  # noqa: BLE001 - a sandbox that cannot say: none are known
+            return {}
+        return {name: digest for name, digest in held.items() if name in self.carried_from}
+
+    async def note_carried(self, answer: str, iteration: Iteration | None = None) -> None:
+        """Say so, on the result and in the trajectory, when the answer is the value of a
+        variable carried from an earlier question: that question's data, not this
+        question's own work."""
+        held = await self._still_carried()
+        if not held:
+            return
+        digest = answer_digest("variable", answer)
+        name = next((name for name, held_digest in held.items() if held_digest == digest), None)
+        if name is None:
+            return
+        origin = f"the variable {name!r}, carried from question {self.carried_from[name]}"
+        self.result.answer_origin = origin
+        note = (
+            f"the answer is {origin} (data of that question's context), not computed by "
+            "this question's code"
+        )
+        (iteration.notes if iteration is not None else self.result.notes).append(note)
+
     def restored_note(self, names: list[str]) -> str:
         """Tell the model, once per name, that the block rebound a name the REPL
         provides, and that it is back."""
@@ -242,6 +274,17 @@ class Finishing:
             # FINAL(name), where name is exactly a REPL variable's: a real model's slip
             # for FINAL_VAR(name). Answer with the value, and say so.
             value = None
+            if marker.value in await self._still_carried():
+                # A word of prose, not a variable this question's code set: a value an
+                # earlier question (its context, perhaps hostile) left under that name
+                # must not become this question's answer.
+                note = (
+                    f"FINAL({marker.value}) names a variable carried from question "
+                    f"{self.carried_from[marker.value]}, not one this question's code set: "
+                    "read as the word itself"
+                )
+                (iteration.notes if iteration is not None else self.result.notes).append(note)
+                return marker.value, "", False
             if repl is not None and marker.value.isidentifier():
                 try:
                     if marker.value in await repl.variable_names():

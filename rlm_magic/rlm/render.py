@@ -97,6 +97,7 @@ def status_line(result: Any) -> str:
         f"{format_cost(usage.cost_usd, usage.total.unpriced_calls)} · "
         f"{result.elapsed_s:.1f}s"
         + (f" · finished by {result.finished_by}" if result.finished_by else "")
+        + (f" · answer: {result.answer_origin}" if result.answer_origin else "")
     )
 
 
@@ -121,6 +122,11 @@ def result_html(result: Any, *, with_error: bool = True) -> str:
         parts.append(
             f"<div class='rlm-answer' style='{_STYLE[box]}'>"
             f"{markdown_html(visible(result.final_answer))}</div>"
+        )
+    if result.answer_origin:
+        parts.append(
+            f"<p style='{_STYLE['error']}'><b>Not this question's own answer:</b> it is "
+            f"{html.escape(result.answer_origin)} (data of that question's context).</p>"
         )
     parts.append(_meta(_no_math(html.escape(status_line(result)))))
     if result.trajectory:

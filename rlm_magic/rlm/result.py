@@ -87,6 +87,9 @@ class RLMResult:
     # "call in code" (FINAL()/FINAL_VAR() in a block), "printed marker" (a block printed
     # FINAL(...)) or "answer dict" (answer["ready"] = True); "" without an answer.
     finished_by: str = ""
+    # Where the answer came from when it was not this question's own work: "the variable
+    # 'summary', carried from question 1" (a session's earlier question); "" otherwise.
+    answer_origin: str = ""
     model: str = ""
     sub_model: str = ""
     depth: int = 0

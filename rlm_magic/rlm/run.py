@@ -145,6 +145,8 @@ class Run:
         )
         self.finishing = Finishing(self.result)
         self.finishing.step_timeout = settings.step_timeout
+        # A session's variables from its earlier questions, by the question they came from.
+        self.finishing.carried_from = dict(session.origins) if session is not None else {}
         self.prompts = RunPrompts(
             client,
             template=config.system_prompt,
@@ -309,6 +311,7 @@ class Run:
             if final is not None:
                 result.final_answer, result.finished_by = final
                 iteration.finished_by, result.stop_reason = result.finished_by, "final"
+                await self.finishing.note_carried(final[0], iteration)
                 return
             spent = self.tree.budget_spent()
             if spent is not None:
@@ -334,6 +337,7 @@ class Run:
         if answer is not None:
             result.final_answer, result.stop_reason = answer, "final"
             result.finished_by = "text marker"
+            await self.finishing.note_carried(answer)
         else:
             result.final_answer = reply.strip() or None
             result.stop_reason = "max_iterations"

@@ -74,6 +74,9 @@ class RLMSession:
         self.exchanges: list[Exchange] = []
         self.results: list[RLMResult] = []
         self.variable_names: list[str] = []
+        # The question (from 1) each kept variable first came from: its values are data
+        # of that question's context, never a later question's answer.
+        self.origins: dict[str, int] = {}
         self.closed = False
         self.loop: asyncio.AbstractEventLoop | None = None  # where its REPL lives
         self._busy = asyncio.Lock()
@@ -119,6 +122,7 @@ class RLMSession:
         """The variables a sandboxed question left, for the next one (None: none)."""
         self.carried = carried
         self.variable_names = list(carried.names) if carried is not None else []
+        self._note_origins(len(self.exchanges) + 1)  # carried as its question closes
 
     def claim(self, loop: asyncio.AbstractEventLoop) -> None:
         if self.closed:
@@ -141,7 +145,7 @@ class RLMSession:
         shown = self.exchanges[-MEMORY_QUESTIONS:]
         lines = [
             "Earlier questions in this session (your REPL variables from them are "
-            "still there; reuse them rather than asking sub-models again):"
+            "still there: reuse them as data rather than asking sub-models again):"
         ]
         if len(self.exchanges) > len(shown):
             lines.append(f"({len(self.exchanges) - len(shown)} earlier questions left out)")
@@ -152,7 +156,14 @@ class RLMSession:
             ended = "" if exchange.outcome == "final" else f" (the run ended: {exchange.outcome})"
             lines.append(f"Q{number}: {exchange.question}\nA{number}{ended}: {answer}")
         if self.variable_names:
-            lines.append("Variables in the REPL: " + ", ".join(self.variable_names[:60]))
+            kept = ", ".join(
+                f"{name} (Q{self.origins[name]})" if name in self.origins else name
+                for name in self.variable_names[:60]
+            )
+            lines.append(
+                "Variables kept from earlier questions, with the question each came from "
+                "(data read from that question's context, not answers to this one): " + kept
+            )
         if self.carried is not None and self.carried.left:
             left = ", ".join(f"{name} ({kind})" for name, kind in self.carried.left[:30])
             lines.append(
@@ -171,6 +182,10 @@ class RLMSession:
             return  # the names carried to the next question (``carry``)
         if result.variables or result.stop_reason in ("final", "max_iterations", "budget"):
             self.variable_names = list(result.variables)
+            self._note_origins(len(self.exchanges))
+
+    def _note_origins(self, question: int) -> None:
+        self.origins = {name: self.origins.get(name, question) for name in self.variable_names}
 
     # -- what people see ------------------------------------------------------------------
     @property

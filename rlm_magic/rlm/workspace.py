@@ -141,6 +141,7 @@ class Workspace:
         else:
             self.repl = session.repl
             self.repl.rebind(self.helpers, self.budget)
+            self.repl.mark_carried()  # what the namespace holds now is earlier questions' data
             await self.repl.set_variable("answer", {"content": "", "ready": False})
             if names:
                 await self.repl.set_context(context, names)

@@ -223,18 +223,19 @@ class RateGate:
         self.count_ratio = requested / estimate
         self._count_known = True
 
-    def _learn_count_from_budget(self, reading: Reading, now: float) -> None:
+    def _learn_count_from_budget(self, reading: Reading, refused: Ticket) -> None:
         """Before any answer or usage: the token budget's headers tell what the server
         counted of the requests it took so far (what left its budget, and the refill
-        since the first was sent), against our estimate of those not refused. A rough
-        count (a refusal on its way counts as taken until it arrives), but the blind
-        burst's refusals would otherwise be followed by more, a latency long, from a
-        server that counts 2-4x our estimate. The first usage replaces it."""
+        between the first request and this refused one, which it answered at once),
+        against our estimate of those not refused. A rough count (a refusal on its way
+        counts as taken until it arrives), but the blind burst's refusals would
+        otherwise be followed by more, a latency long, from a server that counts 2-4x
+        our estimate. The first usage replaces it."""
         if reading.limit is None or reading.remaining is None or not self._started:
             return
         rate = reading.rate or self.tokens.rate
-        first = self._started[0].sent_at
-        counted = reading.limit - reading.remaining + (rate or 0.0) * (now - first)
+        refill = (rate or 0.0) * max(0.0, refused.sent_at - self._started[0].sent_at)
+        counted = reading.limit - reading.remaining + refill
         estimated = sum(t.estimate or t.tokens for t in self._started if not t.rejected)
         if estimated and 1 / 3 <= counted / estimated <= 5:
             self.count_ratio = counted / estimated
@@ -269,7 +270,7 @@ class RateGate:
         if not self.learns_from_headers:
             found = Headers(Reading(), Reading(), found.retry_after_s)
         if not self._count_known:
-            self._learn_count_from_budget(found.tokens, now)
+            self._learn_count_from_budget(found.tokens, ticket)
         # The headers' pace was kept when this request went out, yet it was refused;
         # or the refusal's own retry-after-ms belies the headers' rate.
         # (Booked before we knew how the server counts tokens, a refusal may be our

@@ -396,6 +396,23 @@ class SandboxREPL:
             read_data if isinstance(read_data, bool) else None,
         )
 
+    async def still_carried(self) -> dict[str, str | None]:
+        """The carried variables this question has not set again (none if the sandbox
+        cannot say): names as a variable's can be, digests as ``answer_digest`` writes."""
+        if self.carried is None:
+            return {}
+        sandbox = self._sandbox
+        if sandbox is None or sandbox.dead or self._closed:
+            return {}
+        held = (await self._request("carried", "carried", timeout=30)).get("held")
+        if not isinstance(held, dict) or len(held) > carried.MAX_NAMES:
+            raise bridge.BridgeError("carried variables that are not a short table of names")
+        return {
+            name: digest if isinstance(digest, str) and _DIGEST.fullmatch(digest) else None
+            for name, digest in held.items()
+            if _is_name(name)
+        }
+
     async def _deliver_context(
         self, sandbox: SandboxProcess, pickled: bytes, names: list[str]
     ) -> None:

@@ -27,6 +27,7 @@ MOVED = {
     "rlm_magic.llm.resume": "rlm_magic.maps.resume",
     "rlm_magic.llm.openai_wire": "rlm_magic.llm.transports.wire",
     "rlm_magic.llm.routing": "rlm_magic.llm.transports.router",
+    "rlm_magic.rlm.seen_output": "rlm_magic.rlm.finishing.seen_output",
 }
 _RATE = "rlm_magic.llm.ratelimit.pacer"
 _JOB = "rlm_magic.maps.jobs.batch_job"

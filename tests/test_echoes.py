@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlm_magic.rlm.echoes import Echoes
+from rlm_magic.rlm.finishing.echoes import Echoes
 from rlm_magic.rlm.prompts import CONTINUE_PROMPT, ITERATION_LIMIT_PROMPT, SYSTEM_PROMPT
 from rlm_magic.rlm.replies import ACCEPTED_FORMS
 

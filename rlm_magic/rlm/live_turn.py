@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
+from .finishing.seen_output import guessed_output_at
 from .replies import read_reply
-from .seen_output import guessed_output_at
 
 # Runs block ``number`` (from 1) of the turn; returns True when the run should stop
 # running this turn's code (the answer is ready).

@@ -28,8 +28,9 @@ from ..llm.usage import UsageLedger
 from ..repl.base import REPL, SandboxSettings
 from .code_runs import CodeRuns
 from .compaction import Conversation
-from .echoes import Echoes
 from .finishing import Finishing, is_error
+from .finishing.echoes import Echoes
+from .finishing.seen_output import as_seen, told
 from .live_turn import LiveTurn
 from .prompts import (
     CONTINUE_PROMPT,
@@ -41,7 +42,6 @@ from .prompts import (
 from .replies import ACCEPTED_FORMS, read_final_call
 from .result import Iteration, RLMResult
 from .root_turns import RootTurns
-from .seen_output import as_seen, told
 from .session import RLMSession
 from .subcalls import SubCalls
 from .tree import RunTree

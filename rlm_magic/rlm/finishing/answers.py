@@ -19,14 +19,14 @@ from dataclasses import replace
 from enum import Enum
 from typing import TYPE_CHECKING
 
-from ..repl.provenance import Replayed, answer_digest
+from ...repl.provenance import Replayed, answer_digest
+from ..replies import ACCEPTED_FORMS, Final, Reply, read_printed_final, read_reply
+from ..result import Iteration, RLMResult, Withheld
 from .echoes import Echoes
-from .replies import ACCEPTED_FORMS, Final, Reply, read_printed_final, read_reply
-from .result import Iteration, RLMResult, Withheld
 from .seen_output import UNSEEN, guessed_output_at, short
 
 if TYPE_CHECKING:
-    from ..repl.base import REPL
+    from ...repl.base import REPL
 
 
 # A replay is given this long, and twice what the reply's blocks took, within a step's time.

@@ -19,12 +19,12 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .replies import normalise, read_reply
-from .result import Withheld
+from ..replies import normalise, read_reply
+from ..result import Withheld
 
 if TYPE_CHECKING:
-    from .replies import Fence, Reply
-    from .result import Iteration
+    from ..replies import Fence, Reply
+    from ..result import Iteration
 
 UNSEEN = "unseen output"  # an answer written after code whose output was not seen
 

@@ -11,10 +11,28 @@ Standard library only: the sandbox worker imports this.
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Any
 
 from .helpers import HELPER_NAMES
 from .namespace import ASYNC_TABLE, FINISHERS, PRINT_FINAL, is_context_name, user_variables
+
+
+class FinishKind(str, Enum):
+    """How a run was finished: in the reply's text, or by a block (the last three, which
+    a REPL reports as ``[kind, answer]``: the kind crosses the bridge as its text).
+    ``RLMResult.finished_by`` holds its value."""
+
+    TEXT_MARKER = "text marker"  # FINAL(...) / FINAL_VAR(...) in the reply's text
+    CALL_IN_CODE = "call in code"  # FINAL() / FINAL_VAR() called in a block
+    PRINTED_MARKER = "printed marker"  # a block printed a FINAL(...) line
+    ANSWER_DICT = "answer dict"  # a block set answer["ready"] = True
+
+
+BLOCK_FINISHES = frozenset(
+    kind.value
+    for kind in (FinishKind.CALL_IN_CODE, FinishKind.PRINTED_MARKER, FinishKind.ANSWER_DICT)
+)
 
 
 class Listing(str):
@@ -56,7 +74,7 @@ class Finish:
         text = _as_text(answer)
         if not text.strip():
             raise ValueError(f"FINAL({text!r}): the answer is empty; pass the answer itself")
-        self.result = ["code", _capped(text)]
+        self.result = [FinishKind.CALL_IN_CODE.value, _capped(text)]
 
     def final_var(self, name: Any, _value_given: bool = False) -> None:
         """Finish the run with the variable called ``name`` once this block ends."""
@@ -81,7 +99,7 @@ class Finish:
         print(*args, **kwargs)
         sep = kwargs.get("sep")
         text = (" " if sep is None else str(sep)).join(str(a) for a in args)
-        self.result = ["print", _capped(text)]
+        self.result = [FinishKind.PRINTED_MARKER.value, _capped(text)]
 
 
 def finisher_functions(namespace: dict[str, Any], finish: Finish) -> dict[str, Any]:
@@ -136,7 +154,8 @@ def answer_dict_finish(namespace: dict[str, Any]) -> tuple[list[str] | None, str
         return None, (
             "answer['content'] is empty, so it is not the answer; answer['ready'] is False again"
         )
-    return (None if answer is None else ["answer dict", _capped(answer)]), None
+    finish = None if answer is None else [FinishKind.ANSWER_DICT.value, _capped(answer)]
+    return finish, None
 
 
 def _as_text(value: Any) -> str:

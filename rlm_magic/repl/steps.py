@@ -25,6 +25,7 @@ from typing import Any
 from .capture import OutputSink, captured_into
 from .finishers import (
     Finish,
+    FinishKind,
     Listing,
     answer_dict_finish,
     final_var,
@@ -87,9 +88,8 @@ class StepOutput:
     # Characters the sandbox cut off before sending (it sends only what the model
     # can be shown); counted in the output-cut note.
     dropped_chars: int = 0
-    # How the block finished the run, if it did: [how, answer], how being "code" (it
-    # called FINAL/FINAL_VAR), "print" (it printed a FINAL(...) line, the answer being
-    # the printed text, read by the run) or "answer dict".
+    # How the block finished the run, if it did: [kind, answer], a ``FinishKind``'s value
+    # (for a printed FINAL(...) line, the answer is the printed text, read by the run).
     finish: list[str] | None = None
     # Scaffold names the block rebound (llm_query, context, ...), put back after it.
     restored: list[str] = field(default_factory=list)
@@ -173,7 +173,7 @@ def execute_step(
             output.finish, error = answer_dict_finish(namespace)
             if error:
                 output.error = (output.error or "") + error
-        if output.error and output.finish and output.finish[0] == "answer dict":
+        if output.error and output.finish and output.finish[0] == FinishKind.ANSWER_DICT:
             # Not taken from a block that failed (the run says so): nor by a later one.
             namespace["answer"]["ready"] = False
 

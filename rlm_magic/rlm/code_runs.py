@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..llm.redaction import off_loop_if_large
+from ..repl.finishers import FinishKind
 from .finishing import Finishing
 from .result import CodeRun, Iteration
 
@@ -88,7 +89,11 @@ class CodeRuns:
         if finish and step.error is not None:
             # An answer given before the block failed or was stopped is not taken: the
             # failure may be the check that should have kept it from being the answer.
-            called = "answer['ready'] was set" if finish[0] == "answer dict" else "FINAL was called"
+            called = (
+                "answer['ready'] was set"
+                if finish[0] == FinishKind.ANSWER_DICT
+                else "FINAL was called"
+            )
             failure = step.error.strip().splitlines()[-1]
             seen += f"\n[{called}, but the block then failed: {failure}; the run goes on]"
             finish = None

@@ -83,9 +83,10 @@ class RLMResult:
     error: str | None = None
     elapsed_s: float = 0.0
     stop_reason: str = ""  # "final", "max_iterations", "budget", "error", "interrupted"
-    # How the model gave its answer: "text marker" (FINAL/FINAL_VAR in its reply),
-    # "call in code" (FINAL()/FINAL_VAR() in a block), "printed marker" (a block printed
-    # FINAL(...)) or "answer dict" (answer["ready"] = True); "" without an answer.
+    # How the model gave its answer, a ``repl.finishers.FinishKind``'s value: "text
+    # marker" (FINAL/FINAL_VAR in its reply), "call in code" (FINAL()/FINAL_VAR() in a
+    # block), "printed marker" (a block printed FINAL(...)) or "answer dict"
+    # (answer["ready"] = True); "" without an answer.
     finished_by: str = ""
     # Where the answer came from when it was not this question's own work: "the variable
     # 'summary', carried from question 1" (a session's earlier question); "" otherwise.

@@ -26,6 +26,7 @@ from ..errors import BudgetExceededError, ConfigError, describe_exception
 from ..llm.redaction import redact_messages
 from ..llm.usage import UsageLedger
 from ..repl.base import REPL, SandboxSettings
+from ..repl.finishers import FinishKind
 from .code_runs import CodeRuns
 from .compaction import Conversation
 from .finishing import Finishing, is_error
@@ -336,7 +337,7 @@ class Run:
         answer = (await self.finishing.resolve(marker))[0] if marker else None
         if answer is not None:
             result.final_answer, result.stop_reason = answer, "final"
-            result.finished_by = "text marker"
+            result.finished_by = FinishKind.TEXT_MARKER.value
             await self.finishing.note_carried(answer)
         else:
             result.final_answer = reply.strip() or None
@@ -387,7 +388,7 @@ class Run:
         if marker is not None:
             answer, problem = await finishing.from_text(marker, iteration)
             if answer is not None:
-                return "", (answer, "text marker"), reply
+                return "", (answer, FinishKind.TEXT_MARKER.value), reply
             problems = [problem] if problem else []
         outputs += problems
         seen = as_seen(reply, reading, iteration)

@@ -28,6 +28,7 @@ from ..._terminal_text import visible
 from .. import bridge, carried, isolation
 from ..base import REPL, Helpers, SandboxSettings, SubCallBudget
 from ..carried import Carried
+from ..finishers import BLOCK_FINISHES
 from ..provenance import Replayed
 from ..steps import StepOutput
 from .calls import HelperCalls
@@ -327,8 +328,9 @@ class SandboxREPL:
             isinstance(finish, list)
             and len(finish) == 2
             and all(isinstance(x, str) for x in finish)
+            and finish[0] in BLOCK_FINISHES
         ):
-            raise bridge.BridgeError("a step result whose finish is not [how, answer]")
+            raise bridge.BridgeError("a step result whose finish is not [kind, answer]")
         output.finish = finish
         output.restored = (
             [name for name in restored if isinstance(name, str)][:50]

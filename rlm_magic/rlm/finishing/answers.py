@@ -19,6 +19,7 @@ from dataclasses import replace
 from enum import Enum
 from typing import TYPE_CHECKING
 
+from ...repl.finishers import FinishKind
 from ...repl.provenance import Replayed, answer_digest
 from ..replies import ACCEPTED_FORMS, Final, Reply, read_printed_final, read_reply
 from ..result import Iteration, RLMResult, Withheld
@@ -56,8 +57,7 @@ class Finishing:
     def __init__(self, result: RLMResult):
         self.result = result
         self.repl: REPL | None = None  # the run's, once it is open
-        # (answer, how) once a block finished the run: FINAL called or printed in code,
-        # or the answer dict set ready.
+        # (answer, FinishKind's value) once a block finished the run.
         self.finished: tuple[str, str] | None = None
         self.cut_off = ""  # where the last root turn was cut ("" if it was whole)
         self.broken_off: str | None = None  # why the last root turn broke off
@@ -111,9 +111,9 @@ class Finishing:
         in this process or the sandbox's, says how); the answer goes to ``finished``."""
         if not finish:
             return False
-        how, answer = finish
+        how, answer = FinishKind(finish[0]), finish[1]
         printed, variable = answer, None
-        if how == "print":  # the block printed a FINAL(...) line of its own
+        if how is FinishKind.PRINTED_MARKER:  # the block printed a FINAL(...) line
             marker = read_printed_final(answer)
             if marker is None:
                 outputs.append(
@@ -129,23 +129,24 @@ class Finishing:
             answer, variable = resolved, marker.value if by_variable else None
         head = answer[:200]  # an answer may be megabytes: name it by its start
         what = short(
-            {"code": f"FINAL({head!r})", "answer dict": f"answer['content'] = {head!r}"}.get(
-                how, printed[:200].strip()
-            )
+            {
+                FinishKind.CALL_IN_CODE: f"FINAL({head!r})",
+                FinishKind.ANSWER_DICT: f"answer['content'] = {head!r}",
+            }.get(how, printed[:200].strip())
         )
         if any(run.error for run in iteration.code[:-1]):
             iteration.withheld.append(Withheld(what, "unseen failure"))
             return False
-        echoed = self.echoes.problem(answer, what) if how != "print" else None
+        echoed = None if how is FinishKind.PRINTED_MARKER else self.echoes.problem(answer, what)
         if echoed is not None:  # a printed marker was checked as it was resolved
             outputs.append(echoed)
             return False
         codes = [run.code for run in iteration.code[:number]]
-        real = answer_digest(*(("variable", answer) if variable else (how, printed)))
+        real = answer_digest(*(("variable", answer) if variable else (how.value, printed)))
         if await self._guessed(codes, real, iteration, variable):
             iteration.withheld.append(Withheld(what, UNSEEN))
             return False
-        self.finished = (answer, {"code": "call in code", "print": "printed marker"}.get(how, how))
+        self.finished = (answer, how.value)
         return True
 
     async def from_text(self, marker: Final, iteration: Iteration) -> tuple[str | None, str]:

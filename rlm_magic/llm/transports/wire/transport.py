@@ -34,8 +34,6 @@ from .sse import WireStream
 
 # Prompts counted off the loop above this many characters (usage missing).
 _LARGE_CHARS = 50_000
-# Set in a call's request once it was sent again on a fresh connection (``_post``).
-_RESENT = "wire_resent"
 
 
 class WireTransport:
@@ -53,7 +51,7 @@ class WireTransport:
         body = {"model": route.sent_model}
         headers = route.headers
         for name, value in request.items():
-            if name in ("model", "timeout", "max_retries", "api_base", "api_key", _RESENT):
+            if name in ("model", "timeout", "max_retries", "api_base", "api_key"):
                 continue
             if name == "extra_headers":
                 headers = {**headers, **(value or {})}
@@ -69,7 +67,7 @@ class WireTransport:
         body, headers = self.body(request)
         route = self.route
         try:
-            reply = await self._post(request, body, headers)
+            reply = await self._post(body, headers)
             try:
                 raw = await reply.read()
             finally:
@@ -97,7 +95,7 @@ class WireTransport:
         messages: Messages | None = None,
     ) -> Answer:
         async def open_stream(**sent: Any) -> WireStream:
-            return await self._open(request, sent)
+            return await self._open(sent)
 
         wire = await stream_completion(
             open_stream, request, state, stall_timeout=stall_timeout, deadline=deadline
@@ -115,14 +113,14 @@ class WireTransport:
             return None
         return self._answer(state.text, state.finish_reason, state.usage, None, messages)
 
-    async def _open(self, call_request: Request, request: Request) -> WireStream:
+    async def _open(self, request: Request) -> WireStream:
         import aiohttp
 
         request.pop("timeout", None)  # the stall watch times a stream
         body, headers = self.body(request)
         route = self.route
         try:
-            reply = await self._post(call_request, body, headers)
+            reply = await self._post(body, headers)
         except aiohttp.ClientError as exc:
             raise connection_error(exc, route.api_base) from exc
         if reply.status >= 300:
@@ -135,15 +133,16 @@ class WireTransport:
             raise error_for(reply.status, raw, reply.headers, route.api_base)
         return WireStream(reply, route.api_base)
 
-    async def _post(self, request: Request, body: dict[str, Any], headers: dict[str, str]) -> Any:
+    async def _post(self, body: dict[str, Any], headers: dict[str, str]) -> Any:
         """The reply (its status and headers read) to ``body``.
 
         A server closes a kept-alive connection between requests, when it likes, and
         says so only by closing it: a request that meets such a close (the connection
         carried requests before, and it failed before any byte of an answer: "Can not
         write request body", "Server disconnected", a reset) was not taken, and goes
-        again on a new connection, once a call and not as a retry (RFC 9112 9.3.1). A
-        new connection's failure is the server's own: a retry, as before."""
+        again on a new connection, not as a retry (RFC 9112 9.3.1): once an attempt,
+        a later attempt of the call included (it may meet another). A new connection's
+        failure is the server's own: a retry, as before."""
         import aiohttp
 
         route = self.route
@@ -155,9 +154,8 @@ class WireTransport:
         except aiohttp.ClientConnectorError:
             raise  # no connection was made: nothing to send again
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, ConnectionResetError):
-            if not sessions.reused_connection() or request.get(_RESENT):
+            if not sessions.reused_connection():
                 raise
-        request[_RESENT] = True  # (the call's own request: its later attempts see it)
         return await sessions.fresh_session().post(
             route.url, json=body, headers=headers, proxy=route.proxy, allow_redirects=False
         )

@@ -64,7 +64,7 @@ class ServerProcess:
         self.process.wait(10)
 
 
-async def token_run(server: ServerProcess, k: float) -> tuple[float, int, int]:
+async def token_run(server: ServerProcess, k: float, wire: bool) -> tuple[float, int, int]:
     """Wall time, failed items, 429s."""
     from rlm_magic import RLM
     from rlm_magic.jupyter.helpers import NotebookHelpers
@@ -72,7 +72,13 @@ async def token_run(server: ServerProcess, k: float) -> tuple[float, int, int]:
     from tests.foreign_servers import text_counting
 
     server.ask("reset")
-    rlm = RLM(model="openai/bench", api_base=server.base_url, api_key="sk-bench", progress=False)
+    rlm = RLM(
+        model="openai/bench",
+        api_base=server.base_url,
+        api_key="sk-bench",
+        progress=False,
+        wire_transport=wire,
+    )
     prompts = [text_counting(k, PROMPT_TOKENS, f"p{i}") for i in range(PROMPTS)]
     started = time.perf_counter()
     answers = await NotebookHelpers(rlm).llm_query_batch(prompts, return_exceptions=True)
@@ -128,6 +134,9 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--code", help="a checkout whose rlm_magic is measured instead")
     parser.add_argument("--only", choices=["tokens", "closing"])
+    parser.add_argument(
+        "--litellm", action="store_true", help="token limits through litellm, not the wire"
+    )
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))  # tests.foreign_servers
     if args.code:
@@ -137,7 +146,8 @@ def main() -> None:
     print(f"rlm_magic from {Path(rlm_magic.__file__).parent}; {args.reps} runs each\n")
     asyncio.run(warm_up())
     if args.only != "closing":
-        print(f"60 prompts of 2,000 tokens, 20,000 tokens/s, floor {FLOOR_S:.1f} s")
+        through = "litellm" if args.litellm else "the wire transport"
+        print(f"60 prompts of 2,000 tokens, 20,000 tokens/s, floor {FLOOR_S:.1f} s, {through}")
         for name, style in TOKEN_SERVERS.items():
             print(f"  {name}")
             for k in (0.5, 1.0, 2.0, 4.0):
@@ -145,7 +155,7 @@ def main() -> None:
                 runs = []
                 for _ in range(args.reps):
                     time.sleep(1.5)  # the server's buckets fill up again
-                    runs.append(asyncio.run(token_run(server, k)))
+                    runs.append(asyncio.run(token_run(server, k, not args.litellm)))
                 server.stop()
                 walls = [w for w, _, _ in runs]
                 print(

@@ -299,3 +299,11 @@ async def test_an_answer_computed_in_any_spelling_is_taken_in_its_turn(rlm, serv
     server.script("root-model", [repl(code)])
     result = await rlm.arun("How many lines?", context=CONTEXT)
     assert result.final_answer == "There are 20 lines" and result.iterations == 1
+
+
+async def test_an_answer_given_again_after_its_output_was_seen_is_taken(rlm, server):
+    again = repl("print(context.count('\\n'))\nFINAL('7')")
+    server.script("root-model", [again, again])
+    result = await rlm.arun("How many lines?", context=CONTEXT)
+    assert result.final_answer == "7" and result.iterations == 2
+    assert result.trajectory[0].withheld and not result.trajectory[1].withheld

@@ -100,10 +100,41 @@ class World:
         self.longer = name == "doubled"  # lengthen sequences, as it doubles text
         self.answers = 0
 
-    def answer(self, prompt: Any) -> str:
-        """A sub-model's answer in this world: never one a real model gives."""
+    def answer(self, prompt: Any, schema: Any = None) -> Any:
+        """A sub-model's answer in this world: never one a real model gives; for a
+        typed call (a JSON schema), a value of the schema's shape."""
         self.answers += 1
-        return f"\u27e6{self.name} answer {self.answers} to {str(prompt)[:40]!r}\u27e7"
+        text = f"\u27e6{self.name} answer {self.answers} to {str(prompt)[:40]!r}\u27e7"
+        return text if schema is None else self.instance(schema, text, depth=0)
+
+    def instance(self, schema: Any, text: str, depth: int) -> Any:
+        """A value of a JSON schema's shape, its leaves this world's (a rough one: for
+        the model's code to run on, never to be validated)."""
+        if not isinstance(schema, dict) or depth > 8:
+            return text
+        for choice in ("anyOf", "oneOf", "allOf"):
+            if isinstance(schema.get(choice), list) and schema[choice]:
+                return self.instance(schema[choice][0], text, depth + 1)
+        if "const" in schema:
+            return schema["const"]
+        if isinstance(schema.get("enum"), list) and schema["enum"]:
+            return schema["enum"][-1 if self.longer else 0]
+        kind = schema.get("type")
+        kind = kind[0] if isinstance(kind, list) and kind else kind
+        if kind == "object":
+            properties = schema.get("properties")
+            fields = properties if isinstance(properties, dict) else {}
+            return {str(k): self.instance(v, text, depth + 1) for k, v in list(fields.items())[:50]}
+        if kind == "array":
+            item = self.instance(schema.get("items"), text, depth + 1)
+            return [item, item] if self.longer else [item]
+        if kind in ("integer", "number"):
+            return self.number(1000 + self.answers)
+        if kind == "boolean":
+            return self.longer
+        if kind == "null":
+            return None
+        return text
 
 
 def worlds() -> list[World]:
@@ -295,14 +326,26 @@ def replayed_namespace(real: dict[str, Any], world: World, finish: Finish) -> _W
     return replayed
 
 
+def _schema(response_format: Any) -> Any:
+    """The JSON schema a typed call asks for, as model code passes it (a dict, or
+    OpenAI's ``{"type": "json_schema", "json_schema": {"schema": ...}}``)."""
+    if not isinstance(response_format, dict):
+        return None
+    wrapped = response_format.get("json_schema")
+    if isinstance(wrapped, dict) and isinstance(wrapped.get("schema"), dict):
+        return wrapped["schema"]
+    return response_format
+
+
 def _local_helpers(world: World) -> dict[str, Any]:
     def blocking(name: str) -> Callable[..., Any]:
         batch = name in BATCH_NAMES
 
         def helper(prompts: Any = None, *args: Any, **kwargs: Any) -> Any:
+            schema = _schema(kwargs.get("response_format"))
             if batch:
-                return [world.answer(prompt) for prompt in list(prompts or ())]
-            return world.answer(prompts)
+                return [world.answer(prompt, schema) for prompt in list(prompts or ())]
+            return world.answer(prompts, schema)
 
         helper.__name__ = name
         return helper

@@ -286,6 +286,7 @@ class Run:
             turn_started = time.perf_counter()
             calls_before = self.calls.own
             iteration = Iteration(index=index, response="")
+            self.finishing.next_turn()
             outputs: list[str] = []
 
             def new_turn(

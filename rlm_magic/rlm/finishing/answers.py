@@ -63,11 +63,18 @@ class Finishing:
         self.broken_off: str | None = None  # why the last root turn broke off
         self._told_restored: set[str] = set()  # scaffold names the model was told of
         self.step_timeout = 120.0  # the run's, bounding a replay (``_guessed``)
+        # Digests of the answers withheld in the last turn, and in this one so far.
+        self._withheld_last: set[str] = set()
+        self._withheld_now: set[str] = set()
         # The run's own instructions: an answer that only repeats them is not one.
         self.echoes = Echoes([ACCEPTED_FORMS])
         # A session's variables from its earlier questions: name -> the question (from 1)
         # it came from. Data of those questions' contexts, never this question's answer.
         self.carried_from: dict[str, int] = {}
+
+    def next_turn(self) -> None:
+        """A new root turn: what the last one withheld may now be given again."""
+        self._withheld_last, self._withheld_now = self._withheld_now, set()
 
     def read(self, reply: str, *, until_guess: bool = False) -> Reply:
         """The reply's blocks and markers. A turn that broke off (a stall, a server
@@ -143,7 +150,7 @@ class Finishing:
             return False
         codes = [run.code for run in iteration.code[:number]]
         real = answer_digest(*(("variable", answer) if variable else (how.value, printed)))
-        if await self._guessed(codes, real, iteration, variable):
+        if await self._guessed(codes, real, iteration, variable, answer):
             iteration.withheld.append(Withheld(what, UNSEEN))
             return False
         self.finished = (answer, how.value)
@@ -165,13 +172,18 @@ class Finishing:
         # Written in the reply's text, unless it names a variable: then its value's.
         real = answer_digest("variable", answer) if by_variable else None
         variable = marker.value if by_variable else None
-        if await self._guessed(codes, real, iteration, variable):
+        if await self._guessed(codes, real, iteration, variable, answer):
             iteration.withheld.append(Withheld(what, UNSEEN))
             return None, ""
         return answer, problem
 
     async def _guessed(
-        self, codes: list[str], real: str | None, iteration: Iteration, variable: str | None = None
+        self,
+        codes: list[str],
+        real: str | None,
+        iteration: Iteration,
+        variable: str | None,
+        answer: str,
     ) -> bool:
         """Whether an answer was written before the model could know it: the reply's
         code read data (a context, a variable from before, a sub-call's answer), so what
@@ -179,7 +191,11 @@ class Finishing:
         data: it stays the same when the reply is replayed with the data changed
         (``repl.provenance``). ``real``: the answer's digest (None: written in the
         reply's text). Code that read no data showed nothing the model's own words did
-        not decide."""
+        not decide; an answer withheld last turn and given again now was given after
+        the model saw that turn's output."""
+        restated = answer_digest("answer", answer)
+        if restated in self._withheld_last:
+            return False
         replayed = Replayed()
         if self.repl is not None:
             spent = sum(run.elapsed_s for run in iteration.code)
@@ -190,6 +206,8 @@ class Finishing:
                 replayed = Replayed()
         origin = Origin.TYPED if real is None else origin_of(real, replayed.digests)
         guessed = replayed.read_data is not False and origin is not Origin.COMPUTED
+        if guessed:
+            self._withheld_now.add(restated)
         if guessed and origin is Origin.UNDECIDED:
             iteration.notes.append(
                 "the answer's origin could not be told (the reply replayed with its data "

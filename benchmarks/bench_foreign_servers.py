@@ -17,7 +17,7 @@ Two parts, each server in a process of its own (its CPU is not the client's):
 - **A server that closes every connection.** llama.cpp-like: 8 slots, each connection
   closed right after its streamed answer (at once, or 20 ms later, reading nothing
   meanwhile) though it announced keep-alive; 64 prompts at ``timeout=2``. Printed:
-  answers, retries, and requests the server saw, on the wire transport and through
+  answers, retries, and requests the server read, on the wire transport and through
   litellm.
 """
 
@@ -89,7 +89,7 @@ async def token_run(server: ServerProcess, k: float, wire: bool) -> tuple[float,
 
 
 async def closing_run(server: ServerProcess, wire: bool) -> tuple[int, int, int]:
-    """Answers, retries, requests the server saw."""
+    """Answers, retries, requests the server read (a free resend reads one again)."""
     from rlm_magic import RLM
     from rlm_magic.jupyter.helpers import NotebookHelpers
     from rlm_magic.llm.transports import close_loop_clients
@@ -185,7 +185,7 @@ def main() -> None:
                     + " / ".join(f"{a}/64" for a, _, _ in runs)
                     + " | retries "
                     + " / ".join(str(r) for _, r, _ in runs)
-                    + " | requests sent "
+                    + " | requests read "
                     + " / ".join(str(n) for _, _, n in runs)
                 )
             server.stop()

@@ -272,3 +272,11 @@ def test_a_replay_opens_no_file_and_answers_sub_calls_locally(tmp_path):
 @pytest.mark.parametrize("pre", [p for p in READS_NOTHING if p])
 async def test_a_prose_answer_after_code_that_read_no_data_is_taken(pre):
     assert await taken([pre], "FINAL(7)")
+
+
+def test_a_replay_copies_only_what_the_reply_reads():
+    namespace = {"__name__": "__rlm__", "__builtins__": repl_builtins()}
+    namespace.update(preloaded(namespace, "x" * 300_000_000))  # past what a world copies
+    found = replay(["v = '42'\nFINAL(v)"], namespace, set(HELPER_NAMES), compile_step)
+    assert found.read_data is False and found.digests[0] is not None
+    assert found.digests[0] == found.digests[1]

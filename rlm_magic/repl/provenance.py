@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import functools
 import hashlib
 import inspect
 import types
@@ -265,27 +266,67 @@ class _Copier:
 
 
 class _Watched(dict[str, Any]):
-    """A replay's namespace, which notes whether the reply's code read data: a name
-    holding data (a context, a variable from before the reply, a helper's answer) read
-    before the reply wrote it. Code at a block's top level and in its functions reads
-    and writes its globals through these methods when they are not a plain dict."""
+    """A replay's namespace. It notes whether the reply's code read data: a name holding
+    data (a context, a variable from before the reply, a helper's answer) read before
+    the reply wrote it. And it makes the world's copy of a value only when the code
+    first reads it, so a replay costs what the reply reads, not the whole namespace
+    (a 100 MB context the reply never touched is not copied). Code at a block's top
+    level and in its functions reads and writes its globals through these methods when
+    they are not a plain dict."""
 
-    def __init__(self, data: set[str]):
+    def __init__(self, data: set[str], pending: dict[str, Callable[[], Any]]):
         super().__init__()
         self.data, self.written, self.read_data = data, set[str](), False
+        self.pending = pending  # name -> makes the world's copy of its value
 
     def __getitem__(self, name: str) -> Any:
         if name in self.data and name not in self.written:
             self.read_data = True
-        return super().__getitem__(name)
+        try:
+            return super().__getitem__(name)
+        except KeyError:
+            if name not in self.pending:
+                raise
+        made = self.pending.pop(name)()
+        super().__setitem__(name, made)
+        return made
 
     def __setitem__(self, name: str, value: Any) -> None:
         self.written.add(name)
+        self.pending.pop(name, None)
         super().__setitem__(name, value)
 
     def __delitem__(self, name: str) -> None:
         self.written.add(name)
-        super().__delitem__(name)
+        if self.pending.pop(name, None) is None:
+            super().__delitem__(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.pending or super().__contains__(name)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self[name] if name in self else default
+
+    def made_whole(self) -> _Watched:
+        """Every value copied now (for code that reads the namespace as a whole)."""
+        for name in list(self.pending):
+            self[name]
+        return self
+
+    def __iter__(self) -> Any:
+        return super(_Watched, self.made_whole()).__iter__()
+
+    def __len__(self) -> int:
+        return super(_Watched, self.made_whole()).__len__()
+
+    def keys(self) -> Any:
+        return super(_Watched, self.made_whole()).keys()
+
+    def items(self) -> Any:
+        return super(_Watched, self.made_whole()).items()
+
+    def values(self) -> Any:
+        return super(_Watched, self.made_whole()).values()
 
 
 # What the namespace holds that is not data: the protocol and the preloaded modules.
@@ -303,9 +344,11 @@ def _refused_open(*args: Any, **kwargs: Any) -> Any:
 
 
 def replayed_namespace(real: dict[str, Any], world: World, finish: Finish) -> _Watched:
-    """The counterfactual of ``real``: its data changed, its helpers answered locally."""
+    """The counterfactual of ``real``: its data changed (each value as the code first
+    reads it), its helpers answered locally."""
     data = {name for name, value in real.items() if _is_data(name, value)}
-    replayed = _Watched(data | set(HELPER_NAMES) | {ASYNC_TABLE})
+    pending: dict[str, Callable[[], Any]] = {}
+    replayed = _Watched(data | set(HELPER_NAMES) | {ASYNC_TABLE}, pending)
     dict.__setitem__(replayed, "__name__", real.get("__name__", "__rlm__"))
     table = dict(real.get("__builtins__") or vars(builtins))
     table["open"] = _refused_open
@@ -318,12 +361,16 @@ def replayed_namespace(real: dict[str, Any], world: World, finish: Finish) -> _W
             continue
         if name == "answer" and isinstance(value, dict):
             # Its content is data; whether it is ready is the protocol's, kept as it is.
-            dict.__setitem__(replayed, name, {**copy(value), "ready": value.get("ready")})
+            pending[name] = functools.partial(_answer_copy, copy, value)
         else:
-            dict.__setitem__(replayed, name, copy(value))
+            pending[name] = functools.partial(copy, value)
     dict.update(replayed, finisher_functions(replayed, finish))
     dict.update(replayed, _local_helpers(world))
     return replayed
+
+
+def _answer_copy(copy: _Copier, answer: dict[str, Any]) -> dict[str, Any]:
+    return {**copy(answer), "ready": answer.get("ready")}
 
 
 def _schema(response_format: Any) -> Any:

@@ -17,9 +17,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from rlm_magic.repl.finishers import FinishKind
 from rlm_magic.repl.helpers import BATCH_NAMES, HELPER_NAMES
 from rlm_magic.repl.inprocess import AsyncREPL
-from rlm_magic.repl.provenance import replay
+from rlm_magic.repl.provenance import answer_digest, replay
 from rlm_magic.repl.steps import compile_step, preloaded, repl_builtins
 from rlm_magic.rlm.finishing import Finishing
 from rlm_magic.rlm.replies import read_reply
@@ -256,7 +257,7 @@ async def test_a_replay_changes_nothing_the_model_made():
     await repl.run("note(context[:4])\ntotal['n'] += 1\nFINAL(str(total['n']))")
     before = {k: repr(v) for k, v in repl.namespace.items() if k in ("seen", "total")}
     found = await repl.replay(["note(context[:4])\ntotal['n'] += 1\nFINAL(str(total['n']))"])
-    assert found.read_data is True and len(found.digests) == 2
+    assert found.read_data is True and found.digests
     assert {k: repr(repl.namespace[k]) for k in before} == before
 
 
@@ -274,9 +275,21 @@ async def test_a_prose_answer_after_code_that_read_no_data_is_taken(pre):
     assert await taken([pre], "FINAL(7)")
 
 
-def test_a_replay_copies_only_what_the_reply_reads():
+def test_a_replay_copies_only_what_the_reply_reads_and_stops_once_settled():
     namespace = {"__name__": "__rlm__", "__builtins__": repl_builtins()}
     namespace.update(preloaded(namespace, "x" * 300_000_000))  # past what a world copies
     found = replay(["v = '42'\nFINAL(v)"], namespace, set(HELPER_NAMES), compile_step)
     assert found.read_data is False and found.digests[0] is not None
-    assert found.digests[0] == found.digests[1]
+
+
+def test_a_computed_answer_costs_one_world_and_a_typed_one_every_world():
+    namespace = {"__name__": "__rlm__", "__builtins__": repl_builtins()}
+    namespace.update(preloaded(namespace, CONTEXT))
+
+    def worlds_run(code: str, answer: str) -> int:
+        digest = answer_digest(FinishKind.CALL_IN_CODE.value, answer)
+        found = replay([code], namespace, set(HELPER_NAMES), compile_step, answer=digest)
+        return len(found.digests)
+
+    assert worlds_run("FINAL(context[:4])", CONTEXT[:4]) == 1
+    assert worlds_run("n = len(context)\nFINAL('7')", "7") == 2

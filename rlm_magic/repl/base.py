@@ -49,12 +49,17 @@ class REPL(Protocol):
         ...
 
     async def replay(
-        self, codes: Sequence[str], variable: str | None = None, timeout: float = 10.0
+        self,
+        codes: Sequence[str],
+        variable: str | None = None,
+        timeout: float = 10.0,
+        answer: str | None = None,
     ) -> Replayed:
         """Run a reply's blocks ``codes`` again with every piece of data changed
         (``provenance``): per world, the digest of its answer (the last block's finish,
-        or ``variable``'s value), and whether the code read data. Within ``timeout``
-        seconds; nothing it does reaches the namespace or the kernel."""
+        or ``variable``'s value), and whether the code read data; the worlds stop once
+        ``answer`` (the real answer's digest) is settled. Within ``timeout`` seconds;
+        nothing it does reaches the namespace or the kernel."""
         ...
 
     async def set_variable(self, name: str, value: Any) -> None: ...

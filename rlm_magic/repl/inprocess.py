@@ -181,7 +181,11 @@ class AsyncREPL:
         return output
 
     async def replay(
-        self, codes: Sequence[str], variable: str | None = None, timeout: float = 10.0
+        self,
+        codes: Sequence[str],
+        variable: str | None = None,
+        timeout: float = 10.0,
+        answer: str | None = None,
     ) -> Replayed:
         """The reply's blocks run again with the data changed (``provenance``), in a
         thread of their own stopped like a step's when ``timeout`` is up."""
@@ -190,7 +194,12 @@ class AsyncREPL:
         def work() -> None:
             nonlocal found
             found = replay(
-                codes, self.namespace, self.helper_names, compile_step, variable=variable
+                codes,
+                self.namespace,
+                self.helper_names,
+                compile_step,
+                variable=variable,
+                answer=answer,
             )
 
         step = _Step(next(_step_ids))

@@ -428,10 +428,14 @@ def replay(
     *,
     variable: str | None = None,
     fit: Callable[[list[str] | None], list[str] | None] = lambda finish: finish,
+    answer: str | None = None,
 ) -> Replayed:
     """Run the reply's ``codes`` again in each world: what it answers there (the finish
     of its last block, or ``variable``'s value), as a digest. ``fit``: what the REPL
-    does to a finish before the kernel sees it."""
+    does to a finish before the kernel sees it. ``answer``: the real answer's digest, or
+    None for an answer written in the reply's text; the worlds stop once they settle
+    it (an answer that moved was computed; a text answer needs only whether data was
+    read), so an answer computed from data costs one world, not two."""
     compiled = [compile_block(code, helper_names, REPLAY_FILENAME) for code in codes]
     found = Replayed()
     for world in worlds():
@@ -453,6 +457,9 @@ def replay(
             found.read_data = True
         elif ran and found.read_data is None:
             found.read_data = False
+        moved = answer is not None and found.digests[-1] not in (None, answer)
+        if moved or (answer is None and found.read_data is not None):
+            break
     return found
 
 

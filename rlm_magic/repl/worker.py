@@ -348,6 +348,7 @@ class Worker:
                 compile_step,
                 variable=None if variable is None else str(variable),
                 fit=fitted_finish,
+                answer=message["answer"] if isinstance(message.get("answer"), str) else None,
             )
         except (KeyboardInterrupt, StepInterrupted, SyntaxError):
             return Replayed()

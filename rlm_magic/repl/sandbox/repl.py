@@ -376,14 +376,18 @@ class SandboxREPL:
         return value if isinstance(value, str) else None
 
     async def replay(
-        self, codes: Sequence[str], variable: str | None = None, timeout: float = 10.0
+        self,
+        codes: Sequence[str],
+        variable: str | None = None,
+        timeout: float = 10.0,
+        answer: str | None = None,
     ) -> Replayed:
         """The reply's blocks run again in the sandbox with the data changed; the
         worker stops itself at ``timeout``, and is stopped like a step if it does not."""
         sandbox = self._sandbox
         if sandbox is None or sandbox.dead or self._closed:
             return Replayed()
-        fields = {"codes": list(codes), "variable": variable, "seconds": timeout}
+        fields = {"codes": list(codes), "variable": variable, "seconds": timeout, "answer": answer}
         try:
             reply = await self._request("replay", "replay", timeout + self.STOP_GRACE_S, **fields)
         except SandboxError:

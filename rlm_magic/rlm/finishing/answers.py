@@ -201,7 +201,7 @@ class Finishing:
             spent = sum(run.elapsed_s for run in iteration.code)
             seconds = min(self.step_timeout, REPLAY_MIN_S + 2 * spent)
             try:
-                replayed = await self.repl.replay(codes, variable, timeout=seconds)
+                replayed = await self.repl.replay(codes, variable, timeout=seconds, answer=real)
             except Exception:  # noqa: BLE001 - a sandbox that cannot say decides nothing
                 replayed = Replayed()
         origin = Origin.TYPED if real is None else origin_of(real, replayed.digests)

@@ -51,7 +51,7 @@ from .pricing import cache_saving
 from .profiles import PROFILES
 from .prompt_cache import mark_prefix, needs_markers, refuses_markers
 from .ratelimit import RateGate, Ticket, headers_of, is_rate_limit
-from .redaction import Redactor, redact_messages
+from .redaction import Redactor, redact_causes, redact_messages
 from .streaming import StreamState
 from .transports.base import Answer, Transport
 from .usage import CallRecord, UsageLedger
@@ -522,6 +522,9 @@ class LLMClient:
         or raise the call's ``LLMQueryError``."""
         gate, config, model = call.gate, self.config, call.model
         if is_rate_limit(failure):
+            # Redacted before anything reads its text: the message made of it is cut,
+            # and a key cut in two would be found by neither half.
+            redact_causes(failure, self.redactor())
             # Not a failure: the gate holds this call (and every other call to this
             # endpoint) back until the provider's limit allows it, then it goes again.
             gate.rate_limited_by(ticket, headers_of(failure), str(failure))

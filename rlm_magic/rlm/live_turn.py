@@ -38,6 +38,9 @@ class LiveTurn:
         self.ran = 0  # blocks run (or running) so far
         self.stopped = False
         self._task: asyncio.Task[None] | None = None
+        # The redaction the finished reply goes through, if any: a block run early runs
+        # (and is recorded) as the finished reply will hold it.
+        self.redact: Callable[[str], str] | None = None
 
     # -- the text -------------------------------------------------------------------
     def __call__(self, piece: str | None) -> None:
@@ -101,7 +104,8 @@ class LiveTurn:
     async def _work(self, run_block: RunBlock) -> None:
         while self.ran < len(self._codes) and not self.stopped:
             self.ran += 1
-            if await run_block(self.ran, self._codes[self.ran - 1]):
+            code = self._codes[self.ran - 1]
+            if await run_block(self.ran, code if self.redact is None else self.redact(code)):
                 self.stopped = True
         self._task = None
 
@@ -114,7 +118,10 @@ class LiveTurn:
         run_block = self._run_block
         if run_block is None:
             return
-        if blocks[: self.ran] != self.executed:
+        executed = self.executed
+        if self.redact is not None:
+            executed = [self.redact(code) for code in executed]
+        if blocks[: self.ran] != executed:
             raise RuntimeError(
                 f"the root turn was cut off and retried after {self.ran} of its code "
                 "blocks had run, and the new answer's code differs"

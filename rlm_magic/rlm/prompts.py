@@ -6,6 +6,7 @@ here: batches run concurrently, so fan out with ``llm_query_batch``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..llm.profiles import DEFAULT_CHARS_PER_TOKEN
@@ -99,6 +100,8 @@ def chunk_advice(
 MIN_OUTPUT_CHARS = 500
 # Characters of the context a local server's tokenizer counts before the first turn.
 SAMPLE_CHARS = 6_000
+# Cuts a text to a number of characters (``Redactor.head`` cuts it redacted).
+Cut = Callable[[str, int], str]
 
 
 def output_chars(configured: int, explicit: bool, window: int | None, per_token: float) -> int:
@@ -154,8 +157,15 @@ def _short_number(value: int) -> str:
     return f"{value / 1000:g}k" if value >= 1000 else str(value)
 
 
-def describe_context(context: Any) -> tuple[str, int, str]:
-    """(type name, length, preview) of a context of any type, without copying it."""
+def _cut(text: str, limit: int) -> str:
+    return text[:limit]
+
+
+def describe_context(context: Any, head: Cut = _cut) -> tuple[str, int, str]:
+    """(type name, length, preview) of a context of any type, without copying it.
+    ``head(text, limit)`` cuts each part of the preview (a redactor's ``head`` removes a
+    secret the cut falls inside of whole, where redacting after the cut would leave its
+    start)."""
     type_name = type(context).__name__
     if context is None:
         return "NoneType", 0, "(no context was given)"
@@ -165,26 +175,25 @@ def describe_context(context: Any) -> tuple[str, int, str]:
     except TypeError:
         length = 1
     if hasattr(context, "columns") and shape is not None:  # a DataFrame
-        preview = (
-            f"shape {tuple(shape)}, columns {list(context.columns)[:30]}\n"
-            + context.head(5).to_string(max_colwidth=80)[:1500]
+        preview = f"shape {tuple(shape)}, columns {list(context.columns)[:30]}\n" + head(
+            context.head(5).to_string(max_colwidth=80), 1500
         )
     elif isinstance(context, str):
-        preview = context[:800] + (" ..." if len(context) > 800 else "")
+        preview = head(context, 800) + (" ..." if len(context) > 800 else "")
     elif isinstance(context, dict):
         keys = list(context)[:30]
         preview = f"keys: {keys}" + (" ..." if len(context) > 30 else "")
     elif isinstance(context, (list, tuple)):
-        items = [_short(item) for item in context[:5]]
+        items = [_short(item, head=head) for item in context[:5]]
         preview = f"first items: [{', '.join(items)}]" + (" ..." if len(context) > 5 else "")
     else:
-        preview = _short(context, 800)
+        preview = _short(context, 800, head)
     return type_name, length, preview
 
 
-def _short(value: Any, limit: int = 200) -> str:
+def _short(value: Any, limit: int = 200, head: Cut = _cut) -> str:
     text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "..."
+    return text if len(text) <= limit else head(text, limit) + "..."
 
 
 class RunPrompts:
@@ -216,7 +225,7 @@ class RunPrompts:
 
     def system(self, context: Any) -> str:
         if self._described is None:
-            self._described = describe_context(context)
+            self._described = describe_context(context, self.client.redactor().head)
         type_name, length, preview = self._described
         self._advised_for = self._sub_model_now()
         reads, chunk = self._chunk_advice()

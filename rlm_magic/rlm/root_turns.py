@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..errors import LLMQueryError, PromptTooLongError, describe_exception
+from ..llm.redaction import off_loop_if_large
 from ..llm.windows import is_context_error
 from .compaction import Conversation
 from .finishing import Finishing
@@ -109,7 +110,17 @@ class RootTurns:
     async def _ask(
         self, messages: list[dict[str, Any]], turn: LiveTurn, iteration: Iteration | None = None
     ) -> str:
-        """One root turn, streamed into ``turn``."""
+        """One root turn, streamed into ``turn``, redacted: the reply becomes the
+        trajectory, the log, the HTML view and perhaps the final answer, and a model may
+        echo a key it was never shown (a guess, a form redaction let through)."""
+        redact = self.client.redactor()
+        turn.redact = redact  # (blocks run early run as the reply will hold them)
+        reply = await self._streamed(messages, turn, iteration)
+        return await off_loop_if_large(len(reply), redact, reply)
+
+    async def _streamed(
+        self, messages: list[dict[str, Any]], turn: LiveTurn, iteration: Iteration | None
+    ) -> str:
         finishing = self.finishing
         if self.depth == 0:
             self.tree.live_turn = turn
@@ -139,7 +150,7 @@ class RootTurns:
                 return turn.text
             await turn.cancel()
             if turn.ran and iteration is not None:  # interrupted: keep what ran
-                iteration.response = turn.text
+                iteration.response = self.client.redactor()(turn.text)
                 self.result.trajectory.append(iteration)
             raise
         finally:

@@ -293,3 +293,30 @@ def test_a_computed_answer_costs_one_world_and_a_typed_one_every_world():
 
     assert worlds_run("FINAL(context[:4])", CONTEXT[:4]) == 1
     assert worlds_run("n = len(context)\nFINAL('7')", "7") == 2
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import os\nos.remove({path!r})\nFINAL(context[:4])",
+        "import pathlib\npathlib.Path({path!r}).unlink()\nFINAL(context[:4])",
+        "from shutil import rmtree\nFINAL(context[:4])",
+        "import subprocess\nsubprocess.run(['rm', {path!r}])\nFINAL(context[:4])",
+    ],
+)
+def test_a_replay_acts_on_nothing_outside_the_process(tmp_path, code):
+    target = tmp_path / "kept.txt"
+    target.write_text("x")
+    namespace = {"__name__": "__rlm__", "__builtins__": repl_builtins()}
+    namespace.update(preloaded(namespace, CONTEXT))
+    found = replay([code.format(path=str(target))], namespace, set(HELPER_NAMES), compile_step)
+    assert target.exists() and found.digests == [None, None]
+
+
+def test_a_replay_reads_text_through_in_memory_buffers():
+    namespace = {"__name__": "__rlm__", "__builtins__": repl_builtins()}
+    namespace.update(preloaded(namespace, CONTEXT))
+    code = "import io\nFINAL(io.StringIO(context).readline())"
+    digest = answer_digest(FinishKind.CALL_IN_CODE.value, CONTEXT.splitlines()[0] + "\n")
+    found = replay([code], namespace, set(HELPER_NAMES), compile_step, answer=digest)
+    assert found.digests[0] not in (None, digest)

@@ -37,6 +37,7 @@ import builtins
 import functools
 import hashlib
 import inspect
+import io
 import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -201,6 +202,10 @@ class _Copier:
 
     def _changed(self, value: Any) -> Any:
         world = self.world
+        if isinstance(value, types.ModuleType) and value.__name__.partition(".")[0] in (
+            _ACTS_OUTSIDE
+        ):
+            return _Opaque(f"module {value.__name__}")  # what it does is not undone
         if isinstance(value, bool) or isinstance(value, _SHARED):
             return value
         if isinstance(value, str):
@@ -343,6 +348,36 @@ def _refused_open(*args: Any, **kwargs: Any) -> Any:
     raise Undecidable("files are not opened in a replay")
 
 
+# Modules whose use acts outside the process (files, processes, the network, signals):
+# a replay never imports or uses them, so code that does is not run twice (in the
+# kernel's own threads, with RLM.sandbox = "none", that would touch the user's files).
+_ACTS_OUTSIDE = frozenset(
+    {
+        "os", "posix", "nt", "subprocess", "shutil", "pathlib", "tempfile", "glob",
+        "socket", "ssl", "select", "selectors", "urllib", "http", "ftplib", "smtplib",
+        "requests", "httpx", "aiohttp", "websockets", "webbrowser", "ctypes", "signal",
+        "multiprocessing", "sqlite3", "builtins", "io", "_io", "fcntl", "mmap", "pty",
+        "resource", "sys",
+    }
+)  # fmt: skip
+# Of those, what a replay may still use: in-memory text and bytes buffers.
+_IN_MEMORY = {"io": types.SimpleNamespace(StringIO=io.StringIO, BytesIO=io.BytesIO)}
+
+
+def _replay_import(real_import: Callable[..., Any]) -> Callable[..., Any]:
+    def guarded(
+        name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0
+    ) -> Any:
+        top = name.partition(".")[0]
+        if level == 0 and top in _IN_MEMORY and name == top:
+            return _IN_MEMORY[top]  # io.StringIO, never io.open
+        if level == 0 and top in _ACTS_OUTSIDE:
+            raise Undecidable(f"a replay does not import {top}")
+        return real_import(name, globals, locals, fromlist, level)
+
+    return guarded
+
+
 def replayed_namespace(real: dict[str, Any], world: World, finish: Finish) -> _Watched:
     """The counterfactual of ``real``: its data changed (each value as the code first
     reads it), its helpers answered locally."""
@@ -352,6 +387,7 @@ def replayed_namespace(real: dict[str, Any], world: World, finish: Finish) -> _W
     dict.__setitem__(replayed, "__name__", real.get("__name__", "__rlm__"))
     table = dict(real.get("__builtins__") or vars(builtins))
     table["open"] = _refused_open
+    table["__import__"] = _replay_import(table.get("__import__", builtins.__import__))
     dict.__setitem__(replayed, "__builtins__", table)
     copy = _Copier(world, real, replayed)
     for name, value in real.items():

@@ -296,3 +296,35 @@ def test_a_budget_near_its_end_counts_a_large_prompt_rather_than_refuse_it_at_it
         budget.admit(ledger, None, "openai/gpt-4o-mini", (1e-6, 0.0), messages, {"max_tokens": 1})
     )
     assert held is not None and 0.001 < held.amount < 0.0015  # counted (litellm imported)
+
+
+FIRST_TYPED_QUERY = """
+import asyncio, json, sys
+from rlm_magic import RLM
+from rlm_magic.jupyter.helpers import NotebookHelpers
+
+async def main():
+    rlm = RLM(model="openai/sub-model", api_base=sys.argv[1], api_key="sk-test",
+              progress=False, retry_backoff=0.01)
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    answer = await NotebookHelpers(rlm).llm_query("count", response_format=schema)
+    print(json.dumps([answer, "litellm" in sys.modules]))
+
+asyncio.run(main())
+"""
+
+
+def test_a_typed_answer_over_the_wire_is_asked_for_without_importing_litellm(server):
+    server.script("sub-model", ['{"n": 3}'])
+    done = subprocess.run(
+        [sys.executable, "-c", FIRST_TYPED_QUERY, server.base_url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    answer, imported = json.loads(done.stdout)
+    assert answer == {"n": 3}
+    assert not imported
+    [request] = server.requests
+    assert request["response_format"]["type"] == "json_schema"

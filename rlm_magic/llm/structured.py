@@ -850,6 +850,16 @@ def _tell_schema_not_sent(model: str, why: str) -> None:
     )
 
 
+async def _litellm_for(complete: Complete, model: str) -> Any:
+    """litellm, or None when the call goes over the wire without it: a client's
+    ``complete`` knows (``LLMClient.litellm_for``), and importing litellm first would
+    keep the first request waiting for seconds."""
+    litellm_for = getattr(getattr(complete, "__self__", None), "litellm_for", None)
+    if litellm_for is None:
+        return await load_litellm()
+    return await litellm_for(model)
+
+
 async def ask(
     complete: Complete,
     messages: list[dict[str, Any]],
@@ -860,7 +870,7 @@ async def ask(
     """One typed call: ``complete(messages, response_format=..., **options)`` returns a
     completion; its text is validated, and asked for once more with the error if it
     does not pass. Raises ``LLMQueryError`` when the second answer fails too."""
-    litellm = await load_litellm()
+    litellm = await _litellm_for(complete, model_name)
     asked = messages
     messages, response_format = prepare(messages, answer_format, litellm, model_name, may_try=True)
     try:

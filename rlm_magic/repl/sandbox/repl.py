@@ -304,6 +304,9 @@ class SandboxREPL:
         finally:
             self._step = None
             self._reply = None
+            # A call the step left running (from a thread or task of its code) ends
+            # with it: its answer would reach no one, and it would still be billed.
+            self.calls.cancel_all()
             output.elapsed_s = time.perf_counter() - started
         return output
 

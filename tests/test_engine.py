@@ -576,7 +576,9 @@ async def test_a_secret_at_the_cut_is_removed_whole(server, monkeypatch):
     token = "SECRETTOKEN" + "x" * 50
     monkeypatch.setenv("SERVICE_TOKEN", token)
     rlm = make_rlm(server, max_output_chars=30)
-    server.script("root-model", [repl(f"print('a' * 25 + {token!r} + 'b' * 100)"), "FINAL(ok)"])
+    # Spelled in pieces: a reply holding the token is redacted before its code runs.
+    code = "print('a' * 25 + 'SECRET' + 'TOKEN' + 'x' * 50 + 'b' * 100)"
+    server.script("root-model", [repl(code), "FINAL(ok)"])
     result = await rlm.arun("q", context="c")
     seen = result.trajectory[0].code[0].output
     assert seen.startswith("a" * 25 + "[REDACTED]\n... [output cut")

@@ -224,6 +224,46 @@ def test_a_text_without_the_secret_comes_out_unchanged(secret, text):
     assert _redactor(secret)(text) == text
 
 
+# -- many texts at once (a typed answer's strings, a batch's answers) -------------------
+
+
+@pytest.mark.parametrize("form", ["as is", "base64", "Basic auth (user:key)", "in JSON", "hex"])
+@settings(FAST, max_examples=25)
+@given(
+    secret=secrets,
+    texts=st.lists(surroundings, min_size=1, max_size=12),
+    data=st.data(),
+)
+def test_each_of_many_texts_loses_the_secret_as_if_redacted_alone(form, secret, texts, data):
+    assume(not any(leaked(secret, text) for text in texts))
+    carrying = data.draw(st.sets(st.integers(0, len(texts) - 1), min_size=1))
+    echoed = [
+        text[:3] + FORMS[form](secret) + text[3:] if i in carrying else text
+        for i, text in enumerate(texts)
+    ]
+    redactor = _redactor(secret)
+    each = redactor.each(echoed)
+    assert len(each) == len(echoed)
+    for i, together in enumerate(each):
+        assert leaked(secret, together) is None, (form, together)
+        if i in carrying:
+            assert REDACTED in together
+
+
+@FAST
+@given(secret=secrets, texts=st.lists(st.text(max_size=60), max_size=20))
+def test_many_texts_without_the_secret_come_out_as_they_went_in(secret, texts):
+    assume(not any("key" in t.lower() or "author" in t.lower() or "token" in t for t in texts))
+    assume(leaked(secret, "\n".join(texts)) is None)
+    assert _redactor(secret).each(texts) == texts
+
+
+def test_a_secret_split_across_two_texts_is_removed_from_both():
+    halves = [f"it begins {KEY_IN_TEXTS[:20]}", f"{KEY_IN_TEXTS[20:]} and ends"]
+    first, second = _redactor(KEY_IN_TEXTS).each(halves)
+    assert first == "it begins [REDACTED]" and second == "[REDACTED] and ends"
+
+
 def test_ordinary_prose_and_code_about_keys_come_out_unchanged():
     redact = _redactor("sk-proj-" + "Zx9" * 16)
     for text in (

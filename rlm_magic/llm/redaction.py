@@ -456,6 +456,29 @@ class Redactor:
             return text
         return _replaced(text, spans, len(text))
 
+    def each(self, texts: list[str]) -> list[str]:
+        """``texts``, each redacted, from one pass over them joined by line breaks: a
+        pass per text cost about 65 µs, 0.2-0.6 s for the 6,000 strings of a typed
+        answer of 3,000 objects. A secret split across two of them is removed too."""
+        joined = "\n".join(texts)
+        spans = self.spans(joined) if joined else []
+        if not spans:
+            return texts
+        redacted, start, first = [], 0, 0
+        for text in texts:
+            end = start + len(text)
+            inside, index = [], first
+            while index < len(spans) and spans[index][0] < end:
+                span_start, span_end = spans[index]
+                if span_end > start:
+                    inside.append((max(span_start, start) - start, min(span_end, end) - start))
+                index += 1
+            while first < len(spans) and spans[first][1] <= end:
+                first += 1  # (a span that goes on past this text is its next's too)
+            redacted.append(_replaced(text, inside, len(text)) if inside else text)
+            start = end + 1  # (the line break)
+        return redacted
+
     def head(self, text: str, limit: int) -> str:
         """The first ``limit`` characters of ``text``, redacted. A secret that starts
         before the cut is removed whole; nothing from beyond the cut moves in."""

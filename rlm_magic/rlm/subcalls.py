@@ -12,7 +12,8 @@ The budgets and counts a run shares with its children are its ``tree.RunTree``.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import asyncio
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import ConfigError, LLMQueryError, PromptTooLongError, describe_exception
@@ -135,8 +136,7 @@ class SubCalls:
             deadline=lambda: self.deadline,
         )
         answers, errors = await run_map(self.client, conversations, spec, _TreeObserver(self))
-        size = sum(len(a) for a in answers if isinstance(a, str))
-        answers = await off_loop_if_large(size, redacted, answers, self.client.redactor())
+        answers = await redacted(answers, self.client.redactor())
         answers = [
             self._error_value(errors[i], tokens) if i in errors else answer
             for i, answer in enumerate(answers)
@@ -219,8 +219,7 @@ class SubCalls:
         if completion.incomplete:  # at max_tokens, or broken off (a stall, a deadline)
             self.cut_answers += 1
         answer = typed.value if answer_format is not None else completion.text
-        size = len(answer) if isinstance(answer, str) else 0
-        return await off_loop_if_large(size, redacted, answer, self.client.redactor())
+        return await redacted(answer, self.client.redactor())
 
     def _tokens(self, max_tokens: Any) -> int:
         """The max_tokens model code asked for, at most the run's."""
@@ -256,22 +255,57 @@ class SubCalls:
         )
 
 
-def redacted(answer: Any, redact: Redactor) -> Any:
+async def redacted(answer: Any, redact: Redactor) -> Any:
     """A sub-call's answer (its text, a typed value, a map's list of them) as model code
     gets it: a proxy or a server that quotes the request may echo a key in an answer as
-    well as in an error. A cut answer stays a ``CutAnswer``."""
-    if isinstance(answer, CutAnswer):
-        text = redact(answer.text)
-        if text == answer.text:
-            return answer
-        return CutAnswer(text, answer.reason, broken_off=answer.broken_off)
+    well as in an error. Its strings, keys included, are redacted in one pass (off the
+    loop when they are large); a cut answer stays a ``CutAnswer``."""
     if isinstance(answer, str):
-        return redact(answer)
-    if isinstance(answer, dict):
-        return {redacted(k, redact): redacted(v, redact) for k, v in answer.items()}
-    if isinstance(answer, list):
-        return [redacted(item, redact) for item in answer]
-    return answer
+        return await off_loop_if_large(len(answer), _redacted, answer, redact)
+    if isinstance(answer, list) and all(isinstance(item, str) for item in answer):
+        size = sum(map(len, answer))  # (a batch's texts: quick to size)
+        return await off_loop_if_large(size, _redacted, answer, redact)
+    # A typed value may hold 200,000 JSON values: walking it alone takes a while.
+    return await asyncio.to_thread(_redacted, answer, redact)
+
+
+def _redacted(answer: Any, redact: Redactor) -> Any:
+    strings: list[str] = []
+    _strings_in(answer, strings)
+    clean = redact.each(strings)
+    if clean is strings:  # (nothing found: the common case)
+        return answer
+    return _rebuilt(answer, iter(clean))
+
+
+def _strings_in(value: Any, found: list[str]) -> None:
+    if isinstance(value, CutAnswer):
+        found.append(value.text)
+    elif isinstance(value, str):
+        found.append(value)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _strings_in(key, found)
+            _strings_in(item, found)
+    elif isinstance(value, list):
+        for item in value:
+            _strings_in(item, found)
+
+
+def _rebuilt(value: Any, clean: Iterator[str]) -> Any:
+    """``value`` with its strings, in ``_strings_in``'s order, taken from ``clean``."""
+    if isinstance(value, CutAnswer):
+        text = next(clean)
+        if text == value.text:
+            return value
+        return CutAnswer(text, value.reason, broken_off=value.broken_off)
+    if isinstance(value, str):
+        return next(clean)
+    if isinstance(value, dict):
+        return {_rebuilt(key, clean): _rebuilt(item, clean) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_rebuilt(item, clean) for item in value]
+    return value
 
 
 def refusal_advice(exc: BaseException, window: int | None, max_tokens: int) -> str:

@@ -61,23 +61,31 @@ SECRET = "sk-proj-Typed0123456789abcdefGHIJKLmnopQRSTuvwx"
 
 
 async def test_a_typed_answer_of_thousands_of_objects_is_redacted_in_one_pass():
+    from rlm_magic.llm.redaction import Redactor
+    from rlm_magic.rlm.subcalls import redacted
+
+    answer = {
+        "items": [{"name": f"item {i}", "note": "a plain note", "n": i} for i in range(20_000)]
+    }
+    started = time.process_time()  # (its work is done in a thread)
+    clean = await redacted(answer, Redactor(extra=[SECRET]))
+    seconds = time.process_time() - started
+    assert seconds < 0.25  # string by string: 0.8 s here; now 0.04 s
+    assert clean is answer  # (nothing found: not copied)
+
+
+async def test_a_typed_answer_loses_the_secret_in_its_keys_values_and_cut_texts():
     from rlm_magic.llm.completion import CutAnswer
     from rlm_magic.llm.redaction import Redactor
     from rlm_magic.rlm.subcalls import redacted
 
     answer = {
-        "items": [{"name": f"item {i}", "note": "a plain note", "n": i} for i in range(20_000)],
+        "items": [{"name": "one", "n": 1}, None, True, 2.5],
         f"echo {SECRET}": [SECRET[:20], SECRET[20:]],
         "cut": CutAnswer(f"said {SECRET}", "it stopped at max_tokens", broken_off=False),
     }
-    redactor = Redactor(extra=[SECRET])
-    started = time.process_time()  # (its work is done in a thread)
-    clean = await redacted(answer, redactor)
-    seconds = time.process_time() - started
-    assert seconds < 0.25  # string by string: 0.8 s here; now 0.04 s
+    clean = await redacted(answer, Redactor(extra=[SECRET]))
     assert clean["items"] == answer["items"]
-    assert clean["echo [REDACTED]"] == ["[REDACTED]", "[REDACTED]"]
+    assert clean["echo [REDACTED]"] == ["[REDACTED]", "[REDACTED]"]  # (split in two, too)
     assert isinstance(clean["cut"], CutAnswer) and clean["cut"].text == "said [REDACTED]"
     assert clean["cut"].reason == "it stopped at max_tokens"
-    nothing = {"items": answer["items"]}
-    assert await redacted(nothing, redactor) is nothing  # (nothing found: not copied)

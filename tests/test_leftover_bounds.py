@@ -12,6 +12,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from rlm_magic.rlm import replies
+from rlm_magic.rlm.finishing.seen_output import guessed_output_at
+from rlm_magic.rlm.live_turn import LiveTurn
 
 LARGE = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SMALL = settings(max_examples=500, deadline=None)
@@ -89,3 +91,95 @@ async def test_a_typed_answer_loses_the_secret_in_its_keys_values_and_cut_texts(
     assert clean["echo [REDACTED]"] == ["[REDACTED]", "[REDACTED]"]  # (split in two, too)
     assert isinstance(clean["cut"], CutAnswer) and clean["cut"].text == "said [REDACTED]"
     assert clean["cut"].reason == "it stopped at max_tokens"
+
+
+# -- a streamed turn, watched for its blocks ---------------------------------------------
+class RereadingTurn(LiveTurn):
+    """The turn as it was: every line holding a backtick read the whole text again."""
+
+    _scanned = 0
+
+    def _scan(self) -> None:
+        text = self.text
+        whole = text[: text.rfind("\n") + 1]
+        self._fence_pending = "`" in text[len(whole) :]
+        if len(whole) <= self._scanned:
+            return
+        self._scanned = len(whole)
+        fences = replies.read_reply(whole, streaming=True).fences
+        guess = guessed_output_at(whole, fences, streaming=True)
+        if guess is not None:
+            fences = [fence for fence in fences if fence.end <= guess]
+            self.guessed = True
+            if self.on_guess is not None:
+                self.on_guess()
+        self._block_closed = (
+            bool(fences) and fences[-1].runnable and not whole[fences[-1].end :].strip()
+        )
+        found = [fence.body for fence in fences if fence.runnable]
+        if self._run_block is None:
+            return
+        if len(found) > len(self._codes) and found[: self.ran] == self._codes[: self.ran]:
+            self._codes = found
+
+
+async def never_run(number: int, code: str) -> bool:
+    raise AssertionError("not started in these tests")
+
+
+def watched(turn_class: type[LiveTurn]) -> LiveTurn:
+    turn = turn_class(never_run)
+    turn._start = lambda run_block: None  # (what is queued is compared, not run)
+    turn.on_guess = lambda: None
+    return turn
+
+
+REPLY_LINES = [
+    "```repl", "```python", "```", "````", "  ```py", "```text", "``` ```repl", "```repl x",
+    "Output:", "**Result:**", "results", "x = 1", "print(x)", "a `b` c", "a ``` b", "",
+    "   ", "FINAL(x)", "\x0b", "\u2028```", "more prose",
+]  # fmt: skip
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    lines=st.lists(st.sampled_from(REPLY_LINES), max_size=30),
+    cuts=st.lists(st.integers(min_value=1, max_value=9), max_size=60),
+    line_end=st.sampled_from(["\n", "\n", "\n", "\r\n"]),
+)
+def test_a_streamed_turn_finds_the_blocks_and_the_guess_it_found_before(lines, cuts, line_end):
+    text = line_end.join(lines) + line_end
+    old, new = watched(RereadingTurn), watched(LiveTurn)
+    at = 0
+    for size in [*cuts, len(text)]:
+        piece, at = text[at : at + size], at + size
+        if not piece:
+            break
+        for turn in (old, new):
+            turn(piece)
+        assert (new._codes, new.guessed, new._block_closed) == (
+            old._codes,
+            old.guessed,
+            old._block_closed,
+        ), (text, at)
+
+
+def streamed_cpu_seconds(turn: LiveTurn, lines: list[str]) -> float:
+    started = time.thread_time()
+    for line in lines:
+        turn(line + "\n")
+    return time.thread_time() - started
+
+
+def test_lines_with_backticks_inside_an_open_fence_are_not_read_again_and_again():
+    lines = ["```repl", *(f"x = '`{i}`'  # a backtick mid-line" for i in range(8_000))]
+    seconds = streamed_cpu_seconds(watched(LiveTurn), lines)
+    assert seconds < 1.0  # was 31.7 s (each line read the whole reply); now 0.02 s
+
+
+def test_many_fences_are_each_read_once():
+    lines = [line for i in range(2_000) for line in ("```repl", f"x = {i}", "```", "prose")]
+    turn = watched(LiveTurn)
+    seconds = streamed_cpu_seconds(turn, lines)
+    assert len(turn._codes) == 2_000
+    assert seconds < 1.0  # read from the start each time: 13 s for half as many; now 0.12 s

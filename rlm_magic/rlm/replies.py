@@ -197,6 +197,11 @@ def read_final_call(code: str) -> Final | None:
 
 
 # -- fences ------------------------------------------------------------------------------
+def fences_in(text: str) -> list[Fence]:
+    """The fences of a normalised ``text``, the last one perhaps not closed."""
+    return _fences(text)
+
+
 def _fences(text: str) -> list[Fence]:
     fences: list[Fence] = []
     lines = text.splitlines(keepends=True)

@@ -215,7 +215,8 @@ def _earlier_totals(messages: list[dict]) -> bool:
     first_user = next((m["content"] for m in messages if m.get("role") == "user"), "")
     return (
         "Earlier questions in this session" in first_user
-        and re.search(r"^Variables in the REPL:.*\btotals\b", first_user, re.M) is not None
+        and re.search(r"^Variables kept from earlier questions.*\btotals\b", first_user, re.M)
+        is not None
     )
 
 

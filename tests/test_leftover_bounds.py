@@ -183,3 +183,39 @@ def test_many_fences_are_each_read_once():
     seconds = streamed_cpu_seconds(turn, lines)
     assert len(turn._codes) == 2_000
     assert seconds < 1.0  # read from the start each time: 13 s for half as many; now 0.12 s
+
+
+# -- a reply full of markers --------------------------------------------------------------
+def test_a_megabyte_of_unreadable_markers_is_read_in_a_fraction_of_a_second():
+    reply = "FINAL(a\n" * (2**20 // 8)
+    reading, seconds = cpu_seconds(replies.read_reply, reply)
+    assert seconds < 0.5  # every marker read: 1.4 s; now 0.13 s
+    assert reading.final is None
+    *shown, more, capped = reading.problems
+    assert len(shown) == replies.MAX_PROBLEMS_SHOWN
+    assert more == "(995 more like these.)"
+    assert capped.startswith("Your reply holds more than 1,000 FINAL markers;")
+
+
+def test_an_answer_after_the_markers_read_is_not_taken_and_the_model_is_told():
+    within = "FINAL(\n" * 999 + "FINAL(42)\n"
+    past = "FINAL(\n" * 1_000 + "FINAL(42)\n"
+    assert replies.read_reply(within).final == replies.Final("FINAL", "42")
+    reading = replies.read_reply(past)
+    assert reading.final is None
+    assert "those past them were not read" in reading.problems[-1]
+
+
+def test_a_few_problems_are_all_said():
+    reading = replies.read_reply("FINAL(\nFINAL_VAR(not a name)\n")
+    assert len(reading.problems) == 2
+    assert not any("more like these" in problem for problem in reading.problems)
+
+
+def test_a_mention_of_final_mid_sentence_is_found_past_a_megabyte_of_lines():
+    reply = "x\n" * 2**19 + "then FINAL is here\r\nmore"
+    reading = replies.read_reply(reply)
+    assert reading.problems == [
+        "FINAL was not read as your answer in 'then FINAL is here': it must begin a line "
+        f"and hold the answer in parentheses. Accepted forms: {replies.ACCEPTED_FORMS}."
+    ]

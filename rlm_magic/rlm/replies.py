@@ -77,8 +77,13 @@ _PAREN_TOKENS = re.compile(
 # An answer whose end takes more parentheses and quoted spans than this to find is not
 # read (40 ms of the kernel's loop at most; a printed marker of 3.4 MB of "a) " took 3 s).
 MAX_MARKER_TOKENS = 10_000
+# Markers read in one reply, and the problems with them told to the model: a MB of
+# "FINAL(" lines took 1.4 s to read every one of them.
+MAX_MARKERS_READ = 1_000
+MAX_PROBLEMS_SHOWN = 5
 # The ')' ending a line (``str.splitlines``'s line breaks, trailing spaces stripped).
 _BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+_LINE_BREAK = re.compile(f"[{_BREAKS}]")
 _LINE_ENDING_IN_PAREN = re.compile(rf"\)[^\S{_BREAKS}]*(?=[{_BREAKS}]|\Z)")
 _PARAGRAPH_END = re.compile(r"[ \t]*(?:\n[ \t]*(?:\n|$)|$)")
 _WORD = re.compile(r"\S+")
@@ -294,20 +299,41 @@ def _is_quotation(language: str) -> bool:
 
 # -- the final answer -------------------------------------------------------------------
 def _read_final(text: str, fences: list[Fence]) -> tuple[Final | None, list[str]]:
-    """The first answer in the reply's prose, and what was seen of failed attempts."""
+    """The first answer in the reply's prose, and what was seen of failed attempts: at
+    most ``MAX_MARKERS_READ`` markers read and ``MAX_PROBLEMS_SHOWN`` problems said."""
     problems: list[str] = []
     has_code = any(f.runnable for f in fences)
+    read = 0
     for segment in _prose(text, fences):
-        markers = list(_MARKER.finditer(segment))
-        for number, match in enumerate(markers):
-            limit = markers[number + 1].start() if number + 1 < len(markers) else len(segment)
+        markers = _MARKER.finditer(segment)
+        match = next(markers, None)
+        while match is not None:
+            if read == MAX_MARKERS_READ:
+                return None, _shown(problems, capped=True)
+            following = next(markers, None)
+            limit = following.start() if following is not None else len(segment)
             final, problem = _marker(segment, match, limit)
+            read += 1
             if final is not None:
-                return final, problems
+                return final, _shown(problems)
             problems.append(problem)
+            match = following
     if not problems and not has_code:
         problems += _mentions(text, fences)
-    return None, problems
+    return None, _shown(problems)
+
+
+def _shown(problems: list[str], capped: bool = False) -> list[str]:
+    """The first problems, and one line for the rest."""
+    shown = problems[:MAX_PROBLEMS_SHOWN]
+    if len(problems) > MAX_PROBLEMS_SHOWN:
+        shown.append(f"({len(problems) - MAX_PROBLEMS_SHOWN:,} more like these.)")
+    if capped:
+        shown.append(
+            f"Your reply holds more than {MAX_MARKERS_READ:,} FINAL markers; those past "
+            "them were not read. Give one answer, on a line of its own."
+        )
+    return shown
 
 
 def _prose(text: str, fences: list[Fence]) -> list[str]:
@@ -463,14 +489,17 @@ def _mentions(text: str, fences: list[Fence]) -> list[str]:
                 f"Your FINAL is inside a ```{fence.language} block, where it is "
                 f"not read. Accepted forms: {ACCEPTED_FORMS}."
             ]
-    for line in text.splitlines():
-        if _MENTION.search(line):
-            return [
-                f"FINAL was not read as your answer in {_quote(line.strip())}: it "
-                f"must begin a line and hold the answer in parentheses. Accepted "
-                f"forms: {ACCEPTED_FORMS}."
-            ]
-    return []
+    mention = _MENTION.search(text)  # (found whole, its line then: a loop over lines was slow)
+    if mention is None:
+        return []
+    start = max(text.rfind(character, 0, mention.start()) for character in _BREAKS) + 1
+    after = _LINE_BREAK.search(text, mention.end())
+    line = text[start : after.start() if after is not None else len(text)]
+    return [
+        f"FINAL was not read as your answer in {_quote(line.strip())}: it "
+        f"must begin a line and hold the answer in parentheses. Accepted "
+        f"forms: {ACCEPTED_FORMS}."
+    ]
 
 
 def _quote(text: str, limit: int = 160, start: int = 0, end: int | None = None) -> str:

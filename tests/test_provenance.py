@@ -320,3 +320,33 @@ def test_a_replay_reads_text_through_in_memory_buffers():
     digest = answer_digest(FinishKind.CALL_IN_CODE.value, CONTEXT.splitlines()[0] + "\n")
     found = replay([code], namespace, set(HELPER_NAMES), compile_step, answer=digest)
     assert found.digests[0] not in (None, digest)
+
+
+def test_a_replay_writes_no_file_through_a_library_and_makes_no_real_sub_call(tmp_path):
+    target = tmp_path / "report.csv"
+    calls = []
+
+    async def counted(prompt=None, *args, **kwargs):
+        calls.append(prompt)
+        return SUB_ANSWER
+
+    code = (
+        "import csv as c, codecs\n"
+        f"with codecs.open({str(target)!r}, 'w') as f:\n"
+        "    f.write(context[:20])\n"
+        "ask = llm_query\n"
+        "FINAL(ask('q') + context[:4])"
+    )
+
+    async def run():
+        repl = new_repl()
+        repl._helpers = {**repl._helpers, "llm_query": counted}
+        step = await repl.run(code, timeout=10)
+        assert step.finish and not step.error, step.error
+        written = target.read_text()
+        found = await repl.replay([code], timeout=10)
+        return written, found
+
+    written, found = asyncio.run(run())
+    assert target.read_text() == written == CONTEXT[:20]
+    assert len(calls) == 1 and found.digests == [None, None]

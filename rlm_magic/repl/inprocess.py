@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from .base import REPL, Helpers, SubCallBudget
 from .capture import OutputSink, routing_installed
-from .provenance import Replayed, carried_digests, replay
+from .provenance import Replayed, Undecidable, carried_digests, replay, replaying
 from .steps import (
     StepInterrupted,
     StepOutput,
@@ -116,6 +116,9 @@ class AsyncREPL:
         return step
 
     def _submit(self, coro) -> concurrent.futures.Future:
+        if replaying():  # a helper the model's code kept under another name: no real call
+            coro.close()
+            raise Undecidable("a replay makes no sub-call")
         with self._lock:
             step = self._step_of_caller()
             if self._closed or step is None or step.stopped:

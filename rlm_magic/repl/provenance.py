@@ -34,10 +34,12 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextvars
 import functools
 import hashlib
 import inspect
 import io
+import sys
 import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -348,6 +350,31 @@ def _refused_open(*args: Any, **kwargs: Any) -> Any:
     raise Undecidable("files are not opened in a replay")
 
 
+# Whether this thread (or one a replay started) is replaying: while it is, the audit
+# hook below refuses every action outside the process, whichever module asks (pandas'
+# to_csv opens its file with the real open; asyncio starts processes): the import guard
+# only covers the model's own code.
+_replaying: contextvars.ContextVar[bool] = contextvars.ContextVar("rlm_replaying", default=False)
+_OUTSIDE_EVENTS = ("open", "os.", "subprocess.", "socket.", "shutil.", "ctypes.", "pty.")
+_INSIDE_EVENTS = {"os.listdir", "os.scandir"}  # reading a folder's names changes nothing
+_hooked = False
+
+
+def _refuse_outside(event: str, args: tuple[Any, ...]) -> None:
+    if _replaying.get() and event.startswith(_OUTSIDE_EVENTS):
+        if event not in _INSIDE_EVENTS:
+            raise Undecidable(f"a replay does not act outside the process ({event})")
+
+
+def _hook_once() -> None:
+    """An audit hook stays for the process's life; it is added at the first replay and
+    costs one attribute read per audited event."""
+    global _hooked
+    if not _hooked:
+        sys.addaudithook(_refuse_outside)
+        _hooked = True
+
+
 # Modules whose use acts outside the process (files, processes, the network, signals):
 # a replay never imports or uses them, so code that does is not run twice (in the
 # kernel's own threads, with RLM.sandbox = "none", that would touch the user's files).
@@ -473,6 +500,26 @@ def replay(
     it (an answer that moved was computed; a text answer needs only whether data was
     read), so an answer computed from data costs one world, not two."""
     compiled = [compile_block(code, helper_names, REPLAY_FILENAME) for code in codes]
+    _hook_once()
+    token = _replaying.set(True)  # threads the replay starts inherit it (``capture``)
+    try:
+        return _replayed(compiled, real, variable, fit, answer)
+    finally:
+        _replaying.reset(token)
+
+
+def replaying() -> bool:
+    """Whether this thread is running a replay (a real helper call is refused there)."""
+    return _replaying.get()
+
+
+def _replayed(
+    compiled: list[Any],
+    real: dict[str, Any],
+    variable: str | None,
+    fit: Callable[[list[str] | None], list[str] | None],
+    answer: str | None,
+) -> Replayed:
     found = Replayed()
     for world in worlds():
         finish = Finish({})

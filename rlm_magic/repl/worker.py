@@ -57,7 +57,13 @@ from rlm_magic.repl.fitting import (  # noqa: E402
     listed_batch,
 )
 from rlm_magic.repl.helpers import BATCH_NAMES  # noqa: E402
-from rlm_magic.repl.provenance import Replayed, carried_digests, replay  # noqa: E402
+from rlm_magic.repl.provenance import (  # noqa: E402
+    Replayed,
+    Undecidable,
+    carried_digests,
+    replay,
+    replaying,
+)
 from rlm_magic.repl.steps import (  # noqa: E402
     StepInterrupted,
     StepOutput,
@@ -190,6 +196,9 @@ class Worker:
     # -- helper calls ------------------------------------------------------------------------
     def submit(self, name: str, args: tuple, kwargs: dict) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
+        if replaying():  # a helper the model's code kept under another name: no real call
+            future.set_exception(Undecidable("a replay makes no sub-call"))
+            return future
         args = listed_batch(name, args)
         if (
             name in BATCH_NAMES

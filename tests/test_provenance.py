@@ -350,3 +350,23 @@ def test_a_replay_writes_no_file_through_a_library_and_makes_no_real_sub_call(tm
     written, found = asyncio.run(run())
     assert target.read_text() == written == CONTEXT[:20]
     assert len(calls) == 1 and found.digests == [None, None]
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import json\ndata = json.loads(context)\nprint(len(data))\nFINAL(str(len(data)))",
+        "import json\ndata = json.loads(context)\nFINAL(max(d['n'] for d in data))",
+    ],
+)
+async def test_an_answer_computed_from_a_json_context_is_taken(code):
+    repl = new_repl()
+    repl.namespace["context"] = '[{"n": 3, "status": "open"}, {"n": 9, "status": "done"}]'
+    assert await taken([code], repl=repl)
+
+
+async def test_a_typed_answer_the_replay_cannot_tell_is_withheld_when_the_code_writes_it():
+    repl = new_repl()
+    repl.namespace["context"] = '[{"n": 3}, {"n": 9}]'
+    code = "import json\ndata = json.loads(context)\nprint(len(data))\nFINAL('7')"
+    assert not await taken([code], repl=repl)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import replace
-from enum import Enum
 from typing import TYPE_CHECKING
 
 from ...repl.finishers import FinishKind
@@ -24,6 +23,7 @@ from ...repl.provenance import Replayed, answer_digest
 from ..replies import ACCEPTED_FORMS, Final, Reply, read_printed_final, read_reply
 from ..result import Iteration, RLMResult, Withheld
 from .echoes import Echoes
+from .origin import Origin, origin_of, written_in
 from .seen_output import UNSEEN, guessed_output_at, short
 
 if TYPE_CHECKING:
@@ -32,23 +32,6 @@ if TYPE_CHECKING:
 
 # A replay is given this long, and twice what the reply's blocks took, within a step's time.
 REPLAY_MIN_S = 5.0
-
-
-class Origin(Enum):
-    """Where an answer came from (``repl.provenance``)."""
-
-    COMPUTED = "computed"  # it moved when the data did
-    TYPED = "typed"  # the same in every world: the model wrote it
-    UNDECIDED = "undecided"  # a world could not run to an answer, and none moved
-
-
-def origin_of(real: str, digests: Sequence[str | None]) -> Origin:
-    """The origin the replay's digests show against the real answer's ``real``."""
-    if any(digest is not None and digest != real for digest in digests):
-        return Origin.COMPUTED
-    if digests and all(digest == real for digest in digests):
-        return Origin.TYPED
-    return Origin.UNDECIDED
 
 
 class Finishing:
@@ -205,14 +188,19 @@ class Finishing:
             except Exception:  # noqa: BLE001 - a sandbox that cannot say decides nothing
                 replayed = Replayed()
         origin = Origin.TYPED if real is None else origin_of(real, replayed.digests)
+        if origin is Origin.UNDECIDED:
+            # The changed data made the code fail (a JSON context, a DataFrame from an
+            # earlier turn): what the reply wrote decides, in this case only.
+            typed = answer.strip() in written_in(codes)
+            origin = Origin.TYPED if typed else Origin.COMPUTED
+            iteration.notes.append(
+                "the answer's origin could not be told by a replay (the code ran to no "
+                "answer with its data changed): "
+                + ("a value the reply's code writes, so typed" if typed else "taken")
+            )
         guessed = replayed.read_data is not False and origin is not Origin.COMPUTED
         if guessed:
             self._withheld_now.add(restated)
-        if guessed and origin is Origin.UNDECIDED:
-            iteration.notes.append(
-                "the answer's origin could not be told (the reply replayed with its data "
-                "changed ran to no answer), so it was taken as written"
-            )
         return guessed
 
     async def _still_carried(self) -> dict[str, str | None]:

@@ -189,7 +189,7 @@ def test_many_fences_are_each_read_once():
 def test_a_megabyte_of_unreadable_markers_is_read_in_a_fraction_of_a_second():
     reply = "FINAL(a\n" * (2**20 // 8)
     reading, seconds = cpu_seconds(replies.read_reply, reply)
-    assert seconds < 0.5  # every marker read: 1.4 s; now 0.13 s
+    assert seconds < 0.5  # every marker read: 1.4 s; now 0.02 s
     assert reading.final is None
     *shown, more, capped = reading.problems
     assert len(shown) == replies.MAX_PROBLEMS_SHOWN
@@ -219,3 +219,84 @@ def test_a_mention_of_final_mid_sentence_is_found_past_a_megabyte_of_lines():
         "FINAL was not read as your answer in 'then FINAL is here': it must begin a line "
         f"and hold the answer in parentheses. Accepted forms: {replies.ACCEPTED_FORMS}."
     ]
+
+
+# -- fences found by searching, not line by line ------------------------------------------
+def plain_fences(text: str) -> list[replies.Fence]:
+    """The fence reader as it was: every line looked at in turn."""
+    fences: list[replies.Fence] = []
+    lines = text.splitlines(keepends=True)
+    offset, i = 0, 0
+    while i < len(lines):
+        line = lines[i]
+        opening = replies._OPENING.match(line.rstrip("\n"))
+        if opening is None:
+            offset += len(line)
+            i += 1
+            continue
+        indent, ticks, language = len(opening.group(1)), opening.group(2), opening.group(3)
+        start = offset
+        body_lines: list[str] = []
+        offset += len(line)
+        i += 1
+        closed = False
+        while i < len(lines):
+            line = lines[i]
+            stripped = line.lstrip(" \t")
+            if stripped.startswith(ticks):
+                rest = stripped[len(ticks) :].strip()
+                if not body_lines and not language and re.fullmatch(r"[\w+-]+", rest):
+                    # "```" then "```python": a decorative outer fence; this opens.
+                    language, ticks = rest, stripped[: len(stripped) - len(stripped.lstrip("`"))]
+                    offset += len(line)
+                    i += 1
+                    continue
+                closed = True
+                # Text after the closing backticks on the same line is prose again.
+                after = len(line) - len(stripped) + len(ticks)
+                end = offset + (after if rest else len(line.rstrip("\n")))
+                if rest:
+                    lines[i] = line[after:]
+                    offset += after
+                else:
+                    offset += len(line)
+                    i += 1
+                break
+            body_lines.append(replies._dedent(line, indent))
+            offset += len(line)
+            i += 1
+        else:
+            end = offset
+        body = "".join(body_lines).rstrip("\n")
+        fences.append(
+            replies.Fence(
+                language.lower(), body, start, end, closed, replies._runs(language.lower(), body)
+            )
+        )
+    return fences
+
+
+FENCE_TEXT_LINES = [
+    "```repl", "```", "````", "  ```py", "   ```python", "```text", "``` ```repl", "```repl x",
+    "``` trailing prose", "````` ", "x = 1", "  indented", "a ``` b", "", "\t```", "~~~",
+    "FINAL(x)", "```\u00a0lang",
+]  # fmt: skip
+
+
+@SMALL
+@given(
+    lines=st.lists(st.sampled_from(FENCE_TEXT_LINES), max_size=25),
+    breaks=st.lists(st.sampled_from(["\n", "\r\n", "\r", "\x0b", "\u2028", "\x1c"]), min_size=1),
+    end=st.booleans(),
+)
+def test_fences_are_found_as_reading_every_line_found_them(lines, breaks, end):
+    text = "".join(line + breaks[i % len(breaks)] for i, line in enumerate(lines))
+    text = text if end else text.rstrip("\n\r\x0b\u2028\x1c")
+    assert replies._fences(text) == plain_fences(text)
+
+
+def test_a_megabyte_of_short_lines_is_searched_for_fences_not_walked():
+    text = "x\n" * 2**19 + "```repl\n" + "y\n" * 2**18 + "```\n"
+    fences, seconds = cpu_seconds(replies._fences, text)
+    assert [fence.body[:3] for fence in fences] == ["y\ny"]
+    assert seconds < 0.25  # line by line: 0.52 s; now 0.06 s

@@ -512,3 +512,18 @@ async def test_the_first_message_lists_carried_variables_with_their_question(
     await either_session.arun("q3", context="c3")
     told = server.requests_for("root-model")[-1]["messages"][1]["content"]
     assert "safe (Q1), yes (Q1), done (Q1), summary (Q1), result (Q1)" in told
+
+
+async def test_a_variable_set_again_to_the_same_small_value_is_this_questions(
+    server, either_session
+):
+    server.script(
+        "root-model",
+        [
+            repl("found = True") + "FINAL(planted)",
+            repl("found = 'green' in context") + "FINAL(found)",
+        ],
+    )
+    await either_session.arun("q1", context="hostile")
+    second = await either_session.arun("Is the build green?", context="build: green")
+    assert second.success and second.final_answer == "True" and not second.answer_origin

@@ -28,7 +28,14 @@ from typing import TYPE_CHECKING, Any
 
 from .base import REPL, Helpers, SubCallBudget
 from .capture import OutputSink, routing_installed
-from .provenance import Replayed, Undecidable, carried_digests, replay, replaying
+from .provenance import (
+    Replayed,
+    Undecidable,
+    assigned_names,
+    carried_digests,
+    replay,
+    replaying,
+)
 from .steps import (
     StepInterrupted,
     StepOutput,
@@ -181,6 +188,8 @@ class AsyncREPL:
             self._current = None
             output.stdout = buffer.getvalue()
             output.elapsed_s = time.perf_counter() - started
+            for name in assigned_names(code) if self._carried else ():
+                self._carried.pop(name, None)  # this question's variable now
         return output
 
     async def replay(

@@ -32,6 +32,7 @@ Standard library only: the sandbox worker imports this.
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import builtins
 import contextvars
@@ -84,6 +85,27 @@ def carried_digests(namespace: dict[str, Any], carried: dict[str, Any]) -> dict[
 
 
 _GONE = object()
+
+
+def assigned_names(code: str) -> set[str]:
+    """The names a block binds, deletes or declares global: a carried variable among
+    them is this question's now, whatever its value (``found = True`` again is the
+    same object as the ``True`` an earlier question left)."""
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return set()
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            names.add(node.id)
+        elif isinstance(node, ast.Global):
+            names.update(node.names)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).partition(".")[0] for a in node.names)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+    return names
 
 
 # -- the worlds ----------------------------------------------------------------------------

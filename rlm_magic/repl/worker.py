@@ -60,6 +60,7 @@ from rlm_magic.repl.helpers import BATCH_NAMES  # noqa: E402
 from rlm_magic.repl.provenance import (  # noqa: E402
     Replayed,
     Undecidable,
+    assigned_names,
     carried_digests,
     replay,
     replaying,
@@ -396,6 +397,8 @@ class Worker:
         finally:
             _step.reset(token)
             self.current_step = None
+            for name in assigned_names(output.code) if self.carried_in else ():
+                self.carried_in.pop(name, None)  # this question's variable now
             if self.stop_requested:
                 self.stopped_steps.add(step_id)
         keep = min(limit + _CUT_MARGIN, _STEP_TEXT_LIMIT)

@@ -370,3 +370,24 @@ async def test_a_typed_answer_the_replay_cannot_tell_is_withheld_when_the_code_w
     repl.namespace["context"] = '[{"n": 3}, {"n": 9}]'
     code = "import json\ndata = json.loads(context)\nprint(len(data))\nFINAL('7')"
     assert not await taken([code], repl=repl)
+
+
+async def test_a_replay_leaves_closures_defaults_bound_methods_and_random_as_they_were():
+    import random
+
+    repl = new_repl()
+    await repl.run(
+        "results = []\npush = results.append\n"
+        "def keep(x, seen=[]):\n    seen.append(x)\n    return len(seen)\n"
+        "def counter():\n    box = []\n    def add(x):\n        box.append(x)\n"
+        "        return box\n    return add\nadd = counter()"
+    )
+    code = "push(context[:4])\nkeep(context[:4])\nadd(context[:4])\nFINAL(context[:4])"
+    await repl.run(code)
+    before = (list(repl.namespace["results"]), repl.namespace["keep"].__defaults__[0][:])
+    boxed = list(repl.namespace["add"].__closure__[0].cell_contents)
+    state = random.getstate()
+    await repl.replay([code], answer="0" * 64)
+    assert (repl.namespace["results"], repl.namespace["keep"].__defaults__[0]) == before
+    assert repl.namespace["add"].__closure__[0].cell_contents == boxed
+    assert random.getstate() == state

@@ -40,6 +40,7 @@ import functools
 import hashlib
 import inspect
 import io
+import random
 import sys
 import types
 from collections.abc import Callable, Sequence
@@ -230,6 +231,10 @@ class _Copier:
             _ACTS_OUTSIDE
         ):
             return _Opaque(f"module {value.__name__}")  # what it does is not undone
+        if isinstance(value, types.BuiltinMethodType) and not isinstance(
+            getattr(value, "__self__", None), types.ModuleType
+        ):
+            return _Opaque("bound method")  # results.append: it would change the real list
         if isinstance(value, bool) or isinstance(value, _SHARED):
             return value
         if isinstance(value, str):
@@ -282,16 +287,29 @@ class _Copier:
     def _function(self, function: types.FunctionType) -> Any:
         if function.__globals__ is not self.real:
             return function  # imported: it reads its own module, not the data
+        # Its defaults and closure cells are data too, and the replay must not change
+        # the real ones (``def add(x, seen=[])``, a closure over a list).
+        defaults = function.__defaults__
+        cells = function.__closure__
         made = types.FunctionType(
             function.__code__,
             self.replayed,
             function.__name__,
-            function.__defaults__,
-            function.__closure__,
+            None if defaults is None else tuple(self(value) for value in defaults),
+            None if cells is None else tuple(self._cell(cell) for cell in cells),
         )
-        made.__kwdefaults__ = function.__kwdefaults__
+        kwdefaults = function.__kwdefaults__
+        made.__kwdefaults__ = (
+            None if kwdefaults is None else {k: self(v) for k, v in kwdefaults.items()}
+        )
         made.__qualname__ = function.__qualname__
         return made
+
+    def _cell(self, cell: types.CellType) -> types.CellType:
+        try:
+            return types.CellType(self(cell.cell_contents))
+        except ValueError:  # an empty cell (a name assigned later)
+            return types.CellType()
 
 
 class _Watched(dict[str, Any]):
@@ -524,9 +542,11 @@ def replay(
     compiled = [compile_block(code, helper_names, REPLAY_FILENAME) for code in codes]
     _hook_once()
     token = _replaying.set(True)  # threads the replay starts inherit it (``capture``)
+    state = random.getstate()  # the process's random numbers go on as if no replay ran
     try:
         return _replayed(compiled, real, variable, fit, answer)
     finally:
+        random.setstate(state)
         _replaying.reset(token)
 
 

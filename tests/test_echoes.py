@@ -98,3 +98,9 @@ def test_answers_that_are_not_the_instructions_words_pass(answer):
 def test_the_unset_answer_dict_in_any_quoting_is_not_an_answer():
     for text in ["{'content': '', 'ready': False}", "{'content': \"it's\", 'ready': False}"]:
         assert "`answer` dict" in ECHOES.problem(text, "FINAL(answer)")
+
+
+async def test_a_word_the_code_took_from_the_data_is_an_answer_even_if_a_placeholder(rlm, server):
+    server.script("root-model", [repl("col = context.split(',')[1].strip()\nFINAL(col)")])
+    result = await rlm.arun("Which column holds prices?", context="name, value\n")
+    assert result.success and result.final_answer == "value"

@@ -127,11 +127,15 @@ class Finishing:
         if any(run.error for run in iteration.code[:-1]):
             iteration.withheld.append(Withheld(what, "unseen failure"))
             return False
-        echoed = None if how is FinishKind.PRINTED_MARKER else self.echoes.problem(answer, what)
-        if echoed is not None:  # a printed marker was checked as it was resolved
+        codes = [run.code for run in iteration.code[:number]]
+        echoed = (
+            None  # a printed marker was checked as it was resolved
+            if how is FinishKind.PRINTED_MARKER
+            else self.echoes.problem(answer, what, typed=answer.strip() in written_in(codes))
+        )
+        if echoed is not None:
             outputs.append(echoed)
             return False
-        codes = [run.code for run in iteration.code[:number]]
         real = answer_digest(*(("variable", answer) if variable else (how.value, printed)))
         if await self._guessed(codes, real, iteration, variable, answer):
             iteration.withheld.append(Withheld(what, UNSEEN))
@@ -268,7 +272,8 @@ class Finishing:
                 by_variable,
             )
         if answer is not None:
-            echoed = self.echoes.problem(answer, short(f"{marker.kind}({marker.value})"))
+            given = short(f"{marker.kind}({marker.value})")
+            echoed = self.echoes.problem(answer, given, typed=not by_variable)
             if echoed is not None:
                 return None, echoed, by_variable
         return answer, problem, by_variable

@@ -62,16 +62,17 @@ class Echoes:
         self.texts = [_normal(text) for text in texts]
         self.longest = max((len(text) for text in self.texts), default=0)
 
-    def problem(self, answer: str, given: str) -> str | None:
+    def problem(self, answer: str, given: str, typed: bool = True) -> str | None:
         """Why ``answer`` (as the model ``given`` it, e.g. "FINAL(answer)") is not an
-        answer, or None when it may be one."""
+        answer, or None when it may be one. ``typed``: the model wrote the answer itself;
+        a value its code took from data ("value", a column's name) may be any word."""
         stripped = answer.strip()
         if _ANSWER_DICT.fullmatch(stripped):
             return (
                 f"{given} gives the REPL's `answer` dict, not an answer; pass the answer "
                 "itself (or set answer['content'] and answer['ready'] = True)."
             )
-        if len(stripped) > 4 * self.longest + 64:
+        if not typed or len(stripped) > 4 * self.longest + 64:
             return None  # longer than any instruction: not copied from one
         normal = _normal(stripped.strip("`'\"*_.:"))
         if normal in self.placeholders:

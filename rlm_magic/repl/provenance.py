@@ -9,23 +9,30 @@ with every piece of data replaced**. The reply's blocks run again (``replay``) i
 counterfactual namespace, once per world below, where
 
 - the contexts and every variable of the model's are changed into other values of the
-  same type (text with its letters and digits shifted; text doubled; numbers moved;
-  containers changed item by item, and lengthened in the second world),
+  same type, each when the code first reads it (text with its letters and digits
+  shifted; text doubled; numbers moved; containers changed item by item, and
+  lengthened in the second world),
 - ``llm_query`` and the other helpers answer at once, locally, with text no real model
-  would give (no call leaves the process),
-- the model's functions see the counterfactual namespace as their globals,
-- ``open`` is refused, and objects that cannot be copied safely (a DataFrame, an
-  instance of the model's own class) raise on any use.
+  would give (or a value of a typed call's schema); a real helper call is refused,
+- the model's functions see the counterfactual namespace as their globals, with their
+  defaults and closures copied,
+- nothing acts outside the process: ``open`` and the modules that do (``os``,
+  ``subprocess``, sockets, ...) are refused to the model's code, and an audit hook
+  refuses their events to any module while a replay runs; objects that cannot be
+  copied safely (a DataFrame, an instance of the model's own class) raise on any use.
 
-Each world's answer goes back to the kernel as a digest (``answer_digest``), and the
-kernel decides (``rlm.finishing``): a digest that differs from the real answer's means
-the answer depends on data (computed); the same digest in every world means it was
-typed; a world that could not run to the same kind of finish (an error, a refused
-object, its time up) decides nothing.
+The namespace notes whether the code read data (a name holding data read before the
+reply wrote it). Each world's answer goes back to the kernel as a digest
+(``answer_digest``), and the kernel decides (``rlm.finishing.origin``): a digest that
+differs from the real answer's means the answer depends on data (computed), and the
+worlds stop there; the same digest in every world means it was typed; a world that
+could not run to the same kind of finish (an error, a refused object, its time up)
+decides nothing.
 
-Its limits, stated in the security guide: an answer drawn from a clock or a random
-number counts as computed; a replay doubles the CPU the reply's own code spent
-(sub-calls excepted), within the time the run gives it, and writes nothing.
+Its limits, stated in the security guide: an answer drawn from a clock counts as
+computed; code blocked in C is not stopped before it returns; a replay costs about the
+reply's own CPU for a computed answer and three times it for a typed one (sub-calls
+excepted), within the time the run gives it.
 
 Standard library only: the sandbox worker imports this.
 """

@@ -177,7 +177,7 @@ async def taken(blocks: list[str], prose: str | None = None, repl: AsyncREPL | N
 
 
 PROPERTY = settings(
-    max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 
 

@@ -6,16 +6,20 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import pytest  # noqa: E402
 
-from rlm_magic import RLM  # noqa: E402
-from rlm_magic.jupyter.helpers import NotebookHelpers  # noqa: E402
-
 from .llm_server import FakeLLMServer  # noqa: E402
 
-ROOT, SUB = "openai/root-model", "openai/sub-model"
-
-# Figures the real-kernel tests measure (interrupt-to-reply seconds, widget messages),
-# reported once at the end of the run: they are observations, not checks.
-MEASURED: dict[str, float | int] = {}
+# (Re-exported for the test modules that still import them from here: they move to
+# ``from .support import ...``.)
+from .support import (  # noqa: E402, F401
+    MEASURED,
+    ROOT,
+    SUB,
+    cell_result,
+    helpers,
+    make_rlm,
+    run_cell,
+    server_settings,
+)
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -68,29 +72,6 @@ def server(llm_server, litellm_imported):
     profiles.forget()
 
 
-def helpers(rlm: RLM) -> NotebookHelpers:
-    """The notebook's helpers bound to ``rlm``, as ``%load_ext rlm_magic`` puts them in a
-    notebook."""
-    return NotebookHelpers(rlm)
-
-
-def server_settings(server) -> dict:
-    """The settings every test's RLM starts from: the local server, fast retries."""
-    return dict(
-        model=ROOT,
-        sub_model=SUB,
-        api_base=server.base_url,
-        api_key="sk-test",
-        retry_backoff=0.01,
-        progress=False,
-        timeout=10,
-    )
-
-
-def make_rlm(server, **settings) -> RLM:
-    return RLM(**{**server_settings(server), **settings})
-
-
 @pytest.fixture
 def rlm(server):
     return make_rlm(server)
@@ -136,23 +117,6 @@ def shell(ipython_shell, server):
         # counting: the next test's session budget starts from $0, as in a new kernel.
         delattr(ipython_shell, extension._LEDGER_ATTR)
         ipython_shell.run_line_magic("reload_ext", "rlm_magic")
-
-
-async def cell_result(shell, code: str):
-    """Run a cell as the kernel would (input transformers, top-level await): its
-    ``ExecutionResult``, whose error a test reads (a KeyboardInterrupt raised out of a
-    task would escape the test's event loop)."""
-    return await shell.run_cell_async(code, transformed_cell=shell.transform_cell(code))
-
-
-async def run_cell(shell, code: str):
-    """Run a cell as the kernel would and raise its error, so a failing cell fails the
-    test."""
-    result = await cell_result(shell, code)
-    error = result.error_before_exec or result.error_in_exec
-    if error is not None:
-        raise error
-    return result.result
 
 
 @pytest.fixture(scope="session")

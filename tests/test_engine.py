@@ -15,24 +15,7 @@ import pytest
 
 from rlm_magic import RLM, RLMResult
 
-from .conftest import make_rlm
-
-
-def repl(code: str, text: str = "") -> str:
-    return f"{text}\n```repl\n{code}\n```\n"
-
-
-def sub_requests(server):
-    return server.requests_for("sub-model")
-
-
-def root_requests(server):
-    return server.requests_for("root-model")
-
-
-def last_feedback(server) -> str:
-    """The last message the root model was sent (the REPL output it saw)."""
-    return root_requests(server)[-1]["messages"][-1]["content"]
+from .support import last_feedback, make_rlm, repl, root_requests, sub_requests
 
 
 @pytest.fixture(params=["process", "none"])

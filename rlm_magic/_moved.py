@@ -10,6 +10,9 @@ path or name gave still comes, with a ``DeprecationWarning`` that says where it 
   them now, as ``NotebookHelpers(rlm)``.
 
 Nothing inside rlm-magic uses an old path or name.
+
+They go in release ``REMOVED_IN``: every warning names it, and a test fails once the
+package's version reaches it while this module is still here, so the end is kept.
 """
 
 from __future__ import annotations
@@ -20,6 +23,10 @@ import sys
 import types
 import warnings
 from typing import Any, cast
+
+# The release without the old paths and names: one release after they moved (0.1).
+REMOVED_IN = "0.2.0"
+_GOES = f"removed in rlm-magic {REMOVED_IN}"
 
 # Old path -> the module that is the old module now.
 MOVED = {
@@ -173,7 +180,7 @@ def _look_up_moved_names(module: types.ModuleType, name: str) -> None:
             raise AttributeError(f"module {name!r} has no attribute {attribute!r}")
         target, _, new_name = where.partition(":")
         warnings.warn(
-            f"{name}.{attribute} moved to {target}.{new_name}; the old name will go",
+            f"{name}.{attribute} moved to {target}.{new_name}; the old name is {_GOES}",
             DeprecationWarning,
             stacklevel=2,
         )
@@ -183,7 +190,7 @@ def _look_up_moved_names(module: types.ModuleType, name: str) -> None:
 
 
 def _warn(message: str) -> None:
-    warnings.warn(f"{message}; the old path will go", DeprecationWarning, stacklevel=3)
+    warnings.warn(f"{message}; the old path is {_GOES}", DeprecationWarning, stacklevel=3)
 
 
 def _notebook_helpers(rlm: Any) -> Any:
@@ -191,7 +198,7 @@ def _notebook_helpers(rlm: Any) -> Any:
     from .jupyter.helpers import NotebookHelpers
 
     warnings.warn(
-        "RLM.helpers is deprecated: use rlm_magic.jupyter.helpers.NotebookHelpers(rlm)",
+        f"RLM.helpers is deprecated ({_GOES}): use rlm_magic.jupyter.helpers.NotebookHelpers(rlm)",
         DeprecationWarning,
         stacklevel=2,
     )

@@ -10,12 +10,14 @@ model's HTML, control characters visible (``rlm.render``, ``_terminal_text``).
 
 from __future__ import annotations
 
+import asyncio
 import html
 import sys
 import time
 from typing import Any
 
-from .._terminal_text import visible
+from .._terminal_text import fit, one_line, visible
+from ..errors import describe_exception
 from ..llm.usage import format_cost
 from ..rlm.render import markdown_html, markdown_without_html
 from .progress import MAX_UPDATES_PER_S, widgets_available
@@ -29,10 +31,24 @@ class LLMAnswer:
         self.text = text
         self.completion = completion  # None while the answer streams in
         self.started = time.perf_counter()
+        # Set when the call failed or was interrupted: (how it ended, seconds it took).
+        self.ended: tuple[str, float] | None = None
+
+    def fail(self, error: BaseException) -> None:
+        """The call ended without an answer: the figures line says how, once, in place
+        of "answering…" (the error itself follows as the cell's error)."""
+        took = time.perf_counter() - self.started
+        if isinstance(error, (KeyboardInterrupt, asyncio.CancelledError)):
+            self.ended = ("interrupted", took)
+        else:
+            self.ended = (f"failed: {fit(one_line(describe_exception(error)), 160)}", took)
 
     def meta(self) -> str:
         """The call in figures, as other calls show them: model, tokens, cost, time."""
         done = self.completion
+        if done is None and self.ended is not None:
+            how, took = self.ended
+            return f"{self.model} · {how} · {took:.1f}s"
         if done is None:
             return f"{self.model} · answering… · {time.perf_counter() - self.started:.1f}s"
         cached = " · from the cache" if done.cached else ""
@@ -80,6 +96,10 @@ class NotebookStream:
         took = time.perf_counter() - started
         self.next_at = time.perf_counter() + max(1 / MAX_UPDATES_PER_S, 4 * took)
 
+    def ended(self) -> None:
+        """The call failed: what arrived stays, under the line saying how it ended."""
+        self.handle.update(self.answer)
+
 
 class TerminalStream:
     """The answer written onto stdout as it arrives, then its figures on stderr."""
@@ -106,6 +126,12 @@ class TerminalStream:
         sys.stdout.flush()
         print(self.answer.meta(), file=sys.stderr)
 
+    def ended(self) -> None:
+        """The call failed: end the streamed line, so the error starts on its own."""
+        if self.answer.text:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+
 
 async def ask(rlm, question: str, *, model: str | None, system: str | None, quiet: bool):
     """Ask ``question``, streaming the answer into the cell; returns the answer."""
@@ -117,15 +143,21 @@ async def ask(rlm, question: str, *, model: str | None, system: str | None, quie
     stream: NotebookStream | TerminalStream | None = None
     if not quiet:
         stream = NotebookStream(answer) if widgets_available() else TerminalStream(answer)
-    completion = await run_interruptibly(
-        rlm.client.complete(
-            build_messages(question, system, caller="%%llm"),
-            model=model,
-            stream=True,
-            on_text=stream.text if stream is not None else None,
-        ),
-        "%%llm",
-    )
+    try:
+        completion = await run_interruptibly(
+            rlm.client.complete(
+                build_messages(question, system, caller="%%llm"),
+                model=model,
+                stream=True,
+                on_text=stream.text if stream is not None else None,
+            ),
+            "%%llm",
+        )
+    except BaseException as error:  # re-raised: the cell fails with it
+        answer.fail(error)
+        if stream is not None:
+            stream.ended()
+        raise
     answer.text, answer.completion = completion.text, completion
     if stream is not None:
         stream.show()

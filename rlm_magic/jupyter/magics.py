@@ -1,4 +1,5 @@
-"""``%%rlm`` (run an RLM over a notebook variable) and ``%rlm`` (config, usage, demo).
+"""``%%rlm`` (run an RLM over a notebook variable), ``%%llm`` (one question) and ``%rlm``
+(its subcommands: ``subcommands``).
 
 IPython has no async magics, so a ``%%rlm`` cell is rewritten by an input transformer
 into a top-level ``await``: ipykernel then runs the cell as a coroutine on its own loop,
@@ -19,6 +20,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from ..errors import ConfigError, interrupt
+from . import subcommands
 from .interrupts import run_interruptibly
 
 
@@ -149,10 +151,11 @@ class RLMMagics(Magics):
 
     @line_magic("rlm")
     def rlm_line(self, line: str):
-        """%rlm config | usage | sessions | forget NAME | demo [stop] | help"""
-        from ..jupyter import subcommands
-
+        # (Its docstring, what %rlm? shows, is the subcommands' help: set below.)
         return subcommands.dispatch(self, line)
+
+    # %rlm? lists every subcommand, from the one text %rlm help prints.
+    rlm_line.__doc__ = "The rlm-magic commands:\n\n" + subcommands.HELP
 
 
 _ASYNC_CELLS = {"%%rlm": "run_rlm_cell", "%%llm": "run_llm_cell"}

@@ -32,5 +32,24 @@ def keep_stored_kernel_metadata(model, path, contents_manager, **_):
             metadata[key] = stored[key]
 
 
+def keeping_stored_kernel_metadata(manager_class: type) -> type:
+    """``manager_class`` with ``keep_stored_kernel_metadata`` registered on each manager
+    once, as it is made. Not set as ``FileContentsManager.pre_save_hook``: jupyter lab
+    applies its configuration to the contents manager twice (once more when it loads
+    its extensions), and each setting of that trait registers the hook again, with a
+    warning ("Overriding existing pre_save_hook ...")."""
+
+    class KeptKernelMetadata(manager_class):  # type: ignore[valid-type,misc]
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.register_pre_save_hook(keep_stored_kernel_metadata)
+
+    KeptKernelMetadata.__name__ = f"KeptKernelMetadata{manager_class.__name__}"
+    return KeptKernelMetadata
+
+
 if "c" in globals():  # read by jupyter lab --config (c is its configuration)
-    c.FileContentsManager.pre_save_hook = keep_stored_kernel_metadata  # type: ignore[name-defined]  # noqa: F821
+    from jupyter_server.services.contents.largefilemanager import AsyncLargeFileManager
+
+    # (jupyter_server's default manager, with the hook.)
+    c.ServerApp.contents_manager_class = keeping_stored_kernel_metadata(AsyncLargeFileManager)  # type: ignore[name-defined]  # noqa: F821

@@ -14,6 +14,7 @@ from . import retries
 from .completion import INTERRUPTED, Completion
 from .identity import RequestIdentity
 from .messages import Messages
+from .pricing import cache_saving
 from .redaction import Redactor, redact_causes, redact_failure
 from .streaming import OnText, StreamState
 from .transports.base import Answer, Transport
@@ -137,6 +138,53 @@ class Call:
         )
         self.record_failure(str(error))
         return error
+
+    # -- how a call ends when it answers -----------------------------------------------
+    def completed(self, answer: Answer) -> Completion:
+        """The call's answer as its caller gets it."""
+        return Completion(
+            answer.text,
+            self.model,
+            answer.input_tokens,
+            answer.output_tokens,
+            cost_usd=answer.cost_usd,
+            retries=self.retries,
+            elapsed_s=time.perf_counter() - self.started,
+            cached_input_tokens=answer.cached_input_tokens,
+            cache_write_tokens=answer.cache_write_tokens,
+            streamed=self.streaming,
+            # Broken off: whatever the last chunk said, it is not where the model ended
+            # (its text is then a marked ``CutAnswer``).
+            finish_reason=answer.finish_reason if self.cut_reason is None else None,
+            cut_reason=self.cut_reason,
+        )
+
+    def record_answer(self, completion: Completion) -> None:
+        """Its line in the ledger (with what its cut-off attempts were billed); what it
+        cost lands in its budgets, and the rest of its hold goes back."""
+        self.ledger.record(
+            record := self.spent.record(
+                self.model,
+                completion.input_tokens,
+                completion.output_tokens,
+                completion.cost_usd,
+                retries=self.retries,
+                rate_limited=self.rate_limited,
+                elapsed_s=completion.elapsed_s,
+                cached_input_tokens=completion.cached_input_tokens,
+                cache_write_tokens=completion.cache_write_tokens,
+                cache_saved_usd=cache_saving(
+                    self.litellm,
+                    self.model,
+                    completion.cached_input_tokens,
+                    completion.cache_write_tokens,
+                ),
+                cut_off=completion.incomplete,
+            )
+        )
+        if self.reservation is not None:  # (a reported cost prices an unpriced model)
+            self.reservation.landed(record)
+        self.release()
 
     def interrupted(self, partial: Answer) -> Completion:
         """The answer an interrupt cut off, as far as it came (already recorded, by

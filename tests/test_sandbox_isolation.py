@@ -200,8 +200,6 @@ _NEVER = (
     "ptrace",
     "keyctl",
     "userfaultfd",
-    "socket",
-    "connect",
     "unshare",
     "setns",
     "mount",

@@ -40,6 +40,10 @@ class Confinement:
         self.off = None if enabled else "isolation was turned off"  # only tests do that
         self.sources: dict[str, Source] = {}
         self.namespaced = False  # the namespaces hold (so libc was loaded)
+        # The filesystem view holds too: a path names only what the sandbox holds, and
+        # with the network namespace's own abstract names, a Unix socket reaches only
+        # the sandbox's own (policy.UNIX_SOCKET_SYSCALLS).
+        self.private_view = False
         self.host_maps_ids = False  # the kernel must map our ids (it runs as root)
         # Our ids outside: inside a new user namespace, before its maps are written,
         # every id reads as the overflow id (65534), which is no id to map.

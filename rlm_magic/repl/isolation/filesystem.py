@@ -3,7 +3,7 @@
 a few devices, a /proc and a small /dev/shm of its own and a size-limited tmpfs as the
 working folder, both ``noexec``: what the sandbox writes is never run as a program or
 mapped executable (``python3 script.py`` only reads it). No home, venv writes, cache,
-/tmp or /dev/shm of the host; no pathname socket.
+/tmp or /dev/shm of the host; no pathname socket but the sandbox's own.
 
 The paths are looked at before the namespaces are entered (``prepare_sources``), while
 this process still has its own ids; the view is built inside them (``build_filesystem``).
@@ -76,6 +76,7 @@ def build_filesystem(confinement: Confinement) -> None:
     try:
         _build_filesystem(confinement)
         confinement.report.layers["filesystem"] = True
+        confinement.private_view = True
     except OSError as exc:
         confinement.report.refused("filesystem", f"the filesystem view failed ({exc})")
     finally:

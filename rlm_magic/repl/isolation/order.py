@@ -17,7 +17,8 @@ in the report, never skipped silently):
 5. **Landlock** (``landlock``) - a second filesystem layer, and the first where the OS
    refuses namespaces.
 6. **syscalls** (``syscalls``) - the seccomp filter, an allow-list; last, since the
-   layers before it need calls it refuses. Then the network check (``network``), which reads it.
+   layers before it need calls it refuses; Unix sockets only inside the namespaces and
+   the filesystem view. Then the network check (``network``), which reads it.
 
 The policy is data (``policy``); the report says which layers hold (``report``).
 

@@ -2,7 +2,8 @@
 
 ``policy_for`` builds the default ``Policy`` in the kernel, which sends it to the worker
 as JSON; ``ALLOWED_SYSCALLS`` is the syscall filter's allow-list, and
-``DENIED_SYSCALLS`` names what it must never allow. The layers (one module each)
+``DENIED_SYSCALLS`` names what it must never allow; ``UNIX_SOCKET_SYSCALLS`` what it
+allows only inside the sandbox's own namespaces and filesystem view. The layers (one module each)
 enforce it; reading this module alone tells what the sandbox can reach.
 
 Standard library only: the sandbox worker imports this.
@@ -40,7 +41,8 @@ DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 # epoll, socketpairs and fd passing, ctypes callbacks, numpy, pandas, matplotlib, the
 # helpers) and lists what it made once the filter held: 141 syscalls on x86_64 (glibc
 # 2.36, CPython 3.11), all below but two refused on purpose: socket (glibc's lookups
-# try nscd's socket, then read the files) and clone3. Added, marked +: the same
+# try nscd's socket, then read the files; a Unix one is allowed in the sandbox's own
+# namespaces: UNIX_SOCKET_SYSCALLS) and clone3. Added, marked +: the same
 # call's other entry points, which another libc, CPython or tool may use instead
 # (aarch64 has only the *at and generic ones). A name missing from an architecture's
 # table is skipped. Some are allowed only with certain arguments (syscalls.py): clone
@@ -258,7 +260,7 @@ ALLOWED_SYSCALLS = (
     "epoll_pwait2",  # +
     "eventfd",  # +
     "eventfd2",  # +
-    # pipes and the sockets a process already has or pairs (no new socket: no socket(2))
+    # pipes and the sockets a process already has or pairs (new Unix sockets: below)
     "pipe",  # +
     "pipe2",
     "socketpair",
@@ -285,13 +287,6 @@ ALLOWED_SYSCALLS = (
 # Never allowed, whatever a measurement finds (a test checks none is in the allow-list):
 # what would reach out of the sandbox, or pin memory that no limit counts.
 DENIED_SYSCALLS = (
-    # no new sockets (the bridge is inherited; socketpair stays: asyncio needs it)
-    "socket",
-    "connect",
-    "bind",
-    "listen",
-    "accept",
-    "accept4",
     # no reaching into other processes
     "ptrace",
     "process_vm_readv",
@@ -389,6 +384,25 @@ DENIED_SYSCALLS = (
     "iopl",
     "ioperm",
 )
+# Unix sockets of the sandbox's own: socket(2) of AF_UNIX only (any other family, so
+# any network socket, is refused) and the calls that name, serve and reach one. Allowed
+# only where the sandbox has its own network namespace and its own filesystem view
+# (``Confinement.private_view``), because there a Unix socket reaches only what the
+# sandbox made: an abstract name is its network namespace's own (and Landlock ABI 6+
+# scopes them too), and a path names a socket only in the view, whose writable places
+# (the working folder, /dev/shm) are its own tmpfs and whose read-only binds are the
+# system's and Python's folders, which hold no socket. multiprocessing's forkserver
+# (Python 3.14's default start method on Linux) listens on such a socket and each new
+# process connects to it; so do its managers and asyncio's Unix servers.
+# Where the OS refuses the namespaces or the view, all of them stay refused: Landlock
+# does not cover connecting to a path, so the host's sockets (a Docker or D-Bus socket,
+# an abstract X11 one before Landlock ABI 6) would be reachable. (No Pool works there
+# anyway, whatever the start method: its locks are POSIX semaphores, files in a
+# /dev/shm, and the host's is out of Landlock's reach.) Not the alternative of making
+# the worker swap forkserver for spawn or fork: a forced forkserver would silently be
+# another method (fork, in the worker's threaded process, can deadlock), and a Unix
+# server of the model's own (asyncio's, a multiprocessing manager's) would still fail.
+UNIX_SOCKET_SYSCALLS = ("socket", "bind", "listen", "accept", "accept4", "connect")
 # setsockopt at level SOL_SOCKET (1 on x86_64 and aarch64) is refused these options:
 # SO_SNDBUF, SO_RCVBUF, SO_SNDBUFFORCE, SO_RCVBUFFORCE. So a socket holds at most the
 # system's default buffers (net.core.wmem_default, rmem_default), and fcntl is refused

@@ -1,12 +1,14 @@
 """Layer 6, syscalls: a seccomp filter that allows only ``ALLOWED_SYSCALLS`` (what
 CPython, the worker and ordinary model code were measured to need) and refuses every
-other with EPERM: no new socket of any family, no ptrace, namespaces, mounts,
-keyrings, bpf, io_uring, SysV IPC, nor any syscall Linux adds later (a number newer
-than the tables says ENOSYS, as a kernel without it would). Some allowed calls are
-refused with certain arguments: clone with a namespace flag, socketpair of another
-family than AF_UNIX, socket calls asking for out-of-band data, setsockopt of a buffer
-size, fcntl of a pipe's size; clone3 says ENOSYS (libc then uses clone, whose flags
-can be read). Applied last: the layers before it need calls it refuses.
+other with EPERM: no network socket (a Unix one only inside the sandbox's own
+namespaces and filesystem view, ``policy.UNIX_SOCKET_SYSCALLS``), no ptrace,
+namespaces, mounts, keyrings, bpf, io_uring, SysV IPC, nor any syscall Linux adds later
+(a number newer than the tables says ENOSYS, as a kernel without it would). Some
+allowed calls are refused with certain arguments: clone with a namespace flag, socket
+and socketpair of another family than AF_UNIX, socket calls asking for out-of-band
+data, setsockopt of a buffer size, fcntl of a pipe's size; clone3 says ENOSYS (libc
+then uses clone, whose flags can be read). Applied last: the layers before it need
+calls it refuses.
 
 Standard library only: the sandbox worker imports this.
 """
@@ -34,6 +36,7 @@ from .policy import (
     F_SETPIPE_SZ,
     OOB_FLAG_ARGUMENT,
     SOL_SOCKET,
+    UNIX_SOCKET_SYSCALLS,
 )
 
 MSG_OOB, AF_UNIX = 0x1, 1
@@ -62,7 +65,9 @@ def filter_syscalls(confinement: Confinement) -> None:
     if arch is None:
         report.refused("syscalls", f"no syscall table for {os.uname().machine}")
         return
-    program = seccomp_program(arch)
+    # Unix sockets only where they reach nothing but the sandbox's own (policy.py).
+    allowed = ALLOWED_SYSCALLS + (UNIX_SOCKET_SYSCALLS if confinement.private_view else ())
+    program = seccomp_program(arch, allowed)
     filters = (ctypes.c_ubyte * len(program)).from_buffer_copy(program)
 
     class SockFprog(ctypes.Structure):
@@ -116,8 +121,9 @@ def _argument_rules(allowed: tuple[str, ...]) -> list[tuple[str, list[Instructio
         rules.append(
             ("clone", [(LD, 0, 0, argument(0)), (JSET, 0, 1, NAMESPACE_FLAGS), deny, allow])
         )
-    if "socketpair" in allowed:  # Unix sockets only
-        rules.append(("socketpair", [(LD, 0, 0, argument(0)), (JEQ, 0, 1, AF_UNIX), allow, deny]))
+    for name in ("socket", "socketpair"):  # Unix sockets only
+        if name in allowed:
+            rules.append((name, [(LD, 0, 0, argument(0)), (JEQ, 0, 1, AF_UNIX), allow, deny]))
     for name, index in OOB_FLAG_ARGUMENT.items():  # no out-of-band data
         if name in allowed:
             rules.append((name, [(LD, 0, 0, argument(index)), (JSET, 0, 1, MSG_OOB), deny, allow]))

@@ -20,6 +20,7 @@ Python writes them in a repr (``\\x9b``, ``\\u202e``). A line break (``\\n``) an
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 _SHOWN: dict[str, str] = {
     **{chr(c): chr(0x2400 + c) for c in range(0x20) if chr(c) not in "\t\n"},
@@ -73,3 +74,59 @@ def _char_width(char: str) -> int:
     if unicodedata.combining(char):
         return 0
     return 2 if unicodedata.east_asian_width(char) in "WF" else 1
+
+
+def terminal_columns(default: int = 80) -> int:
+    """The columns of the terminal this process writes to (``COLUMNS`` if set), else
+    ``default``."""
+    import shutil
+
+    return shutil.get_terminal_size((default, 24)).columns
+
+
+def fitted_table(head: Sequence[str], rows: Sequence[Sequence[str]], columns: int) -> str:
+    """A table of figures (the first column names, the others numbers) within
+    ``columns`` columns: aligned as a table where it fits; else with the columns that
+    are 0 in every row left out (named on a last line); else one entry per row, its
+    figures as ``label value`` pairs packed onto lines under its name."""
+    table = _aligned(head, rows)
+    if max(map(width, table.splitlines())) <= columns:
+        return table
+    zero = [i for i in range(1, len(head)) if rows and all(row[i] == "0" for row in rows)]
+    kept = [i for i in range(len(head)) if i not in zero]
+    footer = ("none: " + ", ".join(head[i] for i in zero)) if zero else ""
+    narrower = _aligned([head[i] for i in kept], [[row[i] for i in kept] for row in rows])
+    if max(map(width, narrower.splitlines())) <= columns:
+        return narrower + (f"\n{fit(footer, columns)}" if footer else "")
+    lines = []
+    for row in rows:
+        lines.append(fit(row[0], columns))
+        line = " "
+        for i in kept[1:]:
+            pair = fit(f"{head[i]} {row[i]}", columns - 2)
+            if width(line) + 2 + width(pair) > columns and line.strip():
+                lines.append(line.rstrip(" ·"))
+                line = " "
+            line += f" {pair} ·"
+        lines.append(line.rstrip(" ·"))
+    if footer:
+        lines.append(fit(footer, columns))
+    return "\n".join(lines)
+
+
+def _aligned(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Columns two spaces apart, the first to the left, the others to the right, a
+    dashed rule under the head."""
+    every = [head, *rows]
+    widths = [max(width(row[i]) for row in every) for i in range(len(head))]
+
+    def line(row: Sequence[str]) -> str:
+        cells = [
+            cell + " " * (w - width(cell)) if i == 0 else " " * (w - width(cell)) + cell
+            for i, (cell, w) in enumerate(zip(row, widths))
+        ]
+        return "  ".join(cells).rstrip()
+
+    lines = [line(row) for row in every]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

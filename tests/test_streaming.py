@@ -450,7 +450,7 @@ async def test_rlm_usage_shows_cached_input_and_the_saving(shell, server):
         shell.run_line_magic("config", line)
     await run_cell(shell, "%%rlm -c ctx -q\nWhat is it?")
     table = shell.run_line_magic("rlm", "usage")
-    header, _, row = repr(table).splitlines()[:3]
+    header, _, row = repr(table.summary).splitlines()[:3]  # the whole table, unfitted
     assert header.split()[-4:] == ["cached", "input", "cache", "saved"]
     assert row.startswith(CLAUDE) and row.split()[-1].startswith("$")
     assert "<th>cached input</th><th>cache saved</th>" in table._repr_html_()

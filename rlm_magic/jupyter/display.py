@@ -1,11 +1,14 @@
-"""How settings read in a notebook: ``%rlm config``'s and ``%rlm keys``' tables (a run's
-result renders itself: ``rlm.render``)."""
+"""How settings read in a notebook: ``%rlm config``'s, ``%rlm keys``' and ``%rlm usage``'s
+tables (a run's result renders itself: ``rlm.render``)."""
 
 from __future__ import annotations
 
 import html
+from typing import Any
 
 from .._tables import html_table, text_table
+from .._terminal_text import fitted_table, terminal_columns
+from ..llm.usage import UsageSummary
 
 
 def settings_html(settings: dict) -> str:
@@ -87,3 +90,25 @@ class KeysView:
     def _repr_html_(self) -> str:
         note = html.escape(self._note())
         return f"{html_table(self.COLUMNS, self.rows)}<p>{note}</p>"
+
+
+class UsageView:
+    """``%rlm usage``: the usage table in Jupyter; in a terminal, fitted to its width
+    (80 columns where it cannot tell), since nine columns of figures take over 100.
+    Reads as the ``UsageSummary`` it shows (``.cost_usd``, ``.by_model``, ...)."""
+
+    def __init__(self, summary: UsageSummary, columns: int | None = None):
+        self.summary = summary
+        self.columns = columns  # None: the terminal's, when shown
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.summary, name)
+
+    def __repr__(self) -> str:
+        if not self.summary.by_model:
+            return repr(self.summary)
+        columns = self.columns or terminal_columns()
+        return fitted_table(self.summary._columns, self.summary._rows(), columns)
+
+    def _repr_html_(self) -> str:
+        return self.summary._repr_html_()

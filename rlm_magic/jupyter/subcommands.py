@@ -87,7 +87,9 @@ def _usage(magics, args):
         SESSION_LEDGER.clear()
         return None
     _no_args("usage", args)
-    return usage()
+    from .display import UsageView
+
+    return UsageView(usage())
 
 
 def _demo(magics, args):

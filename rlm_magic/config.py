@@ -2,9 +2,11 @@
 ``c.RLM.model = ...`` in ``ipython_config.py`` both work.
 
 ``RLMConfig`` holds the traits; the runner class ``rlm_magic.RLM`` subclasses it, so the
-configurable users address is named ``RLM``. One concept (the settings: each trait with
-its help, its check and its one-line error), past 400 lines because there are forty of
-them; their help is what ``%config RLM`` shows.
+configurable users address is named ``RLM``.
+
+Why one module: it is one concept, the settings, each trait with its help, its check and
+its one-line error; it is long because there are forty of them, and their help is what
+``%config RLM`` shows, read in one place.
 """
 
 from __future__ import annotations

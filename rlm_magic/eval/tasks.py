@@ -20,6 +20,9 @@ benchmarks it uses; each states its source (``Task.source``):
   distractor facts of the same shape: who works where, and where that company sits.
 
 A task of one's own: ``custom_task(name, [(context, question, expected), ...], scorer)``.
+
+Why one module: the tasks share their generators (seeded filler, records, insertion at
+a depth) and their sizing; each task is a short function over them, read side by side.
 """
 
 from __future__ import annotations

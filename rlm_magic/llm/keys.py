@@ -20,6 +20,10 @@ it (``OPENAI_BASE_URL``), never to another ``api_base`` (a llama.cpp, a third pa
 host); a key named for a server of the user's own (``HOSTED_VLLM_API_KEY``) goes to
 the ``api_base`` in use. ``RLM.api_key`` goes to the ``api_base`` it is set with, or,
 with none, to one provider only (``api_key_across_providers``).
+
+Why one module: whether a key is missing, where it may be sent and what a refusal of it
+means are read from the same facts (the provider litellm names, the ``api_base``, the
+variable a key came from), and must agree: a key judged present here is the key sent.
 """
 
 from __future__ import annotations

@@ -23,6 +23,10 @@ the text.
 
 It guards against echoes, not against code that means to hide a secret: code that has
 one can still encode it some other way. That is why the sandbox gets none.
+
+Why one module: the forms, the views of a text they are searched in and the traces that
+map a found form back to the text are one search; a form added without its view (or a
+view without its trace back) would redact the wrong characters or none.
 """
 
 from __future__ import annotations

@@ -35,6 +35,10 @@ reply's own CPU for a computed answer and three times it for a typed one (sub-ca
 excepted), within the time the run gives it.
 
 Standard library only: the sandbox worker imports this.
+
+Why one module: the worlds, the lazy copying of what code reads and the guard on what a
+replay may do are one replay: each world is only as sound as the copying and the guard
+that run with it, so they are read and changed together.
 """
 
 from __future__ import annotations

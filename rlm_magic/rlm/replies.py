@@ -28,7 +28,7 @@ line rule or by a marker-like ')' is not ``balanced``: from a reply cut off at
 max_tokens it is not taken. An empty answer, or one that never closes, is not an answer:
 the reply's ``problems`` say what was seen.
 
-One concept, one module, past 400 lines: these rules read a reply together (a fence
+Why one module: these rules read a reply together (a fence
 decides what is prose, prose is where an answer may be), and each line of the rules
 above has a function here and tests that quote real models' replies.
 """

@@ -1,7 +1,7 @@
 """The gate every request to one provider endpoint passes (see the package's docstring),
 and the gates of this process: one per (model, endpoint, key) and event loop.
 
-One concept past 400 lines: what a 429 or an answer teaches is read against the same
+Why one module: what a 429 or an answer teaches is read against the same
 bookings, pause and concurrency (which limit refused, whether the headers or our count
 were wrong, how much was accepted), so the reading stays beside the booking."""
 

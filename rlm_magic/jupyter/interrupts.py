@@ -13,6 +13,7 @@ handler is restored when the work ends.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import itertools
 import signal
@@ -21,7 +22,7 @@ from collections.abc import Awaitable
 from typing import TYPE_CHECKING, TypeVar
 
 from ..errors import interrupt
-from ..llm.completion import partial_answer
+from ..llm.completion import Completion, partial_answer
 
 if TYPE_CHECKING:
     from types import FrameType
@@ -100,7 +101,8 @@ async def run_interruptibly(awaitable: Awaitable[T], name: str = "the work") -> 
     interrupt then surfaces here as KeyboardInterrupt ("<name> interrupted"), as it
     would in sync code."""
     loop = asyncio.get_running_loop()
-    task = asyncio.ensure_future(awaitable)
+    arrived = _Arrived()
+    task = asyncio.ensure_future(arrived.kept_from(awaitable))
     installed = _install(task, loop)
     try:
         try:
@@ -109,11 +111,9 @@ async def run_interruptibly(awaitable: Awaitable[T], name: str = "the work") -> 
             # Either SIGINT cancelled the task, or our caller was cancelled: in both
             # cases the work must stop, and be awaited so nothing is left running.
             task.cancel()
-            cut = None
-            try:
+            with contextlib.suppress(BaseException):  # it was cancelled on purpose
                 await task
-            except BaseException as stopped:  # noqa: BLE001 - it was cancelled on purpose
-                cut = partial_answer(stopped)
+            cut = arrived.completion
             if task in _interrupted:
                 if _keyboard_interrupt_is_safe():
                     stop = interrupt(f"{name} interrupted")
@@ -127,6 +127,24 @@ async def run_interruptibly(awaitable: Awaitable[T], name: str = "the work") -> 
     finally:
         if installed:
             _uninstall(task)
+
+
+class _Arrived:
+    """What a single call had received when it was cancelled, read inside its task.
+
+    Across a task's edge the cancellation may not be the one the call raised (awaiting a
+    cancelled task, Python 3.10 raises a new ``CancelledError``), so what rode on it
+    is taken before it crosses.
+    """
+
+    completion: Completion | None = None
+
+    async def kept_from(self, awaitable: Awaitable[T]) -> T:
+        try:
+            return await awaitable
+        except asyncio.CancelledError as cancel:
+            self.completion = partial_answer(cancel)
+            raise
 
 
 def _keyboard_interrupt_is_safe() -> bool:

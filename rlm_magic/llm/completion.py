@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from asyncio import CancelledError
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,8 +52,23 @@ INTERRUPTED = "interrupted"
 def partial_answer(cancel: BaseException) -> Completion | None:
     """The ``Completion`` a call had received, recorded, when ``cancel`` (an interrupt)
     stopped it mid-answer; None if nothing had arrived. The client hangs it on the
-    cancellation, which goes on up: whoever keeps a batch's answers keeps it too."""
-    return getattr(cancel, "partial_answer", None)
+    cancellation, which goes on up: whoever keeps a batch's answers keeps it too.
+
+    Read from ``cancel`` or the cancellations it was raised in: awaiting a cancelled task
+    gives Python 3.10 a new ``CancelledError`` whose ``__context__`` is the task's own
+    (3.11 on re-raise the task's own). Whoever can, reads it inside the task that was
+    cancelled (``run_interruptibly`` and the maps do), not across a task's edge.
+    """
+    seen: set[int] = set()
+    error: BaseException | None = cancel
+    while error is not None and id(error) not in seen:
+        cut = getattr(error, "partial_answer", None)
+        if isinstance(cut, Completion):
+            return cut
+        seen.add(id(error))
+        # Only a cancellation raised in handling this one: not another call's story.
+        error = error.__context__ if isinstance(error.__context__, CancelledError) else None
+    return None
 
 
 @dataclass(frozen=True)

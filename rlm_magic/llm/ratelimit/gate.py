@@ -271,11 +271,28 @@ class RateGate:
             found = Headers(Reading(), Reading(), found.retry_after_s)
         if not self._count_known:
             self._learn_count_from_budget(found.tokens, ticket)
-        # The headers' pace was kept when this request went out, yet it was refused;
-        # or the refusal's own retry-after-ms belies the headers' rate.
-        # (Booked before we knew how the server counts tokens, a refusal may be our
-        # miscount: only a retry-after-ms far off the headers' rate says more.)
         refusing = self._refusing(found, ticket)
+        contradicted = self._contradicted(found, refusing, ticket)
+        if found.any_limits:
+            self.requests.learn(found.requests, now)
+            self.tokens.learn(found.tokens, now)
+            capped = self._cap_bursts(found, ticket)
+            contradicted = [c for c in contradicted if c[0] not in capped]
+        # One slow-down per burst: 429s for requests sent before the last one are
+        # echoes of the same overload, not news.
+        news = ticket.sent_at >= self._last_decrease
+        self._pause_after_refusal(found, refusing, ticket, news, now)
+        if news:
+            self._slow_down(found, contradicted, holding, now)
+
+    def _contradicted(
+        self, found: Headers, refusing: list[tuple[Pacer, str]], ticket: Ticket
+    ) -> list[tuple[Pacer, str, float | None]]:
+        """The limits this refusal proves wrong, each with the rate it implies (None:
+        slow down by the usual step). The headers' pace was kept when this request went
+        out, yet it was refused; or the refusal's own retry-after-ms belies the headers'
+        rate. (Booked before we knew how the server counts tokens, a refusal may be our
+        miscount: only a retry-after-ms far off the headers' rate says more.)"""
         contradicted: list[tuple[Pacer, str, float | None]] = [
             (pacer, kind, None)
             for pacer, kind in refusing
@@ -294,14 +311,18 @@ class RateGate:
                 if said and said > QUANTIZED_FACTOR * implied and not pacer.distrusted:
                     contradicted = [c for c in contradicted if c[0] is not pacer]
                     contradicted.append((pacer, kind, implied))
-        if found.any_limits:
-            self.requests.learn(found.requests, now)
-            self.tokens.learn(found.tokens, now)
-            capped = self._cap_bursts(found, ticket)
-            contradicted = [c for c in contradicted if c[0] not in capped]
-        # One slow-down per burst: 429s for requests sent before the last one are
-        # echoes of the same overload, not news.
-        news = ticket.sent_at >= self._last_decrease
+        return contradicted
+
+    def _pause_after_refusal(
+        self,
+        found: Headers,
+        refusing: list[tuple[Pacer, str]],
+        ticket: Ticket,
+        news: bool,
+        now: float,
+    ) -> None:
+        """Pause everybody for as long as the refusal says (or the refill we work out,
+        or a blind pause that doubles), and void the bookings of those waiting."""
         wait = found.retry_after_s
         refill = None if found.retry_after_exact else self._refill_wait(wait, refusing, ticket)
         wait = wait if refill is None else refill
@@ -322,24 +343,33 @@ class RateGate:
                 pacer.drain(until if refill is None else now)
             for sleeper in self._sleepers:  # their bookings are void: book again now
                 _set_done(sleeper)
-        if news:
-            self._last_decrease = now
-            if not found.any_limits:
-                self._learn_blind(now)
-            for pacer, kind, bound in contradicted:
-                if pacer.rate:
-                    pacer.contradicted(
-                        pacer.rate,
-                        self._accepted(kind, now),
-                        now,
-                        bound,
-                        at_once=bound is not None,
-                    )
-            # Not halved under a known token limit: its pace answers the 429, and a cut
-            # cap (before the latency is known) held a batch to half the rate the
-            # server accepts when answers take long.
-            kept = holding if self._token_bound() else holding / 2
-            self.cap = max(self._needed_concurrency(), kept, 1.0)
+
+    def _slow_down(
+        self,
+        found: Headers,
+        contradicted: list[tuple[Pacer, str, float | None]],
+        holding: float,
+        now: float,
+    ) -> None:
+        """The one slow-down of a burst: the contradicted paces lowered, and the
+        concurrency cap cut to what was in flight (halved without a token limit)."""
+        self._last_decrease = now
+        if not found.any_limits:
+            self._learn_blind(now)
+        for pacer, kind, bound in contradicted:
+            if pacer.rate:
+                pacer.contradicted(
+                    pacer.rate,
+                    self._accepted(kind, now),
+                    now,
+                    bound,
+                    at_once=bound is not None,
+                )
+        # Not halved under a known token limit: its pace answers the 429, and a cut
+        # cap (before the latency is known) held a batch to half the rate the
+        # server accepts when answers take long.
+        kept = holding if self._token_bound() else holding / 2
+        self.cap = max(self._needed_concurrency(), kept, 1.0)
 
     def _refusing(self, found: Headers, ticket: Ticket) -> list[tuple[Pacer, str]]:
         """The limits that refused a request: those whose headers say they ran out

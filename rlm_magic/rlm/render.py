@@ -23,7 +23,7 @@ import re
 from bisect import bisect
 from typing import Any
 
-from .._terminal_text import visible
+from .._terminal_text import one_line, visible
 from ..llm.usage import format_cost
 from .replies import with_code_as_pointers
 
@@ -43,6 +43,7 @@ _STYLE = {
     "white-space:pre;overflow-x:auto;max-height:30em",
     "meta": "opacity:0.7;font-size:90%",
     "error": "color:#c62828",
+    "amber": "color:#b26a00",
 }
 # What inline styles cannot say, in a <style> a trusted notebook keeps: pygments' light
 # colours inverted where the theme is dark (untrusted, code reads black on light grey),
@@ -117,6 +118,9 @@ def result_html(result: Any, *, with_error: bool = True) -> str:
             f"<p style='{_STYLE['error']}'><b>{html.escape(result.stop_reason or 'failed')}:</b> "
             f"{_no_math(_shown(result.error))}</p>"
         )
+    said_nothing = answer_said_nothing(result)
+    if said_nothing:
+        parts.append(f"<p style='{_STYLE['amber']}'>{_no_math(html.escape(said_nothing))}</p>")
     if result.final_answer is not None:
         box = "failed" if failed else "answer"
         parts.append(
@@ -215,11 +219,37 @@ def _compaction_html(compaction: Any) -> str:
     )
 
 
+def answer_said_nothing(result: Any) -> str:
+    """One line on the last answer the run did not take because it said nothing (a
+    label with an empty value: ``finishing.empty``), where the run has no answer; ""
+    otherwise. Where it came from: the marker or call that gave it, and the turn."""
+    if result.success:
+        return ""
+    found = [("its last turn", n) for n in result.notes if _said_nothing(n)]
+    for iteration in reversed(result.trajectory):
+        if found:
+            break
+        found = [(f"iteration {iteration.index}", n) for n in iteration.notes if _said_nothing(n)]
+    if not found:
+        return ""
+    where, note = found[-1]
+    what = note[len("not taken: ") :].replace(", so the run went on", "")
+    return one_line(f"No answer: in {where}, {what}, so it was not taken.")
+
+
+def _said_nothing(note: str) -> bool:
+    # (How ``finishing.answers.Finishing.said_nothing`` notes it.)
+    return note.startswith("not taken: ") and " says nothing (" in note
+
+
 def result_markdown(result: Any, *, with_error: bool = True) -> str:
     lines = []
     if not result.success and result.error and with_error:
         error = _escaped(visible(result.error))
         lines.append(f"**{result.stop_reason or 'failed'}:** {error}\n")
+    said_nothing = answer_said_nothing(result)
+    if said_nothing:
+        lines.append(f"*{_escaped(said_nothing)}*\n")
     if result.final_answer is not None:
         lines += [markdown_without_html(visible(result.final_answer)), ""]
     lines.append(f"*{_escaped(status_line(result))}*")

@@ -5,7 +5,8 @@ A run finishes when the model gives its answer in one of the accepted forms
 a ``FINAL``/``FINAL_VAR`` call in its code, a ``FINAL(...)`` line its code prints, or the
 answer dict set ready. ``Finishing`` reads these against the REPL (a variable's value
 for ``FINAL_VAR``), and refuses what cannot be an answer: a marker cut off with its
-reply, an empty value, an answer given by a block that then failed, and an answer the
+reply, an answer that says nothing (empty, or a label with an empty value: ``empty``),
+an answer given by a block that then failed, and an answer the
 model typed in a reply whose code read data it had not seen: typed, because a replay of
 the reply with its data changed gives it again (``repl.provenance``; ``Origin``), however
 it is spelled. ``is_error`` tells an answer that is only a failed call's error string.
@@ -23,6 +24,7 @@ from ...repl.provenance import Replayed, answer_digest
 from ..replies import ACCEPTED_FORMS, Final, Reply, read_printed_final, read_reply
 from ..result import Iteration, RLMResult, Withheld
 from .echoes import Echoes
+from .empty import says_nothing
 from .origin import Origin, origin_of, written_in
 from .seen_output import UNSEEN, guessed_output_at, short
 
@@ -126,6 +128,9 @@ class Finishing:
         )
         if any(run.error for run in iteration.code[:-1]):
             iteration.withheld.append(Withheld(what, "unseen failure"))
+            return False
+        if how is not FinishKind.PRINTED_MARKER and says_nothing(answer):
+            outputs.append(self.said_nothing(what, answer, iteration))
             return False
         codes = [run.code for run in iteration.code[:number]]
         echoed = (
@@ -236,6 +241,23 @@ class Finishing:
         )
         (iteration.notes if iteration is not None else self.result.notes).append(note)
 
+    def said_nothing(self, what: str, answer: str, iteration: Iteration | None) -> str:
+        """Not taken: ``answer``, given by ``what``, says nothing (``empty``). Noted on
+        the turn (the last turn's, on the result), and told to the model."""
+        if not answer.strip():
+            return f"{what} gives an empty answer, so the run goes on. Give the answer itself."
+        shown = answer.strip()[:120]
+        note = (
+            f"not taken: {what} says nothing ({shown!r}: a label with an empty value), "
+            "so the run went on"
+        )
+        (iteration.notes if iteration is not None else self.result.notes).append(note)
+        return (
+            f"{what} says nothing: {shown!r} is a label with an empty value, so it was "
+            "not taken and the run goes on. If the data holds nothing that matches, say "
+            "so in words; otherwise look at how your code reads the data."
+        )
+
     def restored_note(self, names: list[str]) -> str:
         """Tell the model, once per name, that the block rebound a name the REPL
         provides, and that it is back."""
@@ -262,15 +284,9 @@ class Finishing:
     ) -> tuple[str | None, str, bool]:
         """As ``resolve``, and whether the answer is a REPL variable's value."""
         answer, problem, by_variable = await self._resolve_marker(marker, iteration)
-        if answer is not None and not answer.strip():  # an empty variable's value
-            return (
-                None,
-                (
-                    f"{marker.kind}({marker.value}) gives an empty answer, so the "
-                    "run goes on. Give the answer itself."
-                ),
-                by_variable,
-            )
+        if answer is not None and says_nothing(answer):  # "", or "Counts: []"
+            given = short(f"{marker.kind}({marker.value})")
+            return None, self.said_nothing(given, answer, iteration), by_variable
         if answer is not None:
             given = short(f"{marker.kind}({marker.value})")
             echoed = self.echoes.problem(answer, given, typed=not by_variable)

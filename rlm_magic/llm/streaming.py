@@ -140,9 +140,8 @@ async def stream_completion(
     stall_timeout: float,
     deadline: float | None = None,
 ) -> Any:
-    """Run one streamed request to its end, feeding ``state`` (which then holds the
-    text and usage); returns the stream, for its headers. A stream with a ``pump``
-    method feeds ``state`` itself (the wire transport); litellm's is iterated. Raises
+    """Run one streamed request of litellm's to its end, feeding ``state`` (which then
+    holds the chunks, the text and usage); returns the stream, for its headers. Raises
     ``StreamStalled`` when no chunk comes for ``stall_timeout`` seconds or ``deadline``
     (``time.monotonic()``) passes; the connection is closed at once on any exit, an
     interrupt included. Before the first token, a server that reports work in progress
@@ -154,20 +153,14 @@ async def stream_completion(
         # fails over when one runs out.)
         request["timeout"] = stall_timeout + 5.0
     stream = None
-    watch = _StallWatch(stall_timeout, deadline, state)
+    watch = StallWatch(stall_timeout, deadline, state)
     try:
         async with watch:
             stream = await acompletion(**request)
             watch.opened()
-            pump = getattr(stream, "pump", None)
-            if pump is not None:
-                await pump(state, watch.touch)
-            else:
-                async for chunk in stream:
-                    watch.touch()
-                    state.add(chunk)
-    except _Expired:
-        raise StreamStalled(watch.reason()) from None
+            async for chunk in stream:
+                watch.touch()
+                state.add(chunk)
     finally:
         if stream is not None:
             close = getattr(stream, "aclose", None)
@@ -179,15 +172,14 @@ async def stream_completion(
     return stream
 
 
-class _Expired(Exception):
-    pass
-
-
-class _StallWatch:
+class StallWatch:
     """Cancels the streaming task when no chunk came for ``seconds``, or at
-    ``deadline``. One timer, re-armed lazily: a chunk only stores a timestamp. Before
-    the first token, the server is asked first whether it is working, if it can say
-    (``StreamState.server_busy``): while it is, the wait starts over."""
+    ``deadline``, and raises ``StreamStalled`` in its place (a cancel from anyone else
+    goes on as it came). One timer, re-armed lazily: a chunk only stores a timestamp.
+    Before the first token, the server is asked first whether it is working, if it can
+    say (``StreamState.server_busy``): while it is, the wait starts over. Used by both
+    transports: litellm's (``stream_completion``) and the wire's, which reads its bytes
+    under it (``transports.wire.sse``)."""
 
     def __init__(self, seconds: float, deadline: float | None, state: StreamState | None = None):
         self.deadline = deadline
@@ -207,7 +199,7 @@ class _StallWatch:
         self.seconds = self.stall_seconds
         self.touch()
 
-    async def __aenter__(self) -> _StallWatch:
+    async def __aenter__(self) -> StallWatch:
         self.loop = asyncio.get_running_loop()
         task = asyncio.current_task()
         if task is None:  # a stream is always read by a task; the watch cancels it
@@ -233,7 +225,7 @@ class _StallWatch:
             if uncancel is not None:
                 uncancel()
             if _cancelling(self.task) <= self._cancels:
-                raise _Expired
+                raise StreamStalled(self.reason()) from None
         return False
 
     def _next_check(self) -> float:

@@ -24,13 +24,12 @@ from ...messages import Messages
 from ...pricing import cost_of_usage
 from ...profiles import DEFAULT_CHARS_PER_TOKEN
 from ...ratelimit import non_negative
-from ...streaming import StreamState, stream_completion
+from ...streaming import StallWatch, StreamState
 from ..base import Answer, Request
-from . import sessions
+from . import sessions, sse
 from .errors import ResponseHeaders, connection_error, error_for, redirect_error
 from .parsing import completion_parts, finish_reason_of
 from .routes import Route
-from .sse import WireStream
 
 # Prompts counted off the loop above this many characters (usage missing).
 _LARGE_CHARS = 50_000
@@ -94,18 +93,26 @@ class WireTransport:
         deadline: float | None,
         messages: Messages | None = None,
     ) -> Answer:
-        async def open_stream(**sent: Any) -> WireStream:
-            return await self._open(sent)
-
-        wire = await stream_completion(
-            open_stream, request, state, stall_timeout=stall_timeout, deadline=deadline
-        )
+        """One pass: the request sent, its bytes read into ``state`` as events under the
+        stall watch (``sse.read``), the connection let go, the answer priced."""
+        body, headers = self.body(request)
+        body["stream"], body["stream_options"] = True, {"include_usage": True}
+        api_base = self.route.api_base
+        reply, done = None, False
+        try:
+            async with StallWatch(stall_timeout, deadline, state) as watch:
+                reply = await self._opened(body, headers)
+                received = reply.headers
+                watch.opened()
+                done = await sse.read(reply, state, watch.touch, api_base)
+        finally:
+            if reply is not None:
+                sse.let_go(reply, done)
         messages = messages or request.get("messages")
+        finish = state.finish_reason
         if not state.usage:
-            return await self._counted_answer(
-                state.text, state.finish_reason, wire.headers, messages
-            )
-        return self._answer(state.text, state.finish_reason, state.usage, wire.headers, messages)
+            return await self._counted_answer(state.text, finish, received, messages)
+        return self._answer(state.text, finish, state.usage, received, messages)
 
     def partial(self, state: StreamState | None, messages: Messages | None) -> Answer | None:
         """What a cut-off stream received, priced (it is billed all the same)."""
@@ -113,25 +120,26 @@ class WireTransport:
             return None
         return self._answer(state.text, state.finish_reason, state.usage, None, messages)
 
-    async def _open(self, request: Request) -> WireStream:
+    async def _opened(self, body: dict[str, Any], headers: dict[str, str]) -> Any:
+        """The reply to a streamed request, its status read: an error or a redirect is
+        raised, with its body read and its connection released."""
         import aiohttp
 
-        request.pop("timeout", None)  # the stall watch times a stream
-        body, headers = self.body(request)
-        route = self.route
+        api_base = self.route.api_base
         try:
             reply = await self._post(body, headers)
         except aiohttp.ClientError as exc:
-            raise connection_error(exc, route.api_base) from exc
-        if reply.status >= 300:
+            raise connection_error(exc, api_base) from exc
+        status = reply.status
+        if status >= 300:
             try:
                 raw = await reply.read()
             finally:
                 reply.release()
-            if reply.status < 400:
-                raise redirect_error(reply.status, reply.headers, route.api_base)
-            raise error_for(reply.status, raw, reply.headers, route.api_base)
-        return WireStream(reply, route.api_base)
+            if status < 400:
+                raise redirect_error(status, reply.headers, api_base)
+            raise error_for(status, raw, reply.headers, api_base)
+        return reply
 
     async def _post(self, body: dict[str, Any], headers: dict[str, str]) -> Any:
         """The reply (its status and headers read) to ``body``.

@@ -111,7 +111,7 @@ async def test_an_interrupted_batch_keeps_each_answer_it_cut_off(
     assert isinstance(error, KeyboardInterrupt)
     assert str(error).startswith(
         "llm_query_batch interrupted: the 0 of 9 answers that had arrived are in "
-        "rlm_magic.interrupted_batch().results, with the parts of 8 it cut off"
+        "rlm_magic.unfinished_batch().results, with the parts of 8 it cut off"
     )
     slow, *cut = rlm_magic.interrupted_batch().results
     assert slow is None  # nothing had arrived
@@ -144,7 +144,7 @@ async def test_an_interrupted_llm_query_keeps_the_part_of_its_answer_that_arrive
     assert len(answer.text) >= 40 and long_answer({}).startswith(answer.text)
     assert str(error) == (
         f"llm_query interrupted: the {len(answer.text):,} characters of its answer that had "
-        "arrived are in rlm_magic.interrupted_batch().results[0] (a CutAnswer)"
+        "arrived are in rlm_magic.unfinished_batch().results[0] (a CutAnswer)"
     )
 
 

@@ -100,7 +100,7 @@ async def test_a_failed_batchs_answers_are_reachable_by_name(server):
         await helpers(rlm).llm_query_batch(["a", "b", "c"])
     assert rlm_magic.failed_batch() is caught.value
     assert rlm_magic.failed_batch().results == ["echo: a", None, "echo: c"]
-    assert "the successful results are in rlm_magic.failed_batch().results" in str(caught.value)
+    assert "the successful results are in rlm_magic.unfinished_batch().results" in str(caught.value)
 
 
 async def test_a_batch_answered_from_the_cache_says_so(server, tmp_path, capsys):

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any, cast
 
-from ..errors import APIKeyError, BatchError, ConfigError, interrupt
+from ..errors import APIKeyError, ConfigError, interrupt
 from ..llm.completion import CutAnswer, partial_answer
 from ..llm.limiter import ConcurrencyLimiter
 from ..llm.messages import as_prompt_list, build_messages, check_max_tokens
@@ -27,8 +27,13 @@ from ..maps.items import map_items
 from ..maps.run_map import MapOutcome, MapSpec, run_map
 from ..repl.helpers import bound_to
 from ..rlm.runner import RLM
+from . import unfinished
 from .interrupts import run_interruptibly
 from .progress import BatchProgress
+from .unfinished import UnfinishedBatch
+from .unfinished import failed_batch as failed_batch  # (the package's, deprecated)
+from .unfinished import interrupted_batch as interrupted_batch  # (deprecated)
+from .unfinished import unfinished_batch as unfinished_batch  # (the package's)
 
 
 class NotebookHelpers:
@@ -144,7 +149,9 @@ class NotebookHelpers:
             answers, errors = await run_interruptibly(
                 run_map(self.client, conversations, spec, progress, outcome)
             )
-        return items.shaped(_collect(answers, errors, return_exceptions))
+        return items.shaped(
+            _collect(answers, errors, return_exceptions, "llm_query_batch", outcome.never_sent())
+        )
 
     async def _batch_job(self, conversations: list, spec: MapSpec, return_exceptions: bool) -> list:
         from .job_progress import JobProgress, still_running
@@ -199,7 +206,9 @@ class NotebookHelpers:
             results, errors = await run_interruptibly(
                 gather_limited(calls, limiter, progress, outcome)
             )
-        return items.shaped(_collect(results, errors, return_exceptions))
+        return items.shaped(
+            _collect(results, errors, return_exceptions, "rlm_query_batch", outcome.never_sent())
+        )
 
     async def amap(
         self,
@@ -226,7 +235,7 @@ class NotebookHelpers:
         slot for their calls never hold one. If any item fails, raises ``BatchError``
         (``.results``, None where an item failed, and ``.errors``); with
         ``return_exceptions=True`` the exceptions sit in place instead. Interrupted, the
-        results that had arrived are in ``rlm_magic.interrupted_batch().results``.
+        results that had arrived are in ``rlm_magic.unfinished_batch().results``.
 
         ``resume``: keep each result that is JSON on disk as it arrives (on by default
         from 100 items), so running the same map again calls ``fn`` only on the items
@@ -266,7 +275,9 @@ class NotebookHelpers:
                     outcome=outcome,
                 )
             )
-        return listed.shaped(_collect(results, errors, return_exceptions))
+        return listed.shaped(
+            _collect(results, errors, return_exceptions, "amap", outcome.never_sent())
+        )
 
     def namespace(self) -> dict[str, Any]:
         """The helpers by name (with the official library's spellings too), and
@@ -337,49 +348,30 @@ class _FunctionMapProgress(BatchProgress):
             self.cost_usd = now.cost_usd - (self.since.cost_usd or 0.0)
 
 
-_interrupted_batch: BatchError | None = None
-_failed_batch: BatchError | None = None
-
-
-def interrupted_batch() -> BatchError | None:
-    """The answers of the last batch that was interrupted (``.results``, with None
-    where an item had not finished, and ``.errors``), or None. An ``llm_query`` cut off
-    mid-answer is a batch of one here: ``.results[0]``, the ``CutAnswer`` it had."""
-    return _interrupted_batch
-
-
 def _keep_interrupted_answer(stop: KeyboardInterrupt) -> None:
     """An interrupted ``llm_query`` that had received part of its answer: keep it where
     an interrupted batch's answers are, and say so."""
-    global _interrupted_batch
     cut = partial_answer(stop)
     if cut is None:
         return
-    _interrupted_batch = BatchError([cut.text], {})
+    unfinished.keep(UnfinishedBatch("llm_query", [cut.text], {}, interrupted=True))
     arrived = cut.text.text if isinstance(cut.text, CutAnswer) else cut.text
     raise interrupt(
         f"llm_query interrupted: the {len(arrived):,} characters of its answer that "
-        "had arrived are in rlm_magic.interrupted_batch().results[0] (a CutAnswer)"
+        f"had arrived are in {unfinished.KEPT_IN}.results[0] (a CutAnswer)"
     ) from None
-
-
-def failed_batch() -> BatchError | None:
-    """The ``BatchError`` of the last batch whose items failed (``.results``, with None
-    where an item failed, and ``.errors``), or None: a notebook binds a raised error to
-    no name."""
-    return _failed_batch
 
 
 @contextlib.contextmanager
 def _kept_on_interrupt(outcome: MapOutcome | BatchOutcome, name: str) -> Iterator[None]:
     """If the batch is interrupted, keep its finished answers (in the whole map's order:
     a resumed map sends only some) and say where they are."""
-    global _interrupted_batch
     try:
         yield
     except KeyboardInterrupt:
         results, errors, on_disk = outcome.answers(), outcome.failures(), outcome.on_disk
-        _interrupted_batch = BatchError(results, errors)
+        unsent = outcome.never_sent()
+        unfinished.keep(UnfinishedBatch(name, results, errors, not_sent=unsent, interrupted=True))
         cut = outcome.cut_by_interrupt
         kept = sum(r is not None for r in results) - cut
         again = (
@@ -398,21 +390,26 @@ def _kept_on_interrupt(outcome: MapOutcome | BatchOutcome, name: str) -> Iterato
         )
         raise interrupt(
             f"{name} interrupted: the {kept} of {len(results)} answers that had arrived "
-            f"are in rlm_magic.interrupted_batch().results{parts}{where}"
+            f"are in {unfinished.KEPT_IN}.results{parts}{where}"
         ) from None
 
 
-def _collect(results: list, errors: dict[int, Exception], return_exceptions: bool) -> list:
+def _collect(
+    results: list[Any],
+    errors: dict[int, Exception],
+    return_exceptions: bool,
+    name: str = "llm_query_batch",
+    not_sent: Iterable[int] = (),
+) -> list[Any]:
     if not errors:
         return results
     if return_exceptions:
         return [errors.get(i, r) for i, r in enumerate(results)]
-    global _failed_batch
-    _failed_batch = BatchError(results, errors, kept_in="rlm_magic.failed_batch()")
+    failed = unfinished.keep(UnfinishedBatch(name, results, errors, not_sent=not_sent))
     if len(errors) == len(results) and all(isinstance(e, APIKeyError) for e in errors.values()):
         # No item could be sent for want of a key: that is one line, not N failures.
         raise next(iter(errors.values())) from None
-    raise _failed_batch
+    raise failed
 
 
 # Code objects of the helpers, to recognise a helper coroutine that was never awaited

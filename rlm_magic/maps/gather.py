@@ -34,6 +34,7 @@ class BatchOutcome:
         self.errors: dict[int, Exception] = {}
         # Calls an interrupt stopped mid-answer: what they had received (``Completion``s).
         self.partial: dict[int, Completion] = {}
+        self.started: set[int] = set()  # calls that began (the rest were never sent)
 
     on_disk = False  # a batch's answers are kept only in memory (see run_map for maps)
     cut_by_interrupt = 0  # its answers() hold no part an interrupt cut (a map's do: run_map)
@@ -44,6 +45,10 @@ class BatchOutcome:
 
     def failures(self) -> dict[int, Exception]:
         return dict(self.errors)
+
+    def never_sent(self) -> list[int]:
+        """The calls that never began (an interrupt came before their turn)."""
+        return [i for i in range(len(self.results)) if i not in self.started]
 
     @property
     def finished(self) -> int:
@@ -69,6 +74,7 @@ async def gather_limited(
     tasks: list[asyncio.Task[None]] = []
 
     async def run(index: int) -> None:
+        outcome.started.add(index)
         try:
             if observer:
                 observer.item_started(index)

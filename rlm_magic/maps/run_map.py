@@ -119,6 +119,13 @@ class MapOutcome:
         """Items an interrupt stopped mid-answer, whose part is among ``answers()``."""
         return len(self.gathered.partial) if self.keeps_partial_answers else 0
 
+    def never_sent(self) -> list[int]:
+        """The items never sent (their function never called): refused by a budget, or
+        not begun when an interrupt came; by index in the whole map."""
+        sent = self.sent
+        unsent = {sent[p] for p in self.gathered.never_sent() if p < len(sent)}
+        return sorted(unsent | set(self.refused))
+
     def failures(self) -> dict[int, Exception]:
         """The items that failed, by index in the whole map."""
         failed = {self.sent[position]: error for position, error in self.gathered.errors.items()}

@@ -6,6 +6,10 @@ counting questions (look at the context, split it into chunks, fan out with
 model it counts lines and classifies sentiment by rule, and fills a typed answer's
 schema with the same rule. ``DemoServer`` picks which of them answers a request and
 waits a deterministic time, so concurrency shows in a notebook and re-runs match.
+Which log formats the sub model reads a field from is ``log_fields``.
+
+One concept over 400 lines: what one scripted model answers, root turns and sub-calls
+together, since each root turn writes the prompts its sub-calls are answered by.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import re
 import threading
 from collections import Counter
 
+from .log_fields import ALIASES, UNDERSTOOD, canonical, field_of
 from .server import HTTPError, LocalChatServer, split_tokens
 
 
@@ -125,11 +130,10 @@ def sub_reply(prompt: str) -> str:
         if not field:
             return json.dumps({"count": len(lines)})
         tally: dict[str, int] = {}
-        pattern = re.compile(rf"\b{re.escape(field)}=(\S+)")
         for line in lines:
-            found = pattern.search(line)
-            if found:
-                tally[found.group(1)] = tally.get(found.group(1), 0) + 1
+            value = field_of(line, field)
+            if value is not None:
+                tally[value] = tally.get(value, 0) + 1
         return json.dumps(dict(sorted(tally.items())))
     if "sentiment" in prompt.lower():
         words = re.findall(r"[a-z']+", prompt.lower().split(":", 1)[-1])
@@ -206,8 +210,18 @@ def _question(messages: list[dict]) -> str:
 def _task(question: str) -> tuple[str | None, str | None]:
     """(term, field) for questions like: Which service has the most "timeout" lines?"""
     term = re.search(r"[\"“']([^\"”']+)[\"”']", question)
-    field = re.search(r"\b(?:which|per|by)\s+([a-z_]+?)(?:es|s)?\b", question, re.I)
-    return (term.group(1) if term else None, field.group(1).lower() if field else None)
+    field = re.search(r"\b(?:which|per|by)\s+([a-z_]+)\b", question, re.I)
+    return (term.group(1) if term else None, _singular(field.group(1)) if field else None)
+
+
+def _singular(word: str) -> str:
+    """The field a question's word names: a format's own name for it (``apps`` ->
+    ``service``), else the word less a plural's ``s`` (``services`` -> ``service``)."""
+    word = word.lower()
+    named = canonical(word)
+    if named != word or word in ALIASES:
+        return named
+    return re.sub(r"(?<=[^s])(?:es|s)$", "", word) if word.endswith("s") else word
 
 
 def _earlier_totals(messages: list[dict]) -> bool:
@@ -270,6 +284,15 @@ def root_reply(messages: list[dict]) -> str:
             "for n, a in per_document.items())\nprint(result)\n```\nFINAL_VAR(result)"
         )
     grouped = f", grouped by '{field}'" if field else ""
+    if turn == 1 and field and not _sample_names(messages[-1].get("content") or "", field):
+        # The lines shown hold no such field in a format the sub model reads: say so
+        # now, as a provider refuses a request, rather than count nothing for 30 turns.
+        raise HTTPError(
+            400,
+            f"[demo model] the demo reads a line's {field!r} from {UNDERSTOOD}; the "
+            f"context's first lines show none. Use a real model for other data.",
+            "invalid_request_error",
+        )
     if turn == 1:
         return (
             "I split the lines into chunks and count in every chunk at once.\n"
@@ -289,12 +312,24 @@ def root_reply(messages: list[dict]) -> str:
         + (
             f"ranked = totals.most_common()\nresult = ', '.join(f'{{k}}: {{v}}' for k, v "
             f"in ranked)\nresult = f'Most \"{term}\" lines by {field}: ' + result\n"
+            f"if not ranked:\n    result = 'No \"{term}\" line names a {field}'\n"
             if field
             else f'result = f\'{{totals["count"]}} lines contain "{term}"\'\n'
         )
         + "if failed:\n    result += f' ({failed} chunks failed)'\nprint(result)\n```\n"
         "FINAL_VAR(result)"
     )
+
+
+def _sample_names(feedback: str, field: str) -> bool:
+    """Whether a line of the context's sample (the first turn's output, a ``str``
+    context's start) holds ``field`` in a format the sub model reads. Other contexts
+    (a list, a DataFrame's rows) are not judged by their sample."""
+    shown = feedback.split("Output of block 1:\n", 1)[-1].split("\n\n", 1)[0]
+    kind, _, sample = shown.partition("\n")
+    if not kind.startswith("str "):
+        return True
+    return any(field_of(line, field) is not None for line in sample.splitlines())
 
 
 # The evaluation's tasks (rlm_magic.eval.tasks) ---------------------------------------

@@ -21,7 +21,7 @@ from ..llm.limiter import ConcurrencyLimiter
 from ..llm.messages import as_prompt_list, build_messages, check_max_tokens
 from ..llm.structured import AnswerFormat, ask
 from ..llm.usage import UsageLedger
-from ..maps.function_map import map_function
+from ..maps.function_map import map_function, map_ledger
 from ..maps.gather import BatchOutcome, gather_limited
 from ..maps.items import map_items
 from ..maps.run_map import MapOutcome, MapSpec, run_map
@@ -74,6 +74,7 @@ class NotebookHelpers:
                     model or self.rlm.effective_sub_model,
                     model=model,
                     max_tokens=max_tokens,
+                    ledger=map_ledger(),
                     stream=True,
                 ),
                 "llm_query",
@@ -82,7 +83,9 @@ class NotebookHelpers:
         try:
             completion = await run_interruptibly(
                 # Streamed (RLM.stream): a slow answer is timed out on a stall, not its length.
-                self.client.complete(messages, model=model, max_tokens=max_tokens, stream=True),
+                self.client.complete(
+                    messages, model=model, max_tokens=max_tokens, ledger=map_ledger(), stream=True
+                ),
                 "llm_query",
             )
         except KeyboardInterrupt as stop:
@@ -132,6 +135,7 @@ class NotebookHelpers:
             answer_format=AnswerFormat(response_format) if response_format is not None else None,
             resume=resume,
             batch_job=batch_job,
+            ledger=map_ledger(),  # inside an amap's function: that map's too
         )
         if batch_job:
             if not conversations:
@@ -258,9 +262,10 @@ class NotebookHelpers:
             raise ConfigError(f"amap: concurrency must be a positive int, got {concurrency!r}")
         limiter = ConcurrencyLimiter(lambda: concurrency or self.rlm.max_concurrency)
         total = len(listed.values)
-        progress = _FunctionMapProgress(
-            total, self.client.ledger, enabled=self.rlm.progress and total > 1
-        )
+        # The map's own ledger, under the client's (or an enclosing map's): its bar
+        # counts the calls its function makes, not those made elsewhere meanwhile.
+        ledger = UsageLedger(parent=map_ledger() or self.client.ledger)
+        progress = _FunctionMapProgress(total, ledger, enabled=self.rlm.progress and total > 1)
         outcome = MapOutcome(total)
         with progress, _kept_on_interrupt(outcome, "amap"):
             results, errors = await run_interruptibly(
@@ -273,6 +278,7 @@ class NotebookHelpers:
                     settings=dataclasses.asdict(self.client.identity()),
                     observer=progress,
                     outcome=outcome,
+                    ledger=ledger,
                 )
             )
         return listed.shaped(
@@ -325,11 +331,11 @@ def _session_rlm() -> RLM:
 
 class _FunctionMapProgress(BatchProgress):
     """``amap``'s bar. Its results are the function's values, not model calls: the
-    tokens and cost shown are those of the calls recorded since the map began."""
+    tokens and cost shown are those of the calls its function made, recorded in the
+    map's own ``ledger`` (not those another map or cell made meanwhile)."""
 
     def __init__(self, total: int, ledger: UsageLedger, *, enabled: bool):
         self.ledger = ledger
-        self.since = ledger.summary().total
         super().__init__(total, "amap", enabled=enabled)
 
     def item_finished(self, index: int, result: Any) -> None:
@@ -342,10 +348,9 @@ class _FunctionMapProgress(BatchProgress):
 
     def _count_calls(self) -> None:
         now = self.ledger.summary().total
-        self.input_tokens = now.input_tokens - self.since.input_tokens
-        self.output_tokens = now.output_tokens - self.since.output_tokens
+        self.input_tokens, self.output_tokens = now.input_tokens, now.output_tokens
         if now.cost_usd is not None:
-            self.cost_usd = now.cost_usd - (self.since.cost_usd or 0.0)
+            self.cost_usd = now.cost_usd
 
 
 def _keep_interrupted_answer(stop: KeyboardInterrupt) -> None:

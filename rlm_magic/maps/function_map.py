@@ -18,6 +18,7 @@ the map afresh instead of handing back answers to the old one.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import hashlib
 import inspect
@@ -29,9 +30,23 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..llm.limiter import ConcurrencyLimiter
+from ..llm.usage import UsageLedger
 from .gather import BatchOutcome, gather_limited
 from .resume import OFF_LOOP_AT, RESUME_AT, MapStore
 from .run_map import MapObserver, MapOutcome, Placed
+
+# The ledger of the function's map an item's call runs in (set in the item's own task):
+# the helpers record their calls there, so the map's bar counts its own calls, not those
+# another map (or cell) makes at the same time.
+_MAP_LEDGER: contextvars.ContextVar[UsageLedger | None] = contextvars.ContextVar(
+    "rlm_magic_map_ledger", default=None
+)
+
+
+def map_ledger() -> UsageLedger | None:
+    """The ledger of the function's map whose item is running here, if any."""
+    return _MAP_LEDGER.get()
+
 
 # How deep the functions a mapped function calls are read into its key.
 _CALLED_DEPTH = 3
@@ -49,6 +64,7 @@ async def map_function(
     settings: Any = None,
     observer: MapObserver | None = None,
     outcome: MapOutcome | None = None,
+    ledger: UsageLedger | None = None,
 ) -> tuple[list[Any], dict[int, Exception]]:
     """Await ``fn(item)`` for every item, at most as many at once as ``limiter`` admits;
     return ``(results, errors)`` as ``run_map`` does: ``results[i]`` is None where item i
@@ -57,7 +73,9 @@ async def map_function(
     ``resume`` (None: from ``RESUME_AT`` items on) keeps each result that is JSON under
     ``cache_dir`` as it arrives; ``settings`` (what the function's own calls are asked
     with, e.g. the sub-model) is part of the map's key. Cancelled (an interrupt), every
-    call under way is cancelled and awaited; ``outcome`` then holds what had arrived."""
+    call under way is cancelled and awaited; ``outcome`` then holds what had arrived.
+    ``ledger``: where the calls ``fn`` makes through the helpers are recorded too
+    (``map_ledger``), a child of the client's."""
     observer = observer if observer is not None else MapObserver()
     outcome = outcome if outcome is not None else MapOutcome(len(items))
     outcome.results_are_values = True
@@ -76,7 +94,7 @@ async def map_function(
     outcome.sent = [i for i in range(len(items)) if i not in outcome.kept]
     observer.kept(len(outcome.kept))
     outcome.gathered = BatchOutcome(len(outcome.sent))
-    calls = [functools.partial(_call, fn, items[i]) for i in outcome.sent]
+    calls = [functools.partial(_call, fn, items[i], ledger) for i in outcome.sent]
     try:
         await gather_limited(
             calls,
@@ -102,7 +120,9 @@ async def map_function(
     return outcome.answers(), errors
 
 
-async def _call(fn: Callable[[Any], Any], item: Any) -> Any:
+async def _call(fn: Callable[[Any], Any], item: Any, ledger: UsageLedger | None) -> Any:
+    if ledger is not None:
+        _MAP_LEDGER.set(ledger)  # (in this item's own task: it goes with the task)
     result = fn(item)
     if not inspect.isawaitable(result):
         raise TypeError(

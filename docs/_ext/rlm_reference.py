@@ -5,7 +5,9 @@ Each page is Markdown (MyST) built from what the code itself holds:
   help, in the order and sections of the class's source;
 - ``magics``: the ``%%rlm`` and ``%%llm`` options from their ``magic_arguments``, and the
   ``%rlm`` subcommands from the dispatcher's table and its help text;
-- ``api``: the names ``rlm_magic.__all__`` exports, documented by autodoc from docstrings;
+- ``api``: the names ``rlm_magic.__all__`` exports, documented by autodoc from docstrings,
+  and the notebook helpers (``llm_query``, ``llm_query_batch``, ``rlm_query``,
+  ``rlm_query_batch``) with their signatures and docstrings;
 - ``errors``: the exception classes of ``rlm_magic.errors``, as a tree.
 
 As a Sphinx extension, it writes the pages into ``docs/reference/generated/`` when the
@@ -240,7 +242,53 @@ def api_markdown() -> str:
             lines += ["```", ""]
         else:
             lines += ["```{eval-rst}", f".. autofunction:: {name}", "```", ""]
-    return "\n".join(lines)
+    return "\n".join(lines + notebook_helpers_markdown())
+
+
+def notebook_helpers() -> list[tuple[str, Any]]:
+    """The helpers ``%load_ext rlm_magic`` puts in the notebook (the REPL's table less its
+    aliases, the official library's spellings), as (name, method)."""
+    from rlm_magic.jupyter.helpers import NotebookHelpers
+    from rlm_magic.repl.helpers import HELPERS
+
+    return [(h.name, getattr(NotebookHelpers, h.name)) for h in HELPERS if h.alias_of is None]
+
+
+def notebook_helpers_markdown() -> list[str]:
+    """A section on the notebook helpers: each one's signature (names and defaults) and
+    its docstring, which says what it returns and raises."""
+    import rlm_magic
+
+    lines = [
+        "## Notebook helpers",
+        "",
+        "`%load_ext rlm_magic` (or the *Python 3 (RLM)* kernel) puts these in the notebook, "
+        "bound to the session's `RLM` (its `%config RLM...` settings); each is awaited "
+        "(`answer = await llm_query(...)`). The model's code in a `%%rlm` run has the same "
+        "names, and `llm_query_batched` and `rlm_query_batched`, the official RLM library's "
+        "spellings. `amap` is above.",
+        "",
+        "`rlm_query` raises `RLMRunError` when the child run ends without an answer (its "
+        "`.result` holds the partial run); `rlm_query_batch` raises `BatchError` when an "
+        "item fails, as `llm_query_batch` does, unless `return_exceptions=True`.",
+        "",
+        "```{eval-rst}",
+        ".. currentmodule:: None",
+        "",
+    ]
+    for name, method in notebook_helpers():
+        if name in rlm_magic.__all__:
+            continue  # documented above
+        signature = inspect.signature(method)
+        parameters = list(signature.parameters.values())[1:]  # less self
+        shown = signature.replace(
+            parameters=[p.replace(annotation=p.empty) for p in parameters],
+            return_annotation=signature.empty,
+        )
+        lines += [f".. py:function:: {name}{shown}", "   :async:", ""]
+        doc = inspect.getdoc(method) or ""
+        lines += [f"   {line}".rstrip() for line in doc.splitlines()] + [""]
+    return [*lines, "```", ""]
 
 
 def error_classes() -> list[type]:

@@ -256,6 +256,22 @@ def result_markdown(result: Any, *, with_error: bool = True) -> str:
     return "\n".join(lines)
 
 
+def markdown_as_text(markdown: str) -> str:
+    """What this module's Markdown view reads as in a terminal: a line that is all
+    emphasis (``*answered · ... \\$0.0034*``, the figures) without its asterisks, a bold
+    label without its own, and the escapes ``_escaped`` adds undone. For a summary
+    printed in a terminal (``scripts/run_notebook.py --summary``, the quickstart's)."""
+    lines = []
+    for line in markdown.splitlines():
+        bold = re.match(r"^\*\*([^*]+)\*\*(.*)$", line)
+        if bold:
+            line = bold[1] + bold[2]
+        elif len(line) > 2 and line[0] == line[-1] == "*" and line[1] != "*":
+            line = line[1:-1]
+        lines.append(line.replace("\\$", "$").replace("&lt;", "<").replace("&amp;", "&"))
+    return "\n".join(lines)
+
+
 def _shown(text: str) -> str:
     """Model text for HTML: its control characters visible, escaped."""
     return html.escape(visible(text))

@@ -9,10 +9,12 @@ another; it gets ``RLM.max_retries`` as its ``num_retries``, and rlm-magic adds 
 retries of its own on top (3 x 3 attempts would hide a dead group for minutes). Only a
 refused connection (nothing sent, a millisecond lost) is handed to the Router again,
 a few times, because until its cooldown the Router may pick the refusing deployment
-for every attempt of a call. A 429 that the Router could not route around still reaches
-our rate gate and is waited out like any other. Everything else of ours (the limiter,
-cache, ledger, redaction, interrupts) is unchanged. Where the client's calls go with a
-model list, and how they are retried, is ``endpoints.RouterEndpoint``'s.
+for every attempt of a call. A deployment whose call timed out is skipped for its
+cool-down, as one answering 429 is (``TIMEOUT_COOLS_DOWN``: litellm's default counts a
+timeout only among many failures). A 429 that the Router could not route around still
+reaches our rate gate and is waited out like any other. Everything else of ours (the
+limiter, cache, ledger, redaction, interrupts) is unchanged. Where the client's calls
+go with a model list, and how they are retried, is ``endpoints.RouterEndpoint``'s.
 """
 
 from __future__ import annotations
@@ -24,6 +26,25 @@ from typing import Any
 from ..keys import PLACEHOLDER_KEY, environment_key
 from ..pricing import highest_rates
 from .litellm import LiteLLMTransport
+
+# A deployment's fails of each type allowed before its cool-down (litellm's
+# ``allowed_fails_policy``, in its ``model_info``), given to each deployment of a group
+# of several. litellm's default cool-down (its "v2") skips a deployment at once on a 429,
+# 401 or 404, but on a timeout only once more than half of a minute's calls to it failed,
+# five calls at least: a hanging deployment was picked again and again, each time costing
+# a whole RLM.timeout. A policy is litellm's way to say otherwise: no timeout allowed.
+# Its other entries keep what v2 did, since a deployment with a policy has every error
+# the policy does not name counted against the Router's ``allowed_fails`` (3) instead.
+# Not in a group of one: cooling down its only deployment would fail the group's calls
+# for the cool-down, where a retry may well be answered. Not where the user set any
+# allowed fails of their own (``router_settings`` or the deployment's ``model_info``).
+TIMEOUT_COOLS_DOWN = {
+    "TimeoutErrorAllowedFails": 0,
+    "RateLimitErrorAllowedFails": 0,
+    "AuthenticationErrorAllowedFails": 0,
+    "NotFoundErrorAllowedFails": 0,
+}
+_USERS_OWN_FAILS = ("allowed_fails", "allowed_fails_policy")
 
 
 class RouterTransport(LiteLLMTransport):
@@ -94,7 +115,7 @@ def build_router(
     """A Router for this configuration; ``router_settings`` win over our defaults."""
     settings = {"num_retries": num_retries, "timeout": timeout, **router_settings}
     known = set(litellm.model_cost)
-    router = litellm.Router(model_list=[_keyed(entry) for entry in model_list], **settings)
+    router = litellm.Router(model_list=for_the_router(model_list, router_settings), **settings)
     # The Router enters each deployment's model into litellm's process-wide price map,
     # without a price when litellm knows none: every later call to that model, routed or
     # not, would then be priced at a false $0 instead of unknown.
@@ -106,6 +127,26 @@ def build_router(
         ):
             del litellm.model_cost[name]
     return router
+
+
+def for_the_router(
+    model_list: list[dict[str, Any]], router_settings: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """The model list as the Router gets it: each deployment keyed (``_keyed``), and
+    each of a group of several cooled down after one timeout (``TIMEOUT_COOLS_DOWN``)
+    unless the user set allowed fails."""
+    entries = [_keyed(entry) for entry in model_list]
+    if any(name in router_settings for name in _USERS_OWN_FAILS):
+        return entries
+    sizes: dict[str, int] = {}
+    for entry in entries:
+        sizes[entry["model_name"]] = sizes.get(entry["model_name"], 0) + 1
+    for at, entry in enumerate(entries):
+        info = entry.get("model_info") or {}
+        if sizes[entry["model_name"]] > 1 and not any(name in info for name in _USERS_OWN_FAILS):
+            policy = {"allowed_fails_policy": dict(TIMEOUT_COOLS_DOWN)}
+            entries[at] = {**entry, "model_info": {**info, **policy}}
+    return entries
 
 
 def _keyed(entry: dict[str, Any]) -> dict[str, Any]:

@@ -4,6 +4,7 @@ tables (a run's result renders itself: ``rlm.render``)."""
 from __future__ import annotations
 
 import html
+from collections.abc import Mapping
 from typing import Any
 
 from .._tables import html_table, text_table
@@ -11,7 +12,7 @@ from .._terminal_text import fitted_table, terminal_columns
 from ..llm.usage import UsageSummary
 
 
-def settings_html(settings: dict) -> str:
+def settings_html(settings: dict[str, Any]) -> str:
     rows = "".join(
         f"<tr><td><code>RLM.{html.escape(k)}</code></td>"
         f"<td><code>{html.escape(repr(v))}</code></td></tr>"
@@ -24,7 +25,7 @@ def settings_html(settings: dict) -> str:
 class SettingsView:
     """``%rlm config``: a table in Jupyter, aligned text elsewhere."""
 
-    def __init__(self, settings: dict):
+    def __init__(self, settings: dict[str, Any]):
         self.settings = settings
 
     def __repr__(self) -> str:
@@ -70,7 +71,7 @@ class KeysView:
 
     COLUMNS = ("provider", "environment variable", "set", "used by")
 
-    def __init__(self, environ, models: dict[str, list[str]], api_key_set: bool):
+    def __init__(self, environ: Mapping[str, str], models: dict[str, list[str]], api_key_set: bool):
         self.rows = []
         for provider, names in PROVIDER_KEYS.items():
             missing = [n for n in names if not any(environ.get(v) for v in n.split("|"))]

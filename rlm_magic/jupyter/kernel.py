@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 if __name__ == "__main__" and sys.path and (sys.path[0] == "" or Path(sys.path[0]) == Path.cwd()):
     # `python -m` puts the notebook's directory first on sys.path: a stray file there
@@ -20,10 +21,10 @@ if __name__ == "__main__" and sys.path and (sys.path[0] == "" or Path(sys.path[0
 from ipykernel.ipkernel import IPythonKernel  # noqa: E402
 
 
-class RLMKernel(IPythonKernel):
+class RLMKernel(IPythonKernel):  # type: ignore[misc, unused-ignore]  # ipykernel: untyped
     """IPythonKernel that loads rlm_magic as soon as its shell exists."""
 
-    def __init__(self, **kwargs):
+    def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)  # creates self.shell, already holding the user config
         # Loading here, rather than through IPKernelApp.extensions, keeps it working
         # whatever extension options the user's own config sets (those replace, not

@@ -37,9 +37,9 @@ def spec_dir() -> Path:
     )
 
 
-def _prefix_for(args) -> str | None:
+def _prefix_for(args: argparse.Namespace) -> str | None:
     if args.prefix:
-        return os.path.abspath(args.prefix)
+        return os.path.abspath(str(args.prefix))
     if args.sys_prefix or not args.user:
         return sys.prefix
     return None

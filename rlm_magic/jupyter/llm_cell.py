@@ -14,13 +14,16 @@ import asyncio
 import html
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._terminal_text import fit, one_line, visible
 from ..errors import describe_exception
 from ..llm.usage import format_cost
 from ..rlm.render import markdown_html, markdown_without_html
 from .progress import MAX_UPDATES_PER_S, widgets_available
+
+if TYPE_CHECKING:
+    from ..rlm.runner import RLM
 
 
 class LLMAnswer:
@@ -133,7 +136,9 @@ class TerminalStream:
             sys.stdout.flush()
 
 
-async def ask(rlm, question: str, *, model: str | None, system: str | None, quiet: bool):
+async def ask(
+    rlm: RLM, question: str, *, model: str | None, system: str | None, quiet: bool
+) -> LLMAnswer:
     """Ask ``question``, streaming the answer into the cell; returns the answer."""
     from ..llm.messages import build_messages
     from .interrupts import run_interruptibly

@@ -49,3 +49,9 @@ html_theme = "furo"
 html_title = f"rlm-magic {version}"
 html_static_path: list[str] = []
 html_show_sourcelink = False
+
+# The progress lines of the tutorial notebooks are shown as the text each widget output
+# carries, not as widgets: those need require.js and @jupyter-widgets/html-manager from
+# two CDNs, and showed nothing offline. (The line holds all the bar said.)
+nb_mime_priority_overrides = [("html", "application/vnd.jupyter.widget-view+json", None)]
+nb_ipywidgets_js: dict[str, dict[str, str]] = {}

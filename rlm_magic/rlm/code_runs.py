@@ -6,7 +6,6 @@ its answer (``finishing``)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..llm.redaction import off_loop_if_large
@@ -15,44 +14,32 @@ from .finishing import Finishing
 from .result import CodeRun, Iteration
 
 if TYPE_CHECKING:
-    from ..llm.client import LLMClient
-    from ..repl.base import REPL
+    from .scope import RunScope
     from .subcalls import SubCalls
-    from .tree import RunTree
 
 
 class CodeRuns:
-    """Runs a run's blocks in its REPL, each within the step's time."""
+    """Runs a run's blocks in its REPL (the scope's, once open), each within the
+    step's time."""
 
-    def __init__(
-        self,
-        repl: REPL,
-        client: LLMClient,
-        calls: SubCalls,
-        tree: RunTree,
-        finishing: Finishing,
-        *,
-        step_timeout: float,
-        max_output_chars: int,
-        depth: int,
-        status: Callable[[str], None],
-    ):
-        self.repl, self.client, self.calls, self.tree = repl, client, calls, tree
-        self.finishing = finishing
-        self.step_timeout = step_timeout
-        self.max_output_chars = max_output_chars
-        self.depth = depth
-        self.status = status
+    def __init__(self, scope: RunScope, calls: SubCalls, finishing: Finishing):
+        self.scope, self.calls, self.finishing = scope, calls, finishing
+        self.client, self.tree = scope.client, scope.tree
+        self.step_timeout = scope.settings.step_timeout
+        # What the model may read of a step (the run fits it to the root model's window).
+        self.max_output_chars = scope.settings.max_output_chars
 
     async def run(self, number: int, code: str, iteration: Iteration, outputs: list[str]) -> bool:
         """Run block ``number``; its output goes to ``outputs`` (and the trajectory).
         True when the model's code gave the run its answer."""
-        repl, calls = self.repl, self.calls
-        self.status("running code")
+        scope, calls = self.scope, self.calls
+        repl = scope.repl
+        assert repl is not None  # blocks run once the workspace is open
+        scope.status("running code")
         # Sub-calls of this step must end in time for the step to end with their
         # results and errors in hand: they get a deadline a little before the step's.
         timeout = self.step_timeout
-        outer = calls.outer_deadline
+        outer = scope.deadline
         if outer is not None:
             # A child run: its step must be stopped, and unwound, before the parent's
             # step ends (a stopped step's thread gets up to half a second to unwind).
@@ -60,7 +47,7 @@ class CodeRuns:
         # A tenth of the step, at least half a second (less only for very short steps:
         # a quarter of them), at most two.
         margin = min(2.0, max(0.1 * timeout, min(0.5, timeout / 4)))
-        calls.step_deadline = time.monotonic() + timeout - margin
+        scope.step_deadline = time.monotonic() + timeout - margin
         cut_before = calls.cut_answers
         try:
             step = await repl.run(code, timeout=timeout)
@@ -72,9 +59,9 @@ class CodeRuns:
                 iteration.code.append(CodeRun(code, shown, partial.elapsed_s, error=True))
             raise
         finally:
-            calls.step_deadline = None
-            if self.tree.live_turn is not None and self.depth == 0:
-                self.status("thinking")  # an early block ended; the model still writes
+            scope.step_deadline = None
+            if self.tree.live_turn is not None:
+                scope.status("thinking")  # an early block ended; the model still writes
         seen = await self._as_model_sees_it(step.as_text(), step.dropped_chars)
         cut = calls.cut_answers - cut_before
         if cut:

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from ..llm.client import LLMClient
     from ..llm.completion import Completion
     from ..llm.usage import UsageLedger
+    from .scope import RunScope
 
 
 class Conversation:
@@ -57,6 +58,23 @@ class Conversation:
         self.compactions = compactions  # the result's list: records are added to it
         self.messages: list[dict[str, Any]] = []
         self.history: list[dict[str, Any]] = []
+
+    @classmethod
+    def for_run(cls, scope: RunScope) -> Conversation:
+        """The root conversation of the run whose scope this is: its root model, its
+        ledger, and its REPL's ``history``."""
+        settings = scope.settings
+        return cls(
+            scope.client,
+            model=settings.model,
+            max_tokens=settings.max_tokens,
+            compact_at=settings.compact_at,
+            ledger=scope.ledger,
+            deadline=scope.deadline,
+            share_history=scope.share_history,
+            status=scope.status,
+            compactions=scope.result.compactions,
+        )
 
     def start(self, system: str, first: str) -> None:
         self.messages = [{"role": "system", "content": system}, {"role": "user", "content": first}]

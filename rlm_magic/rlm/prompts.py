@@ -13,7 +13,7 @@ from ..llm.profiles import DEFAULT_CHARS_PER_TOKEN
 from ..llm.windows import answer_room, chars_per_token
 
 if TYPE_CHECKING:
-    from ..llm.client import LLMClient
+    from .scope import RunScope
     from .session import RLMSession
 
 SYSTEM_PROMPT = """\
@@ -203,23 +203,13 @@ class RunPrompts:
     enough to change the advice (``refreshed``), and only then (a new system prompt costs
     the provider's prompt cache its prefix)."""
 
-    def __init__(
-        self,
-        client: LLMClient,
-        *,
-        template: str | None,
-        sub_model: str,
-        max_tokens: int,
-        max_depth: int,
-        depth: int,
-        max_output_chars: int,
-    ):
-        self.client = client
+    def __init__(self, scope: RunScope, template: str | None = None):
+        self.client = scope.client
         self.template = template or SYSTEM_PROMPT
-        self.sub_model = sub_model
-        self.max_tokens = max_tokens
-        self.max_depth, self.depth = max_depth, depth
-        self.max_output_chars = self.configured_output_chars = max_output_chars
+        settings = scope.settings
+        self.sub_model, self.max_tokens = settings.sub_model, settings.max_tokens
+        self.max_depth, self.depth = settings.max_depth, scope.depth
+        self.max_output_chars = self.configured_output_chars = settings.max_output_chars
         self._described: tuple[str, int, str] | None = None
         self._advised_for: tuple[int | None, float] = (None, DEFAULT_CHARS_PER_TOKEN)
 

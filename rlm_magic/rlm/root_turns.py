@@ -22,37 +22,22 @@ from ..llm.windows import is_context_error
 from .compaction import Conversation
 from .finishing import Finishing
 from .live_turn import LiveTurn
-from .result import Iteration, RLMResult
+from .result import Iteration
 
 if TYPE_CHECKING:
-    from ..llm.client import LLMClient
     from ..llm.completion import Completion
-    from .tree import RunTree
+    from .scope import RunScope
 
 
 class RootTurns:
     """The root model's turns of one run."""
 
-    def __init__(
-        self,
-        client: LLMClient,
-        conversation: Conversation,
-        finishing: Finishing,
-        tree: RunTree,
-        result: RLMResult,
-        *,
-        model: str,
-        max_tokens: int,
-        depth: int,
-        deadline: float | None,
-        new_system_prompt: Callable[[], str | None],
-    ):
-        self.client, self.conversation, self.finishing = client, conversation, finishing
-        # A system prompt written again since the last turn (its advice changed), or None.
-        self.new_system_prompt = new_system_prompt
-        self.tree, self.result = tree, result
-        self.model, self.max_tokens, self.depth = model, max_tokens, depth
-        self.deadline = deadline  # a child run's: its parent's step must end in time
+    def __init__(self, scope: RunScope, conversation: Conversation, finishing: Finishing):
+        self.scope, self.conversation, self.finishing = scope, conversation, finishing
+        self.client, self.tree, self.result = scope.client, scope.tree, scope.result
+        self.model, self.max_tokens = scope.settings.model, scope.settings.max_tokens
+        self.depth = scope.depth
+        self.deadline = scope.deadline  # a child run's: its parent's step must end in time
 
     async def ask(
         self,
@@ -63,9 +48,6 @@ class RootTurns:
     ) -> tuple[str, LiveTurn]:
         """Turn ``index``: its reply and the turn it streamed into."""
         conversation = self.conversation
-        system = self.new_system_prompt()
-        if system is not None and conversation.messages:
-            conversation.messages[0] = {"role": "system", "content": system}
         record = await conversation.compact_if_near_window(index)
         if record is not None and iteration is not None:
             iteration.compaction = record
@@ -121,7 +103,6 @@ class RootTurns:
     async def _streamed(
         self, messages: list[dict[str, Any]], turn: LiveTurn, iteration: Iteration | None
     ) -> str:
-        finishing = self.finishing
         if self.depth == 0:
             self.tree.live_turn = turn
         call = asyncio.ensure_future(
@@ -146,7 +127,7 @@ class RootTurns:
                 # its blocks finish.
                 iteration.broken_off = describe_exception(exc)
                 iteration.early_blocks = turn.ran
-                finishing.cut_off = "before its end"  # its text ends where it broke off
+                self.finishing.cut_off = "before its end"  # its text ends where it broke off
                 return turn.text
             await turn.cancel()
             if turn.ran and iteration is not None:  # interrupted: keep what ran
@@ -158,6 +139,14 @@ class RootTurns:
                 self.tree.live_turn = None
         if iteration is not None:
             iteration.early_blocks = turn.ran
+        return self._ended(completion, turn, iteration)
+
+    def _ended(
+        self, completion: Completion | None, turn: LiveTurn, iteration: Iteration | None
+    ) -> str:
+        """The text of a turn that ended, ``finishing`` told where it was cut (which
+        decides whether a FINAL in it may be taken)."""
+        finishing = self.finishing
         if completion is None:
             # Stopped where the model began to guess its code's output: the text up to
             # there is the turn. The call's tokens so far are in the ledger, as a

@@ -11,7 +11,9 @@ answer).
 
 A ``Run`` holds one run's state, so several runs of one ``RLM`` (and a run's child runs,
 for ``rlm_query``) go on at once. Where the REPL lives is ``workspace``'s business, what
-the model is told ``prompts``', and what the REPL's helpers do ``subcalls``'.
+the model is told ``prompts``', and what the REPL's helpers do ``subcalls``'. What these
+parts share (settings, client, tree, result, depth, deadline, the status panel) is the
+run's ``scope``.
 """
 
 from __future__ import annotations
@@ -19,13 +21,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..errors import BudgetExceededError, ConfigError, describe_exception
-from ..llm.redaction import redact_messages
-from ..llm.usage import UsageLedger
-from ..repl.base import REPL, SandboxSettings
+from ..errors import BudgetExceededError, describe_exception
+from ..repl.base import REPL
 from ..repl.finishers import FinishKind
 from .code_runs import CodeRuns
 from .compaction import Conversation
@@ -43,39 +42,23 @@ from .prompts import (
 from .replies import ACCEPTED_FORMS, read_final_call
 from .result import Iteration, RLMResult
 from .root_turns import RootTurns
-from .session import RLMSession
+from .scope import RunOverrides, RunScope
 from .subcalls import SubCalls
-from .tree import RunTree
-from .workspace import Workspace, where_code_runs
+from .workspace import Workspace
 
 if TYPE_CHECKING:
     from ..config import RLMConfig
     from ..llm.client import LLMClient
+    from .tree import RunTree
 
 _run_ids = itertools.count(1)
-
-
-@dataclass(frozen=True)
-class RunSettings:
-    """A run's settings, read once when it starts: a ``%config`` during the run cannot
-    change it halfway."""
-
-    model: str
-    sub_model: str
-    max_iterations: int
-    max_depth: int
-    step_timeout: float
-    max_output_chars: int
-    max_tokens: int
-    sandbox: str  # "process" or "none"
-    early_execution: bool
-    compact_at: float
 
 
 class Run:
     """One RLM run (root or child): its REPL, conversation and result. ``config``: the
     ``RLM`` it runs for (its settings are read once, here); ``client``: the client all of
-    its calls go through."""
+    its calls go through; ``overrides``: what the caller set for this run; ``tree``: see
+    ``RunScope.of`` (None: a run tree of its own)."""
 
     def __init__(
         self,
@@ -83,110 +66,37 @@ class Run:
         client: LLMClient,
         query: str,
         context: Any = None,
+        overrides: RunOverrides | None = None,
         *,
-        model: str | None = None,
-        sub_model: str | None = None,
-        max_iterations: int | None = None,
-        max_depth: int | None = None,
-        namespace: dict[str, Any] | None = None,
-        sandbox: str | None = None,
-        depth: int = 0,
-        tree: RunTree | None = None,
-        deadline: float | None = None,
-        session: RLMSession | None = None,
+        tree: RunTree | RunScope | None = None,
     ):
-        self.config, self.client = config, client
-        if session is not None and namespace is not None:
-            raise ConfigError(
-                "a session keeps a REPL of its own: it cannot run in the "
-                "notebook's namespace (--live)"
-            )
-        self.session = session
-        self.id = next(_run_ids)
-        self.query = query
-        self.context = context
-        self.depth = depth
-        self.namespace = namespace
-        self.settings = settings = RunSettings(
-            model=model or config.model,
-            sub_model=sub_model or config.effective_sub_model,
-            max_iterations=max_iterations if max_iterations is not None else config.max_iterations,
-            max_depth=max_depth if max_depth is not None else config.max_depth,
-            step_timeout=config.step_timeout,
-            max_output_chars=config.max_output_chars,
-            max_tokens=config.max_tokens,
-            sandbox=where_code_runs(sandbox, config.sandbox, namespace, session),
-            early_execution=config.early_execution and config.stream,
-            compact_at=config.compact_at,
-        )
-        self.tree = tree or RunTree(
-            UsageLedger(parent=client.ledger),
-            config.max_sub_calls,
-            config.max_cost_usd,
-            max_child_sandboxes=config.sandbox_max_children,
-        )
+        overrides = overrides or RunOverrides()
+        self.scope = scope = RunScope.of(config, client, query, overrides, tree)
+        self.config, self.client, self.settings = config, client, scope.settings
+        self.tree, self.result, self.depth = scope.tree, scope.result, scope.depth
+        self.id, self.query, self.context = next(_run_ids), query, context
+        self.namespace, self.session = overrides.namespace, overrides.kept_session()
         # What the REPL's helpers call: pinned sub-model, budgets, errors as values.
-        self.calls = SubCalls(
-            client,
-            lambda: config.max_concurrency,
-            self.tree,
-            sub_model=settings.sub_model,
-            depth=depth,
-            max_depth=settings.max_depth,
-            max_tokens=settings.max_tokens,
-            child_run=self._child_run,
-            deadline=deadline,
-        )
-        self.result = RLMResult(
-            query=query,
-            model=settings.model,
-            sub_model=settings.sub_model,
-            depth=depth,
-            sandbox=settings.sandbox,
-        )
-        self.finishing = Finishing(self.result)
-        self.finishing.step_timeout = settings.step_timeout
-        # A session's variables from its earlier questions, by the question they came from.
-        self.finishing.carried_from = dict(session.origins) if session is not None else {}
-        self.prompts = RunPrompts(
-            client,
-            template=config.system_prompt,
-            sub_model=settings.sub_model,
-            max_tokens=settings.max_tokens,
-            max_depth=settings.max_depth,
-            depth=depth,
-            max_output_chars=settings.max_output_chars,
-        )
-        self.finishing.echoes = Echoes(
-            [self.prompts.template, CONTINUE_PROMPT, ITERATION_LIMIT_PROMPT, ACCEPTED_FORMS],
-            question=query,
-        )
-        # The root conversation, compacted to fit the model's window.
-        self.conversation = Conversation(
-            client,
-            model=settings.model,
-            max_tokens=settings.max_tokens,
-            compact_at=settings.compact_at,
-            ledger=self.tree.ledger,
-            deadline=deadline,
-            share_history=self._share_history,
-            status=self._status,
-            compactions=self.result.compactions,
-        )
-        self.root = RootTurns(
-            client,
-            self.conversation,
-            self.finishing,
-            self.tree,
-            self.result,
-            model=settings.model,
-            max_tokens=settings.max_tokens,
-            depth=depth,
-            deadline=deadline,
-            new_system_prompt=lambda: self.prompts.refreshed(self.context),
-        )
+        self.calls = SubCalls(scope, self._child_run)
+        self.prompts = RunPrompts(scope, config.system_prompt)
+        self.finishing = self._finishing()
+        self.conversation = Conversation.for_run(scope)  # compacted to fit the window
+        self.root = RootTurns(scope, self.conversation, self.finishing)
         self.workspace: Workspace | None = None
         self.code_runs: CodeRuns | None = None  # once the workspace is open
+
+    def _finishing(self) -> Finishing:
+        """What decides that the run finished, and with what (``finishing``)."""
+        finishing = Finishing(self.result)
+        finishing.step_timeout = self.settings.step_timeout
+        # A session's variables from its earlier questions, by the question they came from.
+        session = self.session
+        finishing.carried_from = dict(session.origins) if session is not None else {}
+        finishing.echoes = Echoes(
+            [self.prompts.template, CONTINUE_PROMPT, ITERATION_LIMIT_PROMPT, ACCEPTED_FORMS],
+            question=self.query,
+        )
+        return finishing
 
     # What the status panel and the %%rlm cell read.
     @property
@@ -214,29 +124,11 @@ class Run:
         result = self.result
         try:
             self.workspace = workspace = Workspace(
-                self.context,
-                self.calls.helpers(),
-                sandbox=self.settings.sandbox,
-                settings=self._sandbox_settings(),
-                secrets=tuple(self.config.configured_secrets()),
-                max_output_chars=self.settings.max_output_chars,
-                budget=self.tree,
-                namespace=self.namespace,
-                session=self.session,
+                self.scope, self.context, self.calls.helpers(), self.namespace, self.session
             )
-            repl = self.finishing.repl = await workspace.open()
+            self.scope.repl = self.finishing.repl = await workspace.open()
             self.context = workspace.context  # a session's latest, when none was given
-            self.code_runs = CodeRuns(
-                repl,
-                self.client,
-                self.calls,
-                self.tree,
-                self.finishing,
-                step_timeout=self.settings.step_timeout,
-                max_output_chars=self.settings.max_output_chars,
-                depth=self.depth,
-                status=self._status,
-            )
+            self.code_runs = CodeRuns(self.scope, self.calls, self.finishing)
             await self._loop(result)
         except asyncio.CancelledError:
             result.stop_reason, result.error = "interrupted", "interrupted by the user"
@@ -282,7 +174,7 @@ class Run:
             self.prompts.first_message(self.query, self.session),
         )
         for index in range(1, settings.max_iterations + 1):
-            self._status("thinking", iteration=index)
+            self.scope.status("thinking", iteration=index)
             turn_started = time.perf_counter()
             calls_before = self.calls.own
             iteration = Iteration(index=index, response="")
@@ -298,6 +190,7 @@ class Run:
                     else None
                 )
 
+            self._refresh_system_prompt()
             reply, turn = await self.root.ask(index, iteration, new_turn)
             iteration.response = reply
             result.trajectory.append(iteration)
@@ -325,7 +218,8 @@ class Run:
     async def _last_turn(self, result: RLMResult) -> None:
         """Out of iterations: one last chance to answer, without running code."""
         limit = self.settings.max_iterations
-        self._status("thinking", iteration=limit)
+        self.scope.status("thinking", iteration=limit)
+        self._refresh_system_prompt()
         reply, _ = await self.root.ask(
             limit + 1, None, LiveTurn, extra=[{"role": "user", "content": ITERATION_LIMIT_PROMPT}]
         )
@@ -355,12 +249,12 @@ class Run:
         assert self.code_runs is not None  # blocks run only once the workspace is open
         return await self.code_runs.run(number, code, iteration, outputs)
 
-    async def _share_history(self, history: list[dict[str, Any]]) -> None:
-        """The whole conversation as the REPL variable ``history``, redacted as all that
-        the model's code can see is (the sandbox's code must not read a secret either)."""
-        shared = await redact_messages([dict(m) for m in history], self.client.redactor())
-        if self.repl is not None:
-            await self.repl.set_variable("history", shared)
+    def _refresh_system_prompt(self) -> None:
+        """A system prompt written again before a turn when its advice changed (a window
+        learned since: ``RunPrompts.refreshed``)."""
+        system = self.prompts.refreshed(self.context)
+        if system is not None and self.conversation.messages:
+            self.conversation.messages[0] = {"role": "system", "content": system}
 
     # -- the reply's code ------------------------------------------------------------------
     async def _act_on(
@@ -403,40 +297,16 @@ class Run:
         return "\n\n".join([*outputs, CONTINUE_PROMPT]), None, seen
 
     # -- child runs and the status panel ---------------------------------------------------
-    async def _child_run(self, prompt: str, context: Any, deadline: float | None) -> RLMResult:
-        """A child RLM for ``rlm_query``: the sub-model as its root, this run's tree."""
-        settings = self.settings
+    async def _child_run(self, prompt: str, context: Any) -> RLMResult:
+        """A child RLM for ``rlm_query``: the sub-model as its root, this run's tree,
+        within the step that asked for it."""
         child = Run(
-            self.config,
-            self.client,
-            prompt,
-            context,
-            model=settings.sub_model,
-            sub_model=settings.sub_model,
-            max_iterations=settings.max_iterations,
-            max_depth=settings.max_depth,
-            sandbox=settings.sandbox,
-            depth=self.depth + 1,
-            tree=self.tree,
-            deadline=deadline,
+            self.config, self.client, prompt, context, self.settings.for_child(), tree=self.scope
         )
-        if settings.sandbox == "none":
+        if self.settings.sandbox == "none":
             return await child.execute()
         async with self.tree.child_sandbox(child.depth):
             return await child.execute()
-
-    def _sandbox_settings(self) -> SandboxSettings:
-        settings = SandboxSettings.from_config(self.config)
-        if self.depth == 0:
-            return settings
-        return settings.for_child(self.tree.max_child_sandboxes)
-
-    def _status(self, phase: str, iteration: int | None = None) -> None:
-        if self.depth == 0:
-            self.tree.phase = phase
-            if iteration is not None:
-                self.tree.iteration = iteration
-                self.tree.max_iterations = self.settings.max_iterations
 
 
 def _budget_refusal(exc: BaseException) -> BudgetExceededError | None:

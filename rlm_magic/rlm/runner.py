@@ -9,6 +9,7 @@ sessions; each ``arun`` builds a ``Run`` (``run``) holding that run's state.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 from ..config import RLMConfig
@@ -19,6 +20,7 @@ from ..llm.transports import close_loop_clients
 from ..llm.usage import SESSION_LEDGER, UsageLedger, UsageSummary
 from .result import RLMResult
 from .run import Run
+from .scope import RunOverrides
 from .session import RLMSession
 
 _SESSION = "RLM.max_session_cost_usd"
@@ -73,21 +75,18 @@ class RLM(RLMConfig):
         await session.aclose()
         return True
 
-    def start(
-        self,
-        query: str,
-        context: Any = None,
-        *,
-        session: RLMSession | str | None = None,
-        sandbox: str | None = None,
-        **overrides: Any,
-    ) -> Run:
+    def start(self, query: str, context: Any = None, **overrides: Any) -> Run:
         """A run, not yet started: ``await run.execute()``; ``run.result`` is kept up
         to date, so a caller still has the partial result after an interrupt.
-        ``session``: an ``RLMSession``, or the name of one of this RLM's."""
-        if isinstance(session, str):
-            session = self.session(session, sandbox)
-        return Run(self, self.client, query, context, session=session, sandbox=sandbox, **overrides)
+        ``overrides``: ``arun``'s keywords (``RunOverrides``); ``session``: an
+        ``RLMSession``, or the name of one of this RLM's."""
+        return self._start(query, context, RunOverrides(**overrides))
+
+    def _start(self, query: str, context: Any, overrides: RunOverrides) -> Run:
+        if isinstance(overrides.session, str):
+            session = self.session(overrides.session, overrides.sandbox)
+            overrides = dataclasses.replace(overrides, session=session)
+        return Run(self, self.client, query, context, overrides)
 
     async def arun(
         self,
@@ -111,17 +110,10 @@ class RLM(RLMConfig):
         does with the notebook's namespace); such a run is never sandboxed.
         ``sandbox``: "process" or "none" for this run (default: ``RLM.sandbox``).
         """
-        return await self.start(
-            query,
-            context,
-            model=model,
-            sub_model=sub_model,
-            max_iterations=max_iterations,
-            max_depth=max_depth,
-            namespace=namespace,
-            sandbox=sandbox,
-            session=session,
-        ).execute()
+        # The keywords are ``RunOverrides``' fields, spelt out for IDE help (a test holds
+        # the two lists to each other).
+        overrides = RunOverrides.picked(locals())
+        return await self._start(query, context, overrides).execute()
 
     async def _run_and_close(self, query: str, context: Any, **overrides: Any) -> RLMResult:
         try:

@@ -28,48 +28,32 @@ from ..maps.run_map import MapObserver, MapSpec, run_map
 from ..repl.helpers import bound_to
 
 if TYPE_CHECKING:
-    from ..llm.client import LLMClient
     from .result import RLMResult
-    from .tree import RunTree
+    from .scope import RunScope
 
-# Runs a child RLM: (prompt, context, deadline) -> its result.
-ChildRun = Callable[[str, Any, "float | None"], Awaitable["RLMResult"]]
+# Runs a child RLM: (prompt, context) -> its result.
+ChildRun = Callable[[str, Any], Awaitable["RLMResult"]]
 
 
 class SubCalls:
-    """The helpers of one run, as model code sees them: pinned model, errors as values."""
+    """The helpers of one run, as model code sees them: pinned model, errors as values.
+    ``child_run`` runs a child RLM for ``rlm_query`` (in the run's scope's tree)."""
 
-    def __init__(
-        self,
-        client: LLMClient,
-        concurrency: Callable[[], int],
-        tree: RunTree,
-        *,
-        sub_model: str,
-        depth: int,
-        max_depth: int,
-        max_tokens: int,
-        child_run: ChildRun,
-        deadline: float | None = None,
-    ):
-        self.client = client
-        self.concurrency = concurrency  # child runs at once (RLM.max_concurrency, read live)
-        self.tree = tree
-        self.sub_model = sub_model
-        self.depth = depth
-        self.max_depth = max_depth
-        self.max_tokens = max_tokens
+    def __init__(self, scope: RunScope, child_run: ChildRun):
+        self.scope = scope
+        self.client, self.tree = scope.client, scope.tree
+        settings = scope.settings
+        self.sub_model, self.max_tokens = settings.sub_model, settings.max_tokens
+        self.depth, self.max_depth = scope.depth, settings.max_depth
         self.child_run = child_run
         self.own = 0  # sub-calls this run made (its children's are theirs)
         self.cut_answers = 0  # sub-call answers that stopped at max_tokens
-        # time.monotonic() by which calls must end: a child run inherits its parent's
-        # step deadline; each step of its own sets a nearer one.
-        self.outer_deadline = deadline
-        self.step_deadline: float | None = None
 
     @property
     def deadline(self) -> float | None:
-        return self.step_deadline or self.outer_deadline
+        """``time.monotonic()`` by which calls must end: a child run inherits its
+        parent's step deadline; each step of its own sets a nearer one."""
+        return self.scope.calls_end_by
 
     def helpers(self) -> dict[str, Any]:
         """The REPL's helpers by name (with the official library's spellings too)."""
@@ -157,7 +141,7 @@ class SubCalls:
         if not self._take_sub_calls(1):
             return self._limit_error()
         self.tree.call_started()
-        outcome = await self.child_run(prompt, context, self.deadline)
+        outcome = await self.child_run(prompt, context)
         self.tree.call_ended(failed=not outcome.success)
         if outcome.success:
             answer = cast(str, outcome.final_answer)  # a successful run has one
@@ -177,7 +161,7 @@ class SubCalls:
                 f"Error: rlm_query_batch got {len(prompts)} prompts and {len(contexts)} contexts"
             ] * len(prompts)
         # Children hold no client slot while they think: a limiter of their own.
-        limiter = ConcurrencyLimiter(self.concurrency)
+        limiter = ConcurrencyLimiter(self.scope.max_concurrency)
         calls = [(lambda p=p, c=c: self.rlm_query(p, c)) for p, c in zip(prompts, contexts)]
         answers, errors = await gather_limited(calls, limiter)
         redact = self.client.redactor()

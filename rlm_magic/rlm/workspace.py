@@ -1,6 +1,7 @@
 """The REPL a run's code runs in, from its making to its closing.
 
-Where the model's code runs is decided here, once per run:
+Where the model's code runs is decided once per run, with its settings
+(``scope.where_code_runs``):
 
 - in a sandbox process (``RLM.sandbox = "process"``, the default where it can be);
 - in threads of this kernel (``"none"``), in a fresh namespace;
@@ -18,10 +19,9 @@ answers already paid for stay reachable) and what isolation held.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError
-from ..repl.base import REPL, Helpers, SandboxSettings, SubCallBudget
+from ..repl.base import REPL, Helpers
 from ..repl.bridge import BridgeError
 from ..repl.carried import Carried
 from ..repl.inprocess import AsyncREPL
@@ -30,6 +30,9 @@ from ..repl.sandbox import SandboxError, SandboxREPL, pickled_context
 from ..repl.steps import preloaded, repl_builtins
 from .result import RLMResult
 from .session import RLMSession
+
+if TYPE_CHECKING:
+    from .scope import RunScope
 
 # Names a run puts into a live namespace besides the context and helpers.
 INTERRUPTED_WAIT_S = 0.5  # for the variables of an interrupted run
@@ -41,24 +44,19 @@ class Workspace:
 
     def __init__(
         self,
+        scope: RunScope,
         context: Any,
         helpers: Helpers,
-        *,
-        sandbox: str,
-        settings: SandboxSettings,
-        secrets: tuple[str, ...],
-        max_output_chars: int,
-        budget: SubCallBudget,
         namespace: dict[str, Any] | None = None,
         session: RLMSession | None = None,
     ):
         self.context = context  # a session's latest, once open, when the run gave none
         self.helpers = helpers
-        self.sandbox = sandbox
-        self.settings = settings
-        self.secrets = secrets
-        self.max_output_chars = max_output_chars
-        self.budget = budget  # the run's sub-calls: a sandbox cuts batches to it early
+        self.sandbox = scope.settings.sandbox
+        self.settings = scope.sandbox_settings()
+        self.secrets = tuple(scope.config.configured_secrets())
+        self.max_output_chars = scope.settings.max_output_chars
+        self.budget = scope.tree  # the run's sub-calls: a sandbox cuts batches to it early
         self.session = session
         self.live = namespace is not None
         self.namespace = (
@@ -200,22 +198,3 @@ class Workspace:
             session.carry(await repl.carry_out())
         except (SandboxError, BridgeError, asyncio.TimeoutError) as exc:
             result.notes.append(f"the session keeps its variables from before this question: {exc}")
-
-
-def where_code_runs(
-    asked: str | None, configured: str, namespace: dict[str, Any] | None, session: RLMSession | None
-) -> str:
-    """ "process" or "none": never sandboxed in the notebook's namespace; a session's REPL
-    runs where it began."""
-    where = "none" if namespace is not None else (asked or configured)
-    if session is not None:
-        if asked is not None and asked != session.sandbox:
-            kept = "in a sandbox process" if session.sandbox == "process" else "in this kernel"
-            raise ConfigError(
-                f"session {session.name!r} runs its code {kept}; it "
-                f"cannot switch to sandbox={asked!r}"
-            )
-        where = session.sandbox  # the REPL it keeps
-    if where not in ("process", "none"):
-        raise ValueError(f"sandbox must be 'process' or 'none', got {where!r}")
-    return where

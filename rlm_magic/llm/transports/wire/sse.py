@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import weakref
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -143,4 +145,40 @@ def let_go(reply: Any, done: bool) -> None:
         # Whole, but the body's last bytes (the chunked end after [DONE]) are still
         # on their way: aiohttp pools the connection when they come, and what has
         # not ended by then is dropped.
-        asyncio.get_running_loop().call_later(END_GRACE_S, reply.close)
+        _Ending.of_running_loop().add(reply)
+
+
+class _Ending:
+    """A loop's replies whose body's end is on its way: each closed ``END_GRACE_S``
+    after it was let go (a no-op for one pooled meanwhile), by one timer for all of
+    them rather than a timer each (most answers end this way)."""
+
+    _LOOPS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Ending] = (
+        weakref.WeakKeyDictionary()
+    )
+
+    def __init__(self) -> None:  # (no reference to its loop: the registry is weak)
+        self.replies: deque[tuple[float, Any]] = deque()
+        self.timer: asyncio.TimerHandle | None = None
+
+    @classmethod
+    def of_running_loop(cls) -> _Ending:
+        loop = asyncio.get_running_loop()
+        ending = cls._LOOPS.get(loop)
+        if ending is None:
+            ending = cls._LOOPS[loop] = cls()
+        return ending
+
+    def add(self, reply: Any) -> None:
+        loop = asyncio.get_running_loop()
+        due = loop.time() + END_GRACE_S
+        self.replies.append((due, reply))
+        if self.timer is None:
+            self.timer = loop.call_at(due, self._close_due)
+
+    def _close_due(self) -> None:
+        loop, replies = asyncio.get_running_loop(), self.replies
+        now = loop.time()
+        while replies and replies[0][0] <= now:
+            replies.popleft()[1].close()
+        self.timer = loop.call_at(replies[0][0], self._close_due) if replies else None

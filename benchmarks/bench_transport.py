@@ -46,6 +46,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+if "--code" in sys.argv:  # another checkout's rlm_magic, measured instead (before imports)
+    sys.path.insert(0, str(Path(sys.argv[sys.argv.index("--code") + 1]).resolve()))
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import aiohttp  # noqa: E402
@@ -337,6 +339,16 @@ def print_floor_table(results: dict) -> None:
         )
 
 
+def floor_ratios(results: dict) -> dict[str, float]:
+    """Each method's median CPU per call over raw aiohttp's of its kind."""
+    ratios = {}
+    for (streamed, label), (cpus, _) in results.items():
+        floor = statistics.median(results[(streamed, "raw aiohttp")][0])
+        kind = "streamed" if streamed else "unstreamed"
+        ratios[f"{kind} {label.replace('`', '')} / raw"] = statistics.median(cpus) / floor
+    return ratios
+
+
 # -- 1c. a server that closes kept-alive connections ------------------------------------
 
 CLOSING_SERVERS = (
@@ -523,6 +535,25 @@ async def rlm_run(base_url: str, wire: bool, root_s: float, sub_s: float) -> flo
     return wall
 
 
+def official_run(args) -> dict:
+    """benchmarks/bench_official_rlm.py, by the official library's interpreter."""
+    done = subprocess.run(
+        [
+            args.official_python,
+            str(ROOT / "benchmarks" / "bench_official_rlm.py"),
+            "--server-python",
+            sys.executable,
+            f"--root={args.root}",
+            f"--sub={args.sub}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 SECTIONS = ("floor", "cpu", "closing", "lag", "chunk", "generation", "rlm")
 
 
@@ -543,6 +574,7 @@ async def main(args) -> None:
         "--model-latency",
         f"sub={args.sub}",
     )
+    figures: dict[str, float] = {}
     try:
         print("# rlm-magic transports\n")
         print(
@@ -557,7 +589,9 @@ async def main(args) -> None:
                 "calls at concurrency 64, answered at once, the methods taking turns run "
                 "by run (process CPU time / calls; litellm not imported)\n"
             )
-            print_floor_table(await cpu_against_floor(fast.base_url, args.calls, reps))
+            floor_results = await cpu_against_floor(fast.base_url, args.calls, reps)
+            print_floor_table(floor_results)
+            figures.update(floor_ratios(floor_results))
 
         if "cpu" in wanted:
             print(
@@ -636,10 +670,25 @@ async def main(args) -> None:
                     + ", ".join(f"{w:.2f}" for w in walls)
                     + f" | {min(walls) / ideal:.3f}x | {min(walls) / floor:.3f}x |"
                 )
+                figures[f"rlm {'wire' if wire else 'litellm'} / ideal"] = min(walls) / ideal
+                figures[f"rlm {'wire' if wire else 'litellm'} / floor"] = min(walls) / floor
+                if wire:
+                    best_wire = min(walls)
+            if args.official_python:
+                official = official_run(args)
+                figures["rlm wire / official"] = best_wire / min(official["walls"])
+                print(
+                    f"\nThe official RLM library (rlms {official['rlms']}) on the same "
+                    "scripted run (benchmarks/bench_official_rlm.py): "
+                    + ", ".join(f"{w:.2f}" for w in official["walls"])
+                    + f" s; ours (wire, best) / its best: {figures['rlm wire / official']:.2f}x"
+                )
     finally:
         await close_loop_clients()
         for server in (fast, slow, generating, scripted):
             server.stop()
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures))
 
 
 if __name__ == "__main__":
@@ -653,4 +702,11 @@ if __name__ == "__main__":
     parser.add_argument(
         "--closing-batches", type=int, default=3, help="batches against the closing server (3)"
     )
+    parser.add_argument("--code", help="a checkout whose rlm_magic is measured instead")
+    parser.add_argument(
+        "--official-python",
+        help="an interpreter with the official RLM library (rlms): its time on the scripted "
+        "run beside ours (benchmarks/bench_official_rlm.py)",
+    )
+    parser.add_argument("--json", help="write the ratios to this file, as JSON")
     asyncio.run(main(parser.parse_args()))

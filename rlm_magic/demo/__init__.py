@@ -66,8 +66,8 @@ class Settings(Protocol):
 
     model: str
     sub_model: str
-    api_base: str
-    api_key: str
+    api_base: str | None
+    api_key: str | None
 
 
 _server: DemoServer | None = None

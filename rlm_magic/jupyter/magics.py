@@ -9,26 +9,48 @@ block the loop, or nest a second one, and litellm's clients are tied to one loop
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import keyword
 import string
 import sys
-from typing import Any, cast
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+from IPython.core import magic
+from IPython.core import magic_arguments as arguments
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic import Magics, magics_class
+from IPython.core.magic_arguments import parse_argstring
 
 from ..errors import ConfigError, interrupt
 from . import subcommands
 from .interrupts import run_interruptibly
 
+if TYPE_CHECKING:
+    from ..rlm.run import Run
+    from ..rlm.runner import RLM
+
+_Function = TypeVar("_Function", bound=Callable[..., Any])
+
+
+def _typed(decorator: Any) -> Callable[..., Callable[[_Function], _Function]]:
+    """One of IPython's magic decorators (untyped) as what it is: it registers the
+    function, and returns it."""
+    return cast(Callable[..., Callable[[_Function], _Function]], decorator)
+
+
+argument = _typed(arguments.argument)
+magic_arguments = _typed(arguments.magic_arguments)
+cell_magic = _typed(magic.cell_magic)
+line_magic = _typed(magic.line_magic)
+
 
 @magics_class
-class RLMMagics(Magics):
+class RLMMagics(Magics):  # type: ignore[misc, unused-ignore]  # IPython's: untyped
     """The magics of rlm-magic, bound to the session's ``RLM``."""
 
-    def __init__(self, shell, rlm):
+    def __init__(self, shell: Any, rlm: RLM):
         super().__init__(shell)
         self.rlm = rlm
 
@@ -91,7 +113,7 @@ class RLMMagics(Magics):
         help="Send the query as written: no {variable} substitution.",
     )
     @cell_magic("rlm")
-    def rlm_cell(self, line: str, cell: str):
+    def rlm_cell(self, line: str, cell: str) -> object:
         """Answer the question in the cell body with a Recursive Language Model.
 
         The cell body is the query; ``{name}`` inserts a notebook variable (``{{`` is a
@@ -131,7 +153,7 @@ class RLMMagics(Magics):
         help="Send the question as written: no {variable} substitution.",
     )
     @cell_magic("llm")
-    def llm_cell(self, line: str, cell: str):
+    def llm_cell(self, line: str, cell: str) -> object:
         """Ask a model the question in the cell body, in one call; the answer streams in
         and is shown as Markdown (no REPL, no sub-calls: for that, use %%rlm).
 
@@ -150,7 +172,7 @@ class RLMMagics(Magics):
         raise UsageError("%%llm must be the first line of a cell (it runs as a top-level await)")
 
     @line_magic("rlm")
-    def rlm_line(self, line: str):
+    def rlm_line(self, line: str) -> object:
         # (Its docstring, what %rlm? shows, is the subcommands' help: set below.)
         return subcommands.dispatch(self, line)
 
@@ -201,7 +223,7 @@ def _loaded(shell: Any) -> tuple[Any, Any]:
     return shell, magics
 
 
-async def run_rlm_cell(line: str, body: str, shell=None):
+async def run_rlm_cell(line: str, body: str, shell: Any = None) -> None:
     """What a ``%%rlm`` cell runs: parse, run on this loop, store, display."""
     shell, magics = _loaded(shell)
     args = parse_argstring(magics.rlm_cell, line)
@@ -260,7 +282,7 @@ async def run_rlm_cell(line: str, body: str, shell=None):
     return None
 
 
-async def run_llm_cell(line: str, body: str, shell=None):
+async def run_llm_cell(line: str, body: str, shell: Any = None) -> None:
     """What a ``%%llm`` cell runs: parse, ask, store the answer's text, show it."""
     shell, magics = _loaded(shell)
     args = parse_argstring(magics.llm_cell, line)
@@ -284,7 +306,7 @@ async def run_llm_cell(line: str, body: str, shell=None):
     return None
 
 
-def _where_stopped(run) -> str:
+def _where_stopped(run: Run) -> str:
     """Where an interrupt caught the run, counted as the status line counts it, and, if
     the result holds fewer (the reply was still streaming in), how many it holds."""
     finished = len(run.result.trajectory)
@@ -301,7 +323,7 @@ def _where_stopped(run) -> str:
     )
 
 
-def _checked_options(args) -> dict[str, Any]:
+def _checked_options(args: argparse.Namespace) -> dict[str, Any]:
     if not args.out.isidentifier() or keyword.iskeyword(args.out):
         raise UsageError(f"--out needs a variable name, got {args.out!r}")
     if args.max_iterations is not None and args.max_iterations < 1:
@@ -332,7 +354,7 @@ def _checked_options(args) -> dict[str, Any]:
     }
 
 
-def _resolve_variable(namespace: dict, dotted: str) -> Any:
+def _resolve_variable(namespace: Mapping[str, Any], dotted: str) -> Any:
     """``name`` or ``name.attr.attr`` from the notebook's namespace."""
     head, *attrs = dotted.split(".")
     if not head.isidentifier():
@@ -349,12 +371,12 @@ def _resolve_variable(namespace: dict, dotted: str) -> Any:
     return value
 
 
-class _NotebookVariables(dict):
-    def __init__(self, namespace):
+class _NotebookVariables(dict[str, Any]):
+    def __init__(self, namespace: Mapping[str, Any]) -> None:
         super().__init__()
         self.namespace = namespace
 
-    def __missing__(self, key):
+    def __missing__(self, key: str) -> Any:
         if key in self.namespace:
             return self.namespace[key]
         raise UsageError(
@@ -364,7 +386,7 @@ class _NotebookVariables(dict):
         )
 
 
-def _interpolate(body: str, namespace: dict) -> str:
+def _interpolate(body: str, namespace: Mapping[str, Any]) -> str:
     try:
         return string.Formatter().vformat(body, (), _NotebookVariables(namespace))
     except UsageError:

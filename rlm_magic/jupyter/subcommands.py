@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
+import argparse
 import shlex
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from IPython.core.error import UsageError
 
 from .._terminal_text import visible
+
+if TYPE_CHECKING:
+    from ..eval import Evaluation
+    from ..rlm.runner import RLM
+
+
+class BoundMagics(Protocol):
+    """What a subcommand reads of the magics: the session's ``RLM``."""
+
+    rlm: RLM
+
 
 HELP = """\
 %rlm config         show the effective settings (secrets masked)
@@ -27,7 +41,7 @@ HELP = """\
 Set options with %config RLM.<name> = value; see %config RLM."""
 
 
-def dispatch(magics, line: str):
+def dispatch(magics: BoundMagics, line: str) -> object:
     try:
         words = shlex.split(line)
     except ValueError as exc:
@@ -41,14 +55,14 @@ def dispatch(magics, line: str):
     return handler(magics, rest)
 
 
-def _config(magics, args):
+def _config(magics: BoundMagics, args: list[str]) -> object:
     _no_args("config", args)
     from .display import SettingsView
 
     return SettingsView(magics.rlm.settings())
 
 
-def _keys(magics, args):
+def _keys(magics: BoundMagics, args: list[str]) -> object:
     _no_args("keys", args)
     import os
 
@@ -80,7 +94,7 @@ def _provider_of(model: str) -> str | None:
         return None
 
 
-def _usage(magics, args):
+def _usage(magics: BoundMagics, args: list[str]) -> object:
     from ..llm.usage import SESSION_LEDGER, usage
 
     if args == ["--reset"]:
@@ -92,7 +106,7 @@ def _usage(magics, args):
     return UsageView(usage())
 
 
-def _demo(magics, args):
+def _demo(magics: BoundMagics, args: list[str]) -> object:
     from .. import demo
 
     if args == ["stop"]:
@@ -109,14 +123,14 @@ def _demo(magics, args):
     return None
 
 
-def _sessions(magics, args):
+def _sessions(magics: BoundMagics, args: list[str]) -> object:
     _no_args("sessions", args)
     from ..rlm.session import SessionsView
 
     return SessionsView(list(magics.rlm.sessions.values()))
 
 
-def _forget(magics, args):
+def _forget(magics: BoundMagics, args: list[str]) -> object:
     if len(args) != 1:
         raise UsageError("%rlm forget takes one session name")
     session = magics.rlm.sessions.pop(args[0], None)
@@ -125,9 +139,10 @@ def _forget(magics, args):
         raise UsageError(f"no session named {args[0]!r} (sessions: {names})")
     session.close_soon()
     print(f"Session {args[0]!r} ended.")
+    return None
 
 
-def _jobs(magics, args):
+def _jobs(magics: BoundMagics, args: list[str]) -> object:
     from ..maps import jobs
 
     if args[:1] == ["cancel"]:
@@ -147,9 +162,7 @@ def _jobs(magics, args):
     return JobsView(jobs.JobStore(magics.rlm.cache_dir).all())
 
 
-def _eval_arguments(args):
-    import argparse
-
+def _eval_arguments(args: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="%rlm eval", add_help=False)
     parser.add_argument("--tasks", default="niah,count,pairs,two_hop")
     parser.add_argument("--sizes", default="8k,32k")
@@ -168,7 +181,7 @@ def _eval_arguments(args):
         raise UsageError("%rlm eval: see %rlm help for its options") from None
 
 
-def _evaluation(magics, options):
+def _evaluation(magics: BoundMagics, options: argparse.Namespace) -> Evaluation:
     from ..eval import Evaluation
 
     return Evaluation(
@@ -185,7 +198,7 @@ def _evaluation(magics, options):
     )
 
 
-def _eval(magics, args):
+def _eval(magics: BoundMagics, args: list[str]) -> object:
     options = _eval_arguments(args)
     if not options.dry_run:
         raise UsageError(
@@ -200,7 +213,7 @@ def _eval(magics, args):
     return _evaluation(magics, options).plan
 
 
-async def run_eval(line: str, shell=None):
+async def run_eval(line: str, shell: Any = None) -> object:
     """What a cell starting ``%rlm eval`` runs (rewritten to ``await`` it, as ``%%rlm``
     is): the plan, then every item with a progress bar; the table and the plot."""
     import asyncio
@@ -238,16 +251,17 @@ async def run_eval(line: str, shell=None):
     return evaluation.results
 
 
-def _help(magics, args):
+def _help(magics: BoundMagics, args: list[str]) -> object:
     print(HELP)
+    return None
 
 
-def _no_args(command: str, args) -> None:
+def _no_args(command: str, args: list[str]) -> None:
     if args:
         raise UsageError(f"%rlm {command} takes no arguments, got {' '.join(args)!r}")
 
 
-_COMMANDS = {
+_COMMANDS: dict[str, Callable[[BoundMagics, list[str]], object]] = {
     "config": _config,
     "keys": _keys,
     "usage": _usage,

@@ -92,7 +92,6 @@ async def test_n_answers_in_litellm_kwargs_are_held(server, monkeypatch):
 
 # One call at a time until a cost is reported: held at $0, 17 of 20 went ($0.17 of $0.02).
 async def test_proxy_priced_batch_cannot_race_past_the_budget(server, monkeypatch):
-    monkeypatch.setattr(budget_module, "_REPORTED", {})  # (no price learned yet)
     monkeypatch.setattr(
         server, "response_headers", lambda body: {"x-litellm-response-cost": "0.01"}
     )
@@ -108,7 +107,6 @@ async def test_proxy_priced_batch_cannot_race_past_the_budget(server, monkeypatc
 
 # Held at the rates reported costs imply: at $0, the second call went with $0.005 left.
 async def test_proxy_priced_calls_one_at_a_time_stay_within_the_budget(server, monkeypatch):
-    monkeypatch.setattr(budget_module, "_REPORTED", {})  # (no price learned yet)
     monkeypatch.setattr(
         server, "response_headers", lambda body: {"x-litellm-response-cost": "0.01"}
     )

@@ -17,7 +17,6 @@ import warnings
 import pytest
 
 from rlm_magic import BatchError, BudgetExceededError, ConfigError
-from rlm_magic.llm import budget as budget_module
 
 from .conftest import helpers, make_rlm
 from .test_engine import repl
@@ -117,9 +116,10 @@ async def test_a_model_without_a_price_is_said_once_before_anything_is_sent(serv
     assert sent_when_warned == [
         (
             "RLM.max_session_cost_usd is set, but litellm has no price for openai/sub-model: "
-            "its calls are held at the rates the provider's reported costs imply (one at a "
-            "time until one is reported), or if it reports none, sent while the budget has "
-            "anything left, and counted as $0",
+            "until a cost it reports says what it charges, its calls are held at the highest "
+            "rates litellm prices any model at (one at a time when that does not fit), then "
+            "at the rates its reported costs imply; if it reports none, they are sent while "
+            "the budget has anything left, and counted as $0",
             0,
         )
     ]
@@ -159,9 +159,13 @@ async def test_a_resumed_map_holds_nothing_for_the_answers_kept_on_disk(server, 
     with pytest.raises(BatchError):
         await helpers(rlm).llm_query_batch(items, resume=True)
     server.reset()
-    # A new RLM with room for one call: the four kept answers hold nothing, so one of
-    # the two missing prompts is sent.
-    again = priced_rlm(server, cache_dir=str(tmp_path), max_session_cost_usd=room_for(1))
+    # A new RLM with room for one call beside what the first spent (the session budget is
+    # the kernel's): the four kept answers hold nothing, so one of the two missing
+    # prompts is sent.
+    first_spent = rlm.usage().cost_usd or 0.0
+    again = priced_rlm(
+        server, cache_dir=str(tmp_path), max_session_cost_usd=first_spent + room_for(1)
+    )
     with pytest.raises(BatchError) as failed:
         await helpers(again).llm_query_batch(items, resume=True)
     assert failed.value.results == [f"echo: {p}" for p in items[:5]] + [None]
@@ -222,11 +226,11 @@ async def test_a_streamed_answer_past_what_its_budget_holds_is_cut_and_marked(se
 
 
 @pytest.fixture
-def first_call_under_a_budget(monkeypatch):
+def first_call_under_a_budget():
     """As in a fresh kernel: no model's tokenizer loaded yet for counting answers."""
-    from rlm_magic.llm import budget
+    from rlm_magic.llm import profiles
 
-    monkeypatch.setattr(budget, "_WARM", {})
+    profiles.forget()
 
 
 async def test_an_answer_within_max_tokens_is_never_cut_however_tight_the_budget(
@@ -285,7 +289,6 @@ async def test_a_model_without_a_price_is_held_at_the_rates_its_reported_costs_i
     monkeypatch.setattr(
         server, "response_headers", lambda body: {"x-litellm-response-cost": "0.01"}
     )
-    monkeypatch.setattr(budget_module, "_REPORTED", {})
     server.usage = (1000, 200)
     rlm = make_rlm(server, sub_model="openai/team-gpt", max_tokens=100, max_session_cost_usd=0.02)
     with warnings.catch_warnings():
@@ -314,7 +317,6 @@ async def test_a_model_whose_costs_are_not_reported_goes_one_at_a_time_only_once
 ):
     # No price and no reported cost: nothing to learn, so after the first call the rest
     # go at once, as without a budget (one at a time would take 4 x 0.3 s).
-    monkeypatch.setattr(budget_module, "_REPORTED", {})
     rlm = make_rlm(server, max_session_cost_usd=1.0)
     server.latency = 0.3
     started = asyncio.get_running_loop().time()

@@ -229,3 +229,33 @@ def _a_tier_of(key: str, base: str) -> bool:
     """``base``'s rate above a prompt size (``..._above_200k_tokens``), not a service
     tier's rate above it (``..._above_200k_tokens_priority``: asked for, not met)."""
     return key.startswith(base + "_above_") and key.endswith("_tokens")
+
+
+# What a model answering text may be priced for, in litellm's price map.
+_TEXT_MODES = frozenset({"chat", "responses", "completion"})
+_CEILING: tuple[tuple[int, int], tuple[float, float]] | None = None
+
+
+def ceiling_rates(litellm: Any) -> tuple[float, float]:
+    """Dollars per input and per output token that no model litellm's price map prices
+    for text charges more than: the highest of any entry's rates (cache writes and
+    reasoning included; $150 and $600 a million, o1-pro's, in litellm 1.110's map, whose
+    tiers above a prompt size are all below them: not read, which took 8x as long, on a
+    first call's path). The most a model priced nowhere may cost, as far as anything here
+    can know; read once per map. ``litellm`` None: the map in force without importing it."""
+    global _CEILING
+    prices = litellm.model_cost if litellm is not None else price_map.model_cost()
+    key = (id(prices), len(prices))  # (a model registered meanwhile counts)
+    if _CEILING is None or _CEILING[0] != key:
+        highest_in = highest_out = 0.0
+        for entry in prices.values():
+            if isinstance(entry, dict) and entry.get("mode") in _TEXT_MODES:
+                highest_in = max(highest_in, *(_rate(entry, name) for name in _INPUT))
+                highest_out = max(highest_out, *(_rate(entry, name) for name in _OUTPUT))
+        _CEILING = (key, (highest_in, highest_out))
+    return _CEILING[1]
+
+
+def _rate(entry: dict[str, Any], name: str) -> float:
+    value = entry.get(name)
+    return float(value) if isinstance(value, (int, float)) else 0.0

@@ -3,11 +3,12 @@
 A model's window, how many characters its tokenizer reads per token, how long its
 finished answers run, whether its provider streams or takes prompt-cache markers or a
 JSON schema; what a local server says of its window; the pace an endpoint's rate limits
-allow. Each fact is learned once (from an answer, an error, a probe or litellm's model
-info) and serves every later call of the session. ``forget()`` forgets all of it at once,
-the rate gates' pauses and paces included: after a server was restarted with other
-settings, or between tests, so that nothing one test taught leaks into the next through
-a model's name.
+allow; what reported costs say of a model's price at an endpoint (``ReportedPrice``);
+its tokenizer's loading, for counting answers under a budget. Each fact is learned once
+(from an answer, an error, a probe or litellm's model info) and serves every later call
+of the session. ``forget()`` forgets all of it at once, the rate gates' pauses and paces
+included: after a server was restarted with other settings, or between tests, so that
+nothing one test taught leaks into the next through a model's name.
 
 Facts about a model (by its name, whichever endpoint serves it) are a ``ModelProfile``;
 facts about a model at one endpoint (``RLM.api_base``, or a Router configuration) are an
@@ -23,6 +24,7 @@ this module only keeps them.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,6 +63,24 @@ class ModelProfile:
     server_takes_schema: bool | None = None
     # The user was told that its typed answers' schema is not sent (once).
     told_schema_not_sent: bool = False
+    # Its tokenizer loading in a thread, once, for counting answers as they stream
+    # under a budget (see ``budget``); thread-safe: a call on any loop may wait for it.
+    tokenizer_loading: concurrent.futures.Future[None] | None = None
+
+
+@dataclass
+class ReportedPrice:
+    """What the costs a model's calls reported at one endpoint (a LiteLLM Proxy's
+    header) taught about its price, when litellm's price map has none: a fact of the
+    endpoint, which prices the name its own way. Learned and read by ``budget``."""
+
+    # Dollars per input and output token at most, from the reported costs.
+    rates: tuple[float, float] | None = None
+    # Resolved when the call sent while none had reported ends (thread-safe: a call on
+    # any loop may wait for it).
+    first: concurrent.futures.Future[None] | None = None
+    # A call ended without a reported cost: the model's calls are not priced at all.
+    unreported: bool = False
 
 
 @dataclass
@@ -84,6 +104,8 @@ class EndpointProfile:
     # Whether it is on this machine or the local network: only then are its own
     # endpoints asked (/slots, /metrics, /tokenize), as the probe's are.
     server_is_local: bool = False
+    # What its calls' reported costs taught about its price (litellm has none).
+    reported_price: ReportedPrice = field(default_factory=ReportedPrice)
 
 
 @dataclass
@@ -126,6 +148,10 @@ class Profiles:
 
     def known_at(self, endpoint: str | None, model: str) -> EndpointProfile | None:
         return self.endpoints.get((endpoint, model))
+
+    def reported_price(self, endpoint: str | None, model: str) -> ReportedPrice:
+        """What reported costs taught of ``model``'s price at ``endpoint``."""
+        return self.at(endpoint, model).reported_price
 
     def forget(self) -> None:
         self.models.clear()

@@ -18,7 +18,11 @@ from __future__ import annotations
 import json
 import socket
 import struct
+from collections.abc import Callable
 from typing import Any
+
+# A message as it crosses: a JSON object whose "op" names it.
+Message = dict[str, Any]
 
 HEADER = struct.Struct(">cQ")
 JSON, PICKLE, DATA = b"J", b"P", b"D"
@@ -34,17 +38,17 @@ class BridgeError(Exception):
     """The other side sent something the protocol does not allow."""
 
 
-def frame(message: dict) -> bytes:
+def frame(message: Message) -> bytes:
     body = _dumps(message, json.encoder.encode_basestring_ascii).encode("ascii")
     return HEADER.pack(JSON, len(body)) + body
 
 
-def _dumps(message: dict, encode_string) -> str:
+def _dumps(message: Message, encode_string: Callable[[str], str]) -> str:
     """ASCII JSON whose strings hold no literal quote, comma or opening bracket (they
     are written as \\u escapes), so ``count_values`` counts its values exactly."""
 
     def text(value: str) -> str:
-        inner = encode_string(value)[1:-1]
+        inner: str = encode_string(value)[1:-1]
         # Every quote left in `inner` follows the backslash that escapes it.
         return (
             '"'
@@ -65,7 +69,7 @@ def _dumps(message: dict, encode_string) -> str:
     return "".join(encoder(message, 0))
 
 
-def _plain(value):
+def _plain(value: Any) -> list[Any] | str:
     """What a helper argument that JSON cannot carry becomes: an iterable (a tuple, a
     generator, a set) a list, as ``list(prompts)`` would make it; anything else its str."""
     if not isinstance(value, (str, bytes, dict)):
@@ -105,7 +109,7 @@ class BodyCheck:
     """``check_body`` a piece at a time, as a large frame arrives: the counting is
     spread over the event loop's turns instead of stalling one."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.values, self.quotes = 1, 0
 
     def add(self, piece: bytes) -> None:
@@ -140,7 +144,7 @@ def check_body(body: bytes) -> None:
         raise BridgeError(why)
 
 
-def parse_json(body: bytes | str) -> dict:
+def parse_json(body: bytes | str) -> Message:
     try:
         message = json.loads(body if isinstance(body, str) else body.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:

@@ -20,52 +20,56 @@ import contextvars
 import io
 import sys
 import threading
-from typing import Any, cast
+from collections.abc import Iterable, Iterator
+from typing import Any, TextIO, cast
 
 _target: contextvars.ContextVar[io.TextIOBase | None] = contextvars.ContextVar(
     "rlm_capture_target", default=None
 )
 _lock = threading.Lock()
 _active = 0
-_saved: tuple = ()
+_saved: tuple[Any, ...] = ()
 _thread_start = threading.Thread.start
 
 
 class _StreamRouter(io.TextIOBase):
-    def __init__(self, fallback):
+    def __init__(self, fallback: TextIO):
         self._fallback = fallback
 
-    def _stream(self):
+    def _stream(self) -> TextIO | io.TextIOBase:
         target = _target.get()
         return self._fallback if target is None else target
 
-    def write(self, text):
+    def write(self, text: str) -> int:
         return self._stream().write(text)
 
-    def writelines(self, lines):
+    # (typeshed's IOBase takes bytes-like lines; a text stream's are str)
+    def writelines(self, lines: Iterable[str]) -> None:  # type: ignore[override]
         for line in lines:
             self.write(line)
 
-    def flush(self):
+    def flush(self) -> None:
         stream = self._stream()
         if hasattr(stream, "flush"):
             stream.flush()
 
-    def close(self):
+    def close(self) -> None:
         pass  # the router owns neither stream; closing it (as GC does) must not close them
 
-    def isatty(self):
-        return _target.get() is None and getattr(self._fallback, "isatty", lambda: False)()
+    def isatty(self) -> bool:
+        isatty = getattr(self._fallback, "isatty", lambda: False)
+        return _target.get() is None and bool(isatty())
 
-    def fileno(self):
+    def fileno(self) -> int:
         return self._fallback.fileno()
 
     # typeshed declares TextIOBase.encoding a writable attribute; CPython's is read-only.
     @property
-    def encoding(self):  # type: ignore[override]
-        return getattr(self._fallback, "encoding", "utf-8")
+    def encoding(self) -> str:  # type: ignore[override]
+        encoding: str = getattr(self._fallback, "encoding", "utf-8")
+        return encoding
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._fallback, name)
 
 
@@ -77,7 +81,7 @@ def _start_in_starters_context(thread: threading.Thread) -> None:
 
 
 @contextlib.contextmanager
-def routing_installed():
+def routing_installed() -> Iterator[None]:
     """Keep the router in place while at least one run needs it."""
     global _active, _saved
     with _lock:
@@ -106,7 +110,7 @@ class OutputSink(io.TextIOBase):
     def __init__(self) -> None:
         self.buffer: io.StringIO | None = None
 
-    def write(self, text):
+    def write(self, text: str) -> int:
         buffer = self.buffer
         if buffer is not None:
             buffer.write(text)
@@ -114,7 +118,7 @@ class OutputSink(io.TextIOBase):
 
 
 @contextlib.contextmanager
-def captured_into(buffer: io.TextIOBase):
+def captured_into(buffer: io.TextIOBase) -> Iterator[io.TextIOBase]:
     """Within this context (and tasks/threads started from it) output goes to buffer."""
     token = _target.set(buffer)
     try:

@@ -62,7 +62,7 @@ _PLAIN = {
 _FACTORIES = {"list": list, "dict": dict, "set": set, "int": int, "float": float, "str": str}
 
 
-def defaultdict_of(factory: str, items: dict) -> collections.defaultdict:
+def defaultdict_of(factory: str, items: dict[Any, Any]) -> collections.defaultdict[Any, Any]:
     """A defaultdict from its factory's name and its items (see ``_Packer``)."""
     if factory not in _FACTORIES or not isinstance(items, dict):
         raise pickle.UnpicklingError("not a defaultdict of plain values")

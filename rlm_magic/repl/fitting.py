@@ -11,13 +11,14 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import threading
+from typing import Any
 
 from . import bridge
 from .helpers import BATCH_NAMES
 from .namespace import user_variables
 
 
-def wire_size(value) -> int:
+def wire_size(value: Any) -> int:
     """Bytes ``value`` takes in a frame (strings escaped as ``bridge.frame`` does)."""
     return len(bridge.frame({"v": value})) - 16
 
@@ -58,10 +59,11 @@ VARIABLES_MOST = 10_000  # variables listed at most (names, result.variables)
 _VARIABLES_VALUE_LIMIT = bridge.MAX_VALUES // 2
 
 
-def fitted_variables(namespace: dict) -> dict:
+def fitted_variables(namespace: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The model's variables as JSON data where they are JSON-safe and not too
     large, else as a (shortened) repr."""
-    out, total, values = {}, 0, 0
+    out: dict[str, dict[str, Any]] = {}
+    total, values = 0, 0
     for name in user_variables(namespace)[:VARIABLES_MOST]:
         value = namespace[name]
         if total >= _VARIABLES_TOTAL_LIMIT:  # the rest by type only: one frame holds all
@@ -100,7 +102,7 @@ def fitted_variables(namespace: dict) -> dict:
 
 
 # -- batches -----------------------------------------------------------------------------
-def listed_batch(name: str, args: tuple) -> tuple:
+def listed_batch(name: str, args: tuple[Any, ...]) -> tuple[Any, ...]:
     """A batch's prompts (and contexts) as lists, so they can be split."""
     if name not in BATCH_NAMES:
         return args
@@ -110,7 +112,11 @@ def listed_batch(name: str, args: tuple) -> tuple:
     )
 
 
-def batch_parts(name: str, args: tuple, kwargs: dict):
+# A part of a batch: its arguments and keyword arguments.
+BatchPart = tuple[tuple[Any, ...], dict[str, Any]]
+
+
+def batch_parts(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[BatchPart] | None:
     """A batch too large for one frame as parts that fit, or None if it cannot be split
     (a single item too large, or more prompts than any run's budget: refused whole)."""
     prompts = args[0] if args else None
@@ -121,7 +127,8 @@ def batch_parts(name: str, args: tuple, kwargs: dict):
     ):
         return None
     contexts = args[1] if len(args) > 1 else kwargs.get("contexts")
-    room, bounds, size, start = bridge.MAX_FROM_SANDBOX * 3 // 4, [], 0, 0
+    room, size, start = bridge.MAX_FROM_SANDBOX * 3 // 4, 0, 0
+    bounds: list[slice] = []
     for index, prompt in enumerate(prompts):
         item = wire_size(prompt) + (wire_size(contexts[index]) if isinstance(contexts, list) else 0)
         if item > room:
@@ -131,7 +138,7 @@ def batch_parts(name: str, args: tuple, kwargs: dict):
             start, size = index, 0
         size += item
     bounds.append(slice(start, None))
-    halves = []
+    halves: list[BatchPart] = []
     for part in bounds:
         part_args = [prompts[part], *args[1:]]
         part_kwargs = dict(kwargs)
@@ -143,13 +150,15 @@ def batch_parts(name: str, args: tuple, kwargs: dict):
     return halves
 
 
-def joined(parts: list[concurrent.futures.Future]) -> concurrent.futures.Future:
+def joined(
+    parts: list[concurrent.futures.Future[Any]],
+) -> concurrent.futures.Future[list[Any]]:
     """One future for a batch sent in parts: their answers in order, or the first
     error; cancelling it cancels them all."""
-    whole: concurrent.futures.Future = concurrent.futures.Future()
+    whole: concurrent.futures.Future[list[Any]] = concurrent.futures.Future()
     lock = threading.Lock()
 
-    def settle(_):
+    def settle(_: concurrent.futures.Future[Any]) -> None:
         with lock:
             if whole.done():
                 return

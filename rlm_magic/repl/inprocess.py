@@ -23,7 +23,7 @@ import io
 import itertools
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .base import REPL, Helpers, SubCallBudget
@@ -63,7 +63,7 @@ class _Step:
         self.stopped = False  # timed out, interrupted or closed: no more calls
         self.finished = False  # its own thread has left the model's code
         self.killing = False  # a kill chain is running
-        self.pending: set[concurrent.futures.Future] = set()
+        self.pending: set[concurrent.futures.Future[Any]] = set()
 
 
 class AsyncREPL:
@@ -122,7 +122,7 @@ class AsyncREPL:
                 step.threads.add(thread)
         return step
 
-    def _submit(self, coro) -> concurrent.futures.Future:
+    def _submit(self, coro: Coroutine[Any, Any, Any]) -> concurrent.futures.Future[Any]:
         if replaying():  # a helper the model's code kept under another name: no real call
             coro.close()
             raise Undecidable("a replay makes no sub-call")
@@ -137,7 +137,9 @@ class AsyncREPL:
         future.add_done_callback(step.pending.discard)
         return future
 
-    def _submit_call(self, name: str, args: tuple, kwargs: dict):
+    def _submit_call(
+        self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> concurrent.futures.Future[Any]:
         return self._submit(self._helpers[name](*args, **kwargs))
 
     # -- running steps ----------------------------------------------------------------
@@ -155,7 +157,7 @@ class AsyncREPL:
         if compiled is None:
             return output
 
-        done: asyncio.Future = self.loop.create_future()
+        done: asyncio.Future[None] = self.loop.create_future()
         step.thread = threading.Thread(
             target=self._execute,
             name=f"rlm-step-{step.id}",
@@ -215,7 +217,7 @@ class AsyncREPL:
             )
 
         step = _Step(next(_step_ids))
-        done: asyncio.Future = self.loop.create_future()
+        done: asyncio.Future[None] = self.loop.create_future()
         step.thread = threading.Thread(
             target=self._execute, name=f"rlm-replay-{step.id}", args=(step, work, done), daemon=True
         )
@@ -231,7 +233,7 @@ class AsyncREPL:
                 raise
         return found
 
-    def _execute(self, step: _Step, work: Callable[[], None], done: asyncio.Future) -> None:
+    def _execute(self, step: _Step, work: Callable[[], None], done: asyncio.Future[None]) -> None:
         ident = threading.get_ident()
         try:
             with self._lock:
@@ -324,7 +326,13 @@ class AsyncREPL:
             self._stop(step)
 
 
-def _kill_chain(loop, lock: threading.Lock, step: _Step, deadline: float, interval: float) -> None:
+def _kill_chain(
+    loop: asyncio.AbstractEventLoop,
+    lock: threading.Lock,
+    step: _Step,
+    deadline: float,
+    interval: float,
+) -> None:
     """Inject StepInterrupted into the step's live threads, then come back. Holds only
     the step (not the REPL and its namespace), and ends by the deadline."""
     alive = False
@@ -344,7 +352,7 @@ def _kill_chain(loop, lock: threading.Lock, step: _Step, deadline: float, interv
             pass  # the loop is closed
 
 
-def _resolve(future: asyncio.Future) -> None:
+def _resolve(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
 

@@ -8,6 +8,7 @@ Standard library only: the sandbox worker imports this.
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from typing import TypeGuard, cast
 
 from .namespace import ASYNC_TABLE, PRINT_FINAL
@@ -40,7 +41,7 @@ class HelperCallRewriter(ast.NodeTransformer):
         self.imported: set[str] = set()  # schedulers imported from asyncio
         self.scheduled: set[str] = set()  # variables passed to a scheduler
 
-    def visit_Module(self, node: ast.Module):
+    def visit_Module(self, node: ast.Module) -> ast.Module:
         for inner in ast.walk(node):
             if isinstance(inner, ast.Import):
                 self.asyncio_names |= {
@@ -68,7 +69,7 @@ class HelperCallRewriter(ast.NodeTransformer):
             )
         return False
 
-    def _is_helper_call(self, node) -> TypeGuard[ast.Call]:
+    def _is_helper_call(self, node: ast.AST) -> TypeGuard[ast.Call]:
         return (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Name)
@@ -86,18 +87,18 @@ class HelperCallRewriter(ast.NodeTransformer):
             call.func,
         )
 
-    def _all_to_async(self, tree) -> None:
+    def _all_to_async(self, tree: ast.AST) -> None:
         for inner in _walk_same_scope(tree):
             if self._is_helper_call(inner):
                 self._to_async(inner)
 
-    def visit_Await(self, node: ast.Await):
+    def visit_Await(self, node: ast.Await) -> ast.Await:
         self.generic_visit(node)
         if self._is_helper_call(node.value):
             self._to_async(node.value)
         return node
 
-    def visit_Call(self, node: ast.Call):
+    def visit_Call(self, node: ast.Call) -> ast.Call:
         self.generic_visit(node)
         if self._is_scheduler(node):
             for arg in _arguments(node):
@@ -112,7 +113,7 @@ class HelperCallRewriter(ast.NodeTransformer):
                 self._all_to_async(arg)
         return node
 
-    def visit_Assign(self, node: ast.Assign):
+    def visit_Assign(self, node: ast.Assign) -> ast.Assign:
         self.generic_visit(node)
         if any(isinstance(t, ast.Name) and t.id in self.scheduled for t in node.targets):
             self._all_to_async(node.value)
@@ -123,7 +124,7 @@ def _arguments(call: ast.Call) -> list[ast.AST]:
     return [*call.args, *(keyword.value for keyword in call.keywords)]
 
 
-def _walk_same_scope(tree):
+def _walk_same_scope(tree: ast.AST) -> Iterator[ast.AST]:
     """ast.walk, without descending into lambdas and plain (synchronous) functions."""
     pending = [tree]
     while pending:
@@ -143,7 +144,7 @@ class FinishRewriter(ast.NodeTransformer):
     - ``FINAL_VAR(total)``, a variable written bare instead of its name in quotes: the
       call is told its argument is a value (``FINAL_VAR("total")`` stays a name)."""
 
-    def visit_Call(self, node: ast.Call):
+    def visit_Call(self, node: ast.Call) -> ast.Call:
         self.generic_visit(node)
         func = node.func
         if not isinstance(func, ast.Name):

@@ -18,8 +18,9 @@ import io
 import linecache
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from types import CodeType
 from typing import Any
 
 from .capture import OutputSink, captured_into
@@ -113,7 +114,7 @@ def is_step_filename(filename: str) -> bool:
     return filename.startswith("<rlm-step-")
 
 
-def compile_step(code: str, helper_names: set[str], filename: str):
+def compile_step(code: str, helper_names: set[str], filename: str) -> CodeType:
     """Parse, rewrite and compile a block; the last expression's value is kept."""
     # Registered so tracebacks can quote the model's lines.
     linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
@@ -126,10 +127,13 @@ def compile_step(code: str, helper_names: set[str], filename: str):
             ast.Assign(targets=[ast.Name(id=_LAST_VALUE, ctx=ast.Store())], value=last.value), last
         )
     ast.fix_missing_locations(tree)
-    return compile(tree, filename, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+    compiled: CodeType = compile(tree, filename, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+    return compiled
 
 
-def prepare_step(code: str, helper_names: set[str], filename: str, output: StepOutput):
+def prepare_step(
+    code: str, helper_names: set[str], filename: str, output: StepOutput
+) -> CodeType | None:
     """The compiled block, or None with ``output.error`` set for a syntax error."""
     try:
         return compile_step(code, helper_names, filename)
@@ -139,7 +143,11 @@ def prepare_step(code: str, helper_names: set[str], filename: str, output: StepO
 
 
 def execute_step(
-    compiled, namespace: dict[str, Any], output: StepOutput, buffer: io.StringIO, sink: OutputSink
+    compiled: CodeType,
+    namespace: dict[str, Any],
+    output: StepOutput,
+    buffer: io.StringIO,
+    sink: OutputSink,
 ) -> None:
     """Run a compiled block in ``namespace`` on this thread, its output captured into
     ``buffer`` through the REPL's ``sink``: errors, the last value, a stop, how the
@@ -204,19 +212,21 @@ def format_model_traceback() -> str:
 
 
 # -- the helpers as model code sees them ---------------------------------------------
-Submit = Callable[[str, tuple, dict], concurrent.futures.Future]
+Submit = Callable[[str, tuple[Any, ...], dict[str, Any]], concurrent.futures.Future[Any]]
+# What a helper looks like to model code: any arguments, an answer.
+Helper = Callable[..., Any]
 
 
 def blocking_helper(
     name: str,
     submit: Submit,
     refuse: Callable[[], bool] = lambda: False,
-    template: Callable | None = None,
-):
+    template: Callable[..., Any] | None = None,
+) -> Helper:
     """``name(...)`` that blocks its thread until ``submit`` has the answer. ``refuse``
     says when blocking would freeze the loop that serves the answer."""
 
-    def call(*args, **kwargs):
+    def call(*args: Any, **kwargs: Any) -> Any:
         if refuse():
             raise RuntimeError(f"{name}() would block the event loop here: use `await {name}(...)`")
         try:
@@ -231,8 +241,8 @@ def blocking_helper(
     return call
 
 
-def awaitable_helper(name: str, submit: Submit):
-    async def call(*args, **kwargs):
+def awaitable_helper(name: str, submit: Submit) -> Helper:
+    async def call(*args: Any, **kwargs: Any) -> Any:
         return await asyncio.wrap_future(submit(name, args, kwargs))
 
     call.__name__ = call.__qualname__ = name
@@ -241,10 +251,10 @@ def awaitable_helper(name: str, submit: Submit):
 
 def install_helpers(
     namespace: dict[str, Any],
-    names,
+    names: Collection[str],
     submit: Submit,
     refuse: Callable[[], bool] = lambda: False,
-    templates: dict[str, Callable] | None = None,
+    templates: dict[str, Callable[..., Any]] | None = None,
 ) -> None:
     """Put both variants of every helper into a REPL namespace."""
     templates = templates or {}

@@ -20,7 +20,7 @@ import sys
 import types
 
 
-def _import_shared_code():
+def _import_shared_code() -> None:
     """Import rlm_magic.repl's shared modules without running rlm_magic/__init__.py
     (which would load the whole package)."""
     repl_dir = os.path.dirname(os.path.abspath(__file__))
@@ -43,9 +43,12 @@ import queue  # noqa: E402
 import signal  # noqa: E402
 import socket  # noqa: E402
 import threading  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from types import FrameType  # noqa: E402
 from typing import Any  # noqa: E402
 
 from rlm_magic.repl import bridge, carried, isolation  # noqa: E402
+from rlm_magic.repl.bridge import Message  # noqa: E402
 from rlm_magic.repl.capture import OutputSink, routing_installed  # noqa: E402
 from rlm_magic.repl.fitting import (  # noqa: E402
     VARIABLES_MOST,
@@ -90,22 +93,22 @@ class Worker:
         self.sock = sock
         self.send_lock = threading.Lock()
         # By call id; the kernel's answers name one, looked up as sent.
-        self.calls: dict[Any, concurrent.futures.Future] = {}
+        self.calls: dict[Any, concurrent.futures.Future[Any]] = {}
         self.call_ids = itertools.count(1)
         self.calls_lock = threading.Lock()
-        self.parts: dict[Any, list] = {}  # of answers that come in parts, by call id
-        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.parts: dict[Any, list[Any]] = {}  # of answers that come in parts, by call id
+        self.inbox: queue.SimpleQueue[Message] = queue.SimpleQueue()
         self.running = False  # SIGINT raises only while a step runs
         self.current_step: int | None = None
         self.stopped_steps: set[int] = set()
         self.stop_requested = False
         self.sink = OutputSink()
-        self.namespace: dict = {}
+        self.namespace: dict[str, Any] = {}
         self.helper_names: set[str] = set()
         self.carry_parts: list[bytes] = []
 
     # -- the wire ------------------------------------------------------------------------
-    def send(self, message: dict) -> None:
+    def send(self, message: Message) -> None:
         data = bridge.frame(message)
         with self.send_lock:
             self.sock.sendall(data)
@@ -118,7 +121,7 @@ class Worker:
         )
         return kind, bridge.read_exactly(self.sock, length)
 
-    def receive_json(self) -> dict:
+    def receive_json(self) -> Message:
         kind, body = self.receive()
         if kind != bridge.JSON:
             raise bridge.BridgeError("expected a JSON message")
@@ -155,7 +158,7 @@ class Worker:
         self.helper_names = set(init["helpers"])
         namespace = self.namespace = {"__name__": "__rlm__", "__builtins__": repl_builtins()}
         refused = None
-        self.carried_in: dict = {}  # what an earlier question left, as it left it
+        self.carried_in: dict[str, Any] = {}  # what an earlier question left, as it left it
         if init.get("carried"):  # a session's variables from its last question, as data
             variables, refused = self.receive_carried()
             namespace.update(variables)
@@ -166,7 +169,7 @@ class Worker:
         install_helpers(namespace, sorted(self.helper_names), self.submit)
         self.send({"op": "ready", "isolation": report, "carried_refused": refused})
 
-    def receive_carried(self) -> tuple[dict, str | None]:
+    def receive_carried(self) -> tuple[dict[str, Any], str | None]:
         """The carried variables, or none and why they were refused. The kernel times
         their loading from the "unpacking" message on."""
         kind, body = self.receive()
@@ -178,7 +181,7 @@ class Worker:
         except Exception as exc:  # noqa: BLE001 - refused whole, and said
             return {}, f"{type(exc).__name__}: {exc}"[:300]
 
-    def confine(self, init: dict) -> dict:
+    def confine(self, init: Message) -> dict[str, Any]:
         """Apply the isolation layers in their order (see isolation/order.py); the
         kernel maps our ids in between when it runs as root."""
 
@@ -195,8 +198,10 @@ class Worker:
         return report.as_dict()
 
     # -- helper calls ------------------------------------------------------------------------
-    def submit(self, name: str, args: tuple, kwargs: dict) -> concurrent.futures.Future:
-        future: concurrent.futures.Future = concurrent.futures.Future()
+    def submit(
+        self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> concurrent.futures.Future[Any]:
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         if replaying():  # a helper the model's code kept under another name: no real call
             future.set_exception(Undecidable("a replay makes no sub-call"))
             return future
@@ -247,7 +252,7 @@ class Worker:
 
         # Model code that stops waiting (a cancelled task, wait_for's timeout) stops the
         # call in the kernel too, as in-process: else it would run on, and be billed.
-        def stop_in_the_kernel(done: concurrent.futures.Future) -> None:
+        def stop_in_the_kernel(done: concurrent.futures.Future[Any]) -> None:
             if done.cancelled():
                 self.send({"op": "cancel", "id": call_id})
 
@@ -289,7 +294,7 @@ class Worker:
             os.killpg(0, signal.SIGKILL)
             os._exit(1)
 
-    def receive_context(self, message: dict) -> dict:
+    def receive_context(self, message: Message) -> Message:
         kind, body = self.receive()
         try:
             if kind != bridge.PICKLE:
@@ -341,7 +346,7 @@ class Worker:
                 part = self.carry_parts[index] if 0 <= index < len(self.carry_parts) else b""
                 self.send({"op": "carry_part", "data": base64.b64encode(part).decode("ascii")})
 
-    def replay(self, message: dict) -> Replayed:
+    def replay(self, message: Message) -> Replayed:
         """The reply's blocks run again with the data changed (``provenance``), stopped
         like a step when its ``seconds`` are up: a digest of the answer in each world."""
         codes = [str(code) for code in message.get("codes") or ()]
@@ -366,7 +371,7 @@ class Worker:
             self.running = False
             timer.cancel()
 
-    def carry_out(self) -> dict:
+    def carry_out(self) -> Message:
         """The model's variables as plain data, for the session's next question: how
         many parts the kernel fetches, and what stays behind."""
         try:
@@ -379,7 +384,7 @@ class Worker:
         ]
         return {"op": "carry", "parts": len(self.carry_parts), "kept": kept, "left": left}
 
-    def run_step(self, message: dict) -> dict:
+    def run_step(self, message: Message) -> Message:
         step_id, limit = int(message["step"]), int(message["limit"])
         output, buffer = StepOutput(code=message["code"]), io.StringIO()
         compiled = prepare_step(output.code, self.helper_names, step_filename(step_id), output)
@@ -421,12 +426,12 @@ class Worker:
 _STEP_TEXT_LIMIT = 2**17  # x 12 bytes (an escaped astral character) x 3 < 8 MB
 
 
-def final_text(namespace: dict, name: str) -> str | None:
+def final_text(namespace: dict[str, Any], name: str) -> str | None:
     value = final_var(namespace, name)
     return None if value is None else fitted(value, f"FINAL_VAR({name})")
 
 
-def _joined(kind: str, parts: list):
+def _joined(kind: str, parts: list[Any]) -> Any:
     """An answer sent in parts, whole again (``sandbox.calls._split``)."""
     if kind == "text":
         return "".join(parts)
@@ -435,7 +440,7 @@ def _joined(kind: str, parts: list):
     return parts[-1]
 
 
-def _with_refused(message: dict):
+def _with_refused(message: Message) -> Any:
     """A batch's answers, and an error string for each prompt the kernel refused (over
     the run's sub-call budget) without expanding it."""
     value, refused = message.get("value"), message.get("refused")
@@ -446,8 +451,8 @@ def _with_refused(message: dict):
     return value
 
 
-def _on_sigint(worker: Worker):
-    def handler(signum, frame):
+def _on_sigint(worker: Worker) -> Callable[[int, FrameType | None], None]:
+    def handler(signum: int, frame: FrameType | None) -> None:
         if worker.running:
             worker.stop_requested = True
             # Not KeyboardInterrupt: the model's code may raise that itself, and a

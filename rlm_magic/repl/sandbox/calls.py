@@ -16,6 +16,7 @@ from typing import Any
 
 from .. import bridge
 from ..base import Helpers, SubCallBudget
+from ..bridge import Message
 from ..helpers import BATCH_NAMES
 from .process import SandboxProcess
 
@@ -39,11 +40,11 @@ class HelperCalls:
         self.loop = loop
         # A batch larger than the run's sub-calls left is refused before it is expanded.
         self.budget = budget
-        self.tasks: set[asyncio.Task] = set()
-        self.by_id: dict[Any, asyncio.Task] = {}  # by the sandbox's call id
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.by_id: dict[Any, asyncio.Task[Any]] = {}  # by the sandbox's call id
         self.held = 0  # bytes of the calls being served
 
-    def serve(self, sandbox: SandboxProcess, message: dict, step: int | None) -> None:
+    def serve(self, sandbox: SandboxProcess, message: Message, step: int | None) -> None:
         """Serve a call ``message`` the sandbox sent while ``step`` runs (None: none
         runs, or the REPL is closed)."""
         call_id, name = message.get("id"), message.get("name")
@@ -88,7 +89,7 @@ class HelperCalls:
         self.by_id[call_id] = task
         self.held += size
 
-        def answer(task: asyncio.Task) -> None:
+        def answer(task: asyncio.Task[Any]) -> None:
             self.tasks.discard(task)
             self.by_id.pop(call_id, None)
             self.held -= size
@@ -106,7 +107,7 @@ class HelperCalls:
 
         task.add_done_callback(answer)
 
-    def _reply(self, sandbox: SandboxProcess, message: dict) -> None:
+    def _reply(self, sandbox: SandboxProcess, message: Message) -> None:
         """Send a call's answer: a large one (a batch's answers can be tens of MB of
         JSON) framed in a thread, in parts the worker joins, each sent once the one
         before has left, so the kernel never holds more than a part of it framed."""
@@ -121,7 +122,7 @@ class HelperCalls:
         self.tasks.add(sending)  # a stopped step's reply is not sent on
         sending.add_done_callback(self.tasks.discard)
 
-    async def _send_in_parts(self, sandbox: SandboxProcess, message: dict) -> None:
+    async def _send_in_parts(self, sandbox: SandboxProcess, message: Message) -> None:
         call_id = message["id"]
         kind, parts = _split(message["value"])
         try:
@@ -169,8 +170,8 @@ class HelperCalls:
             task.cancel()
 
     def _within_budget(
-        self, name: str, args: list, kwargs: dict
-    ) -> tuple[list, dict, dict[str, Any] | None]:
+        self, name: str, args: list[Any], kwargs: dict[str, Any]
+    ) -> tuple[list[Any], dict[str, Any], dict[str, Any] | None]:
         """A batch with more prompts than the run has sub-calls left goes to the helper
         cut to what is left; the rest are refused here, before the kernel expands them
         (into tasks, or error strings sent back one by one). The worker appends one
@@ -190,11 +191,11 @@ class HelperCalls:
             kwargs["prompts"] = prompts[:left]
         else:
             args[0] = prompts[:left]
-        for where, index in ((args, 1), (kwargs, "contexts")):  # rlm_query_batch's
-            if isinstance(where, list) and len(where) > 1 and isinstance(where[1], list):
-                where[1] = where[1][:left]
-            elif isinstance(where, dict) and isinstance(where.get(index), list):
-                where[index] = where[index][:left]
+        # rlm_query_batch's contexts, given by position or by name
+        if len(args) > 1 and isinstance(args[1], list):
+            args[1] = args[1][:left]
+        if isinstance(kwargs.get("contexts"), list):
+            kwargs["contexts"] = kwargs["contexts"][:left]
         return (
             args,
             kwargs,

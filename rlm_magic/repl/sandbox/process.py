@@ -19,6 +19,7 @@ from typing import Any
 
 from ...errors import SandboxError
 from .. import bridge, isolation
+from ..bridge import Message
 from .environment import sandbox_environment
 
 _WORKER = str(Path(__file__).parent.with_name("worker.py"))  # rlm_magic/repl/worker.py
@@ -46,7 +47,7 @@ class CarriedRefused(SandboxError):
 class SandboxProcess:
     """One worker process and its end of the bridge."""
 
-    def __init__(self, process: subprocess.Popen, sock: socket.socket, workdir: str):
+    def __init__(self, process: subprocess.Popen[bytes], sock: socket.socket, workdir: str):
         self.process = process
         self.sock = sock
         self.reader: asyncio.StreamReader | None = None  # once the context is sent
@@ -86,7 +87,7 @@ class SandboxProcess:
         return ready.get("isolation")
 
     # -- the wire ----------------------------------------------------------------------
-    async def read(self) -> dict:
+    async def read(self) -> Message:
         """One message, checked for size and values before it is decoded (bridge.py)."""
         reader = self.reader
         assert reader is not None  # connected by the handshake
@@ -126,7 +127,7 @@ class SandboxProcess:
         except ConnectionError:
             pass  # it died: the listener says so
 
-    def send(self, message: dict) -> None:
+    def send(self, message: Message) -> None:
         if not self.dead:
             self.write(bridge.frame(message))
 

@@ -25,15 +25,17 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..._terminal_text import visible
+from ...errors import SandboxError
 from .. import bridge, carried, isolation
 from ..base import REPL, Helpers, SandboxSettings, SubCallBudget
+from ..bridge import Message
 from ..carried import Carried
 from ..finishers import BLOCK_FINISHES
 from ..provenance import Replayed
 from ..steps import StepOutput
 from .calls import HelperCalls
 from .isolation_report import insist_on_isolation, read_isolation
-from .process import CarriedRefused, SandboxError, SandboxProcess, spawn
+from .process import CarriedRefused, SandboxProcess, spawn
 
 _step_ids = itertools.count(1)
 
@@ -44,7 +46,7 @@ class SandboxRepr(str):
 
     type_name: str
 
-    def __new__(cls, text: str, type_name: str = ""):
+    def __new__(cls, text: str, type_name: str = "") -> SandboxRepr:
         value = super().__new__(cls, text)
         value.type_name = type_name
         return value
@@ -129,9 +131,9 @@ class SandboxREPL:
         self.network_isolated: bool | None = None
         self.isolation: dict[str, Any] | None = None  # the layers in force (result.isolation)
         self._sandbox: SandboxProcess | None = None
-        self._starting: asyncio.Task | None = None
-        self._listener: asyncio.Task | None = None
-        self._reply: asyncio.Future | None = None  # the one request awaiting an answer
+        self._starting: asyncio.Task[SandboxProcess] | None = None
+        self._listener: asyncio.Task[None] | None = None
+        self._reply: asyncio.Future[Message] | None = None  # the one request awaiting an answer
         self._reply_op = ""
         self._step: int | None = None  # the step whose helper calls are served
         self._overdue: list[str] = []  # replies to requests that timed out
@@ -260,7 +262,7 @@ class SandboxREPL:
         if self._reply is not None and not self._reply.done():
             self._reply.set_exception(SandboxError(sandbox.dead))
 
-    async def _request(self, op: str, reply_op: str, timeout: float, **fields) -> dict:
+    async def _request(self, op: str, reply_op: str, timeout: float, **fields: Any) -> Message:
         sandbox = await self._ready()
         if sandbox.dead:
             raise SandboxError(sandbox.dead)
@@ -310,14 +312,14 @@ class SandboxREPL:
             output.elapsed_s = time.perf_counter() - started
         return output
 
-    def _expect(self, op: str) -> asyncio.Future:
+    def _expect(self, op: str) -> asyncio.Future[Message]:
         """The future the listener resolves with the sandbox's next ``op`` message."""
         reply = self._reply = self.loop.create_future()
         self._reply_op = op
         reply.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved
         return reply
 
-    def _take(self, output: StepOutput, reply: dict) -> None:
+    def _take(self, output: StepOutput, reply: Message) -> None:
         for key in ("stdout", "value", "error"):
             value = reply.get(key)
             if value is not None and not isinstance(value, str):
@@ -342,7 +344,7 @@ class SandboxREPL:
         )
 
     async def _stop(
-        self, sandbox: SandboxProcess, reply: asyncio.Future, output: StepOutput
+        self, sandbox: SandboxProcess, reply: asyncio.Future[Message], output: StepOutput
     ) -> None:
         """SIGINT first, which keeps the namespace; SIGKILL if the step is still running
         after the grace period. Helper calls in flight are cancelled either way."""
@@ -490,7 +492,9 @@ class SandboxREPL:
         finally:
             self._reply = None
 
-    async def _await_reply(self, reply: asyncio.Future, op: str, timeout: float) -> dict:
+    async def _await_reply(
+        self, reply: asyncio.Future[Message], op: str, timeout: float
+    ) -> Message:
         try:
             return await asyncio.wait_for(asyncio.shield(reply), timeout)
         except asyncio.TimeoutError:

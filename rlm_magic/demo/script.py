@@ -20,6 +20,7 @@ import json
 import re
 import threading
 from collections import Counter
+from typing import Any
 
 from .log_fields import ALIASES, UNDERSTOOD, canonical, field_of
 from .server import HTTPError, LocalChatServer, split_tokens
@@ -28,13 +29,13 @@ from .server import HTTPError, LocalChatServer, split_tokens
 class DemoServer(LocalChatServer):
     """Serves the demo root and sub models, with deterministic latency."""
 
-    def __init__(self, root_latency: float = 0.4, sub_latency: float = 0.25, **kwargs):
+    def __init__(self, root_latency: float = 0.4, sub_latency: float = 0.25, **kwargs: Any):
         super().__init__(**kwargs)
         self.root_latency = root_latency
         self.sub_latency = sub_latency
         self.prices_registered = threading.Event()
 
-    async def answer(self, body: dict) -> str:
+    async def answer(self, body: dict[str, Any]) -> str:
         if not self.prices_registered.is_set():
             # litellm prices a response when it arrives: answer only once it knows the
             # pretend prices (registered in the background by start()).
@@ -63,10 +64,10 @@ class DemoServer(LocalChatServer):
         await asyncio.sleep(delay)
         return text
 
-    def chunk_delay(self, body: dict, index: int) -> float:
-        return body.get("_pace", 0.0)
+    def chunk_delay(self, body: dict[str, Any], index: int) -> float:
+        return float(body.get("_pace", 0.0))
 
-    def usage_for(self, body: dict, text: str) -> tuple[int, int]:
+    def usage_for(self, body: dict[str, Any], text: str) -> tuple[int, int]:
         # A typed request costs the same in JSON mode (the schema in the prompt) as in
         # structured-output mode, so a notebook's figures do not depend on which was used.
         prompt = sum(
@@ -146,7 +147,7 @@ def sub_reply(prompt: str) -> str:
     )
 
 
-def typed_schema(body: dict) -> dict | None:
+def typed_schema(body: dict[str, Any]) -> dict[str, Any] | None:
     """The schema a typed request asks for: in ``response_format`` (structured outputs),
     or in the prompt (JSON mode, as rlm-magic words it)."""
     response_format = body.get("response_format") or {}
@@ -161,7 +162,7 @@ def typed_schema(body: dict) -> dict | None:
     return schema
 
 
-def typed_reply(prompt: str, schema: dict) -> str:
+def typed_reply(prompt: str, schema: dict[str, Any]) -> str:
     """A typed answer (structured outputs): the schema's object, filled in by the
     sentiment rule. An enum takes the label it contains (positive, negative, neutral),
     a number the score, a boolean whether it is positive, a string the words that
@@ -172,13 +173,14 @@ def typed_reply(prompt: str, schema: dict) -> str:
     score = len(good) - len(bad)
     label = "positive" if score > 0 else "negative" if score < 0 else "neutral"
 
-    def resolve(node: dict) -> dict:
+    def resolve(node: dict[str, Any]) -> dict[str, Any]:
         ref = node.get("$ref", "")
         if ref.startswith("#/$defs/"):
-            return schema.get("$defs", {}).get(ref.rsplit("/", 1)[1], {})
+            found: dict[str, Any] = schema.get("$defs", {}).get(ref.rsplit("/", 1)[1], {})
+            return found
         return node
 
-    def fill(node: dict):
+    def fill(node: dict[str, Any]) -> Any:
         node = resolve(node)
         if "enum" in node:
             return label if label in node["enum"] else node["enum"][0]
@@ -201,7 +203,7 @@ def typed_reply(prompt: str, schema: dict) -> str:
 # Root-model strategy ---------------------------------------------------------------
 
 
-def _question(messages: list[dict]) -> str:
+def _question(messages: list[dict[str, Any]]) -> str:
     first_user = next((m["content"] for m in messages if m.get("role") == "user"), "")
     match = re.search(r"Question: (.*?)\n\nThe data is in", first_user, re.DOTALL)
     return (match.group(1) if match else first_user).strip()
@@ -224,7 +226,7 @@ def _singular(word: str) -> str:
     return re.sub(r"(?<=[^s])(?:es|s)$", "", word) if word.endswith("s") else word
 
 
-def _earlier_totals(messages: list[dict]) -> bool:
+def _earlier_totals(messages: list[dict[str, Any]]) -> bool:
     """Whether an earlier question of this session left its counts in `totals`."""
     first_user = next((m["content"] for m in messages if m.get("role") == "user"), "")
     return (
@@ -234,7 +236,7 @@ def _earlier_totals(messages: list[dict]) -> bool:
     )
 
 
-def root_reply(messages: list[dict]) -> str:
+def root_reply(messages: list[dict[str, Any]]) -> str:
     """The next move of the demo strategy, from how many turns came before."""
     turn = sum(1 for m in messages if m.get("role") == "assistant")
     question = _question(messages)

@@ -99,7 +99,12 @@ def summary(notebook, notebook_name: str = "the notebook") -> str:
                 shown.append(output.text.rstrip())
             elif "data" in output and "application/vnd.jupyter.widget-view+json" not in output.data:
                 data = output.data
-                shown.append(str(data.get("text/markdown") or data.get("text/plain", "")).strip())
+                if "text/markdown" in data:  # a result's view, read as text in a terminal
+                    from rlm_magic.rlm.render import markdown_as_text
+
+                    shown.append(markdown_as_text(str(data["text/markdown"])).strip())
+                else:
+                    shown.append(str(data.get("text/plain", "")).strip())
         title = cell.source.splitlines()[0] if cell.source.startswith("%") else None
         text = "\n".join(s for s in shown if s)
         blocks.append((f"{title}\n" if title else "") + _indent(text))

@@ -13,7 +13,7 @@ from rlm_magic.llm.transports.router import TIMEOUT_COOLS_DOWN, for_the_router
 from .support import helpers
 
 # Generous: a loaded machine takes seconds to send a Router's first request.
-TIMEOUT, COOL_DOWN = 4.0, 5.0
+TIMEOUT, COOL_DOWN = 4.0, 10.0
 
 
 def _deployment(model: str, api_base: str, weight: float, **info) -> dict:

@@ -2,9 +2,15 @@
 
 ``policy_for`` builds the default ``Policy`` in the kernel, which sends it to the worker
 as JSON; ``ALLOWED_SYSCALLS`` is the syscall filter's allow-list, and
-``DENIED_SYSCALLS`` names what it must never allow; ``UNIX_SOCKET_SYSCALLS`` what it
-allows only inside the sandbox's own namespaces and filesystem view. The layers (one module each)
+``DENIED_SYSCALLS`` names what it must never allow. The layers (one module each)
 enforce it; reading this module alone tells what the sandbox can reach.
+
+New Unix sockets (``UNIX_SOCKET_SYSCALLS``: multiprocessing's forkserver, Python 3.14's
+default start method, listens on one) are allowed only inside the sandbox's own network
+namespace and filesystem view, where they reach nothing but the sandbox's own; no other
+family ever is, so no network. Where the OS refuses those namespaces, every new socket
+stays refused: the comment above ``UNIX_SOCKET_SYSCALLS`` says why, and why not the
+worker swapping forkserver for another start method instead.
 
 Standard library only: the sandbox worker imports this.
 """
@@ -391,7 +397,8 @@ DENIED_SYSCALLS = (
 # sandbox made: an abstract name is its network namespace's own (and Landlock ABI 6+
 # scopes them too), and a path names a socket only in the view, whose writable places
 # (the working folder, /dev/shm) are its own tmpfs and whose read-only binds are the
-# system's and Python's folders, which hold no socket. multiprocessing's forkserver
+# system's and Python's folders, where no program keeps its sockets (those live in
+# /run, /tmp and home folders, none of them in the view). multiprocessing's forkserver
 # (Python 3.14's default start method on Linux) listens on such a socket and each new
 # process connects to it; so do its managers and asyncio's Unix servers.
 # Where the OS refuses the namespaces or the view, all of them stay refused: Landlock

@@ -11,6 +11,10 @@ never loads litellm.
 Model code runs on the main thread, so SIGINT from the kernel raises KeyboardInterrupt
 in it and keeps the namespace; a reader thread takes the kernel's messages meanwhile and
 answers the helper calls that model code is blocked on.
+
+Why one module: it is the sandbox process's whole side of the bridge's protocol (each
+request the kernel sends and its answer), run as a script by a bare ``python -I``; the
+work of each request lives in the shared modules it imports.
 """
 
 from __future__ import annotations

@@ -1,6 +1,10 @@
 """Linux as the layers call it: constants from its headers, syscall numbers per
 architecture, and libc through ctypes.
 
+Why one module: most of its lines are the two syscall tables, data copied from the
+kernel's headers and checked against them by a test; split, they would still be read
+together (a name the filter allows must be in both).
+
 Standard library only: the sandbox worker imports this.
 """
 

@@ -12,6 +12,9 @@ family ever is, so no network. Where the OS refuses those namespaces, every new 
 stays refused: the comment above ``UNIX_SOCKET_SYSCALLS`` says why, and why not the
 worker swapping forkserver for another start method instead.
 
+Why one module: most of its lines are the allow- and deny-lists, one name a line; the
+policy is what the sandbox can reach, and read whole in one place it can be judged.
+
 Standard library only: the sandbox worker imports this.
 """
 

@@ -6,9 +6,11 @@ either. What it adds is the trust boundary: everything the sandbox sends is fram
 under a size limit, checked before use; a sandbox that breaks the protocol, crashes or
 will not stop is killed, the step reports it, and the next step runs in a fresh sandbox
 whose namespace holds only ``context`` and the helpers again. The process's own life is
-in ``process``; the helper calls it makes are served by ``calls``. What is left here,
-about 400 lines, is one concept: the REPL interface's requests, and the listener that
-pairs the sandbox's answers with them.
+in ``process``; the helper calls it makes are served by ``calls``.
+
+Why one module: what is left here is the REPL interface's requests and the listener
+that pairs the sandbox's answers with them; each request's timeout, stop and kill
+decide what the listener may still accept, so they are read and changed together.
 """
 
 from __future__ import annotations

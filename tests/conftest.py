@@ -64,9 +64,11 @@ def server(llm_server, litellm_imported):
     """The local OpenAI-compatible server, reset for this test, and what this process
     learned about it forgotten (its models' windows): tests share a server's address."""
     from rlm_magic.llm import profiles
+    from rlm_magic.rlm.session_budget import forget_kernel_spend
 
     llm_server.reset()
     profiles.forget()  # windows, characters per token, answer sizes, probes, gates
+    forget_kernel_spend()  # the session budget is the kernel's: each test starts at $0
     yield llm_server
     llm_server.reset()
     profiles.forget()
@@ -112,9 +114,9 @@ def shell(ipython_shell, server):
         setattr(rlm, name, value)
     from rlm_magic.jupyter import extension
 
-    if extension._kernel_ledger(ipython_shell).cost_usd:
-        # What a test spent stays in the kernel's ledger, which a reload goes on
-        # counting: the next test's session budget starts from $0, as in a new kernel.
+    if extension._notebook_ledger(ipython_shell).cost_usd:
+        # What a test spent stays in the notebook's ledger, which a reload goes on
+        # counting: the next test's RLM starts from $0, as in a new kernel.
         delattr(ipython_shell, extension._LEDGER_ATTR)
         ipython_shell.run_line_magic("reload_ext", "rlm_magic")
 

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import types
 
-from ..llm.usage import SESSION_LEDGER, UsageLedger
+from ..llm.usage import UsageLedger
 from ..rlm.runner import RLM
+from ..rlm.session_budget import kernel_ledger
 from . import interrupts
 from .helpers import HELPER_CODES, NotebookHelpers
 from .magics import RLMMagics, transform_rlm_cell
 
 _STATE_ATTR = "_rlm_magic_state"
-_LEDGER_ATTR = "_rlm_magic_ledger"  # (not removed by unload: see _kernel_ledger)
+_LEDGER_ATTR = "_rlm_magic_ledger"  # (not removed by unload: see _notebook_ledger)
 
 
 class _State:
@@ -31,13 +32,14 @@ def session_rlm(shell) -> RLM | None:
     return state.rlm if state else None
 
 
-def _kernel_ledger(shell) -> UsageLedger:
-    """The ledger of this shell's calls, kept for the process: a ``%reload_ext
-    rlm_magic`` builds a new RLM, whose session budget (``RLM.max_session_cost_usd``)
-    goes on counting what was spent, not from $0."""
+def _notebook_ledger(shell) -> UsageLedger:
+    """The ledger of the notebook's RLM, under the kernel's (whose spend every RLM's
+    session budget counts: ``rlm.session_budget``). Kept on the shell: a ``%reload_ext
+    rlm_magic`` builds a new RLM, whose ``usage()`` and session budget go on with what
+    the last one spent and holds."""
     ledger = getattr(shell, _LEDGER_ATTR, None)
     if ledger is None:
-        ledger = UsageLedger(SESSION_LEDGER)
+        ledger = UsageLedger(parent=kernel_ledger())
         setattr(shell, _LEDGER_ATTR, ledger)
     return ledger
 
@@ -46,7 +48,7 @@ def load(shell) -> None:
     if getattr(shell, _STATE_ATTR, None) is not None:
         return
     # (picks up c.RLM.* from ipython_config.py)
-    rlm = RLM(parent=shell, ledger=_kernel_ledger(shell))
+    rlm = RLM(parent=shell, ledger=_notebook_ledger(shell))
     shell.configurables.append(rlm)
     magics = RLMMagics(shell, rlm)
     shell.register_magics(magics)

@@ -2,8 +2,9 @@
 
 ``RLM`` is the traitlets configurable (``RLMConfig``'s traits, under the name users
 address) and what a run starts from: ``await RLM(...).arun(query, context=...)``. It owns
-what all its runs share (the client: one concurrency limit, one ledger) and its named
-sessions; each ``arun`` builds a ``Run`` (``run``) holding that run's state.
+what all its runs share (the client: one concurrency limit, one ledger, under the
+kernel's: ``session_budget``) and its named sessions; each ``arun`` builds a ``Run``
+(``run``) holding that run's state.
 """
 
 from __future__ import annotations
@@ -14,16 +15,14 @@ from typing import Any
 
 from ..config import RLMConfig
 from ..errors import ConfigError
-from ..llm.budget import CostBudget
 from ..llm.client import LLMClient
 from ..llm.transports import close_loop_clients
-from ..llm.usage import SESSION_LEDGER, UsageLedger, UsageSummary
+from ..llm.usage import UsageLedger, UsageSummary
 from .result import RLMResult
 from .run import Run
 from .scope import RunOverrides
 from .session import RLMSession
-
-_SESSION = "RLM.max_session_cost_usd"
+from .session_budget import hold_session_budget, kernel_ledger
 
 
 class RLM(RLMConfig):
@@ -32,8 +31,9 @@ class RLM(RLMConfig):
     def __init__(self, *, ledger: UsageLedger | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._client: LLMClient | None = None
-        # Where its calls are counted, and its session budget with them (a kernel's
-        # ledger outlives a %reload_ext: see ``jupyter.extension``); else its own.
+        # Where its calls are counted: by default a ledger of its own under the kernel's,
+        # so its session budget counts what every RLM of the kernel spent
+        # (``session_budget``); the extension's outlives a %reload_ext.
         self._ledger = ledger
         self.sessions: dict[str, RLMSession] = {}
 
@@ -41,18 +41,15 @@ class RLM(RLMConfig):
     def client(self) -> LLMClient:
         """The client all calls of this RLM go through (one limit, one ledger)."""
         if self._client is None:
-            ledger = self._ledger if self._ledger is not None else UsageLedger(SESSION_LEDGER)
+            ledger = self._ledger
+            if ledger is None:
+                ledger = UsageLedger(parent=kernel_ledger())
 
             # Read at each call: a %config of RLM.max_session_cost_usd holds from the next.
             def limit() -> float | None:
                 return self.max_session_cost_usd
 
-            if isinstance(ledger.budget, CostBudget) and ledger.budget.setting == _SESSION:
-                # A reloaded extension's RLM: the kernel's budget goes on, with what the
-                # calls still in flight hold (a new one would start them at $0).
-                ledger.budget.limit_by(limit)
-            else:
-                ledger.budget = CostBudget(ledger, limit, _SESSION)
+            hold_session_budget(ledger, limit)
             self._client = LLMClient(self, ledger)
         return self._client
 

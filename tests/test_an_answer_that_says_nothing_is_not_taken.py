@@ -104,14 +104,35 @@ async def test_an_answer_that_says_nothing_is_refused_and_words_are_taken(server
 
 
 async def test_a_run_left_with_an_answer_that_says_nothing_is_not_answered(server):
-    rlm = make_rlm(server, max_iterations=2)
+    rlm = make_rlm(server, max_iterations=1)
     nothing = repl("result = 'Most \"timeout\" lines by service: '") + "FINAL_VAR(result)"
-    server.script("root-model", [nothing, nothing, "FINAL_VAR(result)"])
+    server.script("root-model", [nothing, "FINAL_VAR(result)"])
     result = await rlm.arun("Which service has the most timeouts?", context="c")
-    assert not result.success and result.stop_reason == "max_iterations"
-    assert "says nothing" in last_feedback(server) or result.notes
-    line = "No answer: in its last turn, FINAL_VAR(result) says nothing"
+    # Its last turn (past the limit) said nothing again: the run ends on that, unanswered.
+    assert not result.success and result.stop_reason == "empty_answer"
+    assert any("says nothing" in note for note in result.trajectory[0].notes)
+    line = "No answer: in iteration 1, FINAL_VAR(result) says nothing"
     assert line in result._repr_markdown_()
     page = result._repr_html_()
     assert line in page and "#b26a00" in page and "rlm-failed" in page
+    assert "answered" not in result._repr_markdown_().splitlines()[-1]
+
+
+@pytest.mark.parametrize(
+    "again",
+    [
+        "FINAL(None)",
+        repl("FINAL('Counts: []')"),
+        repl("result = 'Most \"timeout\" lines by service: '") + "FINAL_VAR(result)",
+    ],
+    ids=["text", "call-in-code", "final-var"],
+)
+async def test_an_answer_that_says_nothing_given_again_after_being_told_ends_the_run(server, again):
+    rlm = make_rlm(server, max_iterations=30)
+    server.script("root-model", ["FINAL(Counts: {})", again, "FINAL(never asked)"])
+    result = await rlm.arun("Which service has the most timeouts?", context="c")
+    assert result.iterations == 2 and len(server.requests_for("root-model")) == 2
+    assert not result.success and result.stop_reason == "empty_answer"
+    assert "says nothing" in result.error and result.final_answer.strip()
+    assert "Another answer that says nothing ends the run" in last_feedback(server)
     assert "answered" not in result._repr_markdown_().splitlines()[-1]

@@ -82,7 +82,9 @@ class RLMResult:
     trajectory: list[Iteration] = field(default_factory=list)
     error: str | None = None
     elapsed_s: float = 0.0
-    stop_reason: str = ""  # "final", "max_iterations", "budget", "error", "interrupted"
+    # "final", "max_iterations", "budget", "error", "interrupted", or "empty_answer" (an
+    # answer that says nothing, given again after the model was told).
+    stop_reason: str = ""
     # How the model gave its answer, a ``repl.finishers.FinishKind``'s value: "text
     # marker" (FINAL/FINAL_VAR in its reply), "call in code" (FINAL()/FINAL_VAR() in a
     # block), "printed marker" (a block printed FINAL(...)) or "answer dict"

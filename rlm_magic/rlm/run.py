@@ -152,6 +152,7 @@ class Run:
                     "the final answer is an error message, not an answer: "
                     + (" ".join(str(result.final_answer).split())[:300])
                 )
+            self.finishing.settle_empty()
             result.success = result.stop_reason == "final"
             result.iterations = len(result.trajectory)
             result.usage = self.tree.ledger.summary()

@@ -36,6 +36,10 @@ if TYPE_CHECKING:
 REPLAY_MIN_S = 5.0
 
 
+# The stop reason of a run whose answer said nothing twice (see ``Finishing.told_nothing``).
+EMPTY_ANSWER = "empty_answer"
+
+
 class Finishing:
     """What one run knows about how it may finish, and its answer once it has one."""
 
@@ -51,6 +55,10 @@ class Finishing:
         # Digests of the answers withheld in the last turn, and in this one so far.
         self._withheld_last: set[str] = set()
         self._withheld_now: set[str] = set()
+        # Whether the model was told that an answer of its said nothing: a second one is
+        # taken, and ends the run as an empty answer (``EMPTY_ANSWER``) rather than
+        # spend every iteration left on a model that found nothing.
+        self.told_nothing = False
         # The run's own instructions: an answer that only repeats them is not one.
         self.echoes = Echoes([ACCEPTED_FORMS])
         # A session's variables from its earlier questions: name -> the question (from 1)
@@ -129,7 +137,7 @@ class Finishing:
         if any(run.error for run in iteration.code[:-1]):
             iteration.withheld.append(Withheld(what, "unseen failure"))
             return False
-        if how is not FinishKind.PRINTED_MARKER and says_nothing(answer):
+        if how is not FinishKind.PRINTED_MARKER and self._refused_as_nothing(answer):
             outputs.append(self.said_nothing(what, answer, iteration))
             return False
         codes = [run.code for run in iteration.code[:number]]
@@ -241,9 +249,28 @@ class Finishing:
         )
         (iteration.notes if iteration is not None else self.result.notes).append(note)
 
+    def settle_empty(self) -> None:
+        """A run that ended on an answer saying nothing (given again after the model was
+        told) did not answer: its stop reason says so, and the answer stays to be read."""
+        result = self.result
+        if result.stop_reason == "final" and says_nothing(str(result.final_answer or "")):
+            result.stop_reason = EMPTY_ANSWER
+            shown = str(result.final_answer or "").strip()[:120]
+            result.error = (
+                f"the answer says nothing ({shown!r}), given again after the model was "
+                "told: the data may hold nothing that matches, or its code misread it"
+            )
+
+    def _refused_as_nothing(self, answer: str) -> bool:
+        """Whether ``answer`` says nothing and is the first such: refused, and the model
+        told so. A second is the model's answer after it was told (it found nothing, or
+        cannot read the data): taken, and the run reports it as empty, not answered."""
+        return says_nothing(answer) and not self.told_nothing
+
     def said_nothing(self, what: str, answer: str, iteration: Iteration | None) -> str:
         """Not taken: ``answer``, given by ``what``, says nothing (``empty``). Noted on
         the turn (the last turn's, on the result), and told to the model."""
+        self.told_nothing = True
         if not answer.strip():
             return f"{what} gives an empty answer, so the run goes on. Give the answer itself."
         shown = answer.strip()[:120]
@@ -255,7 +282,8 @@ class Finishing:
         return (
             f"{what} says nothing: {shown!r} is a label with an empty value, so it was "
             "not taken and the run goes on. If the data holds nothing that matches, say "
-            "so in words; otherwise look at how your code reads the data."
+            "so in words; otherwise look at how your code reads the data. Another answer "
+            "that says nothing ends the run without an answer."
         )
 
     def restored_note(self, names: list[str]) -> str:
@@ -284,7 +312,7 @@ class Finishing:
     ) -> tuple[str | None, str, bool]:
         """As ``resolve``, and whether the answer is a REPL variable's value."""
         answer, problem, by_variable = await self._resolve_marker(marker, iteration)
-        if answer is not None and says_nothing(answer):  # "", or "Counts: []"
+        if answer is not None and self._refused_as_nothing(answer):  # "", "Counts: []"
             given = short(f"{marker.kind}({marker.value})")
             return None, self.said_nothing(given, answer, iteration), by_variable
         if answer is not None:

@@ -21,8 +21,28 @@ rounds of each figure, before and now:
   0.30x).
 
 Measured 2 Dec 2026 on the 2-core machine shared with ~7 other sessions (load average
-8-20: absolute times are high for everyone, the ratios are the steadier figures); see
-the table this prints, kept in docs/guides/benchmarks.md's words by the lead.
+11-20 throughout: absolute times are high for everyone, the ratios are the steadier
+figures), 2 rounds, ``--official-python`` with rlms 0.1.3; before: f0ceaf3, now: the
+streaming path read once and client.py split (d471c80..d699e1a), with the other work
+then in the tree:
+
+| figure | target | before | now |
+|---|---:|---:|---:|
+| streamed ``LLMClient.complete`` CPU / raw aiohttp's | 1.50x | 1.61x | 1.52x |
+| streamed ``llm_query_batch`` CPU / raw aiohttp's | 1.50x | 1.70x | 1.55x |
+| unstreamed ``LLMClient.complete`` CPU / raw aiohttp's | 1.50x | 1.87x | 2.15x |
+| unstreamed ``llm_query_batch`` CPU / raw aiohttp's | 1.50x | 1.86x | 2.06x |
+| streamed scripted RLM run / its ideal (1.3 s) | 1.03x | 2.25x | 1.55x |
+| the same run / its floor (raw aiohttp's fan-out) | | 1.22x | 0.90x |
+| the same run / the official library's | 0.30x | 0.40x | 0.27x |
+
+(At this load the run's floor itself is 1.7x its ideal: 64 streams at once take the
+server and the machine ~1 s, not 0.3 s.) Instructions per call, callgrind
+(``bench_instructions.py``, 300 calls, the same day): raw aiohttp 780k unstreamed and
+1,066k streamed; ``LLMClient.complete`` 1,506k -> 1,348k unstreamed (1.94x -> 1.73x),
+1,597k -> 1,659k streamed (1.50x -> 1.56x); ``llm_query_batch`` streamed 1,519k ->
+1,515k (1.43x -> 1.42x). The counts move by a few percent between runs too (how many
+network reads an answer arrives in depends on timing).
 """
 
 from __future__ import annotations

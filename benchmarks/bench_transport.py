@@ -28,6 +28,11 @@ own, so its CPU is not counted against the client. Reported:
    sub-calls (0.3 s each), then finishes; streamed, sandbox on. Ideal: the two root
    turns' latencies plus one sub-call latency. Floor: the two root turns' latencies
    plus the same 64 streamed sub-calls sent at once by raw aiohttp, measured beside.
+   With ``--official-python`` (an interpreter with PyPI's ``rlms``): the official RLM
+   library on the same scripted run (``bench_official_rlm.py``), and ours over its time.
+
+``--code DIR`` measures another checkout's rlm_magic; ``--json FILE`` writes the ratios
+(``bench_before_after.py`` runs two checkouts side by side, and records its figures).
 """
 
 from __future__ import annotations

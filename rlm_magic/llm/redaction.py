@@ -382,10 +382,13 @@ def _forms(secrets: frozenset[str]) -> _Forms:
 _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 _CREDENTIAL = re.compile(
     rf"(?:{'|'.join(CREDENTIAL_NAMES)})"
-    # ": ", '": "', "=", "'='"... (possessive: a long run of spaces is read once)
-    r"""(?:\\?["'])?\s*+(?:[:=]|=>)\s*+(?:\\?["'])?"""
-    r"(?:(?:bearer|basic|token|apikey|key|ssws)\s++)?"  # the scheme stays readable
-    r"""(?P<value>[^\s"'\\,;:<>{}\[\]()]{8,}+)""",
+    # ": ", '": "', "=", "'='"... Each run of spaces is read once: taken whole by a
+    # lookahead and matched again by reference, an atomic group that Python 3.10 takes
+    # (possessive quantifiers came in 3.11).
+    r"""(?:\\?["'])?(?=(?P<s1>\s*))(?P=s1)(?:[:=]|=>)(?=(?P<s2>\s*))(?P=s2)(?:\\?["'])?"""
+    # the scheme stays readable
+    r"(?:(?:bearer|basic|token|apikey|key|ssws)(?=(?P<s3>\s+))(?P=s3))?"
+    r"""(?P<value>[^\s"'\\,;:<>{}\[\]()]{8,})""",
     re.IGNORECASE,
 )
 # A value that is a name in code (``self.api_key``, ``os.environ``, ``YOUR_API_KEY``):

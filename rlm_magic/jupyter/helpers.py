@@ -13,12 +13,12 @@ import contextlib
 import dataclasses
 import sys
 from collections.abc import Awaitable, Callable, Iterable, Iterator
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import APIKeyError, ConfigError, interrupt
 from ..llm.completion import CutAnswer, partial_answer
 from ..llm.limiter import ConcurrencyLimiter
-from ..llm.messages import as_prompt_list, build_messages, check_max_tokens
+from ..llm.messages import Messages, as_prompt_list, build_messages, check_max_tokens
 from ..llm.structured import AnswerFormat, ask
 from ..llm.usage import UsageLedger
 from ..maps.function_map import map_function, map_ledger
@@ -35,6 +35,9 @@ from .unfinished import failed_batch as failed_batch  # (the package's, deprecat
 from .unfinished import interrupted_batch as interrupted_batch  # (deprecated)
 from .unfinished import unfinished_batch as unfinished_batch  # (the package's)
 
+if TYPE_CHECKING:
+    from ..llm.client import LLMClient
+
 
 class NotebookHelpers:
     """The helpers as a user sees them in the notebook, bound to one ``RLM``."""
@@ -43,7 +46,7 @@ class NotebookHelpers:
         self.rlm = rlm
 
     @property
-    def client(self):
+    def client(self) -> LLMClient:
         return self.rlm.client
 
     async def llm_query(
@@ -157,7 +160,9 @@ class NotebookHelpers:
             _collect(answers, errors, return_exceptions, "llm_query_batch", outcome.never_sent())
         )
 
-    async def _batch_job(self, conversations: list, spec: MapSpec, return_exceptions: bool) -> list:
+    async def _batch_job(
+        self, conversations: list[Messages], spec: MapSpec, return_exceptions: bool
+    ) -> list[Any]:
         from .job_progress import JobProgress, still_running
 
         progress = JobProgress(len(conversations), "llm_query_batch", enabled=self.rlm.progress)

@@ -19,7 +19,7 @@ import itertools
 import signal
 import threading
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import interrupt
 from ..llm.completion import Completion, partial_answer
@@ -29,8 +29,8 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-_guarded: dict[asyncio.Task, tuple[asyncio.AbstractEventLoop, int | None]] = {}
-_interrupted: set[asyncio.Task] = set()
+_guarded: dict[asyncio.Task[Any], tuple[asyncio.AbstractEventLoop, int | None]] = {}
+_interrupted: set[asyncio.Task[Any]] = set()
 _previous_handler = None
 
 # Which cell started a piece of work: set when a cell starts (IPython's pre_run_cell
@@ -42,20 +42,20 @@ _running_cell: int | None = None
 _cell_numbers = itertools.count(1)
 
 
-def cell_started(info=None) -> None:
+def cell_started(info: object = None) -> None:
     """IPython ``pre_run_cell`` hook (registered by the extension)."""
     global _running_cell
     _running_cell = next(_cell_numbers)
     _cell.set(_running_cell)
 
 
-def cell_ended(result=None) -> None:
+def cell_ended(result: object = None) -> None:
     """IPython ``post_run_cell`` hook (registered by the extension)."""
     global _running_cell
     _running_cell = None
 
 
-def _handle_sigint(signum, frame) -> None:
+def _handle_sigint(signum: int, frame: FrameType | None) -> None:
     for task, (loop, cell) in list(_guarded.items()):
         if _running_cell is not None and cell != _running_cell:
             continue  # another cell's work, running in the background: not interrupted
@@ -72,7 +72,7 @@ def _handle_sigint(signum, frame) -> None:
         _previous_handler(signum, frame)
 
 
-def _install(task: asyncio.Task, loop) -> bool:
+def _install(task: asyncio.Task[Any], loop: asyncio.AbstractEventLoop) -> bool:
     global _previous_handler
     if threading.current_thread() is not threading.main_thread():
         return False  # signals reach the main thread only
@@ -84,7 +84,7 @@ def _install(task: asyncio.Task, loop) -> bool:
     return True
 
 
-def _uninstall(task: asyncio.Task) -> None:
+def _uninstall(task: asyncio.Task[Any]) -> None:
     global _previous_handler
     _guarded.pop(task, None)
     _interrupted.discard(task)

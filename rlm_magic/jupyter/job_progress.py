@@ -4,43 +4,57 @@ and text line as any batch (see ``progress``), and the one line an interrupt lea
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from .._tables import html_table, text_table
 from ..llm.usage import format_cost
 from .progress import BatchProgress
+from .status_line import Part
+
+if TYPE_CHECKING:
+    from ..maps.jobs import JobRecord
 
 
 class JobProgress(BatchProgress):
     """A ``BatchProgress`` fed by the job's polls (``JobObserver``) instead of by items."""
 
     def __init__(self, total: int, label: str = "llm_query_batch", *, enabled: bool = True):
-        self.record = None
+        self.record: JobRecord | None = None
         super().__init__(total, label, enabled=enabled)
 
-    def job_changed(self, record) -> None:
+    def job_changed(self, record: JobRecord) -> None:
         self.record = record
         self.done, self.failed = record.kept + record.completed, record.failed
 
-    def line(self, stopped: bool = False) -> str:
+    def parts(self, *, stopped: bool = False) -> list[Part]:
         record = self.record
+        elapsed = Part(f"{self.elapsed_s:.1f}s")
         # Begins as every batch's line does ("<label>: N/M done"), then the job.
         if record is None:
-            return (
-                f"{self.label}: 0/{self.total} done | batch job: submitting | {self.elapsed_s:.1f}s"
-            )
+            done = f"0/{self.total} done"
+            return [
+                Part(f"{self.label}: {done}", (done,), rank=3),
+                Part("batch job: submitting"),
+                elapsed,
+            ]
+        done = f"{record.kept + record.completed + record.failed}/{record.total} done"
         parts = [
-            f"{self.label}: {record.kept + record.completed + record.failed}/{record.total} done",
-            f"batch job {record.id} {record.state}" if record.id else "batch job: submitting",
+            Part(f"{self.label}: {done}", (done,), rank=3),
+            Part(f"batch job {record.id} {record.state}", (f"job {record.state}",), rank=2)
+            if record.id
+            else Part("batch job: submitting"),
         ]
         if record.failed:
-            parts.append(f"{record.failed:,} failed")
+            parts.append(Part(f"{record.failed:,} failed"))
         if record.cost_usd is not None:
-            parts.append(format_cost(record.cost_usd) + " at batch prices")
-        parts.append(f"{self.elapsed_s:.1f}s")
-        return " | ".join(parts)
+            cost = format_cost(record.cost_usd)
+            parts.append(Part(f"{cost} at batch prices", (cost,), rank=0))
+        parts.append(elapsed)
+        return parts
 
 
-def still_running(record, label: str = "llm_query_batch") -> str:
+def still_running(record: JobRecord, label: str = "llm_query_batch") -> str:
     """What an interrupt says: the job runs on at the provider, and how to get it back."""
     if record.id is None:  # interrupted while the provider was creating it
         return (
@@ -59,7 +73,7 @@ class JobsView:
 
     COLUMNS = ("job", "state", "done", "failed", "cost", "model")
 
-    def __init__(self, records):
+    def __init__(self, records: Sequence[JobRecord]):
         self.records = records
 
     def _rows(self) -> list[tuple[str, ...]]:

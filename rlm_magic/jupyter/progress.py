@@ -9,25 +9,37 @@ fast batch does not flood the frontend with comm messages.
 Beside every widget view sits a text/plain line, what a viewer without widgets shows
 (GitHub, nbviewer, an executed copy from papermill or nbconvert). It is the status as
 one line, rewritten with ``update_display_data`` when the work ends, so a saved notebook
-shows how the work ended, not how it started.
+shows how the work ended, not how it started. A terminal's last line is fitted to its
+width by saying less (``status_line``); the views themselves are in ``progress_views``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import html
-import os
-import sys
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from types import TracebackType
+from typing import Any, Protocol, TypeVar
 
-from .._terminal_text import fit, one_line, visible, width
+from .._terminal_text import visible
 from ..llm.litellm_loader import litellm_is_loading
 from ..llm.ratelimit import hold_message
 from ..llm.slots import hold_message as slots_message
 from ..llm.usage import format_cost, format_saving
 from ..maps.run_map import MapObserver
+from .progress_views import BarWidget, StatusWidget, TextLine, terminal_columns
+from .status_line import Part, fitted, joined, short_model
+
+__all__ = [
+    "LOADING_LITELLM",
+    "MAX_UPDATES_PER_S",
+    "BatchProgress",
+    "RunStatus",
+    "TextLine",  # (the views' own module: progress_views)
+    "terminal_columns",
+    "from_a_terminal_client",
+    "widgets_available",
+]
 
 MAX_UPDATES_PER_S = 4
 # The first call of a session imports litellm, which takes seconds.
@@ -49,7 +61,7 @@ def widgets_available() -> bool:
     return not from_a_terminal_client(request)
 
 
-def from_a_terminal_client(request: dict) -> bool:
+def from_a_terminal_client(request: dict[str, Any]) -> bool:
     """Whether an execute_request came from a terminal client (jupyter console,
     qtconsole), which prints a widget's text/plain instead of rendering it.
 
@@ -72,6 +84,9 @@ class _View(Protocol):
     def update(self, display: Any) -> None: ...
 
     def finish(self, display: Any, line: str) -> None: ...
+
+
+_Display = TypeVar("_Display", bound="_LiveDisplay")
 
 
 class _LiveDisplay:
@@ -98,26 +113,43 @@ class _LiveDisplay:
         """The line with less in it, for a narrow terminal."""
         return self.line()
 
-    def final_line(self, exc_type) -> str:
+    def parts(self, *, stopped: bool = False) -> list[Part]:
+        """The line's parts, with their shorter forms (see ``status_line``)."""
+        raise NotImplementedError
+
+    def final_line(self, exc_type: type[BaseException] | None, columns: int | None = None) -> str:
+        """The line the display ends on; fitted to ``columns`` (a terminal's) by saying
+        less, where given."""
         interrupted = exc_type is not None and not issubclass(exc_type, Exception)
-        return self.line(stopped=True) + (" (interrupted)" if interrupted else "")
+        parts = self.parts(stopped=True) + (
+            [Part("(interrupted)", glued=True)] if interrupted else []
+        )
+        return fitted(parts, columns) if columns is not None else joined(parts)
 
     def _widget_view(self) -> _View:
         raise NotImplementedError
 
-    def __enter__(self):
+    def __enter__(self: _Display) -> _Display:
         view = self._view
         if view is not None:
             view.show(self)
             self._schedule(view)
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self._view is not None:
-            self._view.finish(self, self.final_line(exc_type))
+        view = self._view
+        if view is not None:
+            # A terminal's last line stays: one wider than the terminal would wrap.
+            columns = terminal_columns(view.stream) - 1 if isinstance(view, TextLine) else None
+            view.finish(self, self.final_line(exc_type, columns))
 
     def _schedule(self, view: _View) -> None:
         try:
@@ -185,13 +217,15 @@ class BatchProgress(_LiveDisplay, MapObserver):
         self.unsent = count
 
     def pace(self, stopped: bool = False) -> str | None:
-        """As tqdm shows it: items a second (or seconds an item) over this run's items,
-        and, while it runs, the time left at that pace. None before the first item."""
-        finished = self.done + self.failed - self.from_disk
+        """As tqdm shows it: items a second (or seconds an item) over the items this run
+        really asked and had answered, and, while it runs, the time left at that pace.
+        None before the first such item: answers from disk or the cache and failures
+        say nothing of how fast calls go."""
+        answered = self.done - self.from_disk - self.cached
         elapsed = self.elapsed_s
-        if finished <= 0 or elapsed <= 0:
+        if answered <= 0 or elapsed <= 0:
             return None
-        rate = finished / elapsed
+        rate = answered / elapsed
         shown = f"{rate:.1f} items/s" if rate >= 1 else f"{1 / rate:.1f} s/item"
         left = self.total - self.done - self.failed - self.unsent
         if stopped or left <= 0:
@@ -199,32 +233,42 @@ class BatchProgress(_LiveDisplay, MapObserver):
         return f"{shown}, ~{_duration(left / rate)} left"
 
     def line(self, stopped: bool = False) -> str:
-        parts = [f"{self.label}: {self.done}/{self.total} done"]
+        return joined(self.parts(stopped=stopped))
+
+    def parts(self, *, stopped: bool = False) -> list[Part]:
+        done = f"{self.done}/{self.total} done"
+        parts = [Part(f"{self.label}: {done}", (done,), rank=3)]
+        # Answers from disk and the cache are among those done: said in fewer words,
+        # then not at all, in a narrow terminal.
         if self.from_disk:
-            parts.append(f"{self.from_disk} from disk")
+            kept = f"{self.from_disk} from disk"
+            parts.append(Part(kept, (f"{self.from_disk} kept",), dropped_at=2))
         if self.cached:
-            parts.append(f"{self.cached} from the cache")
+            cached = f"{self.cached} from the cache"
+            parts.append(Part(cached, (f"{self.cached} cached",), dropped_at=2))
         if self.failed:
-            parts.append(f"{self.failed} failed")
+            parts.append(Part(f"{self.failed} failed"))
         if self.unsent:
-            parts.append(f"{self.unsent} not sent (cost budget)")
+            unsent = f"{self.unsent} not sent"
+            parts.append(Part(f"{unsent} (cost budget)", (unsent,), rank=0))
         if self.in_flight and not stopped and litellm_is_loading():
-            parts.append(LOADING_LITELLM)  # nothing is sent yet: do not look stalled
+            parts.append(Part(LOADING_LITELLM))  # nothing is sent yet: do not look stalled
         elif self.in_flight:
             # Once the batch has stopped, calls still counted in flight were cancelled.
-            parts.append(f"{self.in_flight} {'cancelled' if stopped else 'in flight'}")
+            parts.append(Part(f"{self.in_flight} {'cancelled' if stopped else 'in flight'}"))
         held = None if stopped else (self.hold() if self.hold else None) or slots_message()
         if held:
-            parts.append(held)
+            parts.append(Part(held, ("",), rank=0))
         pace = self.pace(stopped)
         if pace:
-            parts.append(pace)
-        parts.append(f"{self.elapsed_s:.1f}s")
+            parts.append(Part(pace, ("",), rank=0))
+        # The time and tokens go last of all (the dollars stay): in %rlm usage too.
+        parts.append(Part(f"{self.elapsed_s:.1f}s", dropped_at=4))
         tokens = self.input_tokens + self.output_tokens
         if tokens:
-            parts.append(f"{tokens:,} tokens")
-            parts.append(format_cost(self.cost_usd))
-        return " | ".join(parts)
+            parts.append(Part(f"{tokens:,} tokens", (f"{tokens:,} tok",), dropped_at=4))
+            parts.append(Part(format_cost(self.cost_usd)))
+        return parts
 
 
 def _duration(seconds: float) -> str:
@@ -243,7 +287,7 @@ class RunStatus(_LiveDisplay):
     """One live status panel for a ``%%rlm`` run: iteration, what the root model is
     doing, sub-calls done / in flight (children included), tokens, cost, time."""
 
-    def __init__(self, run, *, enabled: bool = True, result_shown: bool = False):
+    def __init__(self, run: Any, *, enabled: bool = True, result_shown: bool = False):
         self.run = run
         # The result's own display repeats the figures (iterations, sub-calls, tokens,
         # cost, time): the final line then says only how the run ended.
@@ -254,39 +298,49 @@ class RunStatus(_LiveDisplay):
         return StatusWidget()
 
     def line(self, phase: str | None = None, stopped: bool = False, with_text: bool = True) -> str:
+        return joined(self.parts(phase=phase, stopped=stopped, with_text=with_text))
+
+    def parts(
+        self, *, phase: str | None = None, stopped: bool = False, with_text: bool = True
+    ) -> list[Part]:
         tree = self.run.tree
         usage = tree.ledger.summary()
-        calls = f"sub-calls {tree.done + tree.failed} done"
+        counts = ""
         if tree.in_flight:
             # Once the run has stopped, calls still counted in flight were cancelled.
-            calls += f", {tree.in_flight} {'cancelled' if stopped else 'in flight'}"
+            counts += f", {tree.in_flight} {'cancelled' if stopped else 'in flight'}"
         if tree.failed:
-            calls += f", {tree.failed} failed"
+            counts += f", {tree.failed} failed"
+        done = tree.done + tree.failed
         held = None if phase else hold_message() or slots_message()
-        tokens = f"{usage.total.total_tokens:,} tokens"
-        if usage.total.cached_input_tokens:
-            tokens += (
-                f" ({usage.total.cached_input_tokens:,} cached, saved "
-                f"{format_saving(usage.total.cache_saved_usd, usage.total.unpriced_savings)})"
-            )
+        total = usage.total
+        tokens = f"{total.total_tokens:,} tokens"
+        detail = ""
+        if total.cached_input_tokens:
+            saved = format_saving(total.cache_saved_usd, total.unpriced_savings)
+            detail = f"({total.cached_input_tokens:,} cached, saved {saved})"
         doing = phase or tree.phase
         if not phase and litellm_is_loading():
             doing = f"{doing}: {LOADING_LITELLM}"
         writing = self.partial_text(lines=1, width=60) if with_text and not phase else None
         if writing:
             doing = f"{doing}: …{writing}"
-        return " | ".join(
-            [
-                f"RLM {self.run.model}",
-                doing,
-                f"iteration {tree.iteration}/{tree.max_iterations or self.run.max_iterations}",
-                calls,
-                *([held] if held else []),
-                tokens,
-                format_cost(usage.cost_usd, usage.total.unpriced_calls),
-                f"{self.elapsed_s:.1f}s",
-            ]
-        )
+        model = str(self.run.model)
+        iterations = f"{tree.iteration}/{tree.max_iterations or self.run.max_iterations}"
+        return [
+            Part(f"RLM {model}", tuple(f"RLM {m}" for m in short_model(model)), 2, name=True),
+            Part(doing),
+            Part(f"iteration {iterations}", (f"iter {iterations}",)),
+            Part(
+                f"sub-calls {done} done{counts}",
+                (f"{done} sub-calls{counts}", (3, f"{done} calls{counts}")),
+            ),
+            *([Part(held, ("",), rank=0)] if held else []),
+            Part(tokens, (f"{total.total_tokens:,} tok",), dropped_at=4),
+            *([Part(detail, ("",), rank=0, glued=True)] if detail else []),
+            Part(format_cost(usage.cost_usd, total.unpriced_calls)),
+            Part(f"{self.elapsed_s:.1f}s", dropped_at=4),
+        ]
 
     def compact_line(self) -> str:
         return self.line(with_text=False)
@@ -297,7 +351,7 @@ class RunStatus(_LiveDisplay):
         turn = self.run.tree.live_turn
         return visible(turn.tail(lines, width)) if turn is not None else None
 
-    def final_line(self, exc_type) -> str:
+    def final_line(self, exc_type: type[BaseException] | None, columns: int | None = None) -> str:
         result = self.run.result
         if exc_type is not None:
             phase = "interrupted" if not issubclass(exc_type, Exception) else "failed"
@@ -309,177 +363,5 @@ class RunStatus(_LiveDisplay):
             if shown and not isinstance(self._view, TextLine):
                 # (A terminal shows the result as one repr line, without the figures.)
                 return f"RLM {self.run.model} | {phase}"
-        return self.line(phase, stopped=True)
-
-
-# -- views -------------------------------------------------------------------------------
-
-
-class _WidgetOutput:
-    """A widget displayed with a text/plain line of our own beside it (ipywidgets' own
-    is its repr, e.g. ``HBox(children=(IntProgress(...``), under a display id, so the
-    line can be rewritten when the work ends."""
-
-    def __init__(self, widget, text: str):
-        from IPython.display import display
-
-        self.widget = widget
-        self.handle = display(self._bundle(text), raw=True, display_id=True)
-
-    def _bundle(self, text: str) -> dict:
-        bundle = dict(self.widget._repr_mimebundle_() or {})
-        bundle["text/plain"] = text
-        return bundle
-
-    def settle(self, text: str) -> None:
-        self.handle.update(self._bundle(text), raw=True)
-
-
-class BarWidget:
-    """An ipywidgets progress bar with a status line beside it; when the batch ends the
-    bar goes and the line stays, as a one-line summary."""
-
-    def show(self, progress: BatchProgress) -> None:
-        import ipywidgets as widgets
-
-        self.bar = widgets.IntProgress(
-            value=0,
-            min=0,
-            max=max(progress.total, 1),
-            description=progress.label,
-            bar_style="info",
-            style={"description_width": "initial"},
-        )
-        self.status = widgets.HTML()
-        self.box = widgets.HBox([self.bar, self.status])
-        self.update(progress)
-        self.output = _WidgetOutput(self.box, progress.line())
-
-    def update(self, progress: BatchProgress) -> None:
-        with self.bar.hold_sync(), self.status.hold_sync():
-            self.bar.value = progress.done + progress.failed
-            if progress.failed:
-                self.bar.bar_style = "warning"
-            self.status.value = _code(progress.line().split(": ", 1)[1])
-
-    def finish(self, progress: BatchProgress, line: str) -> None:
-        with self.bar.hold_sync(), self.status.hold_sync():
-            self.bar.value = progress.done + progress.failed
-            self.bar.layout.display = "none"
-            self.status.value = _code(line)
-        self.output.settle(line)
-
-
-class StatusWidget:
-    """One HTML line, rewritten in place."""
-
-    def show(self, status: RunStatus) -> None:
-        import ipywidgets as widgets
-
-        self.html = widgets.HTML()
-        self.update(status)
-        self.output = _WidgetOutput(self.html, status.line())
-
-    def update(self, status: RunStatus) -> None:
-        self._set(status.line(with_text=False), status.partial_text())
-
-    def finish(self, status: RunStatus, line: str) -> None:
-        self._set(line)
-        self.output.settle(line)
-
-    def _set(self, line: str, partial: str | None = None) -> None:
-        value = _code(line)
-        if partial:  # the root turn as it streams in, under the line
-            value += (
-                f"<pre class='rlm-live-turn' style='margin:2px 0;opacity:.75'>"
-                f"{html.escape(partial)}</pre>"
-            )
-        if self.html.value != value:
-            self.html.value = value
-
-
-def _code(text: str) -> str:
-    return f"<code>{html.escape(text)}</code>"
-
-
-class TextLine:
-    """A status line on stderr, rewritten in place, for terminals and scripts. Only
-    elapsed time changing rewrites it at most once a second.
-
-    A line longer than the terminal is wide wraps, and ``\r`` then returns only to the
-    start of its last row: every rewrite would leave the rows above behind (nine lines a
-    ``%%rlm`` cell at 80 columns). So each line rewritten is cut to the width less one
-    column; the summary that ends it is not (nothing rewrites it).
-    """
-
-    def __init__(self, stream=None):
-        self.stream = stream or sys.stderr
-        self._last = ""
-        self._written_at = 0.0
-
-    def show(self, display: _LiveDisplay) -> None:
-        self._write(self._line_for(display))
-
-    def update(self, display: _LiveDisplay) -> None:
-        line = one_line(self._line_for(display))  # (as written: compared with what was)
-        news = line.rsplit(" | ", 1)[0] != self._last_full.rsplit(" | ", 1)[0]
-        if news or time.perf_counter() - self._written_at >= 1:
-            self._write(line)
-
-    def finish(self, display: _LiveDisplay, line: str) -> None:
-        self._write(line, end="\n")
-
-    _last_full = ""
-
-    def _line_for(self, display: _LiveDisplay) -> str:
-        """The display's line, or, where that is wider than the terminal, its line
-        without the text streaming in (the figures matter more than the model's words)."""
-        line = display.line()
-        if width(one_line(line)) < terminal_columns(self.stream):
-            return line
-        return display.compact_line()
-
-    def _write(self, line: str, end: str = "") -> None:
-        # Whatever is in the line, only our own "\r" and "\n" act on the terminal.
-        full = one_line(line)
-        # A last line may wrap: nothing rewrites it, so no row of it is left behind.
-        line = full if end else fit(full, terminal_columns(self.stream) - 1)
-        try:
-            # Spaces over what is left of a longer line before.
-            self.stream.write("\r" + line + " " * max(0, width(self._last) - width(line)) + end)
-            self.stream.flush()
-        except (ValueError, OSError):
-            pass  # stderr closed or gone (a test's capture, a detached script): the work goes on
-        self._last, self._last_full, self._written_at = line, full, time.perf_counter()
-
-
-def terminal_columns(stream=None) -> int:
-    """How wide the terminal showing ``stream`` is.
-
-    A terminal's own width, read at each write (so a resize is followed); in a kernel,
-    the width of the terminal its stderr was before ipykernel captured it: jupyter
-    console starts its kernel on its own terminal (measured: ipykernel keeps a copy of
-    that descriptor, ``_original_stdstream_copy``). Otherwise (a kernel started
-    elsewhere, a file) ``$COLUMNS``, else 80, the width terminals open at.
-    """
-    stream = stream if stream is not None else sys.stderr
-    descriptors = [_fileno(stream), getattr(stream, "_original_stdstream_copy", None)]
-    if stream is sys.stderr:  # a kernel's: where ipykernel captures none (under pytest)
-        descriptors.append(_fileno(sys.__stderr__))
-    for descriptor in descriptors:
-        try:
-            if descriptor is not None and os.isatty(descriptor):
-                return max(os.get_terminal_size(descriptor).columns, 20)
-        except (TypeError, ValueError, OSError):
-            pass  # closed, or no descriptor: try the next way
-    try:
-        return max(int(os.environ.get("COLUMNS", "")), 20)
-    except ValueError:
-        return 80
-
-
-def _fileno(stream) -> int | None:
-    try:
-        return int(stream.fileno())
-    except (AttributeError, ValueError, OSError):
-        return None  # not a file (a StringIO, ipykernel's stream)
+        parts = self.parts(phase=phase, stopped=True)
+        return fitted(parts, columns) if columns is not None else joined(parts)

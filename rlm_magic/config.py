@@ -209,9 +209,10 @@ class RLMConfig(Configurable):
     max_session_cost_usd = Float(
         None,
         allow_none=True,
-        help="Dollars everything this RLM sends may spend, from its first call: runs, "
-        "notebook helpers and maps (held as max_cost_usd is); the kernel's RLM counts "
-        "from the kernel's first call, across %reload_ext. Default: no limit.",
+        help="Dollars this kernel may spend, through every RLM: runs, notebook helpers "
+        "and maps (held as max_cost_usd is), checked against this RLM's setting at each "
+        "call; counted from the kernel's first call, across %reload_ext. An RLM given a "
+        "ledger of its own counts its own. Default: no limit.",
     ).tag(config=True)
     step_timeout = Float(
         300.0,

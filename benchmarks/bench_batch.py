@@ -3,7 +3,7 @@
 Run from the repo root:  python benchmarks/bench_batch.py [--quick] [--latency 0.3]
 
 Every method sends N chat requests (model "openai/bench") to the local fake
-OpenAI-compatible server of ``tests/llm_server.py``, in its own process (it answers
+OpenAI-compatible server of ``tests/support/llm_server.py``, in its own process (it answers
 after ``--latency`` seconds), and the wall time of the whole batch is measured. Each
 method is warmed up once first (imports, connection pools), then each cell is the median
 of --reps runs.
@@ -57,7 +57,7 @@ SLOW_CELL_S = 8.0
 
 
 class ServerProcess:
-    """tests/llm_server.py in a process of its own: in a thread of this process its
+    """tests/support/llm_server.py in a process of its own: in a thread of this process its
     request handling would compete with the client for the GIL and skew the timings."""
 
     def __init__(self, latency: float):
@@ -65,7 +65,7 @@ class ServerProcess:
 
         self.latency = latency
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.llm_server", "--latency", str(latency)],
+            [sys.executable, "-m", "tests.support.llm_server", "--latency", str(latency)],
             cwd=ROOT,
             stdout=subprocess.PIPE,
             text=True,
@@ -316,7 +316,7 @@ def main() -> None:
     print("# rlm-magic batch benchmark\n")
     print(
         f"Wall seconds to get N answers from a local OpenAI-compatible server "
-        f"(tests/llm_server.py) answering after {args.latency:g} s; median of {reps} "
+        f"(tests/support/llm_server.py) answering after {args.latency:g} s; median of {reps} "
         f"run(s) per cell (cells slower than {SLOW_CELL_S:g} s: 1 run), each method "
         f"warmed up once. Concurrency = N for the gathers and llm_query_batch.\n"
     )

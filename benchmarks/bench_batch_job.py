@@ -3,7 +3,7 @@
 Run from the repo root:  python benchmarks/bench_batch_job.py [--n 10000] [--chars 400]
 
 ``llm_query_batch(prompts, batch_job=True)`` runs against the Files + Batches API of
-``tests/llm_server.py``, in a process of its own (in a thread of this one its work
+``tests/support/llm_server.py``, in a process of its own (in a thread of this one its work
 would compete with the client for the GIL). A 5 ms heartbeat task on the same loop
 measures the longest stall over the whole job: writing and uploading the file, polling,
 downloading and reading the results. Memory is the growth of the process's peak RSS

@@ -5,7 +5,7 @@ Run from the repo root:  python benchmarks/bench_cold_start.py [--runs 3] [--cod
 
 Each run is a fresh interpreter that has imported rlm_magic (as a kernel has after
 ``%load_ext rlm_magic``) and sends one ``llm_query`` (or a batch of 8) to an
-OpenAI-compatible endpoint (``tests/llm_server.py``, in this process, answering at once).
+OpenAI-compatible endpoint (``tests/support/llm_server.py``, in this process, answering at once).
 ``--code DIR``: the rlm_magic the children run, e.g. an older commit's
 (``git archive <commit> | tar -x -C DIR``), to measure before and after side by side.
 Reported per case, the median of the runs:
@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.llm_server import FakeLLMServer  # noqa: E402
+from tests.support.llm_server import FakeLLMServer  # noqa: E402
 
 CHILD = r"""
 import asyncio, json, sys, time

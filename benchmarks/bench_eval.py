@@ -2,7 +2,7 @@
 
 Run from the repo root:  python benchmarks/bench_eval.py [--quick] [--latency 0.2]
 
-Against the scripted server of ``tests/llm_server.py`` in a process of its own (its
+Against the scripted server of ``tests/support/llm_server.py`` in a process of its own (its
 sub-model answers "7" after ``--latency`` seconds; its root model plays a two-turn RLM,
 64 sub-calls a run), it measures:
 
@@ -52,7 +52,7 @@ from rlm_magic.maps.run_map import MapSpec, run_map  # noqa: E402
 ROOT_MODEL, SUB_MODEL = "openai/root", "openai/sub"
 SERVER = """
 import sys, threading
-from tests.llm_server import FakeLLMServer, _rlm_root_turn
+from tests.support.llm_server import FakeLLMServer, _rlm_root_turn
 server = FakeLLMServer().start()
 server.latency = {latency}
 server.usage = None

@@ -1,4 +1,4 @@
-"""The client against servers that are not ours (``tests/foreign_servers.py``).
+"""The client against servers that are not ours (``tests/support/foreign_servers.py``).
 
 Run from the repo root:  python benchmarks/bench_foreign_servers.py [--reps 3]
                          [--code /path/to/another/checkout]  (its rlm_magic, side by side)
@@ -46,7 +46,7 @@ class ServerProcess:
 
     def __init__(self, behaviour: dict):
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.foreign_servers", json.dumps(behaviour)],
+            [sys.executable, "-m", "tests.support.foreign_servers", json.dumps(behaviour)],
             cwd=ROOT,
             stdout=subprocess.PIPE,
             stdin=subprocess.PIPE,
@@ -69,7 +69,7 @@ async def token_run(server: ServerProcess, k: float, wire: bool) -> tuple[float,
     from rlm_magic import RLM
     from rlm_magic.jupyter.helpers import NotebookHelpers
     from rlm_magic.llm.transports import close_loop_clients
-    from tests.foreign_servers import text_counting
+    from tests.support.foreign_servers import text_counting
 
     server.ask("reset")
     rlm = RLM(
@@ -138,7 +138,7 @@ def main() -> None:
         "--litellm", action="store_true", help="token limits through litellm, not the wire"
     )
     args = parser.parse_args()
-    sys.path.insert(0, str(ROOT))  # tests.foreign_servers
+    sys.path.insert(0, str(ROOT))  # tests.support.foreign_servers
     if args.code:
         sys.path.insert(0, str(Path(args.code).resolve()))
     import rlm_magic

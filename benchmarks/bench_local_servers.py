@@ -29,7 +29,7 @@ streamed, ~6 min unstreamed). The server runs in this process: below ~0.25 its
 chunks (and, with ``--litellm``, litellm's per-chunk work) take more CPU than two cores
 give, and the streamed run's wall time grows past the answers' own time.
 
-Two runs side by side, on the local test server of tests/llm_server.py:
+Two runs side by side, on the local test server of tests/support/llm_server.py:
 - streamed (batch items stream, as they do now): ``timeout`` limits a stall, not the
   answer's length;
 - unstreamed (``RLM.stream = False``, how batch items used to go): each attempt is cut
@@ -56,7 +56,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from rlm_magic import RLM  # noqa: E402
 from rlm_magic.jupyter.helpers import NotebookHelpers as helpers  # noqa: E402
-from tests.llm_server import FakeLLMServer, _Discard  # noqa: E402
+from tests.support.llm_server import FakeLLMServer, _Discard  # noqa: E402
 
 ANSWER_TOKENS = 4096
 PROMPTS = 8

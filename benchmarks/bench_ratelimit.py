@@ -2,7 +2,7 @@
 
 Run from the repo root:  python benchmarks/bench_ratelimit.py [--reps 3]
 
-The local test server (``tests/llm_server.py``) enforces a limit as a real provider
+The local test server (``tests/support/llm_server.py``) enforces a limit as a real provider
 does: token buckets for requests and/or prompt tokens per second, answering excess
 requests at once with HTTP 429, ``retry-after`` and (unless told not to) OpenAI's
 ``x-ratelimit-*`` headers. Each scenario runs on a fresh event loop, so nothing learned
@@ -183,10 +183,10 @@ SCENARIOS = [
 
 
 class ServerProcess:
-    """tests/llm_server.py with one scenario's limit, in a process of its own."""
+    """tests/support/llm_server.py with one scenario's limit, in a process of its own."""
 
     def __init__(self, limit: dict):
-        args = [sys.executable, "-m", "tests.llm_server", "--latency", str(LATENCY)]
+        args = [sys.executable, "-m", "tests.support.llm_server", "--latency", str(LATENCY)]
         for name, value in limit.items():
             flag = f"--{name.replace('_', '-')}"
             args += [flag] if value is True else [flag, str(value)]

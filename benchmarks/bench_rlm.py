@@ -3,7 +3,7 @@ latency, not 32.
 
 Run from the repo root:  python benchmarks/bench_rlm.py [--root 0.5] [--sub 0.5] [--n 32]
 
-The root model (scripted by the local server of tests/llm_server.py) replies once with
+The root model (scripted by the local server of tests/support/llm_server.py) replies once with
 code that fans out ``llm_query_batch`` over N prompts, then with FINAL_VAR. The same run
 is timed three ways: model code calling the batch without ``await``, with ``await``, and
 (for contrast) a loop of single ``llm_query`` calls, which is what a blocking REPL does.
@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from rlm_magic import RLM  # noqa: E402
-from tests.llm_server import FakeLLMServer  # noqa: E402
+from tests.support.llm_server import FakeLLMServer  # noqa: E402
 
 STYLES = {
     "batch, no await": "answers = llm_query_batch([f'part {{i}}' for i in range({n})])",

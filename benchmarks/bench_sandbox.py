@@ -7,7 +7,7 @@ Run from the repo root:  python benchmarks/bench_sandbox.py [--reps 5]
   with isolation off, side by side;
 - per-step overhead: a trivial step (``x = 1``) in each REPL, median of many;
 - a 64-item ``llm_query_batch`` from the model's code: the step's wall time in each REPL,
-  against the local test server (tests/llm_server.py) with 0.3 s sub-call latency;
+  against the local test server (tests/support/llm_server.py) with 0.3 s sub-call latency;
 - a 100 MB string context: start-up with it, minus start-up with a small one;
 - stopping a step: a sleeping step (SIGINT) and one that ignores SIGINT (SIGKILL after
   the grace period), from the cancel to ``run()`` returning;
@@ -37,7 +37,7 @@ from rlm_magic import RLM  # noqa: E402
 from rlm_magic.repl.inprocess import AsyncREPL  # noqa: E402
 from rlm_magic.repl.sandbox import SandboxREPL  # noqa: E402
 from rlm_magic.repl.steps import repl_builtins  # noqa: E402
-from tests.llm_server import FakeLLMServer  # noqa: E402
+from tests.support.llm_server import FakeLLMServer  # noqa: E402
 
 
 async def _echo(prompt, **_):

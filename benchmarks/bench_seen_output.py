@@ -2,7 +2,7 @@
 
 Run from the repo root:  python benchmarks/bench_seen_output.py [--rate 50]
 
-The root model (tests/llm_server.py) writes the reply Claude 4.6 wrote in the official
+The root model (tests/support/llm_server.py) writes the reply Claude 4.6 wrote in the official
 RLM library's report (alexzhang13/rlm PR 127), in the same shape: a ```repl block that
 lists the top customers, then an "Output:" with a made-up table of names and totals,
 prose built on it, and FINAL. Its next reply answers from the real output. Replies are
@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from rlm_magic import RLM  # noqa: E402
-from tests.llm_server import FakeLLMServer  # noqa: E402
+from tests.support.llm_server import FakeLLMServer  # noqa: E402
 
 CONTEXT = "\n".join(f"order {i}, customer C{i % 37:02d}, total {i * 7 % 500}" for i in range(2000))
 NAMES = ["Acme Corp", "Globex", "Initech", "Umbrella", "Hooli", "Stark Ind.", "Wayne Ent."]

@@ -4,7 +4,7 @@ scripted RLM run whose replies are generated at a realistic rate.
 Run from the repo root:  python benchmarks/bench_streaming.py [--iterations 20]
 [--rate 50] [--sub 1.0] [--quick]
 
-The root model (the local server of tests/llm_server.py, speaking Anthropic's Messages
+The root model (the local server of tests/support/llm_server.py, speaking Anthropic's Messages
 API for ``anthropic/claude-sonnet-4-5``, so litellm prices it with Anthropic's cache
 prices) writes each turn as: a line of prose, a ```repl block that fans out a 4-prompt
 ``llm_query_batch`` (``--sub`` seconds per sub-call), then a paragraph of prose after the
@@ -32,7 +32,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from rlm_magic import RLM  # noqa: E402
 from rlm_magic.demo import split_tokens  # noqa: E402
-from tests.llm_server import FakeLLMServer  # noqa: E402
+from tests.support.llm_server import FakeLLMServer  # noqa: E402
 
 MODEL = "anthropic/claude-sonnet-4-5"
 SERVED = "claude-sonnet-4-5"

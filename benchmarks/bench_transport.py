@@ -3,7 +3,7 @@
 Run from the repo root:  python benchmarks/bench_transport.py [--calls 1000] [--quick]
                                                  [--only floor,cpu,closing,lag,chunk,generation,rlm]
 
-The local OpenAI-compatible server (``tests/llm_server.py``) runs in processes of its
+The local OpenAI-compatible server (``tests/support/llm_server.py``) runs in processes of its
 own, so its CPU is not counted against the client. Reported:
 
 0. **CPU per call against raw aiohttp, streamed and not** (``floor``): process CPU time /
@@ -67,11 +67,11 @@ API_KEY = "sk-bench"
 
 
 class Server:
-    """tests/llm_server.py in a process of its own."""
+    """tests/support/llm_server.py in a process of its own."""
 
     def __init__(self, *args: str):
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.llm_server", *args],
+            [sys.executable, "-m", "tests.support.llm_server", *args],
             cwd=ROOT,
             stdout=subprocess.PIPE,
             stdin=subprocess.PIPE,

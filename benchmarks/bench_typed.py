@@ -3,7 +3,7 @@
 Run from the repo root:  python benchmarks/bench_typed.py [--n 1000] [--reps 3]
 
 The same ``llm_query_batch`` of N prompts runs plain and with a pydantic model, against
-``tests/llm_server.py`` in a process of its own answering at once with the same JSON
+``tests/support/llm_server.py`` in a process of its own answering at once with the same JSON
 object either way. The client process's CPU time (``time.process_time``) is divided by
 N; plain and typed runs alternate, and the medians are compared.
 """
@@ -33,7 +33,7 @@ from rlm_magic.llm.litellm_loader import import_litellm  # noqa: E402
 
 SERVER = """
 import json, sys, threading
-from tests.llm_server import FakeLLMServer
+from tests.support.llm_server import FakeLLMServer
 server = FakeLLMServer().start()
 server.requests = type("Discard", (list,), {"append": lambda self, item: None})()
 server.default_reply = json.dumps({"sentiment": "positive", "score": 3, "reason": "it works"})

@@ -5,7 +5,7 @@ It cannot share rlm-magic's environment, so run it from a scratch one:
     python -m venv /tmp/rlms && /tmp/rlms/bin/pip install rlms
     /tmp/rlms/bin/python benchmarks/compare_rlms_ratelimit.py --server-python .venv/bin/python
 
-The server (``tests/llm_server.py``, run by ``--server-python``, which has rlm-magic)
+The server (``tests/support/llm_server.py``, run by ``--server-python``, which has rlm-magic)
 allows 50 requests/s with a burst of 50 and answers after 0.3 s, as in
 ``bench_ratelimit.py``. The library's ``llm_query_batched`` path is
 ``LMHandler._handle_batched``: a semaphore of ``batch_max_concurrent`` (16 by default)
@@ -40,7 +40,7 @@ def main() -> None:
             [
                 args.server_python,
                 "-m",
-                "tests.llm_server",
+                "tests.support.llm_server",
                 "--latency",
                 "0.3",
                 "--rps",

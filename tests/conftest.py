@@ -1,3 +1,7 @@
+"""The fixtures the test modules share: the local servers, an IPython shell, real
+kernels. Everything else a test imports comes from ``tests/support``; nothing imports
+from here."""
+
 from __future__ import annotations
 
 import os
@@ -6,20 +10,8 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import pytest  # noqa: E402
 
-from .llm_server import FakeLLMServer  # noqa: E402
-
-# (Re-exported for the test modules that still import them from here: they move to
-# ``from .support import ...``.)
-from .support import (  # noqa: E402, F401
-    MEASURED,
-    ROOT,
-    SUB,
-    cell_result,
-    helpers,
-    make_rlm,
-    run_cell,
-    server_settings,
-)
+from .support import MEASURED, make_rlm, server_settings  # noqa: E402
+from .support.llm_server import FakeLLMServer  # noqa: E402
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -124,7 +116,7 @@ def shell(ipython_shell, server):
 @pytest.fixture(scope="session")
 def litellm_proxy(llm_server, tmp_path_factory):
     """A real LiteLLM Proxy in front of the local server, shared by the session."""
-    from .litellm_proxy import LiteLLMProxy
+    from .support.litellm_proxy import LiteLLMProxy
 
     proxy = LiteLLMProxy(llm_server.base_url, tmp_path_factory.mktemp("litellm-proxy"))
     try:
@@ -147,7 +139,7 @@ async def _close_litellm_connections():
 @pytest.fixture(scope="module")
 def recording_server():
     """The test server recording where keys go (``key_server.RecordingServer``)."""
-    from .key_server import RecordingServer
+    from .support.key_server import RecordingServer
 
     server = RecordingServer().start()
     yield server
@@ -167,3 +159,46 @@ def local(recording_server):
     yield recording_server
     recording_server.reset()
     profiles.forget()
+
+
+# -- real kernels (``tests/support/kernels.py`` drives them) ------------------------------
+@pytest.fixture(scope="session")
+def kernel_prefix(tmp_path_factory):
+    """A prefix holding the "rlm" spec and this venv's own "python3" spec."""
+    from .support.kernels import kernel_dir, run_python
+
+    prefix = tmp_path_factory.mktemp("jupyter-prefix")
+    done = run_python("-m", "rlm_magic.jupyter.kernelspec", "install", "--prefix", str(prefix))
+    assert done.returncode == 0, done.stderr
+    assert str(kernel_dir(prefix) / "rlm") in done.stdout
+    done = run_python("-m", "ipykernel", "install", "--prefix", str(prefix))
+    assert done.returncode == 0, done.stderr
+    return prefix
+
+
+@pytest.fixture(scope="session")
+def kernel_specs(kernel_prefix):
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    from .support.kernels import kernel_dir
+
+    return KernelSpecManager(kernel_dirs=[str(kernel_dir(kernel_prefix))])
+
+
+@pytest.fixture(scope="session")
+def kernel_env(tmp_path_factory) -> dict:
+    env = dict(os.environ)
+    env["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
+    env["IPYTHONDIR"] = str(tmp_path_factory.mktemp("ipython"))  # no user config
+    env.pop("JUPYTER_PATH", None)
+    return env
+
+
+@pytest.fixture(scope="module")
+def rlm_kernel(kernel_specs, kernel_env, llm_server):
+    """The "rlm" kernel, one per test module: no %load_ext anywhere. Warmed up: litellm
+    is imported."""
+    from .support.kernels import ready_kernel
+
+    with ready_kernel("rlm", kernel_specs, kernel_env, llm_server) as kernel:
+        yield kernel

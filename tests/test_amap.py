@@ -16,7 +16,7 @@ from rlm_magic import BatchError, ConfigError
 from rlm_magic.jupyter.extension import session_rlm
 from rlm_magic.maps.function_map import function_map_key
 
-from .conftest import cell_result, helpers, make_rlm, run_cell
+from .support import cell_result, helpers, make_rlm, run_cell
 
 
 def asked(server) -> list[str]:

@@ -5,27 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from . import test_kernel
-from .test_kernel import interrupt_and_check, ready_kernel
+from .support.kernels import interrupt_and_check
 
 pytestmark = pytest.mark.kernel
-
-# The kernel tests' fixtures: the kernel specs, installed into a temporary prefix.
-kernel_prefix = test_kernel.kernel_prefix
-kernel_specs = test_kernel.kernel_specs
-kernel_env = test_kernel.kernel_env
 
 PER_ROW = (
     "async def per_row(row):\n"
     "    facts = await llm_query(row)\n"
     "    return await llm_query(f'summary of {facts}')\n"
 )
-
-
-@pytest.fixture(scope="module")
-def rlm_kernel(kernel_specs, kernel_env, llm_server):
-    with ready_kernel("rlm", kernel_specs, kernel_env, llm_server) as kernel:
-        yield kernel
 
 
 def test_interrupt_stops_an_amap_pipeline_and_keeps_its_finished_results(rlm_kernel, server):

@@ -9,7 +9,7 @@ import pytest
 
 from rlm_magic import LLMQueryError
 
-from .conftest import helpers, make_rlm
+from .support import helpers, make_rlm
 
 
 def repl(code: str) -> str:

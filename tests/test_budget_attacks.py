@@ -18,9 +18,8 @@ import pytest
 from rlm_magic import BatchError, BudgetExceededError
 from rlm_magic.llm import budget as budget_module
 
-from .conftest import helpers, make_rlm
-from .test_budgets import PRICED, priced_rlm, prompts, room_for
-from .test_engine import repl
+from .support import helpers, make_rlm, repl
+from .support.priced import PRICED, priced_rlm, prompts, room_for
 
 IN, OUT = 2.5e-6, 1e-5  # gpt-4o's dollars a token
 
@@ -280,7 +279,7 @@ def rlm_litellm():
 async def test_reloading_the_extension_while_a_call_runs_keeps_its_hold(shell, server):
     from rlm_magic.jupyter.extension import session_rlm
 
-    from .conftest import run_cell, server_settings
+    from .support import run_cell, server_settings
 
     server.usage = (1016, 1000)  # each call costs its whole hold: MOST
     server.latency = 1.0
@@ -322,7 +321,7 @@ async def test_reloading_the_extension_while_a_call_runs_keeps_its_hold(shell, s
 async def test_resetting_the_usage_display_does_not_reset_the_session_budget(shell, server):
     from rlm_magic.jupyter.extension import session_rlm
 
-    from .conftest import run_cell
+    from .support import run_cell
 
     server.usage = (10, 50)  # $0.000525 a call; each holds ~$0.0011 at most
     rlm = session_rlm(shell)

@@ -18,29 +18,8 @@ import pytest
 
 from rlm_magic import BatchError, BudgetExceededError, ConfigError
 
-from .conftest import helpers, make_rlm
-from .test_engine import repl
-
-PRICED = "openai/gpt-4o"
-MAX_TOKENS = 1000
-PROMPT_CHARS = 1000
-# The most one call of a PROMPT_CHARS prompt can cost: its UTF-8 bytes and the chat
-# template's allowance (16 tokens for two messages at most), and MAX_TOKENS of answer.
-MOST = (PROMPT_CHARS + 16) * 2.5e-6 + MAX_TOKENS * 1e-5
-
-
-def prompts(count: int) -> list[str]:
-    return [f"{i:04d} " + "word " * ((PROMPT_CHARS - 5) // 5) for i in range(count)]
-
-
-def room_for(calls: int) -> float:
-    """A budget with room for ``calls`` calls at their most, and not one more."""
-    return round(MOST * (calls + 0.5), 6)
-
-
-def priced_rlm(server, **settings):
-    server.usage = None  # counted as it would be billed: ~4 characters a token
-    return make_rlm(server, sub_model=PRICED, max_tokens=MAX_TOKENS, **settings)
+from .support import helpers, make_rlm, repl
+from .support.priced import MAX_TOKENS, PRICED, priced_rlm, prompts, room_for
 
 
 @pytest.mark.filterwarnings("ignore:max_cost_usd is set")  # the root model is unpriced
@@ -339,7 +318,7 @@ async def test_a_typed_answers_schema_is_held_as_input(server):
 async def test_reloading_the_extension_does_not_start_the_session_budget_again(shell, server):
     from rlm_magic.jupyter.extension import session_rlm
 
-    from .conftest import run_cell, server_settings
+    from .support import run_cell, server_settings
 
     server.usage = None
     rlm = session_rlm(shell)

@@ -25,48 +25,15 @@ from rlm_magic.jupyter.progress import RunStatus, TextLine
 from rlm_magic.rlm.render import markdown_without_html
 from rlm_magic.rlm.result import RLMResult
 
-from .conftest import make_rlm
-
-# What a hostile model writes, each piece with the raw sequence that gives it away in
-# what a terminal receives (the capture holds the terminal's own sequences too: prompts,
-# colours, cursor moves of its own, so each piece is one no terminal program writes).
-ATTACKS = {
-    "OSC 52 (writes the clipboard)": ("\x1b]52;c;UFdORUQ=\x07", "\x1b]52;"),
-    "OSC 8 (a disguised link)": (
-        "\x1b]8;;https://evil.example/\x1b\\docs\x1b]8;;\x1b\\",
-        "\x1b]8;",
-    ),
-    "CSI 2J (clears the screen)": ("\x1b[2J", "\x1b[2J"),
-    "cursor up 42 lines": ("\x1b[42A", "\x1b[42A"),
-    "cursor to row 13, column 37": ("\x1b[13;37H", "\x1b[13;37H"),
-    "8-bit CSI (a C1 control)": ("\x9b2J", "\x9b"),
-    "backspaces over text": ("FAKE\x08\x08\x08\x08REAL", "FAKE\x08"),
-    "a lone carriage return": ("FAKE\rREAL", "FAKE\r"),
-    "bidi override": ("\u202eevil\u202c", "\u202e"),
-    "bidi isolate": ("\u2066x\u2069", "\u2066"),
-}
-HOSTILE = " ".join(text for text, _ in ATTACKS.values())
-
-
-def raw_sequences(received: str) -> dict[str, int]:
-    """How many times each attack's raw sequence is in ``received`` (only those found)."""
-    counts = {name: received.count(raw) for name, (_, raw) in ATTACKS.items()}
-    return {name: count for name, count in counts.items() if count}
-
-
-def repl(code: str) -> str:
-    return f"```repl\n{code}\n```\n"
-
-
-# The root model's turns of a hostile run: prose with raw controls, streamed (what the
-# status line shows), then code whose printed output is the hostile text, then its
-# answer: that output, FINAL_VAR'd. And a run that fails with it in its error.
-STREAMED = "Reading: \x1b[2J\x1b[42A \x1b]52;c;UFdORUQ=\x07 \u202eevil\u202c \x9b2J done"
-HOSTILE_RUN = [
-    f"{STREAMED}\n" + repl(f"out = {HOSTILE!r}\nprint(out)"),
-    "FINAL_VAR(out)",
-]
-FAILING_RUN = [repl(f"out = 'Error: ' + {HOSTILE!r}"), "FINAL_VAR(out)"]
+from .support import make_rlm
+from .support.hostile_text import (
+    ATTACKS,
+    FAILING_RUN,
+    HOSTILE,
+    HOSTILE_RUN,
+    STREAMED,
+    raw_sequences,
+)
 
 
 # -- the cleaning ------------------------------------------------------------------
@@ -342,18 +309,11 @@ def test_the_status_widget_shows_the_streaming_turn_escaped_and_visible():
 # -- a real kernel -----------------------------------------------------------------
 jupyter_client = pytest.importorskip("jupyter_client")
 
-from .test_kernel import (  # noqa: E402  (their fixtures, for a kernel of this module's own)
-    kernel_env,  # noqa: F401
-    kernel_prefix,  # noqa: F401
-    kernel_specs,  # noqa: F401
-    ready_kernel,
-)
 
-
-@pytest.fixture(scope="module")
-def kernel(kernel_specs, kernel_env, llm_server):  # noqa: F811
-    with ready_kernel("rlm", kernel_specs, kernel_env, llm_server) as started:
-        yield started
+@pytest.fixture
+def kernel(rlm_kernel):
+    """This module's "rlm" kernel (``rlm_kernel``, from conftest)."""
+    return rlm_kernel
 
 
 def _strings(value) -> list[str]:

@@ -15,7 +15,8 @@ import rlm_magic
 from rlm_magic import CutAnswer
 from rlm_magic.jupyter.extension import session_rlm
 
-from .conftest import cell_result, helpers, make_rlm
+from .support import cell_result, helpers, make_rlm
+from .support.conversations import long_conversation
 
 WORDS = 200
 
@@ -166,8 +167,6 @@ async def test_an_llm_query_interrupted_before_its_answer_began_keeps_nothing(
 
 
 async def test_a_summary_asked_again_shorter_gets_half_the_budget(server):
-    from .test_windows import long_conversation
-
     server.enforce_max_tokens = True
     server.reply_with("root-model", lambda body: "summary " * 400)  # never ends in time
     rlm = make_rlm(server)

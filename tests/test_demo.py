@@ -12,7 +12,7 @@ import pytest
 
 from rlm_magic import RLM, demo
 
-from .conftest import run_cell
+from .support import run_cell
 
 
 def make_logs(lines: int = 3000) -> str:

@@ -13,7 +13,7 @@ from rlm_magic.rlm.finishing.echoes import Echoes
 from rlm_magic.rlm.prompts import CONTINUE_PROMPT, ITERATION_LIMIT_PROMPT, SYSTEM_PROMPT
 from rlm_magic.rlm.replies import ACCEPTED_FORMS
 
-from .conftest import make_rlm
+from .support import make_rlm
 
 INSTRUCTIONS = [SYSTEM_PROMPT, CONTINUE_PROMPT, ITERATION_LIMIT_PROMPT, ACCEPTED_FORMS]
 

@@ -14,7 +14,7 @@ from rlm_magic.eval.methods import COMBINE_PROMPT, chunk_lines
 from rlm_magic.eval.plan import EvalPlan
 from rlm_magic.eval.results import EvalResults
 
-from .conftest import make_rlm, run_cell
+from .support import make_rlm, run_cell
 
 PRICED = "openai/gpt-4o"  # litellm knows its price: costs are numbers, not "?"
 

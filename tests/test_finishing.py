@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from .conftest import make_rlm
+from .support import make_rlm
 
 
 def repl(code: str, text: str = "") -> str:

@@ -16,8 +16,8 @@ import pytest
 from rlm_magic import RLM
 from rlm_magic.llm.ratelimit import RateGate, read_headers
 
-from .conftest import helpers
-from .foreign_servers import Behaviour, ForeignServer, text_counting
+from .support import helpers
+from .support.foreign_servers import Behaviour, ForeignServer, text_counting
 
 LATENCY = 0.1
 CONCURRENCY = 16
@@ -134,7 +134,7 @@ async def test_a_server_without_rate_limit_headers_loses_nothing(foreign):
 
 
 def test_the_server_s_tokenizer_counts_k_times_our_estimate():
-    from .foreign_servers import prompt_tokens
+    from .support.foreign_servers import prompt_tokens
 
     for k in (0.5, 1.0, 2.0, 4.0):
         text = text_counting(k, 2_000, "p1")

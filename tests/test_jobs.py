@@ -23,7 +23,7 @@ from rlm_magic.jupyter.extension import session_rlm
 from rlm_magic.maps import jobs
 from rlm_magic.maps.jobs import BatchJob, JobStore, batch_job
 
-from .conftest import cell_result, helpers, make_rlm, run_cell
+from .support import cell_result, helpers, make_rlm, run_cell
 
 
 @pytest.fixture
@@ -218,7 +218,7 @@ async def test_a_job_the_provider_has_forgotten_is_submitted_anew(rlm, batch_ser
 
 @pytest.mark.proxy
 async def test_a_batch_job_runs_through_a_real_litellm_proxy(litellm_proxy, batch_server, tmp_path):
-    from .litellm_proxy import MASTER_KEY
+    from .support.litellm_proxy import MASTER_KEY
 
     rlm = make_rlm(
         batch_server,

@@ -15,8 +15,8 @@ from rlm_magic import RLM
 from rlm_magic.errors import APIKeyError, ConfigError
 from rlm_magic.llm import keys
 
-from .conftest import helpers
-from .key_server import KEY_VARIABLES, rlm_at
+from .support import helpers
+from .support.key_server import KEY_VARIABLES, rlm_at
 
 ENV_KEY = "sk-from-the-environment-0123456789"
 OWN_KEY = "sk-set-in-rlm-api-key-0123456789"

@@ -10,8 +10,8 @@ import rlm_magic
 from rlm_magic import RLM
 from rlm_magic.errors import APIKeyError, BatchError, ConfigError
 
-from .conftest import helpers, make_rlm, run_cell
-from .key_server import KEY_VARIABLES, rlm_at
+from .support import helpers, make_rlm, run_cell
+from .support.key_server import KEY_VARIABLES, rlm_at
 
 KEY = "sk-the-users-own-0123456789abcdef"
 

@@ -10,8 +10,8 @@ from aiohttp import web
 from rlm_magic.errors import LLMQueryError
 from rlm_magic.llm.redaction import REDACTED
 
-from .conftest import helpers, make_rlm
-from .llm_server import FakeLLMServer
+from .support import helpers, make_rlm
+from .support.llm_server import FakeLLMServer
 
 KEY = "sk-proj-Leftover0123456789abcdefGHIJKLmnopQRSTuvwxYZ-_77"
 

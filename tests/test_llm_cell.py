@@ -7,7 +7,7 @@ import pytest
 
 from rlm_magic.jupyter.display import PROVIDER_KEYS
 
-from .conftest import run_cell
+from .support import run_cell
 
 
 @pytest.fixture

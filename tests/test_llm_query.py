@@ -10,7 +10,7 @@ import pytest
 
 from rlm_magic import BatchError, LLMQueryError
 
-from .conftest import SUB, helpers, make_rlm
+from .support import SUB, helpers, make_rlm
 
 
 async def test_llm_query_returns_the_models_answer(rlm, server):

@@ -19,7 +19,7 @@ from rlm_magic.demo import split_tokens
 from rlm_magic.jupyter.progress import BatchProgress
 from rlm_magic.llm import local_servers, profiles, slots, windows
 
-from .conftest import SUB, helpers, make_rlm
+from .support import SUB, helpers, make_rlm
 
 
 def repl(code: str) -> str:

@@ -20,8 +20,7 @@ from traitlets import TraitError
 import rlm_magic
 from rlm_magic.jupyter.extension import session_rlm
 
-from .conftest import helpers, make_rlm, run_cell
-from .test_engine import repl
+from .support import helpers, make_rlm, repl, run_cell
 
 # -- loading ---------------------------------------------------------------------------
 
@@ -326,7 +325,7 @@ async def test_no_raise_prints_the_failed_runs_error_and_lets_the_cell_succeed(
 async def test_no_raise_prints_an_error_quoting_model_text_with_its_controls_visible(
     shell, server, capsys
 ):
-    from .test_clean_text import FAILING_RUN, HOSTILE, raw_sequences
+    from .support.hostile_text import FAILING_RUN, HOSTILE, raw_sequences
 
     server.script("root-model", FAILING_RUN)
     await run_cell(shell, "%%rlm --no-raise -q -o failed\nq")

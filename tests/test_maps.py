@@ -10,7 +10,7 @@ import pytest
 from rlm_magic import BatchError
 from rlm_magic.maps.resume import RESUME_AT
 
-from .conftest import helpers, make_rlm
+from .support import helpers, make_rlm
 
 
 def repl(code: str) -> str:

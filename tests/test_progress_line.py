@@ -11,7 +11,7 @@ import pytest
 import rlm_magic
 from rlm_magic.jupyter.progress import BatchProgress, TextLine, terminal_columns
 
-from .conftest import helpers, make_rlm
+from .support import helpers, make_rlm
 
 
 class _Answer:
@@ -113,7 +113,7 @@ async def test_a_batch_answered_from_the_cache_says_so(server, tmp_path, capsys)
 
 
 async def test_a_resumed_map_says_how_many_answers_came_from_disk(server, tmp_path, capsys):
-    from .test_resume import interrupted_after
+    from .support.resumable_maps import interrupted_after
 
     rlm = make_rlm(server, cache_dir=str(tmp_path))
     prompts = ["fast 1", "slow 1", "fast 2", "slow 2", "fast 3"]

@@ -8,11 +8,9 @@ import pytest
 
 from rlm_magic import RLM, LLMQueryError
 
-from .conftest import helpers
-from .litellm_proxy import MASTER_KEY
-
-# The real-kernel fixtures, shared with the kernel tests.
-from .test_kernel import Kernel, kernel_env, kernel_prefix, kernel_specs  # noqa: F401
+from .support import helpers
+from .support.kernels import Kernel
+from .support.litellm_proxy import MASTER_KEY
 
 pytestmark = pytest.mark.proxy
 
@@ -53,7 +51,7 @@ async def test_a_run_goes_through_the_proxy(litellm_proxy, server):
 async def test_a_rlm_cell_goes_through_the_proxy(litellm_proxy, server, shell):
     from rlm_magic.jupyter.extension import session_rlm
 
-    from .conftest import run_cell
+    from .support import run_cell
 
     rlm = session_rlm(shell)
     rlm.api_base, rlm.api_key = litellm_proxy.base_url, MASTER_KEY
@@ -101,8 +99,8 @@ async def test_the_proxy_s_reported_cost_reaches_the_ledger(litellm_proxy, serve
 def test_two_kernels_sharing_the_proxy_lose_no_item(
     litellm_proxy,
     llm_server,  # noqa: F811
-    kernel_specs,  # noqa: F811
-    kernel_env,  # noqa: F811
+    kernel_specs,
+    kernel_env,
 ):
     kernels = [Kernel("rlm", kernel_specs, kernel_env) for _ in range(2)]
     try:

@@ -17,7 +17,7 @@ from rlm_magic import LLMQueryError
 from rlm_magic.jupyter.progress import BatchProgress
 from rlm_magic.llm.ratelimit import RateGate, parse_duration, read_headers
 
-from .conftest import helpers, make_rlm
+from .support import helpers, make_rlm
 
 
 async def test_a_batch_over_the_request_limit_loses_no_item(server):
@@ -514,7 +514,7 @@ async def test_the_next_batch_under_a_minute_s_budget_bursts_no_more_than_is_enf
 
 
 async def test_a_refusal_that_says_what_it_counted_teaches_the_count_before_any_answer():
-    from tests.llm_server import minute_budget_limit
+    from .support.llm_server import minute_budget_limit
 
     server_side = minute_budget_limit(None, None, 20_000, 20_000, token_factor=1.5)
     gate = RateGate("openai/tokenizer")

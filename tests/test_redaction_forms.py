@@ -27,8 +27,8 @@ from hypothesis import strategies as st
 from rlm_magic.errors import LLMQueryError
 from rlm_magic.llm.redaction import OFF_LOOP_CHARS, REDACTED, Redactor
 
-from .conftest import helpers
-from .llm_server import FakeLLMServer
+from .support import helpers
+from .support.llm_server import FakeLLMServer
 
 # -- secrets as providers issue them ---------------------------------------------------
 

@@ -11,8 +11,8 @@ from traitlets import TraitError
 from rlm_magic import RLM, LLMQueryError
 from rlm_magic.llm.litellm_loader import load_litellm
 
-from .conftest import helpers, make_rlm
-from .llm_server import FakeLLMServer
+from .support import helpers, make_rlm
+from .support.llm_server import FakeLLMServer
 
 DEAD = "http://127.0.0.1:9/v1"  # nothing listens on the discard port
 

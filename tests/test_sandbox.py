@@ -15,8 +15,7 @@ import pytest
 from rlm_magic.repl import sandbox as sandbox_module
 from rlm_magic.repl.sandbox import isolation_report
 
-from .conftest import make_rlm
-from .test_engine import repl, root_requests
+from .support import eventually, make_rlm, outputs, repl, root_requests
 
 LOST = "every variable you made is lost"
 
@@ -24,10 +23,6 @@ LOST = "every variable you made is lost"
 @pytest.fixture
 def rlm(server):
     return make_rlm(server, sandbox="process")
-
-
-def outputs(result) -> list[str]:
-    return [run.output for iteration in result.trajectory for run in iteration.code]
 
 
 def gone(pid: int) -> bool:
@@ -101,7 +96,7 @@ async def test_the_sandbox_process_ends_with_its_run_however_it_ends(rlm, server
     )
     run = rlm.start("q", context="c")
     task = asyncio.ensure_future(run.execute())
-    assert await _eventually(lambda: getattr(run, "repl", None) and run.repl._step)
+    assert await eventually(lambda: getattr(run, "repl", None) and run.repl._step)
     pid = run.repl._sandbox.process.pid
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -160,10 +155,10 @@ async def test_processes_the_model_starts_end_with_the_sandbox(rlm, server):
         ],
     )
     run = asyncio.ensure_future(rlm.arun("q", context="c"))
-    assert await _eventually(lambda: server.requests_for("sub-model"))
+    assert await eventually(lambda: server.requests_for("sub-model"))
     assert running("60.101")  # it did start
     await run
-    assert await _eventually(lambda: not running("60.101"), timeout=5)
+    assert await eventually(lambda: not running("60.101"), timeout=5)
     server.model_latency = {}
 
     # Also when the sandbox crashed first, leaving them behind, and those that left
@@ -181,7 +176,7 @@ async def test_processes_the_model_starts_end_with_the_sandbox(rlm, server):
         ],
     )
     assert (await rlm.arun("q", context="c")).success
-    assert await _eventually(lambda: not running("60.102") and not running("60.103"), timeout=5)
+    assert await eventually(lambda: not running("60.102") and not running("60.103"), timeout=5)
 
 
 async def test_child_runs_get_sandboxes_of_their_own(rlm, server):
@@ -674,12 +669,3 @@ async def test_the_kernel_never_unpickles_what_the_sandbox_sends(rlm, server, tm
     result = await rlm.arun("q", context="c")
     assert "unexpected frame kind" in outputs(result)[0]
     assert not marker.exists()
-
-
-async def _eventually(predicate, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        await asyncio.sleep(0.02)
-    return False

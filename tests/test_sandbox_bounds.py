@@ -20,9 +20,7 @@ from rlm_magic.llm import structured
 from rlm_magic.repl.sandbox import calls
 from rlm_magic.rlm.finishing import is_error
 
-from .conftest import make_rlm
-from .test_engine import repl
-from .test_sandbox import _eventually, outputs
+from .support import eventually, make_rlm, outputs, repl
 
 pytestmark = pytest.mark.usefixtures("server")
 
@@ -313,7 +311,7 @@ async def test_an_interrupt_ends_the_run_within_a_second_though_the_bridge_is_we
     server.script("root-model", [repl(WEDGED), "FINAL(done)"])
     rlm = make_rlm(server, sandbox="process", step_timeout=60)
     run = asyncio.ensure_future(rlm.arun("q", context="c"))
-    assert await _eventually(lambda: server.requests_for("sub-model"))
+    assert await eventually(lambda: server.requests_for("sub-model"))
     interrupted = time.monotonic()
     run.cancel()
     with pytest.raises(asyncio.CancelledError):

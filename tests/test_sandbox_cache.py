@@ -12,7 +12,7 @@ import sqlite3
 
 from rlm_magic.llm.cache import FILE_NAME
 
-from .conftest import helpers, make_rlm
+from .support import helpers, make_rlm
 
 
 class Trap:

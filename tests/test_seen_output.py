@@ -10,7 +10,7 @@ import pytest
 
 from rlm_magic.rlm.result import Withheld
 
-from .conftest import make_rlm
+from .support import make_rlm
 
 CONTEXT = "line\n" * 20  # 20 lines: a model that guesses says 7
 

@@ -10,8 +10,8 @@ import pytest
 from rlm_magic import ConfigError
 from rlm_magic.rlm.session import RLMSession
 
-from .conftest import make_rlm
-from .test_sandbox_attacks import SESSION_FORGER
+from .support import make_rlm
+from .support.session_forger import SESSION_FORGER
 
 
 def repl(code: str) -> str:
@@ -142,7 +142,7 @@ async def test_sessions_report_size_and_cost(server):
 
 
 async def test_rlm_session_cells_carry_on_and_forget_ends_the_session(shell, server):
-    from .conftest import run_cell
+    from .support import run_cell
 
     server.script(
         "root-model",
@@ -184,7 +184,7 @@ async def test_a_session_answers_one_question_at_a_time(server):
 async def test_session_and_live_cannot_be_combined(shell, server):
     from IPython.core.error import UsageError
 
-    from .conftest import run_cell
+    from .support import run_cell
 
     with pytest.raises(UsageError, match="--session keeps a REPL of its own"):
         await run_cell(shell, "%%rlm --session s --live\nq")
@@ -194,7 +194,7 @@ async def test_session_and_live_cannot_be_combined(shell, server):
 async def test_a_session_keeps_the_repl_kind_it_started_with(shell, server):
     from IPython.core.error import UsageError
 
-    from .conftest import run_cell
+    from .support import run_cell
 
     server.script("root-model", ["FINAL(ok)"])
     await run_cell(shell, "%%rlm --session kinds --no-sandbox -q\nq")

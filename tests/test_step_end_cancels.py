@@ -4,8 +4,7 @@ nothing more, the call's answer never reaches the model, and the next step runs 
 
 from __future__ import annotations
 
-from .conftest import make_rlm
-from .test_engine import repl
+from .support import make_rlm, repl
 
 
 async def test_a_call_from_a_thread_still_running_at_the_end_of_its_step_is_cancelled(server):

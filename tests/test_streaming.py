@@ -20,7 +20,7 @@ from rlm_magic.jupyter.progress import RunStatus
 from rlm_magic.llm import profiles
 from rlm_magic.llm.completion import partial_answer
 
-from .conftest import make_rlm
+from .support import make_rlm
 
 CLAUDE = "anthropic/claude-sonnet-4-5"  # litellm knows its prices, cache prices included
 
@@ -440,7 +440,7 @@ def test_litellm_kwargs_may_not_set_the_streams_options():
 
 
 async def test_rlm_usage_shows_cached_input_and_the_saving(shell, server):
-    from .conftest import run_cell
+    from .support import run_cell
 
     server.usage = None
     shell.run_line_magic("rlm", "usage --reset")

@@ -17,7 +17,7 @@ from rlm_magic.errors import ConfigError
 from rlm_magic.llm.structured import AnswerFormat
 from rlm_magic.maps.jobs import batch_job
 
-from .conftest import helpers, make_rlm
+from .support import helpers, make_rlm
 
 
 class Label(BaseModel):

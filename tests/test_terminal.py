@@ -19,8 +19,8 @@ import pytest
 
 from rlm_magic.demo import split_tokens
 
-from .conftest import MEASURED
-from .test_clean_text import FAILING_RUN, HOSTILE, HOSTILE_RUN, raw_sequences
+from .support import MEASURED
+from .support.hostile_text import FAILING_RUN, HOSTILE, HOSTILE_RUN, raw_sequences
 
 pexpect = pytest.importorskip("pexpect")
 

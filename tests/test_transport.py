@@ -15,8 +15,8 @@ from rlm_magic import LLMQueryError
 from rlm_magic.llm import profiles
 from rlm_magic.llm.litellm_loader import load_litellm
 
-from .conftest import helpers, make_rlm
-from .llm_server import echo
+from .support import helpers, make_rlm
+from .support.llm_server import echo
 
 CLAUDE = "anthropic/claude-sonnet-4-5"
 

@@ -8,9 +8,9 @@ import pytest
 from rlm_magic import LLMQueryError, PromptTooLongError
 from rlm_magic.errors import CompactionError
 from rlm_magic.llm import profiles, windows
-from rlm_magic.rlm.compaction import Conversation
 
-from .conftest import ROOT, helpers, make_rlm
+from .support import ROOT, helpers, make_rlm
+from .support.conversations import PROSE, long_conversation
 
 
 def repl(code: str) -> str:
@@ -22,9 +22,6 @@ def _forget_learned_windows():
     profiles.forget()
     yield
     profiles.forget()
-
-
-PROSE = "The quick brown fox jumps over the lazy dog near the river bank. "  # ~4 chars/token
 
 
 async def test_an_oversized_sub_call_is_refused_in_the_repl_before_sending(server):
@@ -348,26 +345,6 @@ async def test_a_router_groups_window_is_its_deployments_smallest(server):
 
 
 # -- a summary that is cut off ----------------------------------------------------------
-
-
-def long_conversation(rlm) -> Conversation:
-    async def share(history):
-        pass
-
-    conversation = Conversation(
-        rlm.client,
-        model=ROOT,
-        max_tokens=100,
-        compact_at=0.8,
-        ledger=rlm.client.ledger,
-        deadline=None,
-        share_history=share,
-        status=lambda _: None,
-        compactions=[],
-    )
-    conversation.start("system", "question")
-    conversation.add(PROSE * 20, PROSE * 20)  # ~500 tokens for the summary to replace
-    return conversation
 
 
 async def test_a_summary_cut_at_its_budget_is_asked_again_shorter_then_kept_marked(server):

@@ -1,4 +1,5 @@
-"""How a scripted root model writes a code block, and what the local server was sent."""
+"""How a scripted root model writes a code block, what the local server was sent, and what
+the blocks of a run printed."""
 
 from __future__ import annotations
 
@@ -19,3 +20,8 @@ def root_requests(server):
 def last_feedback(server) -> str:
     """The last message the root model was sent (the REPL output it saw)."""
     return root_requests(server)[-1]["messages"][-1]["content"]
+
+
+def outputs(result) -> list[str]:
+    """What each code block of a run printed, in order."""
+    return [run.output for iteration in result.trajectory for run in iteration.code]

@@ -22,7 +22,7 @@ does. Limits are enforced as a provider does: a bucket of one second's tokens (a
 requests), refilled continuously, while the headers speak of the minute.
 
 It runs on its own event loop in a thread (``start``) on 127.0.0.1, or in a process of
-its own: ``python -m tests.foreign_servers '<behaviour as JSON>'`` prints its base URL,
+its own: ``python -m tests.support.foreign_servers '<behaviour as JSON>'`` prints its base URL,
 then answers ``stats`` on stdin with a JSON line (the benchmarks use that).
 """
 

@@ -44,12 +44,14 @@ def pytest_addoption(parser):
 # Everything else is spread one test at a time. (xdist's own `--dist loadgroup` relies
 # on a node id attribute that pytest 9.2 no longer reads.)
 SHARED_FIXTURE_MODULES = (
-    "tests/test_kernel.py",
-    "tests/test_terminal.py",
+    "tests/test_real_kernel_specs_progress_and_interrupts.py",
+    "tests/test_terminal_clients.py",
     "tests/test_proxy.py",
     "tests/test_sandbox_attacks.py",
 )
-ON_THEIR_OWN = ("tests/test_kernel.py::test_example_notebook_",)  # a kernel each
+ON_THEIR_OWN = (
+    "tests/test_real_kernel_specs_progress_and_interrupts.py::test_example_notebook_",
+)  # a kernel each
 
 
 def worker_group(nodeid: str) -> str:

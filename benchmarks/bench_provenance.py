@@ -3,7 +3,8 @@ costs, side by side in one run.
 
 Run from the repo root:  python benchmarks/bench_provenance.py [--shapes 1200]
 
-1. Generated reply shapes (the generators of tests/test_provenance.py, drawn with a
+1. Generated reply shapes (the generators of
+   tests/test_answer_origin_decides_the_finish.py, drawn with a
    seeded random): a value the model typed after code that read data (must never be
    taken), a value computed from data (must be taken in its turn), a value typed after
    code that read no data (written down: must be taken in its turn). Each runs in a real
@@ -28,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from tests.test_provenance import (  # noqa: E402
+from tests.test_answer_origin_decides_the_finish import (  # noqa: E402
     COMPUTED,
     READS_DATA,
     READS_NOTHING,

@@ -7,7 +7,7 @@ screen clear, cursor moves; a lone carriage return or backspace; bidi overrides)
 made visible, and the Markdown view carries no HTML; ``result.answer`` stays the model's
 exact text. Here: the cleaning itself, the result's views, the errors and the terminal
 status line, and what a real kernel sends its client. (Terminal IPython and jupyter
-console, typed into for real: tests/test_terminal.py.)
+console, typed into for real: tests/test_terminal_clients.py.)
 """
 
 from __future__ import annotations

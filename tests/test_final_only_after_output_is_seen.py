@@ -257,7 +257,8 @@ async def test_a_second_block_and_a_final_var_right_after_a_block_are_never_cut(
     assert [block.output for block in result.trajectory[0].code] == ["20", "40"]
 
 
-# -- by origin, whatever the spelling (tests/test_provenance.py generates the class) -------
+# -- by origin, whatever the spelling ---------------------------------------------------
+# (tests/test_answer_origin_decides_the_finish.py generates the class)
 @pytest.mark.parametrize(
     "finish",
     [

@@ -1,6 +1,6 @@
 """The sandboxed REPL: what it guarantees, and that the model cannot tell it apart from
 the in-process one. A scripted root model drives real runs over HTTP, as in
-test_engine; the model's code runs in a worker process of its own."""
+test_rlm_loop_and_limits; the model's code runs in a worker process of its own."""
 
 from __future__ import annotations
 

@@ -41,6 +41,17 @@ def llm_server():
     server.stop()
 
 
+def pytest_collection_finish(session):
+    """Import litellm once, before the first test, when a test of this process talks to
+    the server: its import takes seconds of CPU (minutes on a loaded 2-core machine),
+    which counted in the first such test's time limit and failed every test of the
+    process with it (a session fixture's error is handed to each of its tests)."""
+    if any("litellm_imported" in getattr(item, "fixturenames", ()) for item in session.items):
+        from rlm_magic.llm.litellm_loader import import_litellm
+
+        import_litellm()
+
+
 @pytest.fixture(scope="session")
 def litellm_imported():
     """litellm, imported once per test process before any test that talks to the server:

@@ -2,7 +2,7 @@
 
 The same run as ``bench_transport.py``'s last section: the root model (0.5 s a turn)
 chunks a 4,000-line log into 64 parts and asks the sub-model (0.3 s) about each in one
-batch, then finishes. The server is the same (``tests/llm_server.py``'s, in a process
+batch, then finishes. The server is the same (``tests/support/llm_server.py``'s, in a process
 of its own); only the root's replies are written in the library's words: its batch is
 ``llm_query_batched``, and a run ends when code sets ``answer["ready"] = True``. The
 library runs as it comes (its batch sends 16 sub-calls at a time, unstreamed).
@@ -46,9 +46,9 @@ def rlm_context() -> str:
 
 
 def serve(root_s: float, sub_s: float) -> None:
-    """The scripted server (rlm-magic's environment: tests/llm_server.py)."""
+    """The scripted server (rlm-magic's environment: tests/support/llm_server.py)."""
     sys.path.insert(0, str(ROOT))
-    from tests.llm_server import FakeLLMServer
+    from tests.support.llm_server import FakeLLMServer
 
     def root_turn(body: dict) -> str:
         return LAST_TURN if any(m["role"] == "assistant" for m in body["messages"]) else FIRST_TURN

@@ -313,42 +313,50 @@ class Worker:
 
     # -- requests on the main thread --------------------------------------------------------
     def serve(self) -> None:
+        handlers: dict[str, Callable[[Message], Message]] = {
+            "run": self.run_step,
+            "final_var": lambda message: {
+                "op": "final_var",
+                "value": final_text(self.namespace, str(message.get("name"))),
+            },
+            "replay": lambda message: {"op": "replay", **self.replay(message).as_message()},
+            "carried": lambda _: {
+                "op": "carried",
+                "held": carried_digests(self.namespace, self.carried_in),
+            },
+            "names": lambda _: {
+                "op": "names",
+                "names": user_variables(self.namespace)[:VARIABLES_MOST],
+            },
+            "variables": lambda _: {
+                "op": "variables",
+                "variables": fitted_variables(self.namespace),
+            },
+            "context": self.set_context,
+            "set": self.set_variable,
+            "carry": lambda _: self.carry_out(),
+            "carry_part": self.carry_part,
+        }
         while True:
             message = self.inbox.get()
-            op = message["op"]
-            if op == "run":
-                self.send(self.run_step(message))
-            elif op == "final_var":
-                self.send(
-                    {
-                        "op": "final_var",
-                        "value": final_text(self.namespace, str(message.get("name"))),
-                    }
-                )
-            elif op == "replay":
-                self.send({"op": "replay", **self.replay(message).as_message()})
-            elif op == "carried":
-                held = carried_digests(self.namespace, self.carried_in)
-                self.send({"op": "carried", "held": held})
-            elif op == "names":
-                names = user_variables(self.namespace)[:VARIABLES_MOST]
-                self.send({"op": "names", "names": names})
-            elif op == "variables":
-                self.send({"op": "variables", "variables": fitted_variables(self.namespace)})
-            elif op == "context":
-                if "error" not in message:
-                    for name in message.get("names") or ():
-                        self.namespace[str(name)] = message["value"]
-                self.send({"op": "context", "error": message.get("error")})
-            elif op == "set":
-                self.namespace[str(message.get("name"))] = message.get("value")
-                self.send({"op": "set"})
-            elif op == "carry":
-                self.send(self.carry_out())
-            elif op == "carry_part":
-                index = int(message.get("index", 0))
-                part = self.carry_parts[index] if 0 <= index < len(self.carry_parts) else b""
-                self.send({"op": "carry_part", "data": base64.b64encode(part).decode("ascii")})
+            handler = handlers.get(message["op"])
+            if handler is not None:  # (an op this worker does not know: nothing to say)
+                self.send(handler(message))
+
+    def set_context(self, message: Message) -> Message:
+        if "error" not in message:
+            for name in message.get("names") or ():
+                self.namespace[str(name)] = message["value"]
+        return {"op": "context", "error": message.get("error")}
+
+    def set_variable(self, message: Message) -> Message:
+        self.namespace[str(message.get("name"))] = message.get("value")
+        return {"op": "set"}
+
+    def carry_part(self, message: Message) -> Message:
+        index = int(message.get("index", 0))
+        part = self.carry_parts[index] if 0 <= index < len(self.carry_parts) else b""
+        return {"op": "carry_part", "data": base64.b64encode(part).decode("ascii")}
 
     def replay(self, message: Message) -> Replayed:
         """The reply's blocks run again with the data changed (``provenance``), stopped

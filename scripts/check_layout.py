@@ -121,9 +121,7 @@ def duplicate_pairs(files: dict[Path, str]) -> list[tuple[Path, int, int, Path, 
     for path, kept in lines.items():
         for start in range(len(kept) - DUPLICATE_LINES + 1):
             window = "\n".join(text for _, text in kept[start : start + DUPLICATE_LINES])
-            places[hashlib.blake2b(window.encode(), digest_size=16).digest()].append(
-                (path, start)
-            )
+            places[hashlib.blake2b(window.encode(), digest_size=16).digest()].append((path, start))
     matched: set[tuple[Path, int, Path, int]] = set()
     for where in places.values():
         if len(where) < 2 or len(where) > TOO_COMMON:

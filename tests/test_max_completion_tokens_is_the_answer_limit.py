@@ -110,18 +110,13 @@ def test_a_map_holds_each_item_for_the_smaller_limit(limit, asked, items):
     assert named == asyncio.run(holds({}, min(limit, asked)))
 
 
-# -- what the request carries (needs the hooks in identity.params and the client's window
-# fitting and cache check: see issue 39's budget notes) --------------------------------
-NEEDS_HOOKS = pytest.mark.xfail(
-    strict=True, reason="identity.params / the client's fitting do not read the limit yet"
-)
+# -- what the request carries --------------------------------------------------------------
 
 
 def _limits_sent(request: dict) -> dict:
     return {k: request[k] for k in ("max_tokens", "max_completion_tokens") if k in request}
 
 
-@NEEDS_HOOKS
 @pytest.mark.parametrize(
     "run_limit, asked, named, sent",
     [
@@ -138,7 +133,6 @@ async def test_a_sub_call_sends_one_limit_under_the_callers_name(
     assert _limits_sent(server.requests[-1]) == {"max_completion_tokens": sent}
 
 
-@NEEDS_HOOKS
 async def test_max_completion_tokens_is_fitted_to_the_window_as_max_tokens_is(server):
     server.reports_window = ("llama.cpp", 4096)  # a local server saying its window
     rlm = make_rlm(server, max_tokens=4000, litellm_kwargs={"max_completion_tokens": 3000})

@@ -31,6 +31,7 @@ async def admit(call: Call, endpoint: Endpoint) -> None:
         call.messages,
         call.params,  # (tools, n... from litellm_kwargs: billed, so held)
         call.reservation,
+        endpoint=endpoint.identity,
     )
 
 
@@ -52,4 +53,5 @@ async def reserve_batch(
         conversations,
         max_tokens,
         litellm_kwargs,
+        endpoint=endpoint.identity,
     )

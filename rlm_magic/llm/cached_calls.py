@@ -9,6 +9,7 @@ import time
 from typing import TYPE_CHECKING
 
 from . import cache as response_cache
+from .answer_limit import answer_limit
 from .completion import Completion
 from .messages import Messages
 from .usage import CallRecord
@@ -56,7 +57,10 @@ def keep(call: Call, completion: Completion) -> None:
         call.cache is not None
         and call.key is not None
         and completion.cut_reason is None
-        and (not completion.cut_off or call.params["max_tokens"] == call.identity.max_tokens)
+        and (
+            not completion.cut_off
+            or answer_limit(call.params) == answer_limit(call.identity.params())
+        )
     ):
         response_cache.safely(
             call.cache.set,

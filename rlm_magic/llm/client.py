@@ -42,6 +42,7 @@ from . import (
     windows,
 )
 from . import cache as response_cache
+from .answer_limit import answer_limit, with_answer_limit
 from .call import Call, CallOptions
 from .completion import Completion
 from .endpoints import CallPlan, Endpoint, Endpoints
@@ -296,14 +297,15 @@ class LLMClient:
             plan.windows_unsettled = not window_lookup.settled(config, endpoint, model)
         window = self.input_window(model)
         if window is not None:
-            call.params["max_tokens"] = await windows.fit_answer(
+            fitted = await windows.fit_answer(
                 call.litellm,
                 model,
                 call.messages,
                 window,
-                call.params["max_tokens"],
+                answer_limit(call.params) or call.identity.max_tokens,
                 window_lookup.server_count(config, endpoint, model),
             )
+            call.params = with_answer_limit(call.params, fitted)
 
     # -- 3. send -----------------------------------------------------------------------
     async def _send(self, call: Call) -> Answer:

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .answer_limit import one_answer_limit
 from .messages import Messages
 
 
@@ -39,7 +40,7 @@ class RequestIdentity:
 
     def params(self, response_format: dict[str, Any] | None = None) -> dict[str, Any]:
         """The request's parameters besides model and messages, as sent."""
-        params = {"max_tokens": self.max_tokens, **self.options}
+        params = one_answer_limit({"max_tokens": self.max_tokens, **self.options})
         if response_format is not None:
             params["response_format"] = response_format
         return params

@@ -33,7 +33,8 @@ def completion_parts(
 
 _FINISH: dict[Any, Any] = {"stop": "stop", "length": "length", None: None}
 # litellm's ``map_finish_reason`` table (1.110), used while litellm is not imported; a
-# reason it does not list is "stop", as there. (tests/test_wire_transport_matches_litellm.py compares them.)
+# reason it does not list is "stop", as there.
+# (tests/test_wire_transport_matches_litellm.py compares them.)
 _LITELLM_FINISH: dict[str, str] = {
     "stop_sequence": "stop",
     "end_turn": "stop",

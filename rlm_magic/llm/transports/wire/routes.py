@@ -66,6 +66,7 @@ CHAT_PARAMETERS = frozenset(
         "reasoning_effort",
         "verbosity",
         "max_tokens",
+        "max_completion_tokens",
         "extra_headers",
         "extra_body",
     }

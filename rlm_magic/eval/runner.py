@@ -244,7 +244,7 @@ class Evaluation:
             self._items.pop(key, None)  # every method has it: its context can go
 
 
-async def evaluate(
+async def evaluate(  # noqa: PLR0913 - a user's call: its options are one list
     rlm: RLM,
     tasks: Any = None,
     sizes: Sequence[int | str] | str = ("8k", "32k"),

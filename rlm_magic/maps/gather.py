@@ -73,23 +73,8 @@ async def gather_limited(
     results, errors = outcome.results, outcome.errors
     tasks: list[asyncio.Task[None]] = []
 
-    async def run(index: int) -> None:
-        outcome.started.add(index)
-        try:
-            if observer:
-                observer.item_started(index)
-            results[index] = await calls[index]()
-            if observer:
-                observer.item_finished(index, results[index])
-        except Exception as exc:  # noqa: BLE001 - kept per item, reported by the caller
-            errors[index] = exc
-            if observer:
-                observer.item_failed(index, exc)
-        except asyncio.CancelledError as cancel:
-            cut = partial_answer(cancel)
-            if cut is not None:
-                outcome.partial[index] = cut
-            raise
+    def run(index: int) -> Awaitable[None]:
+        return _run_one(calls[index], index, outcome, observer)
 
     try:
         started_this_turn = 0
@@ -114,3 +99,29 @@ async def gather_limited(
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
     return results, errors
+
+
+async def _run_one(
+    call: Callable[[], Awaitable[Any]],
+    index: int,
+    outcome: BatchOutcome,
+    observer: BatchObserver | None,
+) -> None:
+    """Call ``index``: its value or its error kept in ``outcome``, and what had arrived
+    when it was cancelled."""
+    outcome.started.add(index)
+    try:
+        if observer:
+            observer.item_started(index)
+        outcome.results[index] = await call()
+        if observer:
+            observer.item_finished(index, outcome.results[index])
+    except Exception as exc:  # noqa: BLE001 - kept per item, reported by the caller
+        outcome.errors[index] = exc
+        if observer:
+            observer.item_failed(index, exc)
+    except asyncio.CancelledError as cancel:
+        cut = partial_answer(cancel)
+        if cut is not None:
+            outcome.partial[index] = cut
+        raise

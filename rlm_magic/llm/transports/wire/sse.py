@@ -75,7 +75,7 @@ async def read(reply: Any, state: StreamState, touch: Callable[[], None], api_ba
 
 async def _events(reply: Any, state: StreamState, touch: Callable[[], None], api_base: str) -> bool:
     """The body's events, each handed on as it completes; True at [DONE]."""
-    loads, add = json.loads, state.add_text
+    loads = json.loads
     # A line's pieces until its newline comes: each byte is joined and split once (a
     # long line is not copied again with every read), and a line is bounded.
     pending: list[bytes] = []
@@ -105,22 +105,26 @@ async def _events(reply: Any, state: StreamState, touch: Callable[[], None], api
             if payload == _DONE:
                 return True
             # (decoded here: json.loads of bytes first guesses their encoding)
-            event = loads(payload.decode("utf-8", "surrogatepass"))
-            choices = event.get("choices")
-            if choices:
-                choice = choices[0]
-                delta = choice.get("delta")
-                if delta:
-                    piece = delta.get("content")
-                    if piece:
-                        add(piece)
-                if choice.get("finish_reason"):
-                    state.finish = choice["finish_reason"]
-            if event.get("usage"):
-                state.usage = event["usage"]
-            if "error" in event:
-                raise event_error(event, reply.headers, api_base)
+            _take(loads(payload.decode("utf-8", "surrogatepass")), state, reply, api_base)
     return False
+
+
+def _take(event: Any, state: StreamState, reply: Any, api_base: str) -> None:
+    """One event's text, finish reason and usage into ``state``; its error raised."""
+    choices = event.get("choices")
+    if choices:
+        choice = choices[0]
+        delta = choice.get("delta")
+        if delta:
+            piece = delta.get("content")
+            if piece:
+                state.add_text(piece)
+        if choice.get("finish_reason"):
+            state.finish = choice["finish_reason"]
+    if event.get("usage"):
+        state.usage = event["usage"]
+    if "error" in event:
+        raise event_error(event, reply.headers, api_base)
 
 
 def _too_long(reply: Any, api_base: str) -> APIConnectionError:

@@ -8,7 +8,7 @@ schema with the same rule. ``DemoServer`` picks which of them answers a request 
 waits a deterministic time, so concurrency shows in a notebook and re-runs match.
 Which log formats the sub model reads a field from is ``log_fields``.
 
-One concept over 400 lines: what one scripted model answers, root turns and sub-calls
+Why one module: what one scripted model answers, root turns and sub-calls
 together, since each root turn writes the prompts its sub-calls are answered by.
 """
 

@@ -5,6 +5,10 @@ maps any async function of the user's (a pipeline of calls per row) the same way
 They are coroutine functions bound to one ``RLM`` (its settings, client and ledger), so
 ``await llm_query_batch(prompts)`` in a cell runs every prompt concurrently on the
 kernel's own loop. Given a pandas Series, the maps hand back a Series on its index.
+
+Why one module: the helpers are one surface, the notebook's, and share its rules (the
+bar, the interrupt, the last unfinished batch, a Series in and out); each is short, and
+their docstrings, read side by side, are what ``help()`` and the API reference show.
 """
 
 from __future__ import annotations

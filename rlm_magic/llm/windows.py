@@ -21,6 +21,10 @@ Room for the answer is what answers need, not ``max_tokens`` whatever the prompt
 prompt is refused only when not even a short answer would fit beside it, and when it
 fits with less than ``max_tokens``, ``max_tokens`` is lowered to what fits (a server
 would refuse, or cut, the request as asked).
+
+Why one module: the window, the characters a token reads and the room left for the
+answer are one estimate, made from the same learned facts; a prompt fitted by one rule
+and its answer by another would be refused by the server that both were meant to fit.
 """
 
 from __future__ import annotations

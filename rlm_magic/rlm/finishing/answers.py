@@ -10,6 +10,10 @@ an answer given by a block that then failed, and an answer the
 model typed in a reply whose code read data it had not seen: typed, because a replay of
 the reply with its data changed gives it again (``repl.provenance``; ``Origin``), however
 it is spelled. ``is_error`` tells an answer that is only a failed call's error string.
+
+Why one module: every form of finish passes the same refusals in the same order (cut
+off, unseen failure, says nothing, echoed, typed before seen); one reader keeps them
+alike for every form, which is what a model cannot talk its way around.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from .errors import (
     RLMError,
     RLMRunError,
 )
-from .jupyter.helpers import amap, failed_batch, interrupted_batch
+from .jupyter.helpers import amap, failed_batch, interrupted_batch, unfinished_batch
 from .llm.completion import CutAnswer
 from .llm.usage import CallRecord, UsageLedger, UsageSummary, usage
 from .rlm.result import CodeRun, Compaction, Iteration, RLMResult
@@ -56,6 +56,7 @@ __all__ = [
     "UsageSummary",
     "CallRecord",
     "usage",
+    "unfinished_batch",
     "interrupted_batch",
     "failed_batch",
     "amap",

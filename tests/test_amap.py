@@ -151,7 +151,7 @@ async def test_an_interrupt_keeps_the_finished_results_reachable_by_name(
     error = (await cell).error_in_exec
     assert isinstance(error, KeyboardInterrupt)
     assert str(error).startswith("amap interrupted: the 1 of 3 answers that had arrived")
-    assert rlm_magic.interrupted_batch().results == ["echo: fast", None, None]
+    assert rlm_magic.unfinished_batch().results == ["echo: fast", None, None]
     # Nothing is left running: the slow calls were cancelled with the map (the client
     # closed their connections).
     assert await asyncio.to_thread(server.wait_for, lambda: server.cancelled >= 2, 10)

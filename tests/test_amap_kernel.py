@@ -37,7 +37,7 @@ def test_interrupt_stops_an_amap_pipeline_and_keeps_its_finished_results(rlm_ker
         "await amap(per_row, ['fast 0', 'fast 1', 'slow 0', 'slow 1'])",
         ready,
     )
-    assert rlm_kernel.value("rlm_magic.interrupted_batch().results") == [
+    assert rlm_kernel.value("rlm_magic.unfinished_batch().results") == [
         "echo: summary of echo: fast 0",
         "echo: summary of echo: fast 1",
         None,

@@ -114,7 +114,7 @@ async def test_an_interrupted_batch_keeps_each_answer_it_cut_off(
         "llm_query_batch interrupted: the 0 of 9 answers that had arrived are in "
         "rlm_magic.unfinished_batch().results, with the parts of 8 it cut off"
     )
-    slow, *cut = rlm_magic.interrupted_batch().results
+    slow, *cut = rlm_magic.unfinished_batch().results
     assert slow is None  # nothing had arrived
     assert all(isinstance(answer, CutAnswer) for answer in cut)
     assert all(answer.reason == "interrupted" for answer in cut)
@@ -140,7 +140,7 @@ async def test_an_interrupted_llm_query_keeps_the_part_of_its_answer_that_arrive
     signal.raise_signal(signal.SIGINT)
     error = (await cell).error_in_exec
     assert isinstance(error, KeyboardInterrupt)
-    (answer,) = rlm_magic.interrupted_batch().results
+    (answer,) = rlm_magic.unfinished_batch().results
     assert isinstance(answer, CutAnswer) and answer.reason == "interrupted"
     assert len(answer.text) >= 40 and long_answer({}).startswith(answer.text)
     assert str(error) == (
@@ -153,14 +153,14 @@ async def test_an_llm_query_interrupted_before_its_answer_began_keeps_nothing(
     shell, server, sigint_as_in_a_kernel
 ):
     server.latency_for = lambda body: 30
-    before = rlm_magic.interrupted_batch()
+    before = rlm_magic.unfinished_batch()
     code = "await llm_query('q')"
     cell = asyncio.ensure_future(cell_result(shell, code))
     assert await asyncio.to_thread(server.wait_for, lambda: len(server.requests) >= 1, 30)
     signal.raise_signal(signal.SIGINT)
     error = (await cell).error_in_exec
     assert isinstance(error, KeyboardInterrupt) and str(error) == "llm_query interrupted"
-    assert rlm_magic.interrupted_batch() is before  # nothing new to keep
+    assert rlm_magic.unfinished_batch() is before  # nothing new to keep
 
 
 # -- a summary cut at its budget --------------------------------------------------------

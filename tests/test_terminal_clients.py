@@ -197,7 +197,9 @@ def test_status_lines_fit_an_80_column_terminal_and_leave_nothing_behind(client,
         *rewritten, last = [v for v in re.split(r"\r", holding[0]) if v.strip()]
         assert rewritten and all(len(v) <= 79 for v in rewritten), rewritten
         assert last.rstrip() in shown  # the summary: nothing rewrites it, it may wrap
-    assert "| done | iteration 3/30" in shown and "llm_query_batch: 3/3 done" in shown
+    # The last line says less to fit (a model's provider, words shortened), not wraps.
+    assert re.search(r"\| done \| iter(ation)? 3/30 \| (sub-calls )?3 (sub-)?calls", shown)
+    assert "llm_query_batch: 3/3 done" in shown
 
 
 @pytest.mark.parametrize("cell", [(BATCH,), RUN], ids=["batch", "run"])

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 from rlm_magic import RLM
 from rlm_magic.llm.transports.router import TIMEOUT_COOLS_DOWN, for_the_router
 
@@ -22,6 +24,7 @@ def _deployment(model: str, api_base: str, weight: float, **info) -> dict:
     return {**entry, "model_info": info} if info else entry
 
 
+@pytest.mark.slow  # a real timeout and a cool-down: 20 s
 async def test_after_a_timeout_calls_go_to_the_healthy_deployment_until_the_cool_down_ends(
     server,
 ):

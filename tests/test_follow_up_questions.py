@@ -167,6 +167,7 @@ async def test_rlm_session_cells_carry_on_and_forget_ends_the_session(shell, ser
         shell.run_line_magic("rlm", "forget notes")
 
 
+@pytest.mark.slow  # ten seconds of questions queued behind each other
 async def test_a_session_answers_one_question_at_a_time(server):
     from rlm_magic import ConfigError
 

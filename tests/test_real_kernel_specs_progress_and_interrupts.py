@@ -217,7 +217,11 @@ def test_saved_text_beside_progress_widgets_shows_how_the_work_ended(
     assert widget_texts(3) == ["RLM openai/root-model | done"]
 
 
-EXAMPLES = sorted((Path(__file__).parent.parent / "notebooks").glob("[0-9]*.ipynb"))
+# nbval runs every example notebook against its saved outputs (an error output that is
+# not saved fails it there); papermill runs the quickstart, the tour of every helper, in
+# the rlm kernel. (All of them here too cost 3 minutes of the suite's 8, for nothing the
+# two do not already check.)
+EXAMPLES = sorted((Path(__file__).parent.parent / "notebooks").glob("01_*.ipynb"))
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])

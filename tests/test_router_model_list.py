@@ -78,6 +78,7 @@ async def test_root_and_sub_model_on_two_endpoints(server, second_server):
     assert {r["model"] for r in server.requests} == {"sub-model"}
 
 
+@pytest.mark.slow  # litellm's Router waiting out its own retries
 async def test_a_group_with_a_dead_deployment_loses_no_item(server):
     rlm = routed(
         [
@@ -102,6 +103,7 @@ async def test_a_router_attempt_that_times_out_is_retried_before_our_stall_watch
     assert len(server.requests) == 2
 
 
+@pytest.mark.slow  # litellm's Router waiting out its own retries
 async def test_a_deployment_refusing_connections_costs_no_item_even_before_its_cooldown(
     server,
 ):
@@ -120,6 +122,7 @@ async def test_a_deployment_refusing_connections_costs_no_item_even_before_its_c
     assert rlm.usage().total.errors == 0
 
 
+@pytest.mark.slow  # litellm's Router waiting out its own retries
 async def test_a_group_whose_deployments_all_refuse_fails_at_once_in_one_line():
     rlm = routed([deployment("sub", "openai/sub-model", DEAD), deployment("sub", "openai/b", DEAD)])
     with pytest.raises(LLMQueryError, match=r"could not reach http://127.0.0.1:9/v1") as caught:
@@ -127,6 +130,7 @@ async def test_a_group_whose_deployments_all_refuse_fails_at_once_in_one_line():
     assert "\n" not in str(caught.value)
 
 
+@pytest.mark.slow  # litellm's Router waiting out its own retries
 async def test_the_router_retries_and_we_do_not_retry_on_top(server):
     rlm = routed([deployment("sub", "openai/sub-model", server.base_url)], max_retries=2)
     server.fail("500", times=5)

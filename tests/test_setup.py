@@ -28,6 +28,7 @@ def _fresh_python(code: str, **env: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # a fresh interpreter importing litellm
 def test_importing_the_package_keeps_a_later_import_litellm_off_the_network():
     # A dead proxy: a price-map fetch would log litellm's "fetch attempt ... failed".
     done = _fresh_python(
@@ -123,6 +124,7 @@ def test_the_wheel_says_where_the_project_lives_and_what_it_runs_on():
     assert project["requires-python"] == ">=3.10"
 
 
+@pytest.mark.slow  # a notebook run in a fresh kernel
 @pytest.mark.skipif(os.name != "posix", reason="Unix sockets")
 def test_a_headless_notebook_run_prints_no_kernel_transport_warning_and_leaves_no_files(
     tmp_path,

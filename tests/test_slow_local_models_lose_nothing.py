@@ -50,6 +50,7 @@ def long_answer(body: dict) -> str:
 # -- nothing generated is thrown away ---------------------------------------------------
 
 
+@pytest.mark.slow  # answers longer than a timeout, on purpose
 async def test_a_batch_of_answers_longer_than_the_timeout_all_arrive_generated_once(
     server, transport
 ):

@@ -174,7 +174,7 @@ def test_where_the_os_refuses_its_namespaces_no_socket_is_made_even_a_unix_one()
     folder = tempfile.mkdtemp(prefix="rlm-")
     sockets, path, name, port = _listeners(folder)
     try:
-        out = sandboxed(_reach(path, name, port), before=NO_USER_NAMESPACES)
+        out = sandboxed(_reach(path, name, port), before=NO_USER_NAMESPACES, timeout=90)
         _nothing_reached(sockets)
     finally:
         for listener in sockets:

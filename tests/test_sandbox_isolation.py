@@ -19,63 +19,10 @@ from rlm_magic.repl import bridge, isolation
 from rlm_magic.repl.isolation import linux, policy, syscalls
 from rlm_magic.repl.sandbox import environment
 
+from .support.sandboxed import NO_USER_NAMESPACES, filter_answer, sandboxed
+
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux layers")
 REPO = Path(__file__).resolve().parent.parent
-
-
-def _sandboxed(code: str, before: str = "") -> dict:
-    """Run ``code`` in a sandbox started by a fresh Python (which first runs
-    ``before``); returns the step's output and ``result.isolation``."""
-    script = "\n".join(
-        [
-            "import asyncio, json, sys, warnings",
-            f"sys.path.insert(0, {str(REPO)!r})",
-            "from rlm_magic.repl import isolation",
-            before,
-            "from rlm_magic.repl.sandbox import SandboxREPL",
-            "async def main():",
-            "    repl = SandboxREPL('ctx', {})",
-            "    await repl.start()",
-            f"    output = await repl.run({code!r})",
-            "    await repl.aclose()",
-            "    return {'output': output.as_text(), 'isolation': repl.isolation}",
-            "with warnings.catch_warnings(record=True) as caught:",
-            "    warnings.simplefilter('always')",
-            "    out = asyncio.run(main())",
-            "out['warnings'] = [str(w.message) for w in caught]",
-            "print(json.dumps(out))",
-        ]
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
-    )
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.splitlines()[-1])
-
-
-# Denies unshare (and clone with namespace flags), as a container's seccomp profile does.
-_NO_USER_NAMESPACES = """
-import ctypes, struct
-from rlm_magic.repl.isolation import linux
-table = linux.current_arch().table
-op = lambda code, jt, jf, k: struct.pack('=HBBI', code, jt, jf, k)
-EPERM, ENOSYS, ALLOW = 0x50001, 0x50026, 0x7FFF0000
-prog = b''.join([
-    op(0x20, 0, 0, 0),
-    op(0x15, 0, 1, table['unshare']), op(0x06, 0, 0, EPERM),
-    op(0x15, 0, 1, table['clone3']), op(0x06, 0, 0, ENOSYS),
-    op(0x15, 0, 3, table['clone']), op(0x20, 0, 0, 16),
-    op(0x45, 0, 1, linux.NAMESPACE_FLAGS), op(0x06, 0, 0, EPERM),
-    op(0x06, 0, 0, ALLOW),
-])
-libc = isolation._libc()
-buf = (ctypes.c_ubyte * len(prog)).from_buffer_copy(prog)
-class Fprog(ctypes.Structure):
-    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-fprog = Fprog(len(prog) // 8, ctypes.addressof(buf))
-libc.prctl(38, 1, 0, 0, 0)
-assert libc.prctl(22, 2, ctypes.addressof(fprog), 0, 0) == 0
-"""
 
 
 @pytest.mark.skipif(isolation._arch() is None, reason="no syscall table here")
@@ -95,7 +42,7 @@ def test_where_the_os_refuses_user_namespaces_seccomp_and_landlock_still_hold(tm
         "    try:\n        attempt()\n        print('ALLOWED')\n"
         "    except OSError as e:\n        print(e.strerror)"
     )
-    out = _sandboxed(attempts, before=_NO_USER_NAMESPACES)
+    out = sandboxed(attempts, before=NO_USER_NAMESPACES)
     layers, notes = out["isolation"], out["isolation"]["notes"]
     assert not any(layers[name] for name in ("user", "pid", "processes"))
     assert "unshare() refused a user namespace" in notes["user"]
@@ -115,7 +62,7 @@ def test_where_the_os_refuses_user_namespaces_seccomp_and_landlock_still_hold(tm
 
 
 def test_the_sandbox_sees_a_root_of_its_own():
-    out = _sandboxed(
+    out = sandboxed(
         "import os\nprint(sorted(os.listdir('/')), os.getpid(), "
         "os.access('/usr', os.W_OK), os.access('.', os.W_OK))"
     )
@@ -206,30 +153,6 @@ _NEVER = (
 )
 
 
-def _filter(program: bytes, nr: int, args: tuple[int, ...] = (), arch: int | None = None) -> int:
-    """What the filter answers for one call: classic BPF run as seccomp runs it, on a
-    seccomp_data of (nr, arch, ip, args)."""
-    data = struct.pack("=IIQ6Q", nr & 0xFFFFFFFF, arch or 0, 0, *args, *[0] * (6 - len(args)))
-    code = [struct.unpack_from("=HBBI", program, at) for at in range(0, len(program), 8)]
-    a, pc = 0, 0
-    while True:
-        op, jt, jf, k = code[pc]
-        if op == syscalls.RET:
-            return k
-        if op == syscalls.LD:
-            a, pc = struct.unpack_from("=I", data, k)[0], pc + 1
-        elif op == syscalls.JA:
-            pc += 1 + k
-        else:
-            taken = {
-                syscalls.JEQ: a == k,
-                syscalls.JGT: a > k,
-                syscalls.JGE: a >= k,
-                syscalls.JSET: bool(a & k),
-            }[op]
-            pc += 1 + (jt if taken else jf)
-
-
 def _jumps_stay_inside(program: bytes) -> None:
     """Every jump lands on an instruction of the program, forward, and it ends in a
     return: what the kernel's checker demands (conditional offsets are 8 bits)."""
@@ -257,16 +180,16 @@ def test_the_filter_allows_the_allow_list_and_refuses_every_other_number(name):
     for nr in range(linux.NEWEST_KNOWN + 1):
         if nr not in ruled:
             expected = syscalls.ALLOW if nr in allowed else syscalls.EPERM
-            assert _filter(program, nr, arch=arch.audit) == expected, nr
+            assert filter_answer(program, nr, arch=arch.audit) == expected, nr
     for never in _NEVER:
-        assert _filter(program, arch.table[never], arch=arch.audit) == syscalls.EPERM, never
+        assert filter_answer(program, arch.table[never], arch=arch.audit) == syscalls.EPERM, never
     # Newer than the tables: as on a kernel without it, so that libc falls back.
     for newer in (linux.NEWEST_KNOWN + 1, 1000, 0x3FFFFFFF):
-        assert _filter(program, newer, arch=arch.audit) == syscalls.ENOSYS
-    assert _filter(program, arch.table["read"], arch=0x40000003) == syscalls.KILL  # i386
+        assert filter_answer(program, newer, arch=arch.audit) == syscalls.ENOSYS
+    assert filter_answer(program, arch.table["read"], arch=0x40000003) == syscalls.KILL  # i386
     if arch.foreign is not None:  # x32: the same arch, numbers from 0x40000000
         read = arch.foreign | arch.table["read"]
-        assert _filter(program, read, arch=arch.audit) == syscalls.EPERM
+        assert filter_answer(program, read, arch=arch.audit) == syscalls.EPERM
 
 
 @pytest.mark.parametrize("name", sorted(linux.ARCHES))
@@ -275,7 +198,7 @@ def test_the_filter_reads_the_arguments_of_the_calls_it_allows_only_in_part(name
     program = isolation.seccomp_program(arch)
 
     def answer(call: str, *args: int) -> str:
-        k = _filter(program, arch.table[call], args, arch.audit)
+        k = filter_answer(program, arch.table[call], args, arch.audit)
         return {syscalls.ALLOW: "allow", syscalls.EPERM: "EPERM", syscalls.ENOSYS: "ENOSYS"}[k]
 
     threads = 0x3D0F00  # what glibc's pthread_create passes
@@ -309,7 +232,7 @@ def test_an_allow_list_of_lone_numbers_makes_a_long_filter_whose_jumps_are_all_v
     _jumps_stay_inside(program)
     for nr in range(linux.NEWEST_KNOWN + 1):
         expected = syscalls.ALLOW if nr % 2 == 0 else syscalls.EPERM
-        assert _filter(program, nr, arch=arch.audit) == expected, nr
+        assert filter_answer(program, nr, arch=arch.audit) == expected, nr
 
 
 def test_the_never_list_is_refused_and_every_name_is_a_syscall_of_some_table():

@@ -40,7 +40,7 @@ assert libc.prctl(22, 2, ctypes.addressof(fprog), 0, 0) == 0
 """
 
 
-def sandboxed(code: str, before: str = "") -> dict:
+def sandboxed(code: str, before: str = "", timeout: float = 60) -> dict:
     """Run ``code`` in a sandbox started by a fresh Python (which first runs
     ``before``); returns the step's output and ``result.isolation``."""
     script = "\n".join(
@@ -63,7 +63,7 @@ def sandboxed(code: str, before: str = "") -> dict:
         ]
     )
     done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=90
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout
     )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.splitlines()[-1])

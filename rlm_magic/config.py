@@ -39,6 +39,10 @@ _OWNED_KWARGS = {
 }
 
 
+# RLM.sandbox's values: the backends' names (repl.backends, which a test holds equal).
+SANDBOX_KINDS = ("auto", "process", "none")
+
+
 def default_cache_dir() -> str:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
     return os.path.join(base, "rlm-magic")
@@ -254,9 +258,10 @@ class RLMConfig(Configurable):
 
     # -- where the model's code runs ------------------------------------------------------
     sandbox = Unicode(
-        help="Where the model's code runs: 'process' (a sandbox process per "
-        "run, served over a bridge; the default on Linux and macOS) or "
-        "'none' (threads of this kernel; the default on Windows)."
+        "auto",
+        help="Where the model's code runs: 'process' (a sandbox process confined by "
+        "Linux's layers), 'none' (threads of this kernel), or 'auto' (the strongest "
+        "that works here).",
     ).tag(config=True)
     sandbox_memory_mb = Int(4096, help="Address-space limit of a sandbox process, in MB.").tag(
         config=True
@@ -306,10 +311,6 @@ class RLMConfig(Configurable):
     @default("sub_model")
     def _default_sub_model(self) -> str:
         return os.environ.get("RLM_SUB_MODEL", "")
-
-    @default("sandbox")
-    def _default_sandbox(self) -> str:
-        return "process" if os.name == "posix" else "none"  # it needs fork and fd passing
 
     @default("cache_dir")
     def _default_cache_dir(self) -> str:
@@ -369,8 +370,10 @@ class RLMConfig(Configurable):
     @validate("sandbox")
     def _check_sandbox(self, proposal: Proposal) -> str:
         value: str = proposal["value"].strip().lower()
-        if value not in ("process", "none"):
-            raise TraitError(f"RLM.sandbox must be 'process' or 'none', got {proposal['value']!r}")
+        if value not in SANDBOX_KINDS:
+            raise TraitError(
+                f"RLM.sandbox must be one of {', '.join(SANDBOX_KINDS)}, got {proposal['value']!r}"
+            )
         return value
 
     @validate("model_list")

@@ -201,7 +201,7 @@ async def test_a_session_keeps_the_repl_kind_it_started_with(shell, server):
     await run_cell(shell, "%%rlm --session kinds --no-sandbox -q\nq")
     with pytest.raises(
         UsageError,
-        match="session 'kinds' runs its code in this kernel; it cannot switch to sandbox='process'",
+        match="session 'kinds' runs its code in this kernel; it cannot switch to sandbox='auto'",
     ):
         await run_cell(shell, "%%rlm --session kinds --sandbox -q\nq")
     assert len(server.requests) == 1

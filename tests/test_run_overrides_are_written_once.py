@@ -34,8 +34,10 @@ def test_start_takes_each_override_and_nothing_else(server, name):
         name, "session-a" if name == "session" else "openai/other-model"
     )
     run = rlm.start("q", "c", **{name: value})
-    if name in ("model", "sub_model", "max_iterations", "max_depth", "sandbox"):
+    if name in ("model", "sub_model", "max_iterations", "max_depth"):
         assert getattr(run.settings, name) == value
+    if name == "sandbox":
+        assert run.settings.sandbox.name == value  # the backend it names
     if name == "session":
         assert run.session is rlm.sessions["session-a"]  # a name is looked up
     with pytest.raises(TypeError, match="unexpected keyword argument 'max_iteration'"):

@@ -5,6 +5,9 @@ IPython has no async magics, so a ``%%rlm`` cell is rewritten by an input transf
 into a top-level ``await``: ipykernel then runs the cell as a coroutine on its own loop,
 sub-calls run concurrently and the loop stays responsive. (A plain magic would have to
 block the loop, or nest a second one, and litellm's clients are tied to one loop.)
+
+Why one module: the magics' option tables and the checks that read them (which options
+go together, what each becomes for ``RLM.arun``) change together.
 """
 
 from __future__ import annotations
@@ -82,8 +85,9 @@ class RLMMagics(Magics):  # type: ignore[misc, unused-ignore]  # IPython's: unty
         "--sandbox",
         dest="sandbox",
         action="store_const",
-        const="process",
-        help="Run the model's code in a sandbox process (default: RLM.sandbox).",
+        const="auto",
+        help="Run the model's code in the strongest sandbox that works here "
+        "(default: RLM.sandbox).",
     )
     @argument(
         "--no-sandbox",
@@ -340,7 +344,7 @@ def _checked_options(args: argparse.Namespace) -> dict[str, Any]:
             "--session keeps a REPL of its own, so it cannot run in the "
             "notebook's namespace: drop --session or --live"
         )
-    if args.live and args.sandbox == "process":
+    if args.live and args.sandbox not in (None, "none"):
         raise UsageError(
             "--live runs the model's code in the notebook's namespace, so it "
             "cannot run in a sandbox: drop --sandbox or --live"

@@ -195,3 +195,13 @@ class Carried:
     parts: tuple[bytes, ...]  # the pickle, in the parts it crossed in
     names: tuple[str, ...] = ()
     left: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class SessionStart:
+    """What a session's later question starts its sandbox with: the variables the last
+    question left (``carried``), and its earlier contexts, each under its name as the
+    kernel pickled it."""
+
+    carried: Carried | None = None
+    earlier_contexts: tuple[tuple[str, bytes], ...] = ()

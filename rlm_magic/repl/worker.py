@@ -51,7 +51,7 @@ from collections.abc import Callable  # noqa: E402
 from types import FrameType  # noqa: E402
 from typing import Any  # noqa: E402
 
-from rlm_magic.repl import bridge, carried, isolation  # noqa: E402
+from rlm_magic.repl import bridge, carried  # noqa: E402
 from rlm_magic.repl.bridge import Message  # noqa: E402
 from rlm_magic.repl.capture import OutputSink, routing_installed  # noqa: E402
 from rlm_magic.repl.fitting import (  # noqa: E402
@@ -113,17 +113,22 @@ class Worker:
 
     # -- the wire ------------------------------------------------------------------------
     def send(self, message: Message) -> None:
-        data = bridge.frame(message)
+        self.send_bytes(bridge.frame(message))
+
+    def send_bytes(self, data: bytes) -> None:
         with self.send_lock:
             self.sock.sendall(data)
 
-    def receive(self) -> tuple[bytes, bytearray]:
+    def read_exactly(self, size: int) -> bytes | bytearray:
+        return bridge.read_exactly(self.sock, size)
+
+    def receive(self) -> tuple[bytes, bytes | bytearray]:
         kind, length = bridge.parse_header(
-            bridge.read_exactly(self.sock, bridge.HEADER.size),
+            self.read_exactly(bridge.HEADER.size),
             limit=None,
             kinds=(bridge.JSON, bridge.PICKLE, bridge.DATA),
         )
-        return kind, bridge.read_exactly(self.sock, length)
+        return kind, self.read_exactly(length)
 
     def receive_json(self) -> Message:
         kind, body = self.receive()
@@ -187,7 +192,9 @@ class Worker:
 
     def confine(self, init: Message) -> dict[str, Any]:
         """Apply the isolation layers in their order (see isolation/order.py); the
-        kernel maps our ids in between when it runs as root."""
+        kernel maps our ids in between when it runs as root. (Imported here: the wasm
+        worker, which shares this module, has no ``resource`` to import it with.)"""
+        from rlm_magic.repl import isolation
 
         def ask_the_kernel_to_map_ids(needs_ids: bool) -> bool:
             self.send({"op": "unshared", "map_ids": needs_ids})
@@ -251,8 +258,7 @@ class Worker:
             )
         with self.calls_lock:
             self.calls[call_id] = future
-        with self.send_lock:
-            self.sock.sendall(data)
+        self.send_bytes(data)
 
         # Model code that stops waiting (a cancelled task, wait_for's timeout) stops the
         # call in the kernel too, as in-process: else it would run on, and be billed.
@@ -267,36 +273,40 @@ class Worker:
         """The reader thread: answers go to the waiting calls, requests to the main thread."""
         try:
             while True:
-                message = self.receive_json()
-                if message["op"] == "context":  # a pickle frame follows: a new context
-                    message = self.receive_context(message)
-                if message["op"] == "result_part":  # a large answer comes in parts
-                    with self.calls_lock:
-                        self.parts.setdefault(message.get("id"), []).append(message.get("value"))
-                    continue
-                if message["op"] == "result":
-                    with self.calls_lock:
-                        future = self.calls.pop(message.get("id"), None)
-                        parts = self.parts.pop(message.get("id"), [])
-                    if "joined" in message:
-                        message["value"] = _joined(message["joined"], [*parts, message["value"]])
-                    if future is None or not future.set_running_or_notify_cancel():
-                        continue  # model code stopped waiting (its task was cancelled)
-                    if message.get("stopped"):
-                        future.set_exception(StepInterrupted("stopped"))
-                    elif "error" in message:
-                        kind = TypeError if message.get("type") == "TypeError" else RuntimeError
-                        future.set_exception(kind(message["error"]))
-                    else:
-                        future.set_result(_with_refused(message))
-                else:
-                    self.inbox.put(message)
+                self.take(self.receive_json())
         except BaseException:  # noqa: BLE001 - the kernel left or broke the protocol
             # Take the processes the model's code started along (our process group),
             # and end: as pid 1 of a PID namespace this process outlives its own SIGKILL,
             # and its exit ends every process left in the namespace.
             os.killpg(0, signal.SIGKILL)
             os._exit(1)
+
+    def take(self, message: Message) -> None:
+        """One message from the kernel: an answer goes to its call, a request to
+        ``inbox`` for the main thread."""
+        if message["op"] == "context":  # a pickle frame follows: a new context
+            message = self.receive_context(message)
+        if message["op"] == "result_part":  # a large answer comes in parts
+            with self.calls_lock:
+                self.parts.setdefault(message.get("id"), []).append(message.get("value"))
+            return
+        if message["op"] != "result":
+            self.inbox.put(message)
+            return
+        with self.calls_lock:
+            future = self.calls.pop(message.get("id"), None)
+            parts = self.parts.pop(message.get("id"), [])
+        if "joined" in message:
+            message["value"] = _joined(message["joined"], [*parts, message["value"]])
+        if future is None or not future.set_running_or_notify_cancel():
+            return  # model code stopped waiting (its task was cancelled)
+        if message.get("stopped"):
+            future.set_exception(StepInterrupted("stopped"))
+        elif "error" in message:
+            kind = TypeError if message.get("type") == "TypeError" else RuntimeError
+            future.set_exception(kind(message["error"]))
+        else:
+            future.set_result(_with_refused(message))
 
     def receive_context(self, message: Message) -> Message:
         kind, body = self.receive()
@@ -364,9 +374,8 @@ class Worker:
         codes = [str(code) for code in message.get("codes") or ()]
         variable = message.get("variable")
         seconds = float(message.get("seconds") or 0)
-        timer = threading.Timer(seconds, _thread.interrupt_main, (signal.SIGINT,))
         self.running, self.stop_requested = True, False
-        timer.start()
+        cancel = self.stop_after(seconds)
         try:
             return replay(
                 codes,
@@ -381,7 +390,14 @@ class Worker:
             return Replayed()
         finally:
             self.running = False
-            timer.cancel()
+            cancel()
+
+    def stop_after(self, seconds: float) -> Callable[[], None]:
+        """Interrupt the main thread in ``seconds`` (as the kernel's SIGINT would), unless
+        the returned function is called first."""
+        timer = threading.Timer(seconds, _thread.interrupt_main, (signal.SIGINT,))
+        timer.start()
+        return timer.cancel
 
     def carry_out(self) -> Message:
         """The model's variables as plain data, for the session's next question: how

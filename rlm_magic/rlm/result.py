@@ -96,7 +96,7 @@ class RLMResult:
     model: str = ""
     sub_model: str = ""
     depth: int = 0
-    sandbox: str = ""  # where the model's code ran: "process" or "none"
+    sandbox: str = ""  # where the model's code ran: a backend's name ("process", "wasm", "none")
     # Whether the sandbox had no network (None when the code ran in the kernel).
     network_isolated: bool | None = None
     # Which isolation layers held in the sandbox (user, pid, filesystem, network,

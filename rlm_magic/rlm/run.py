@@ -304,7 +304,7 @@ class Run:
         child = Run(
             self.config, self.client, prompt, context, self.settings.for_child(), tree=self.scope
         )
-        if self.settings.sandbox == "none":
+        if not self.settings.sandbox.isolated:
             return await child.execute()
         async with self.tree.child_sandbox(child.depth):
             return await child.execute()

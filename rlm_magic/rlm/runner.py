@@ -105,7 +105,8 @@ class RLM(RLMConfig):
 
         ``namespace``: run the REPL in this dict instead of a fresh one (what ``--live``
         does with the notebook's namespace); such a run is never sandboxed.
-        ``sandbox``: "process" or "none" for this run (default: ``RLM.sandbox``).
+        ``sandbox``: a backend's name ("process", "wasm", "none") or "auto" for this
+        run (default: ``RLM.sandbox``).
         """
         # The keywords are ``RunOverrides``' fields, spelt out for IDE help (a test holds
         # the two lists to each other).

@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ConfigError
 from ..llm.redaction import redact_messages
 from ..llm.usage import UsageLedger
+from ..repl import backends
+from ..repl.backends import Backend
 from ..repl.base import SandboxSettings
 from .result import RLMResult
 from .tree import RunTree
@@ -40,7 +42,7 @@ class RunOverrides:
 
     ``session``: an ``RLMSession``, or (for ``RLM.start`` and ``RLM.arun``) the name of
     one of the RLM's. ``namespace``: a dict the REPL runs in (``--live``): never
-    sandboxed. ``sandbox``: "process" or "none"."""
+    sandboxed. ``sandbox``: a backend's name (``repl.backends``), or "auto"."""
 
     model: str | None = None
     sub_model: str | None = None
@@ -82,7 +84,7 @@ class RunSettings:
     step_timeout: float
     max_output_chars: int
     max_tokens: int
-    sandbox: str  # "process" or "none"
+    sandbox: Backend  # where model code runs
     early_execution: bool
     compact_at: float
 
@@ -114,7 +116,7 @@ class RunSettings:
             sub_model=self.sub_model,
             max_iterations=self.max_iterations,
             max_depth=self.max_depth,
-            sandbox=self.sandbox,
+            sandbox=self.sandbox.name,
         )
 
 
@@ -165,8 +167,11 @@ class RunScope:
             model=settings.model,
             sub_model=settings.sub_model,
             depth=depth,
-            sandbox=settings.sandbox,
+            sandbox=settings.sandbox.name,
         )
+        chosen = backends.said_once()  # the first run after RLM.sandbox='auto' chose
+        if chosen:
+            result.notes.append(chosen)
         return cls(config, client, settings, tree, result, depth, deadline)
 
     @property
@@ -210,18 +215,19 @@ class RunScope:
 
 def where_code_runs(
     asked: str | None, configured: str, namespace: dict[str, Any] | None, session: RLMSession | None
-) -> str:
-    """ "process" or "none": never sandboxed in the notebook's namespace; a session's REPL
-    runs where it began."""
-    where = "none" if namespace is not None else (asked or configured)
+) -> Backend:
+    """The backend model code runs on: never sandboxed in the notebook's namespace; a
+    session's REPL runs where it began."""
     if session is not None:
-        if asked is not None and asked != session.sandbox:
-            kept = "in a sandbox process" if session.sandbox == "process" else "in this kernel"
+        if asked is not None and backends.named(asked) is not session.sandbox:
             raise ConfigError(
-                f"session {session.name!r} runs its code {kept}; it "
+                f"session {session.name!r} runs its code {session.sandbox.where}; it "
                 f"cannot switch to sandbox={asked!r}"
             )
-        where = session.sandbox  # the REPL it keeps
-    if where not in ("process", "none"):
-        raise ValueError(f"sandbox must be 'process' or 'none', got {where!r}")
-    return where
+        return session.sandbox  # the REPL it keeps
+    if namespace is not None:
+        return backends.NONE
+    try:
+        return backends.named(asked or configured)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None

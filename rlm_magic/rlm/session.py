@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from .._tables import html_table, text_table
 from ..errors import ConfigError
 from ..llm.usage import format_cost
+from ..repl import backends
+from ..repl.backends import Backend
 
 if TYPE_CHECKING:
     from ..repl.carried import Carried
@@ -61,9 +63,10 @@ class RLMSession:
     def __init__(self, rlm: Answerer, name: str = "session", sandbox: str | None = None):
         self.rlm = rlm
         self.name = name
-        self.sandbox = sandbox or rlm.sandbox
-        if self.sandbox not in ("process", "none"):
-            raise ConfigError(f"sandbox must be 'process' or 'none', got {self.sandbox!r}")
+        try:  # decided once: every question runs where the first did
+            self.sandbox: Backend = backends.named(sandbox or rlm.sandbox)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         # In this kernel: the REPL made by the first run, kept open between runs.
         self.repl: AsyncREPL | None = None
         self.namespace: dict[str, Any] | None = None
@@ -178,7 +181,7 @@ class RLMSession:
         self.exchanges.append(
             Exchange(result.query, result.final_answer, result.stop_reason or "error")
         )
-        if self.sandbox == "process":
+        if self.sandbox.isolated:
             return  # the names carried to the next question (``carry``)
         if result.variables or result.stop_reason in ("final", "max_iterations", "budget"):
             self.variable_names = list(result.variables)
@@ -203,7 +206,7 @@ class RLMSession:
             "questions": len(self.exchanges),
             "contexts": len(self.contexts),
             "variables": len(self.variable_names),
-            "sandbox": self.sandbox,
+            "sandbox": self.sandbox.name,
             "tokens": self.tokens,
             "cost_usd": self.cost_usd,
         }
@@ -256,7 +259,7 @@ class SessionsView:
                 str(len(s.exchanges)),
                 str(len(s.contexts)),
                 str(len(s.variable_names)),
-                s.sandbox,
+                s.sandbox.name,
                 f"{s.tokens:,}",
                 format_cost(s.cost_usd),
             )

@@ -3,7 +3,8 @@
 Where the model's code runs is decided once per run, with its settings
 (``scope.where_code_runs``):
 
-- in a sandbox process (``RLM.sandbox = "process"``, the default where it can be);
+- in a sandbox (``RLM.sandbox``: a backend of ``repl.backends`` that isolates, such as
+  ``"process"`` or ``"wasm"``), whose launcher starts it;
 - in threads of this kernel (``"none"``), in a fresh namespace;
 - in the notebook's own namespace (``--live``): never sandboxed, and every name the run
   put there is taken out again at its end (the notebook's own values put back);
@@ -23,10 +24,11 @@ from typing import TYPE_CHECKING, Any
 
 from ..repl.base import REPL, Helpers
 from ..repl.bridge import BridgeError
-from ..repl.carried import Carried
+from ..repl.carried import SessionStart
 from ..repl.inprocess import AsyncREPL
 from ..repl.namespace import FINISHERS
 from ..repl.sandbox import SandboxError, SandboxREPL, pickled_context
+from ..repl.sandbox.process import launch as launch_process
 from ..repl.steps import preloaded, repl_builtins
 from .result import RLMResult
 from .session import RLMSession
@@ -77,7 +79,7 @@ class Workspace:
             self._saved = {name: namespace[name] for name in self._touched if name in namespace}
         if self.session is not None:
             await self._session_repl(self.session, injected)
-        elif self.sandbox == "process":
+        elif self.sandbox.isolated:
             self.repl = self._sandbox_repl(self.context)
             await self.repl.start()  # the process starts while the root model thinks
         else:
@@ -90,9 +92,8 @@ class Workspace:
         self,
         context: Any,
         context_names: tuple[str, ...] = (),
-        carried: Carried | None = None,
         pickled: bytes | None = None,
-        earlier_contexts: tuple[tuple[str, bytes], ...] = (),
+        session: SessionStart | None = None,
     ) -> SandboxREPL:
         return SandboxREPL(
             context,
@@ -102,9 +103,9 @@ class Workspace:
             context_names=context_names,
             settings=self.settings,
             budget=self.budget,
-            carried=carried,
             pickled=pickled,
-            earlier_contexts=earlier_contexts,
+            session=session,
+            launcher=self.sandbox.launcher or launch_process,
         )
 
     async def _session_repl(self, session: RLMSession, injected: dict[str, Any]) -> None:
@@ -117,7 +118,7 @@ class Workspace:
         context = self.context if fresh else session.context
         names = [session.context_name(), "context"] if fresh else []
         pickled = None  # sandboxed: the context as the kernel pickled it
-        if self.sandbox == "process":
+        if self.sandbox.isolated:
             earlier = list(session.pickles)  # the kernel's own pickles of its contexts
             pickled = await pickled_context(context) if fresh else None
             if not fresh and earlier:
@@ -126,9 +127,11 @@ class Workspace:
             self.repl = repl = self._sandbox_repl(
                 context,
                 latest,
-                carried=session.carried,
                 pickled=pickled,
-                earlier_contexts=tuple((f"context_{n}", p) for n, p in enumerate(earlier)),
+                session=SessionStart(
+                    session.carried,
+                    tuple((f"context_{n}", p) for n, p in enumerate(earlier)),
+                ),
             )
             await repl.start()  # the process starts while the root model thinks
         elif session.repl is None:

@@ -11,7 +11,7 @@ import warnings
 from typing import Any
 
 from ...errors import SandboxError
-from .. import bridge, isolation
+from .. import bridge
 
 _warned_isolation = False
 # What to do where the OS refuses layers.
@@ -27,21 +27,24 @@ else:
     _REMEDY = "run the kernel on Linux (a VM or a container) for them"
 
 
-def read_isolation(report: Any) -> dict[str, Any]:
-    """The report as ``result.isolation``: each layer's flag, and short notes."""
+def read_isolation(report: Any, layers_known: tuple[str, ...]) -> dict[str, Any]:
+    """The report as ``result.isolation``: each of the backend's ``layers_known`` with
+    its flag, and short notes."""
     layers = report.get("layers") if isinstance(report, dict) else None
     notes = report.get("notes") if isinstance(report, dict) else None
     if not isinstance(layers, dict) or not isinstance(notes, dict):
         raise bridge.BridgeError("a 'ready' message without an isolation report")
-    flags = {name: layers.get(name) is True for name in isolation.LAYERS}
-    notes = {str(k): str(v)[:300] for k, v in notes.items() if k in isolation.LAYERS}
+    flags = {name: layers.get(name) is True for name in layers_known}
+    notes = {str(k): str(v)[:300] for k, v in notes.items() if k in layers_known}
     return {**flags, "notes": notes}
 
 
-def insist_on_isolation(found: dict[str, Any], required: bool) -> None:
+def insist_on_isolation(
+    found: dict[str, Any], layers_required: tuple[str, ...], required: bool
+) -> None:
     """Raise ``SandboxError`` if a required layer is missing and ``required`` is set
     (RLM.sandbox_require_isolation); otherwise warn, once."""
-    missing = [name for name in isolation.REQUIRED_LAYERS if not found[name]]
+    missing = [name for name in layers_required if not found[name]]
     if not missing:
         return
     notes = found["notes"]

@@ -19,6 +19,7 @@ from typing import Any
 
 from ...errors import SandboxError
 from .. import bridge, isolation
+from ..base import SandboxSettings
 from ..bridge import Message
 from .environment import sandbox_environment
 
@@ -47,6 +48,10 @@ class CarriedRefused(SandboxError):
 class SandboxProcess:
     """One worker process and its end of the bridge."""
 
+    # What result.isolation reports for this backend (isolation.report).
+    LAYERS: tuple[str, ...] = isolation.LAYERS
+    REQUIRED_LAYERS: tuple[str, ...] = isolation.REQUIRED_LAYERS
+
     def __init__(self, process: subprocess.Popen[bytes], sock: socket.socket, workdir: str):
         self.process = process
         self.sock = sock
@@ -60,6 +65,18 @@ class SandboxProcess:
         self.frame_size = 0  # of the message read last
 
     # -- its start ---------------------------------------------------------------------
+    def init_fields(self, settings: SandboxSettings, isolate: bool) -> dict[str, Any]:
+        """What the worker's 'init' says beside the helpers: the isolation policy it
+        applies to itself (``isolate``: off only in tests and benchmarks)."""
+        policy = isolation.policy_for(
+            self.workdir,
+            memory_mb=settings.memory_mb,
+            max_processes=settings.max_processes,
+            disk_mb=settings.disk_mb,
+            host_maps_ids=os.geteuid() == 0,
+        )
+        return {"policy": vars(policy), "isolate": isolate}
+
     async def handshake(
         self, init: bytes, pickled: bytes, carried: tuple[bytes, ...] | None = None
     ) -> Any:
@@ -71,8 +88,13 @@ class SandboxProcess:
         self.sock.settimeout(60)
         await asyncio.to_thread(_handshake, self.sock, self.process.pid, init, pickled, carried)
         self.reader, self.writer = await asyncio.open_unix_connection(sock=self.sock)
+        return await self.await_ready(carried is not None)
+
+    async def await_ready(self, carried: bool) -> Any:
+        """The worker's 'ready' (after 'unpacking' when variables are ``carried``), and
+        the isolation report it holds (unchecked)."""
         ready = await self.read()
-        if carried is not None and ready.get("op") == "unpacking":
+        if carried and ready.get("op") == "unpacking":
             try:
                 ready = await asyncio.wait_for(self.read(), CARRIED_LOAD_S)
             except asyncio.TimeoutError:
@@ -111,13 +133,18 @@ class SandboxProcess:
         writer = self.writer
         assert writer is not None  # connected by the handshake
         writer.write(data)
-        waiting = writer.transport.get_write_buffer_size()
-        if waiting > MAX_UNREAD:
-            self.kill_because(
-                f"it did not read the kernel's replies ({waiting / 2**20:.0f} MB waited for it, "
-                f"at most {MAX_UNREAD // 2**20} MB may)"
-            )
+        if self.check_unread(writer.transport.get_write_buffer_size()):
             writer.transport.abort()  # the buffered replies go now, not at its end
+
+    def check_unread(self, waiting: int) -> bool:
+        """Stop a sandbox that leaves ``waiting`` bytes of replies unread past the limit."""
+        if waiting <= MAX_UNREAD:
+            return False
+        self.kill_because(
+            f"it did not read the kernel's replies ({waiting / 2**20:.0f} MB waited for it, "
+            f"at most {MAX_UNREAD // 2**20} MB may)"
+        )
+        return True
 
     async def drained(self) -> None:
         """Until what was written has (mostly) left for the sandbox."""
@@ -195,6 +222,12 @@ class SandboxProcess:
                 name = f"signal {-code}"
             return f"the sandbox process died ({name})"
         return f"the sandbox process exited (status {code})"
+
+
+async def launch(secrets: tuple[str | None, ...], settings: SandboxSettings) -> SandboxProcess:
+    """The process backend's launcher (``backends``): ``spawn`` with the settings'
+    environment names."""
+    return spawn(secrets, settings.env_names)
 
 
 def spawn(secrets: tuple[str | None, ...], env_names: tuple[str, ...]) -> SandboxProcess:

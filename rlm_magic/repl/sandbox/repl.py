@@ -18,28 +18,30 @@ from __future__ import annotations
 import asyncio
 import base64
 import itertools
-import os
 import pickle
 import re
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..._terminal_text import visible
 from ...errors import SandboxError
-from .. import bridge, carried, isolation
+from .. import bridge, carried
 from ..base import REPL, Helpers, SandboxSettings, SubCallBudget
 from ..bridge import Message
-from ..carried import Carried
+from ..carried import Carried, SessionStart
 from ..finishers import BLOCK_FINISHES
 from ..provenance import Replayed
 from ..steps import StepOutput
 from .calls import HelperCalls
 from .isolation_report import insist_on_isolation, read_isolation
-from .process import CarriedRefused, SandboxProcess, spawn
+from .process import CarriedRefused, SandboxProcess, launch
 
 _step_ids = itertools.count(1)
+# A backend's way to start a sandbox process (``repl.backends``): the secrets its
+# environment must not hold, and the settings it runs with.
+Launcher = Callable[[tuple[str | None, ...], SandboxSettings], Awaitable[SandboxProcess]]
 
 
 class SandboxRepr(str):
@@ -112,15 +114,17 @@ class SandboxREPL:
         context_names: tuple[str, ...] = (),
         settings: SandboxSettings | None = None,
         budget: SubCallBudget | None = None,
-        carried: Carried | None = None,
         pickled: bytes | None = None,
-        earlier_contexts: tuple[tuple[str, bytes], ...] = (),
+        session: SessionStart | None = None,
+        launcher: Launcher = launch,
     ):
         self.context = context
+        self.launcher = launcher  # starts the sandbox's process: the backend's part
         self._pickled = pickled  # the context's pickle, if the caller made it already
         # A session's variables from its last question: loaded by this sandbox only.
-        self.carried = carried
-        self.earlier_contexts = earlier_contexts  # a session's: (name, the kernel's pickle)
+        self.carried = session.carried if session else None
+        # A session's earlier contexts: (name, the kernel's pickle).
+        self.earlier_contexts = session.earlier_contexts if session else ()
         self.carried_refused = False  # the carried variables could not be loaded safely
         # Names the context also goes by (a session's context_0): one copy, many names.
         self.context_names = ("context", *context_names)
@@ -165,32 +169,26 @@ class SandboxREPL:
                 self._listener.cancel()
             await old.end()
         assert self._pickled is not None  # by start()
-        sandbox = self._sandbox = spawn(self.secrets, self.settings.env_names)
-        policy = isolation.policy_for(
-            sandbox.workdir,
-            memory_mb=self.settings.memory_mb,
-            max_processes=self.settings.max_processes,
-            disk_mb=self.settings.disk_mb,
-            host_maps_ids=os.geteuid() == 0,
-        )
+        sandbox = self._sandbox = await self.launcher(self.secrets, self.settings)
         init = bridge.frame(
             {
                 "op": "init",
                 "helpers": sorted(self.calls.helpers),
                 "context_names": list(self.context_names),
-                "policy": vars(policy),
-                "isolate": self.isolate,
                 "carried": self.carried is not None,
+                **sandbox.init_fields(self.settings, self.isolate),
             }
         )
         try:
             report = await sandbox.handshake(
                 init, self._pickled, self.carried.parts if self.carried else None
             )
-            self.isolation = read_isolation(report)
+            self.isolation = read_isolation(report, sandbox.LAYERS)
             self.network_isolated = self.isolation["network"]
-            sandbox.relays = self.isolation["pid"]
-            insist_on_isolation(self.isolation, self.settings.require_isolation)
+            sandbox.relays = self.isolation.get("pid") is True
+            insist_on_isolation(
+                self.isolation, sandbox.REQUIRED_LAYERS, self.settings.require_isolation
+            )
         except BaseException as exc:  # cancelled too: no process or folder is left behind
             if isinstance(exc, CarriedRefused):
                 self.carried_refused = True  # the session drops them (workspace)

@@ -1,0 +1,117 @@
+"""Where model code runs: one registry of backend kinds, each a value.
+
+- ``process``: a process of its own, confined by Linux's layers (``repl/isolation``);
+- ``none``: threads of this kernel, in a fresh namespace (no isolation at all);
+- ``auto`` (``RLM.sandbox``'s default) is not a backend but a choice of one
+  (``chosen``): the strongest that works on this machine, said once in one line.
+
+A backend that isolates gives ``SandboxREPL`` its launcher (how its sandbox process
+starts); the REPL, the bridge and the helper calls are shared by all. Adding one is a
+module with a launcher and an ``unavailable()`` check, and an entry here.
+"""
+
+from __future__ import annotations
+
+import functools
+import subprocess
+import sys
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..sandbox.process import launch as launch_process
+from ..sandbox.repl import Launcher
+
+AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One place model code can run."""
+
+    name: str
+    # Model code runs outside the kernel's process: its REPL is a SandboxREPL.
+    isolated: bool
+    # How its sandbox process starts (None: model code runs in the kernel's threads).
+    launcher: Launcher | None
+    # Why it cannot run on this machine, or None (checked when chosen, not at import).
+    unavailable: Callable[[], str | None]
+    # Where the code runs, in the words a message uses ("in a sandbox process").
+    where: str
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def _process_unavailable() -> str | None:
+    if sys.platform == "win32":
+        return "a sandbox process needs fork and descriptor passing, which Windows lacks"
+    return None
+
+
+PROCESS = Backend("process", True, launch_process, _process_unavailable, "in a sandbox process")
+NONE = Backend("none", False, None, lambda: None, "in this kernel")
+BACKENDS: dict[str, Backend] = {backend.name: backend for backend in (PROCESS, NONE)}
+NAMES = (*BACKENDS, AUTO)
+
+
+def named(name: str) -> Backend:
+    """The backend ``name`` names ("auto": the one ``chosen`` for this machine)."""
+    if name == AUTO:
+        return chosen()
+    try:
+        return BACKENDS[name]
+    except KeyError:
+        raise ValueError(f"sandbox must be one of {', '.join(NAMES)}; got {name!r}") from None
+
+
+_unsaid: list[str] = []  # what ``auto`` chose, until a run's notes say it
+
+
+def said_once() -> str | None:
+    """The one line saying what ``auto`` chose, the first time it is asked for."""
+    return _unsaid.pop() if _unsaid else None
+
+
+@functools.cache
+def chosen() -> Backend:
+    """``auto``: the process sandbox where Linux gives it user namespaces; else the
+    process sandbox with the layers the OS allows (none of Linux's off Linux), or this
+    kernel on Windows, with a warning that names what is missing. Decided once per
+    kernel."""
+    if sys.platform.startswith("linux") and user_namespaces_work():
+        _unsaid.append(
+            "RLM.sandbox='auto': model code runs in a sandbox process (Linux, user namespaces)"
+        )
+        return PROCESS
+    why = (
+        "this Linux refuses user namespaces"
+        if sys.platform.startswith("linux")
+        else f"{'macOS' if sys.platform == 'darwin' else 'Windows'} has none of Linux's layers"
+    )
+    fallback = PROCESS if PROCESS.unavailable() is None else NONE
+    missing = (
+        "its files, keys and network are reachable from model code"
+        if fallback is NONE
+        else "it runs as your user and can read your files and use the network"
+    )
+    line = (
+        f"RLM.sandbox='auto': {why}, so model code runs {fallback.where}, where {missing}. "
+        "(result.isolation says which layers hold)"
+    )
+    warnings.warn(line, RuntimeWarning, stacklevel=2)
+    _unsaid.append(line)
+    return fallback
+
+
+def user_namespaces_work() -> bool:
+    """Whether a process of this user may make a user namespace (the process sandbox's
+    first layer), tried in a fresh Python once."""
+    probe = (
+        "import ctypes, sys; libc = ctypes.CDLL(None, use_errno=True); "
+        "sys.exit(0 if libc.unshare(0x10000000) == 0 else 1)"
+    )
+    try:
+        return subprocess.run([sys.executable, "-I", "-c", probe], timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False

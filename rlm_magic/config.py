@@ -40,7 +40,7 @@ _OWNED_KWARGS = {
 
 
 # RLM.sandbox's values: the backends' names (repl.backends, which a test holds equal).
-SANDBOX_KINDS = ("auto", "process", "none")
+SANDBOX_KINDS = ("auto", "process", "wasm", "none")
 
 
 def default_cache_dir() -> str:
@@ -260,8 +260,10 @@ class RLMConfig(Configurable):
     sandbox = Unicode(
         "auto",
         help="Where the model's code runs: 'process' (a sandbox process confined by "
-        "Linux's layers), 'none' (threads of this kernel), or 'auto' (the strongest "
-        "that works here).",
+        "Linux's layers), 'wasm' (CPython in WebAssembly, in a confined Deno: any OS; "
+        "pip install 'rlm-magic[wasm]'), 'none' (threads of this kernel), or 'auto' "
+        "(the strongest that works here: 'process' on Linux with user namespaces, "
+        "else 'wasm' when Deno is installed).",
     ).tag(config=True)
     sandbox_memory_mb = Int(4096, help="Address-space limit of a sandbox process, in MB.").tag(
         config=True

@@ -90,6 +90,13 @@ class RLMMagics(Magics):  # type: ignore[misc, unused-ignore]  # IPython's: unty
         "(default: RLM.sandbox).",
     )
     @argument(
+        "--wasm",
+        dest="sandbox",
+        action="store_const",
+        const="wasm",
+        help="Run the model's code in the WebAssembly sandbox (Deno + Pyodide; any OS).",
+    )
+    @argument(
         "--no-sandbox",
         dest="sandbox",
         action="store_const",

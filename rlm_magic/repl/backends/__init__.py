@@ -1,6 +1,8 @@
 """Where model code runs: one registry of backend kinds, each a value.
 
 - ``process``: a process of its own, confined by Linux's layers (``repl/isolation``);
+- ``wasm``: CPython compiled to WebAssembly in a confined Deno (``wasm.py``), the same
+  on Linux, macOS and Windows;
 - ``none``: threads of this kernel, in a fresh namespace (no isolation at all);
 - ``auto`` (``RLM.sandbox``'s default) is not a backend but a choice of one
   (``chosen``): the strongest that works on this machine, said once in one line.
@@ -49,10 +51,23 @@ def _process_unavailable() -> str | None:
     return None
 
 
+def _wasm_unavailable() -> str | None:
+    from . import wasm
+
+    return wasm.unavailable()
+
+
+async def _launch_wasm(*args):  # type: ignore[no-untyped-def]
+    from . import wasm  # Deno's side is loaded only when used
+
+    return await wasm.launch(*args)
+
+
 PROCESS = Backend("process", True, launch_process, _process_unavailable, "in a sandbox process")
+WASM = Backend("wasm", True, _launch_wasm, _wasm_unavailable, "in a WebAssembly sandbox")
 NONE = Backend("none", False, None, lambda: None, "in this kernel")
-BACKENDS: dict[str, Backend] = {backend.name: backend for backend in (PROCESS, NONE)}
-NAMES = (*BACKENDS, AUTO)
+BACKENDS: dict[str, Backend] = {backend.name: backend for backend in (PROCESS, WASM, NONE)}
+NAMES = (AUTO, *BACKENDS)
 
 
 def named(name: str) -> Backend:
@@ -75,10 +90,10 @@ def said_once() -> str | None:
 
 @functools.cache
 def chosen() -> Backend:
-    """``auto``: the process sandbox where Linux gives it user namespaces; else the
-    process sandbox with the layers the OS allows (none of Linux's off Linux), or this
-    kernel on Windows, with a warning that names what is missing. Decided once per
-    kernel."""
+    """``auto``: the process sandbox where Linux gives it user namespaces; elsewhere the
+    wasm sandbox if Deno is installed; else the process sandbox with the layers the OS
+    allows (none of Linux's off Linux), or this kernel on Windows, with a warning that
+    names what is missing and the one command that adds it. Decided once per kernel."""
     if sys.platform.startswith("linux") and user_namespaces_work():
         _unsaid.append(
             "RLM.sandbox='auto': model code runs in a sandbox process (Linux, user namespaces)"
@@ -89,6 +104,11 @@ def chosen() -> Backend:
         if sys.platform.startswith("linux")
         else f"{'macOS' if sys.platform == 'darwin' else 'Windows'} has none of Linux's layers"
     )
+    if WASM.unavailable() is None:
+        _unsaid.append(f"RLM.sandbox='auto': model code runs in a WebAssembly sandbox ({why})")
+        return WASM
+    from .wasm import INSTALL_DENO
+
     fallback = PROCESS if PROCESS.unavailable() is None else NONE
     missing = (
         "its files, keys and network are reachable from model code"
@@ -97,7 +117,7 @@ def chosen() -> Backend:
     )
     line = (
         f"RLM.sandbox='auto': {why}, so model code runs {fallback.where}, where {missing}. "
-        "(result.isolation says which layers hold)"
+        f"For a real sandbox here: {INSTALL_DENO}"
     )
     warnings.warn(line, RuntimeWarning, stacklevel=2)
     _unsaid.append(line)

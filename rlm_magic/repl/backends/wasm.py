@@ -43,6 +43,8 @@ _PAGE = 2**16  # WebAssembly's page
 _STDERR_KEPT = 4096  # of what Deno says when it fails
 
 INSTALL_DENO = "pip install 'rlm-magic[wasm]'"
+# How Deno runs the sandbox: from the cache only, asking nothing, reading no config.
+_DENO_RUN = ("run", "--quiet", "--no-prompt", "--cached-only", "--no-config", "--no-lock")
 _fetch_lock = threading.Lock()
 _fetched: set[str] = set()  # cache folders that hold Pyodide, in this process
 
@@ -94,7 +96,10 @@ def fetch_pyodide(deno: str) -> None:
     registry, or the mirror ``NPM_CONFIG_REGISTRY`` names). Blocking: call in a thread."""
     folder = str(cache_dir())
     with _fetch_lock:
-        if folder in _fetched or _pyodide_folder().is_dir():
+        if folder in _fetched:
+            return
+        if _pyodide_folder().is_dir():
+            _make_snapshot(deno)
             _fetched.add(folder)
             return
         # Installing, not sandboxing: no model code runs, and the network settings
@@ -116,7 +121,37 @@ def fetch_pyodide(deno: str) -> None:
                 if line.strip() and not line.strip().startswith(("at ", "Download"))
             ]
             raise SandboxError(_cannot_fetch(said[-1] if said else f"status {done.returncode}"))
+        _make_snapshot(deno)
         _fetched.add(folder)
+
+
+def _make_snapshot(deno: str) -> None:
+    """Pyodide's memory once loaded, kept beside it: each sandbox then starts in half a
+    second. No model code runs here; a sandbox without it loads Pyodide afresh."""
+    if _snapshot().is_file():
+        return
+    try:
+        subprocess.run(
+            [
+                deno,
+                *_DENO_RUN,
+                f"--allow-read={_pyodide_folder()},{HOST},{cache_dir()}",
+                f"--allow-write={cache_dir()}",
+                str(_RUNNER),
+                "--make-snapshot",
+                str(_snapshot()),
+            ],
+            env=_deno_environment(),
+            cwd=str(HOST),
+            capture_output=True,
+            timeout=300,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        pass  # sandboxes start without it, more slowly
+
+
+def _snapshot() -> Path:
+    return cache_dir() / f"pyodide-{PYODIDE_VERSION}.snapshot"
 
 
 def _cannot_fetch(why: str) -> str:
@@ -259,13 +294,8 @@ async def launch(secrets: tuple[str | None, ...], settings: SandboxSettings) -> 
     pages = min(65536, max(256, memory_mb * 2**20 // _PAGE))  # wasm32: 4 GB at most
     command = [
         deno,
-        "run",
-        "--quiet",
-        "--no-prompt",
-        "--cached-only",
-        "--no-config",
-        "--no-lock",
-        f"--allow-read={_pyodide_folder()},{HOST}",
+        *_DENO_RUN,
+        f"--allow-read={_pyodide_folder()},{HOST},{_snapshot()}",
         # Denied outright, not only left out: remote imports are allowed by default.
         "--deny-import",
         "--deny-net",
@@ -276,6 +306,7 @@ async def launch(secrets: tuple[str | None, ...], settings: SandboxSettings) -> 
         "--deny-write",
         f"--v8-flags=--wasm-max-mem-pages={pages},--max-old-space-size={min(memory_mb, 1024)}",
         str(_RUNNER),
+        str(_snapshot()),
     ]
     return WasmProcess(_start(command), asyncio.get_running_loop())
 

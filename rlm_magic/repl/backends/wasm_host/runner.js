@@ -6,9 +6,37 @@
 // The bridge is the process's stdin and stdout, framed as repl/bridge.py frames them;
 // stdout carries frames only (console output goes to stderr). The Python side
 // (pyodide_worker.py and the shared REPL code) comes from the kernel in the first frame.
+//
+// `runner.js SNAPSHOT` starts from SNAPSHOT, Pyodide's memory as it was once loaded with
+// the standard library modules the worker needs (half a second, where a fresh load
+// takes several); `runner.js --make-snapshot SNAPSHOT` makes it, once per cache, with no
+// model code anywhere near (wasm.py runs it after fetching Pyodide).
 import { loadPyodide } from "npm:pyodide@314.0.8";
 
 console.log = console.info = console.debug = console.warn = console.error;
+const quiet = () => {}; // what Python writes past its own capture reaches no one
+const PRELOADED = "import asyncio, ast, base64, concurrent.futures, contextvars, hashlib, io, " +
+  "itertools, json, pickle, queue, re, struct, traceback, types, warnings";
+
+if (Deno.args[0] === "--make-snapshot") {
+  const fresh = await loadPyodide({ _makeSnapshot: true, stdout: quiet, stderr: quiet });
+  fresh.runPython(PRELOADED);
+  const snapshot = fresh.makeMemorySnapshot();
+  Deno.writeFileSync(Deno.args[1] + ".part", snapshot);
+  Deno.renameSync(Deno.args[1] + ".part", Deno.args[1]);
+  Deno.exit(0);
+}
+
+const load = async () => {
+  try {
+    const snapshot = Deno.readFileSync(Deno.args[0]);
+    return await loadPyodide({ _loadSnapshot: snapshot, stdout: quiet, stderr: quiet });
+  } catch {
+    const fresh = await loadPyodide({ stdout: quiet, stderr: quiet }); // no snapshot (yet)
+    fresh.runPython(PRELOADED);
+    return fresh;
+  }
+};
 
 const RING_BYTES = 1 << 22;
 const ring = new SharedArrayBuffer(RING_BYTES);
@@ -17,8 +45,7 @@ const interrupt = new Int32Array(new SharedArrayBuffer(4));
 const reader = new Worker(new URL("./reader.js", import.meta.url).href, { type: "module" });
 reader.postMessage({ ring, state, interrupt });
 
-const quiet = () => {}; // what Python writes past its own capture reaches no one
-const pyodide = await loadPyodide({ stdout: quiet, stderr: quiet });
+const pyodide = await load();
 await Deno.permissions.revoke({ name: "read" });
 pyodide.setInterruptBuffer(interrupt);
 

@@ -40,7 +40,7 @@ _OWNED_KWARGS = {
 
 
 # RLM.sandbox's values: the backends' names (repl.backends, which a test holds equal).
-SANDBOX_KINDS = ("auto", "process", "wasm", "none")
+SANDBOX_KINDS = ("auto", "process", "wasm", "container", "none")
 
 
 def default_cache_dir() -> str:
@@ -261,7 +261,9 @@ class RLMConfig(Configurable):
         "auto",
         help="Where the model's code runs: 'process' (a sandbox process confined by "
         "Linux's layers), 'wasm' (CPython in WebAssembly, in a confined Deno: any OS; "
-        "pip install 'rlm-magic[wasm]'), 'none' (threads of this kernel), or 'auto' "
+        "pip install 'rlm-magic[wasm]'), 'container' (the sandbox process in a Docker or "
+        "Podman container: RLM_CONTAINER_RUNTIME, RLM_CONTAINER_IMAGE; build the image "
+        "as the error says), 'none' (threads of this kernel), or 'auto' "
         "(the strongest that works here: 'process' on Linux with user namespaces, "
         "else 'wasm' when Deno is installed).",
     ).tag(config=True)

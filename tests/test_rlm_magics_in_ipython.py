@@ -161,7 +161,7 @@ def test_ipython_config_file_settings_apply():
         ("max_cost_usd", 0.5, float("nan"), ">= 0"),  # a NaN budget could never trip
         ("step_timeout", 1.0, -1.0, "> 0"),
         ("max_output_chars", 10, 0, ">= 1"),
-        ("sandbox", "process", "docker", "one of auto, process, wasm, none"),
+        ("sandbox", "process", "docker", "one of auto, process, wasm, container, none"),
         ("sandbox_memory_mb", 256, 100, ">= 256"),
     ],
 )

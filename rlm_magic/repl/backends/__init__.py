@@ -3,6 +3,8 @@
 - ``process``: a process of its own, confined by Linux's layers (``repl/isolation``);
 - ``wasm``: CPython compiled to WebAssembly in a confined Deno (``wasm.py``), the same
   on Linux, macOS and Windows;
+- ``container``: the process worker in a Docker or Podman container (``container.py``):
+  no network, a read-only root, cgroup limits, an unprivileged user;
 - ``none``: threads of this kernel, in a fresh namespace (no isolation at all);
 - ``auto`` (``RLM.sandbox``'s default) is not a backend but a choice of one
   (``chosen``): the strongest that works on this machine, said once in one line.
@@ -63,10 +65,27 @@ async def _launch_wasm(*args):  # type: ignore[no-untyped-def]
     return await wasm.launch(*args)
 
 
+def _container_unavailable() -> str | None:
+    from . import container
+
+    return container.unavailable()
+
+
+async def _launch_container(*args):  # type: ignore[no-untyped-def]
+    from . import container  # a container runtime is asked only when used
+
+    return await container.launch(*args)
+
+
 PROCESS = Backend("process", True, launch_process, _process_unavailable, "in a sandbox process")
 WASM = Backend("wasm", True, _launch_wasm, _wasm_unavailable, "in a WebAssembly sandbox")
+CONTAINER = Backend(
+    "container", True, _launch_container, _container_unavailable, "in a sandbox container"
+)
 NONE = Backend("none", False, None, lambda: None, "in this kernel")
-BACKENDS: dict[str, Backend] = {backend.name: backend for backend in (PROCESS, WASM, NONE)}
+BACKENDS: dict[str, Backend] = {
+    backend.name: backend for backend in (PROCESS, WASM, CONTAINER, NONE)
+}
 NAMES = (AUTO, *BACKENDS)
 
 

@@ -14,6 +14,7 @@ from rlm_magic.rlm.prompts import CONTINUE_PROMPT, ITERATION_LIMIT_PROMPT, SYSTE
 from rlm_magic.rlm.replies import ACCEPTED_FORMS
 
 from .support import make_rlm
+from .support.backends import SANDBOXES
 
 INSTRUCTIONS = [SYSTEM_PROMPT, CONTINUE_PROMPT, ITERATION_LIMIT_PROMPT, ACCEPTED_FORMS]
 
@@ -22,7 +23,7 @@ def repl(code: str, text: str = "") -> str:
     return f"{text}\n```repl\n{code}\n```\n"
 
 
-@pytest.fixture(params=["process", "none"])
+@pytest.fixture(params=SANDBOXES)
 def rlm(request, server):
     return make_rlm(server, sandbox=request.param, max_iterations=3)
 

@@ -7,13 +7,14 @@ from __future__ import annotations
 import pytest
 
 from .support import make_rlm
+from .support.backends import SANDBOXES
 
 
 def repl(code: str, text: str = "") -> str:
     return f"{text}\n```repl\n{code}\n```\n"
 
 
-@pytest.fixture(params=["process", "none"])
+@pytest.fixture(params=SANDBOXES)
 def rlm(request, server):
     return make_rlm(server, sandbox=request.param)
 
@@ -217,7 +218,7 @@ async def test_final_then_an_error_in_the_same_block_is_not_the_answer(rlm, serv
     )
 
 
-@pytest.mark.parametrize("sandbox", ["process", "none"])
+@pytest.mark.parametrize("sandbox", SANDBOXES)
 async def test_final_then_a_step_timeout_is_not_the_answer(server, sandbox):
     rlm = make_rlm(server, sandbox=sandbox, step_timeout=0.5)
     server.script("root-model", [repl("FINAL('draft')\nwhile True:\n    pass"), "FINAL(checked)"])

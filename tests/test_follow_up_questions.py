@@ -11,6 +11,7 @@ from rlm_magic import ConfigError
 from rlm_magic.rlm.session import RLMSession
 
 from .support import make_rlm
+from .support.backends import SANDBOXES
 from .support.session_forger import SESSION_FORGER
 
 
@@ -18,7 +19,7 @@ def repl(code: str) -> str:
     return f"```repl\n{code}\n```\n"
 
 
-@pytest.fixture(params=["process", "none"])
+@pytest.fixture(params=SANDBOXES)
 def repl_kind(request) -> str:
     return request.param
 
@@ -461,7 +462,7 @@ PLANT = repl(
 )
 
 
-@pytest.fixture(params=["process", "none"])
+@pytest.fixture(params=SANDBOXES)
 async def either_session(request, server):
     session = make_rlm(server, sandbox=request.param).session("planted")
     yield session

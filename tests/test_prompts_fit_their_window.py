@@ -10,6 +10,7 @@ from rlm_magic.errors import CompactionError
 from rlm_magic.llm import profiles, windows
 
 from .support import ROOT, helpers, make_rlm
+from .support.backends import SANDBOXES
 from .support.conversations import PROSE, long_conversation
 
 
@@ -140,7 +141,7 @@ def long_run(turns: int):
     return reply
 
 
-@pytest.fixture(params=["process", "none"])
+@pytest.fixture(params=SANDBOXES)
 def repl_kind(request) -> str:
     return request.param
 

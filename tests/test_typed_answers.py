@@ -18,6 +18,7 @@ from rlm_magic.llm.structured import AnswerFormat
 from rlm_magic.maps.jobs import batch_job
 
 from .support import helpers, make_rlm
+from .support.backends import SANDBOXES
 
 
 class Label(BaseModel):
@@ -139,7 +140,7 @@ async def test_a_json_schema_gives_dicts(rlm):
 SCORE = {"type": "object", "required": ["score"], "properties": {"score": {"type": "integer"}}}
 
 
-@pytest.mark.parametrize("sandbox", ["process", "none"])
+@pytest.mark.parametrize("sandbox", SANDBOXES)
 async def test_model_code_gets_validated_dicts_from_a_json_schema(server, tmp_path, sandbox):
     server.reply_with("sub-model", labelled)
     server.script(
@@ -192,7 +193,7 @@ def test_a_fenced_json_answer_is_read():
     )
 
 
-@pytest.mark.parametrize("sandbox", ["process", "none"])
+@pytest.mark.parametrize("sandbox", SANDBOXES)
 async def test_a_schema_from_model_code_cannot_make_the_kernel_fetch_a_url(
     server, tmp_path, sandbox
 ):

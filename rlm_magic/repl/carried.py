@@ -170,9 +170,14 @@ def _resident() -> int:
         with open("/proc/self/statm") as statm:
             return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
+        pass
+    try:
         import resource
+    except ImportError:  # WebAssembly (the wasm sandbox): its memory, which only grows
+        import pyodide_js  # type: ignore[import-not-found]
 
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # the peak
+        return int(pyodide_js._module.HEAP8.length)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # the peak
 
 
 class Tampered(Exception):

@@ -1,6 +1,7 @@
 """``%%rlm --wasm`` in the real ``rlm`` kernel: model code runs in CPython compiled to
 WebAssembly inside a confined Deno, reached through the public path a notebook uses, and
-a notebook's interrupt stops it at once with nothing left running (issue 40)."""
+a notebook's interrupt stops it at once with nothing left running, as it does in a
+container sandbox (issue 40)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,15 @@ import pytest
 
 pytest.importorskip("jupyter_client")
 
-from rlm_magic.repl.backends import wasm  # noqa: E402
+from rlm_magic.repl.backends import container, wasm  # noqa: E402
 
 from .support.kernels import interrupt_and_check  # noqa: E402
 
-pytestmark = [
-    pytest.mark.kernel,
-    pytest.mark.skipif(wasm.unavailable() is not None, reason=str(wasm.unavailable())),
-]
+pytestmark = pytest.mark.kernel
+needs_wasm = pytest.mark.skipif(wasm.unavailable() is not None, reason=str(wasm.unavailable()))
+needs_container = pytest.mark.skipif(
+    container.unavailable() is not None, reason=str(container.unavailable())
+)
 ROOT, SUB = "root-model", "sub-model"  # as the server sees them
 
 ATTACKS = r"""
@@ -57,6 +59,7 @@ def _no_deno_left(kernel) -> int:
     )
 
 
+@needs_wasm
 def test_a_cell_runs_its_model_code_in_the_wasm_sandbox(rlm_kernel, server, tmp_path):
     secret = tmp_path / "notes.txt"
     secret.write_text("the user's own secret")
@@ -96,15 +99,23 @@ def test_a_cell_runs_its_model_code_in_the_wasm_sandbox(rlm_kernel, server, tmp_
 
 
 @pytest.mark.parametrize(
-    "label, code",
+    "backend, label, code",
     [
-        ("w1: %%rlm --wasm, sleeping step", "time.sleep(30)"),
-        ("w2: %%rlm --wasm, busy step", "while True:\n    pass"),
+        pytest.param("wasm", "w1: %%rlm --wasm, sleeping step", "time.sleep(30)", marks=needs_wasm),
+        pytest.param(
+            "wasm", "w2: %%rlm --wasm, busy step", "while True:\n    pass", marks=needs_wasm
+        ),
+        pytest.param(
+            "container",
+            "c1: %%rlm in a container, busy step",
+            "while True:\n    pass",
+            marks=needs_container,
+        ),
     ],
 )
-def test_an_interrupt_stops_a_wasm_step_at_once(rlm_kernel, server, label, code):
+def test_an_interrupt_stops_a_sandboxed_step_at_once(rlm_kernel, server, backend, label, code):
     server.script(ROOT, [f"```repl\nimport time\nprint(llm_query('started'))\n{code}\n```"])
-    rlm_kernel.run("data = 'some context'")
+    rlm_kernel.run(f"data = 'some context'\n%config RLM.sandbox = {backend!r}")
 
     def ready_and_running(msg_id):
         if len(server.requests_for(SUB)) < 1:
@@ -116,10 +127,11 @@ def test_an_interrupt_stops_a_wasm_step_at_once(rlm_kernel, server, label, code)
         rlm_kernel,
         server,
         label,
-        "%%rlm --wasm -c data\nWhat is in the data?",
+        "%%rlm -c data\nWhat is in the data?",
         ready_and_running,
         ready_timeout=60,  # the first start may fetch Pyodide
     )
+    rlm_kernel.run("%config RLM.sandbox = 'auto'")
     assert usage["calls"] == 2, usage
-    assert rlm_kernel.value("_rlm.sandbox, _rlm.stop_reason") == ("wasm", "interrupted")
+    assert rlm_kernel.value("_rlm.sandbox, _rlm.stop_reason") == (backend, "interrupted")
     assert _no_deno_left(rlm_kernel) == 0

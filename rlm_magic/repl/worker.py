@@ -93,6 +93,11 @@ _step: contextvars.ContextVar[int | None] = contextvars.ContextVar("rlm_step", d
 
 
 class Worker:
+    # What to do about a context that does not unpickle here.
+    UNPICKLED_HINT = (
+        "classes defined in a notebook cannot cross: run with --no-sandbox (RLM.sandbox = 'none')"
+    )
+
     def __init__(self, sock: socket.socket):
         self.sock = sock
         self.send_lock = threading.Lock()
@@ -157,9 +162,7 @@ class Worker:
                 {
                     "op": "fatal",
                     "error": f"the context could not be unpickled in the "
-                    f"sandbox: {type(exc).__name__}: {exc} (classes "
-                    "defined in a notebook cannot cross); run "
-                    "with --no-sandbox (RLM.sandbox = 'none')",
+                    f"sandbox: {type(exc).__name__}: {exc}; {self.UNPICKLED_HINT}",
                 }
             )
             raise SystemExit(1) from None

@@ -41,6 +41,9 @@ _SENT_PACKAGES = ("",)
 _INTERRUPT = b"I" + (0).to_bytes(8, "big")  # reader.js: SIGINT, kept out of the ring
 _PAGE = 2**16  # WebAssembly's page
 _STDERR_KEPT = 4096  # of what Deno says when it fails
+# What Deno's private writable memory may grow by past the WebAssembly cap, once Pyodide
+# has loaded: JavaScript's own (typed arrays live outside that cap) and V8's heaps.
+_BEYOND_CAP_MB = 256
 
 INSTALL_DENO = "pip install 'rlm-magic[wasm]'"
 # How Deno runs the sandbox: from the cache only, asking nothing, reading no config.
@@ -200,8 +203,14 @@ class WasmProcess(SandboxProcess):
     LAYERS = ("webassembly", "filesystem", "network", "environment", "processes", "memory")
     REQUIRED_LAYERS = ("webassembly", "filesystem", "network", "environment", "processes")
 
-    def __init__(self, process: subprocess.Popen[bytes], loop: asyncio.AbstractEventLoop):
+    def __init__(
+        self,
+        process: subprocess.Popen[bytes],
+        loop: asyncio.AbstractEventLoop,
+        memory_mb: int | None = None,
+    ):
         self.process = process
+        self.memory_mb = memory_mb
         self.workdir = ""
         self.dead: str | None = None
         self.relays = False
@@ -234,9 +243,38 @@ class WasmProcess(SandboxProcess):
             for part in carried:
                 self.pipe.write(part)
         try:
-            return await self.await_ready(carried is not None)
+            report = await self.await_ready(carried is not None)
         except (asyncio.IncompleteReadError, ConnectionError) as exc:
             raise SandboxError(f"{await self.exit_reason()} ({exc})") from None
+        if isinstance(report, dict) and isinstance(report.get("layers"), dict):
+            capped = report["layers"]["memory"] = self.cap_memory()
+            if not capped and isinstance(report.get("notes"), dict):
+                report["notes"]["memory"] = (
+                    "WebAssembly memory is capped (RLM.sandbox_memory_mb), JavaScript's "
+                    "is not: no process limit could be set here"
+                )
+        return report
+
+    def cap_memory(self) -> bool:
+        """Cap the whole process's memory before any model code runs: the WebAssembly
+        cap leaves JavaScript's out (``js.Uint8Array.new(2**30)``, a Web Worker's). On
+        Linux, RLIMIT_DATA at what Deno holds once ready (its heaps and thread stacks,
+        1.2 GB reserved, little of it touched) plus the cap and a margin; elsewhere the
+        WebAssembly cap only. Whether the whole process's memory is capped."""
+        if self.memory_mb is None or not sys.platform.startswith("linux"):
+            return False
+        import resource
+
+        try:
+            with open(f"/proc/{self.process.pid}/status") as status:
+                held_kb = next(
+                    int(line.split()[1]) for line in status if line.startswith("VmData:")
+                )
+            limit = held_kb * 1024 + (self.memory_mb + _BEYOND_CAP_MB) * 2**20
+            resource.prlimit(self.process.pid, resource.RLIMIT_DATA, (limit, limit))
+        except (OSError, StopIteration, ValueError):
+            return False
+        return True
 
     def write(self, data: bytes) -> None:
         self.pipe.write(data)
@@ -308,7 +346,7 @@ async def launch(secrets: tuple[str | None, ...], settings: SandboxSettings) -> 
         str(_RUNNER),
         str(_snapshot()),
     ]
-    return WasmProcess(_start(command), asyncio.get_running_loop())
+    return WasmProcess(_start(command), asyncio.get_running_loop(), memory_mb)
 
 
 def _start(command: list[str]) -> subprocess.Popen[bytes]:

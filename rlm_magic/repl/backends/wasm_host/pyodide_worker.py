@@ -17,6 +17,7 @@ import asyncio
 import collections
 import concurrent.futures
 import importlib.abc
+import os
 import signal
 import subprocess
 import sys
@@ -28,6 +29,7 @@ from typing import Any
 
 import rlm_host  # type: ignore[import-not-found]  # runner.js registers it
 
+from rlm_magic.repl import bridge
 from rlm_magic.repl import worker as process_worker
 from rlm_magic.repl.bridge import Message
 from rlm_magic.repl.capture import routing_installed
@@ -40,12 +42,19 @@ LAYERS = {
     "has loaded; files model code writes live in memory",
     "network": "Deno runs without network permission",
     "environment": "Deno starts with an empty environment and may not read it",
-    "processes": "no subprocesses, threads or FFI: Deno runs without them",
-    "memory": "WebAssembly memory is capped (RLM.sandbox_memory_mb)",
+    "processes": "no subprocesses, Python threads or FFI: Deno runs without them (Web "
+    "Workers model code starts hold the same permissions and end with the sandbox)",
+    "memory": "WebAssembly memory is capped (RLM.sandbox_memory_mb), and the process's "
+    "by a data limit of that much past what Deno holds when ready (Linux)",
 }
 NO_THREADS = (
     "threads are not available in the wasm sandbox (RLM.sandbox = 'wasm'): use "
     "llm_query_batch(prompts) or asyncio.gather(...) of the awaitable helpers for concurrency"
+)
+NOTHING_COMES = (
+    "this step waits for what nothing will bring: no helper call is out and nothing is "
+    "scheduled (a JavaScript promise, as js.fetch(...) returns, never settles in the wasm "
+    "sandbox, whose JavaScript event loop does not turn while Python runs)"
 )
 NO_PROCESSES = "subprocesses are not available in the wasm sandbox (RLM.sandbox = 'wasm')"
 
@@ -66,44 +75,81 @@ class Pumped:
         return self.waiting.popleft()
 
     def pump(self, timeout: float | None) -> None:
-        """Take one message from the kernel, waiting at most ``timeout`` seconds (None:
-        until one comes) for it to begin; an interrupt that came meanwhile is raised
-        here, as the process worker's SIGINT handler would."""
+        """Take what the kernel sent, waiting at most ``timeout`` seconds (None: until
+        something comes) for it to begin: every whole frame read, each answer to its
+        call. An interrupt that came meanwhile is raised here, between frames, as the
+        process worker's SIGINT handler would; one that comes while a frame is read
+        waits for its end (raised halfway, it would leave half a frame unread)."""
         worker = self.worker
         assert worker is not None
-        first = rlm_host.read(1, -1 if timeout is None else max(0, timeout) * 1000)
-        if first is None:
-            raise SystemExit(0)  # the kernel closed the bridge
-        if first.length == 0:
+        worker.flush()
+        if not worker.buffer and not worker.more(-1 if timeout is None else timeout * 1000):
             if rlm_host.take_interrupt():
                 _on_sigint(signal.SIGINT, None)
             return
-        worker.first_byte = first.to_bytes()
-        worker.take(worker.receive_json())
+        worker.framing = True
+        try:
+            worker.take(worker.receive_json())
+            while worker.whole_frame_buffered():
+                worker.take(worker.receive_json())
+        finally:
+            worker.framing = False
+        if worker.interrupted:
+            worker.interrupted = False
+            _on_sigint(signal.SIGINT, None)
 
 
 class WasmWorker(process_worker.Worker):
     """The process worker's requests and helper calls, over Deno's stdin and stdout."""
 
+    UNPICKLED_HINT = (
+        "the wasm sandbox has the standard library only: pass plain data, such as "
+        "df.to_dict('records'), or run with RLM.sandbox = 'process'"
+    )
+
     def __init__(self, inbox: Pumped):
         super().__init__(None)  # type: ignore[arg-type]  # no socket: the bridge is rlm_host
+        self.outbox: list[bytes] = []  # frames not yet written
         self.inbox = inbox  # type: ignore[assignment]
-        self.first_byte = b""  # of a frame whose start ``Pumped.pump`` waited for
+        self.buffer = bytearray()  # read from the kernel, not yet taken
+        self.framing = False  # a frame is being read: an interrupt waits for its end
+        self.interrupted = False  # one that came meanwhile
 
     def send_bytes(self, data: bytes) -> None:
-        rlm_host.write(data)
+        # Kept until this worker next waits for the kernel (``flush``): the 64 calls of
+        # an asyncio.gather go in one write, not 64 (a write costs ~0.1 ms here).
+        self.outbox.append(data)
+
+    def flush(self) -> None:
+        if self.outbox:
+            data, self.outbox[:] = b"".join(self.outbox), []
+            rlm_host.write(data)
+
+    def more(self, ms: float) -> bool:
+        """Read what the kernel sent (a megabyte at most), waiting up to ``ms`` (forever
+        if negative) for it; False if nothing came: the time was up, or (while no frame
+        is being read) an interrupt came."""
+        chunk = rlm_host.read(2**20, ms, not self.framing)
+        if chunk is None:
+            raise SystemExit(0)  # the kernel closed the bridge
+        if chunk.length == 0:
+            return False
+        self.buffer += chunk.to_bytes()
+        return True
 
     def read_exactly(self, size: int) -> bytes:
-        parts, got = [self.first_byte[:size]], len(self.first_byte[:size])
-        self.first_byte = b""
-        while got < size:
-            chunk = rlm_host.read(size - got, -1)
-            if chunk is None:
-                raise SystemExit(0)
-            data = chunk.to_bytes()
-            parts.append(data)
-            got += len(data)
-        return b"".join(parts)
+        self.flush()
+        while len(self.buffer) < size:
+            self.more(-1)
+        data = bytes(self.buffer[:size])
+        del self.buffer[:size]
+        return data
+
+    def whole_frame_buffered(self) -> bool:
+        if len(self.buffer) < bridge.HEADER.size:
+            return False
+        length: int = bridge.HEADER.unpack_from(self.buffer)[1]
+        return len(self.buffer) >= bridge.HEADER.size + length
 
     def confine(self, init: Message) -> dict[str, Any]:
         """Nothing to apply: Deno was started confined. What holds, said."""
@@ -120,6 +166,19 @@ def _on_sigint(signum: int, frame: Any) -> None:
         handler(signum, frame)
 
 
+def _held_while_framing(worker: WasmWorker) -> Callable[[int, Any], None]:
+    """The process worker's SIGINT handler, held while a frame is read (``pump``)."""
+    stop = process_worker._on_sigint(worker)
+
+    def handler(signum: int, frame: Any) -> None:
+        if worker.framing:
+            worker.interrupted = True
+        else:
+            stop(signum, frame)
+
+    return handler
+
+
 class _BridgeSelector:
     """An event loop's idle wait, spent reading the bridge: helper answers resolve the
     futures a block's tasks await."""
@@ -128,6 +187,11 @@ class _BridgeSelector:
         self.inbox = inbox
 
     def select(self, timeout: float | None) -> list[Any]:
+        worker = self.inbox.worker
+        if timeout is None and worker is not None and not worker.calls:
+            # Nothing scheduled and no helper call out: only JavaScript could end this
+            # wait (an awaited js.fetch(...)), and its loop does not turn while Python runs.
+            raise RuntimeError(NOTHING_COMES)
         self.inbox.pump(timeout)
         return []
 
@@ -204,6 +268,9 @@ def _plain_python_only(inbox: Pumped) -> None:
     """What model code cannot do here fails in one clear line."""
     threading.Thread.start = _refuse(NO_THREADS, RuntimeError)  # type: ignore[method-assign]
     subprocess.Popen.__init__ = _refuse(NO_PROCESSES, OSError)  # type: ignore[method-assign]
+    # Emscripten's system() asks Node for a shell: Deno's refusal (no env, no run) is a
+    # JavaScript error that unwinds through Python and ends the whole sandbox.
+    os.system = _refuse(NO_PROCESSES, OSError)
     sys.meta_path.append(_NoNativeModules())
     time.sleep = lambda seconds: _sleep(inbox, float(seconds))
     BridgeLoop.inbox = inbox
@@ -249,8 +316,11 @@ def main(_exactly: Any = None) -> None:
     inbox = Pumped()
     worker = inbox.worker = WasmWorker(inbox)
     _pumping_result(inbox)
-    worker.start()
-    signal.signal(signal.SIGINT, process_worker._on_sigint(worker))
-    with routing_installed():  # (which wraps Thread.start: refused after it)
-        _plain_python_only(inbox)
-        worker.serve()
+    try:
+        worker.start()
+        signal.signal(signal.SIGINT, _held_while_framing(worker))
+        with routing_installed():  # (which wraps Thread.start: refused after it)
+            _plain_python_only(inbox)
+            worker.serve()
+    finally:
+        worker.flush()  # a 'fatal' said on the way out

@@ -52,9 +52,9 @@ pyodide.setInterruptBuffer(interrupt);
 const bytes = new Uint8Array(ring);
 const host = {
   // Up to `n` bytes from the kernel: waits up to `ms` (forever if negative) for the
-  // first; an empty array when the time is up or an interrupt came, undefined (None) at
-  // the end.
-  read(n, ms) {
+  // first; an empty array when the time is up or (if `wake`) an interrupt came,
+  // undefined (None) at the end.
+  read(n, ms, wake) {
     for (;;) {
       const written = Atomics.load(state, 0), read = Atomics.load(state, 1);
       const ready = (written - read) | 0;
@@ -67,7 +67,7 @@ const host = {
         return out;
       }
       if (Atomics.load(state, 2)) return undefined;
-      if (Atomics.load(interrupt, 0)) return new Uint8Array(0);
+      if (wake && Atomics.load(interrupt, 0)) return new Uint8Array(0);
       const waited = Atomics.wait(state, 0, written, ms < 0 ? Infinity : ms);
       if (waited === "timed-out") return new Uint8Array(0);
     }

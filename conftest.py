@@ -103,3 +103,21 @@ def pytest_configure(config):
     )
     config.rlm_kernel_prefix = prefix
     config.add_cleanup(lambda: shutil.rmtree(prefix, ignore_errors=True))
+    if not hasattr(config, "workerinput"):  # once, before pytest-xdist's workers start
+        _fetch_pyodide()
+
+
+def _fetch_pyodide() -> None:
+    """The wasm sandbox's Pyodide, fetched into its cache once (a fresh machine has
+    none) before any test starts a wasm sandbox: not inside a test's time limit, and not
+    by four workers at once. Without Deno the wasm tests skip and say why; a fetch that
+    fails fails those tests with the error a user would see."""
+    from rlm_magic.errors import SandboxError
+    from rlm_magic.repl.backends import wasm
+
+    deno = wasm.deno_binary()
+    if deno is not None:
+        try:
+            wasm.fetch_pyodide(deno)
+        except SandboxError:
+            pass

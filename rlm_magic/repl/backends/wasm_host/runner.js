@@ -22,8 +22,9 @@ if (Deno.args[0] === "--make-snapshot") {
   const fresh = await loadPyodide({ _makeSnapshot: true, stdout: quiet, stderr: quiet });
   fresh.runPython(PRELOADED);
   const snapshot = fresh.makeMemorySnapshot();
-  Deno.writeFileSync(Deno.args[1] + ".part", snapshot);
-  Deno.renameSync(Deno.args[1] + ".part", Deno.args[1]);
+  const part = `${Deno.args[1]}.${Deno.pid}.part`; // two kernels may make it at once
+  Deno.writeFileSync(part, snapshot);
+  Deno.renameSync(part, Deno.args[1]);
   Deno.exit(0);
 }
 

@@ -64,7 +64,7 @@ def cache_dir() -> Path:
 def deno_binary() -> str | None:
     """The Deno to run: the ``deno`` package's (the ``wasm`` extra), else one on PATH."""
     try:
-        from deno import find_deno_bin  # type: ignore[import-untyped]
+        from deno import find_deno_bin
 
         found = str(find_deno_bin())
         if os.access(found, os.X_OK):

@@ -5,6 +5,7 @@ and the wasm backend's install path failing in one line that says what to do."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import sys
 import warnings
 
@@ -61,7 +62,12 @@ def test_without_deno_auto_warns_naming_what_is_missing_and_the_command(fresh_ch
     (warning,) = caught
     text = str(warning.message)
     assert "pip install 'rlm-magic[wasm]'" in text and "\n" not in text
-    assert "read your files" in text or "keys and network" in text
+    if sys.platform.startswith("linux"):  # the layers missing, and those that still hold
+        assert "without the user, PID and process-count layers" in text
+        assert "the syscall filter and Landlock still hold" in text
+    else:
+        assert "read your files" in text or "keys and network" in text
+    assert backends.said_once() is None  # the warning says it: no note besides
 
 
 def test_the_wasm_backend_without_deno_says_the_one_command(monkeypatch):
@@ -92,3 +98,19 @@ def test_a_session_keeps_the_backend_it_began_on(rlm):
     rlm.sandbox = "process"
     assert session.sandbox is backends.WASM
     assert session.summary()["sandbox"] == "wasm"
+
+
+def test_the_package_imports_where_the_posix_only_modules_are_missing():
+    # Windows has no resource, fcntl, termios, pwd or grp: the wasm sandbox, the one
+    # that isolates there, must be reachable without them.
+    code = (
+        "import sys\n"
+        "for name in ('resource', 'fcntl', 'termios', 'pwd', 'grp'):\n"
+        "    sys.modules[name] = None\n"
+        "import rlm_magic, rlm_magic.jupyter.extension, rlm_magic.rlm.workspace\n"
+        "from rlm_magic.repl.backends import named, wasm, container\n"
+        "print(named('wasm').name)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "wasm"

@@ -26,6 +26,10 @@ Message = dict[str, Any]
 
 HEADER = struct.Struct(">cQ")
 JSON, PICKLE, DATA = b"J", b"P", b"D"
+# The kernel's interrupt, sent in band where signals cannot reach the sandbox (a
+# container's worker, Deno's reader thread): a header with no body, never passed on.
+INTERRUPT_KIND = b"I"
+INTERRUPT = HEADER.pack(INTERRUPT_KIND, 0)
 # Big enough for a step's output, a FINAL_VAR answer or a batch of prompts; a larger
 # frame is refused before a byte of its body is read.
 MAX_FROM_SANDBOX = 8 * 2**20

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import subprocess
 import sys
+import tempfile
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -129,28 +130,49 @@ def chosen() -> Backend:
     from .wasm import INSTALL_DENO
 
     fallback = PROCESS if PROCESS.unavailable() is None else NONE
-    missing = (
-        "its files, keys and network are reachable from model code"
-        if fallback is NONE
-        else "it runs as your user and can read your files and use the network"
+    if fallback is NONE:
+        missing = "your files, keys and network are reachable from model code"
+    elif sys.platform.startswith("linux"):
+        missing = (
+            "without the user, PID and process-count layers (the syscall filter and "
+            "Landlock still hold; processes it starts with setsid may outlive it)"
+        )
+    else:
+        missing = "it runs as your user and can read your files and use the network"
+    warnings.warn(  # (a warning, said once: not a note as well)
+        f"RLM.sandbox='auto': {why}, so model code runs {fallback.where}, {missing}. "
+        f"For a real sandbox here: {INSTALL_DENO}",
+        RuntimeWarning,
+        stacklevel=2,
     )
-    line = (
-        f"RLM.sandbox='auto': {why}, so model code runs {fallback.where}, where {missing}. "
-        f"For a real sandbox here: {INSTALL_DENO}"
-    )
-    warnings.warn(line, RuntimeWarning, stacklevel=2)
-    _unsaid.append(line)
     return fallback
 
 
+# The process sandbox's first layer, tried as it is used: the namespaces it enters in
+# one unshare, and a mount in the new mount namespace (Ubuntu 24.04's AppArmor lets an
+# unprivileged process make a user namespace but takes its capabilities there, so the
+# namespaces after it fail). In a fresh Python: nothing of this kernel's changes.
+_PROBE = """
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+uid, folder = os.getuid(), sys.argv[1]
+if libc.unshare(0x10000000 | 0x00020000 | 0x40000000 | 0x20000000 | 0x08000000) != 0:
+    sys.exit(1)
+try:
+    open('/proc/self/setgroups', 'w').write('deny')
+    open('/proc/self/uid_map', 'w').write(f'0 {uid} 1')
+except OSError:
+    sys.exit(1)
+sys.exit(0 if libc.mount(b'none', folder.encode(), b'tmpfs', 0, None) == 0 else 1)
+"""
+
+
 def user_namespaces_work() -> bool:
-    """Whether a process of this user may make a user namespace (the process sandbox's
-    first layer), tried in a fresh Python once."""
-    probe = (
-        "import ctypes, sys; libc = ctypes.CDLL(None, use_errno=True); "
-        "sys.exit(0 if libc.unshare(0x10000000) == 0 else 1)"
-    )
+    """Whether a process of this user may enter the namespaces the process sandbox
+    uses and mount in them, tried in a fresh Python once."""
     try:
-        return subprocess.run([sys.executable, "-I", "-c", probe], timeout=30).returncode == 0
+        with tempfile.TemporaryDirectory(prefix="rlm-probe-") as folder:
+            probe = [sys.executable, "-I", "-c", _PROBE, folder]
+            return subprocess.run(probe, timeout=30, capture_output=True).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False

@@ -29,7 +29,7 @@ from ...errors import SandboxError
 from .. import bridge
 from ..base import SandboxSettings
 from ..sandbox.pipes import PipeReader, PipeWriter
-from ..sandbox.process import SandboxProcess
+from ..sandbox.process import CARRIED_LOAD_S, SandboxProcess
 
 PYODIDE_VERSION = "314.0.8"  # as runner.js imports it
 HOST = Path(__file__).with_name("wasm_host")
@@ -38,9 +38,9 @@ _REPL = Path(__file__).parent.parent  # rlm_magic/repl: the worker's shared code
 # The worker's code, as it runs inside Pyodide: the REPL's shared modules and the wasm
 # worker (the kernel-side packages, sandbox/ and backends/, are not sent).
 _SENT_PACKAGES = ("",)
-_INTERRUPT = b"I" + (0).to_bytes(8, "big")  # reader.js: SIGINT, kept out of the ring
 _PAGE = 2**16  # WebAssembly's page
 _STDERR_KEPT = 4096  # of what Deno says when it fails
+_START_S = 60.0  # for Deno to load Pyodide (under a second from the snapshot)
 # What Deno's private writable memory may grow by past the WebAssembly cap, once Pyodide
 # has loaded: JavaScript's own (typed arrays live outside that cap) and V8's heaps.
 _BEYOND_CAP_MB = 256
@@ -216,7 +216,7 @@ class WasmProcess(SandboxProcess):
         self.relays = False
         self.frame_size = 0
         assert process.stdout is not None and process.stdin is not None
-        self.reader = PipeReader(process.stdout, loop, "rlm-wasm-out")  # type: ignore[assignment]
+        self.reader: PipeReader = PipeReader(process.stdout, loop, "rlm-wasm-out")  # type: ignore[assignment]
         self.pipe = PipeWriter(process.stdin, "rlm-wasm-in")
         self.said: list[bytes] = []  # the end of Deno's stderr
         threading.Thread(target=self._keep_stderr, name="rlm-wasm-err", daemon=True).start()
@@ -225,9 +225,10 @@ class WasmProcess(SandboxProcess):
         stderr = self.process.stderr
         assert stderr is not None
         kept = b""
-        for line in iter(lambda: stderr.readline(_STDERR_KEPT), b""):
-            kept = (kept + line)[-_STDERR_KEPT:]
-            self.said[:] = [kept]
+        with stderr:
+            for line in iter(lambda: stderr.readline(_STDERR_KEPT), b""):
+                kept = (kept + line)[-_STDERR_KEPT:]
+                self.said[:] = [kept]
 
     def init_fields(self, settings: SandboxSettings, isolate: bool) -> dict[str, Any]:
         return {}  # Deno was started confined: nothing for the worker to apply
@@ -243,7 +244,13 @@ class WasmProcess(SandboxProcess):
             for part in carried:
                 self.pipe.write(part)
         try:
-            report = await self.await_ready(carried is not None)
+            report = await asyncio.wait_for(
+                self.await_ready(carried is not None), _START_S + CARRIED_LOAD_S
+            )
+        except asyncio.TimeoutError:
+            raise SandboxError(
+                f"the wasm sandbox did not start within {_START_S + CARRIED_LOAD_S:g}s"
+            ) from None
         except (asyncio.IncompleteReadError, ConnectionError) as exc:
             raise SandboxError(f"{await self.exit_reason()} ({exc})") from None
         if isinstance(report, dict) and isinstance(report.get("layers"), dict):
@@ -287,7 +294,7 @@ class WasmProcess(SandboxProcess):
         import signal as signals
 
         if signum == signals.SIGINT:
-            self.pipe.write(_INTERRUPT)  # reader.js raises it in Python, namespace kept
+            self.pipe.write(bridge.INTERRUPT)  # reader.js raises it in Python, namespace kept
         else:
             self.kill()
 
@@ -299,7 +306,7 @@ class WasmProcess(SandboxProcess):
 
     async def end(self) -> None:
         self.kill()
-        self.pipe.close()
+        self._close_pipes()
         try:
             await asyncio.wait_for(asyncio.to_thread(self.process.wait), 5)
         except asyncio.TimeoutError:
@@ -307,11 +314,17 @@ class WasmProcess(SandboxProcess):
 
     def end_now(self) -> None:
         self.kill()
-        self.pipe.close()
+        self._close_pipes()
         try:
             self.process.wait(5)
         except subprocess.TimeoutExpired:
             pass
+
+    def _close_pipes(self) -> None:
+        """stdin once written, stdout now (with what was read of it); stderr at its end,
+        by the thread that keeps it (``_keep_stderr``)."""
+        self.pipe.close()
+        self.reader.close()
 
     async def exit_reason(self) -> str:
         reason = await super().exit_reason()

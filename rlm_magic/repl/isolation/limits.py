@@ -9,13 +9,15 @@ Standard library only: the sandbox worker imports this.
 
 from __future__ import annotations
 
-import resource
-
 from .confinement import Confinement
 from .linux import is_host_root
 
 
 def set_limits(confinement: Confinement) -> None:
+    # Imported here: the package imports this module on every OS (Windows has no
+    # resource, and runs the wasm sandbox), and only a Linux worker applies it.
+    import resource
+
     policy, report = confinement.policy, confinement.report
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     # No file larger than the working folder may hold, wherever it is written.

@@ -3,9 +3,10 @@ pumped by a thread of its own.
 
 Why threads: on Windows the kernel's loop is a selector loop (tornado needs one) and
 asyncio has no pipes there; a thread per stream works the same on every OS. Both are
-bounded: the reader stops reading while what it holds is unread past ``HIGH_WATER``
-(the child then blocks on its writes), and the writer says how much waits to be written
-so the caller can stop a child that reads nothing.
+bounded: the reader stops reading while ``HIGH_WATER`` bytes it read are not yet taken
+(counted in its thread, so a busy loop cannot let it run ahead; the child then blocks on
+its writes), and the writer says how much waits to be written, so the caller can stop a
+child that reads nothing. ``close`` ends both threads and drops what they hold.
 """
 
 from __future__ import annotations
@@ -25,33 +26,40 @@ class PipeReader:
 
     def __init__(self, pipe: IO[bytes], loop: asyncio.AbstractEventLoop, name: str):
         self.loop = loop
-        self._buffer = bytearray()
+        self._pipe = pipe
+        self._buffer = bytearray()  # on the loop: fed, not yet taken
         self._eof = False
         self._waiter: asyncio.Future[None] | None = None
-        self._room = threading.Event()  # set while the buffer is under HIGH_WATER
-        self._room.set()
-        self._fd = pipe.fileno()
+        # Bytes read and not yet taken, counted where they are read: the thread waits
+        # while there are HIGH_WATER of them.
+        self._unread = 0
+        self._room = threading.Condition()
+        self._closed = False
         threading.Thread(target=self._pump, name=name, daemon=True).start()
 
     def _pump(self) -> None:
         while True:
-            self._room.wait()
+            with self._room:
+                while self._unread >= HIGH_WATER and not self._closed:
+                    self._room.wait()
+                if self._closed:
+                    return
             try:
-                chunk = os.read(self._fd, _CHUNK)
-            except OSError:
+                chunk = os.read(self._pipe.fileno(), _CHUNK)
+            except (OSError, ValueError):  # (ValueError: closed under us)
                 chunk = b""
+            with self._room:
+                self._unread += len(chunk)
             try:
                 self.loop.call_soon_threadsafe(self._feed, chunk)
             except RuntimeError:  # the loop is closed: no one reads any more
                 return
             if not chunk:
                 return
-            if len(self._buffer) >= HIGH_WATER:
-                self._room.clear()  # (re-checked by the loop, which may set it again)
-                if len(self._buffer) < HIGH_WATER:
-                    self._room.set()
 
     def _feed(self, chunk: bytes) -> None:
+        if self._closed:
+            return
         if chunk:
             self._buffer += chunk
         else:
@@ -61,7 +69,7 @@ class PipeReader:
 
     async def readexactly(self, size: int) -> bytes:
         while len(self._buffer) < size:
-            if self._eof:
+            if self._eof or self._closed:
                 partial = bytes(self._buffer)
                 self._buffer.clear()
                 raise asyncio.IncompleteReadError(partial, size)
@@ -72,21 +80,36 @@ class PipeReader:
                 self._waiter = None
         data = bytes(self._buffer[:size])
         del self._buffer[:size]
-        if len(self._buffer) < HIGH_WATER:
-            self._room.set()
+        with self._room:
+            self._unread -= size
+            self._room.notify()
         return data
+
+    def close(self) -> None:
+        """Stop reading (the thread ends), drop what was read, close the pipe."""
+        with self._room:
+            self._closed = True
+            self._room.notify()
+        self._buffer = bytearray()
+        self._feed(b"")  # a reader still waiting gets IncompleteReadError
+        try:
+            self._pipe.close()
+        except OSError:
+            pass
 
 
 class PipeWriter:
-    """Writes to a pipe in order, from a thread: ``write`` never blocks the loop."""
+    """Writes to a pipe in order, from a thread: ``write`` never blocks the loop (the
+    running one, which it is made on)."""
 
     def __init__(self, pipe: IO[bytes], name: str):
+        self.loop = asyncio.get_running_loop()
         self._pipe = pipe
         self._queue: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
         self._waiting = 0  # bytes queued and not yet written
         self._lock = threading.Lock()
         self._broken = False
-        self._empty = threading.Event()  # set while nothing waits to be written
+        self._empty = asyncio.Event()  # on the loop: nothing waits to be written
         self._empty.set()
         threading.Thread(target=self._pump, name=name, daemon=True).start()
 
@@ -100,18 +123,29 @@ class PipeWriter:
                 self._broken = True  # the child is gone: the reader says so
             with self._lock:
                 self._waiting -= len(data)
-                if not self._waiting:
-                    self._empty.set()
-        self._empty.set()
+                emptied = not self._waiting
+            if emptied:
+                self._say_empty()
+        self._say_empty()
         try:
             self._pipe.close()
         except OSError:
             pass
 
+    def _say_empty(self) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self._set_empty)
+        except RuntimeError:  # the loop is closed
+            pass
+
+    def _set_empty(self) -> None:
+        if not self._waiting or self._broken:
+            self._empty.set()
+
     def write(self, data: bytes) -> None:
         with self._lock:
             self._waiting += len(data)
-            self._empty.clear()
+        self._empty.clear()
         self._queue.put(data)
 
     def waiting(self) -> int:
@@ -119,9 +153,7 @@ class PipeWriter:
 
     async def drained(self) -> None:
         """Until everything written has gone into the pipe (or the child is gone)."""
-        while not await asyncio.to_thread(self._empty.wait, 1.0):
-            if self._broken:
-                return
+        await self._empty.wait()
 
     def close(self) -> None:
         self._queue.put(None)

@@ -4,8 +4,14 @@
 // not passed on but sets Pyodide's interrupt buffer at once, as SIGINT does in the
 // process sandbox (signals do not exist on Windows, and Deno only sees them between
 // turns of a loop that Python blocks).
+//
+// Reading never waits for the ring: what does not fit waits in a queue, moved on as
+// Python takes from the ring, so an interrupt behind megabytes of answers still gets
+// through. The queue is bounded (QUEUE_MOST): past it, stdin waits, and the kernel,
+// whose replies then go unread, stops the sandbox (sandbox/process.py MAX_UNREAD).
 const HEADER = 9; // kind (1 byte) and length (8 bytes, big-endian): repl/bridge.py
-const INTERRUPT = 0x49; // "I"
+const INTERRUPT = 0x49; // bridge.INTERRUPT_KIND, "I"
+const QUEUE_MOST = 48 * 2 ** 20;
 
 let interrupt = null; // Pyodide's interrupt buffer
 let alarm = null; // a replay's time limit (pyodide_worker.WasmWorker.stop_after)
@@ -28,30 +34,47 @@ self.onmessage = ({ data }) => {
 const read = async (ring, state) => {
   const bytes = new Uint8Array(ring);
   const size = bytes.length; // a power of two
-  const header = new Uint8Array(HEADER);
-  let have = 0; // bytes of a header read so far
-  let left = 0; // bytes of a frame's body still to come
+  const queue = []; // pieces for the ring, in order
+  let queued = 0; // their bytes
+  let moving = false; // a task is moving them
+  let moved = Promise.resolve(); // the last such task
+  let roomWaiter = null; // stdin's wait for the queue to shrink
 
-  // Into the ring, waiting while it is full: state[0] counts bytes written, state[1]
-  // bytes read, both modulo 2**32.
-  const put = (data) => {
-    let at = 0;
-    while (at < data.length) {
+  // As much of the queue as the ring has room for: state[0] counts bytes written,
+  // state[1] bytes read, both modulo 2**32. When the ring is full, wait (without
+  // blocking this thread) for Python to read.
+  const move = async () => {
+    moving = true;
+    while (queue.length) {
       const written = Atomics.load(state, 0), read = Atomics.load(state, 1);
       const free = size - ((written - read) | 0);
       if (free === 0) {
-        Atomics.wait(state, 1, read);
+        const waited = Atomics.waitAsync(state, 1, read);
+        if (waited.async) await waited.value;
         continue;
       }
+      const piece = queue[0];
       const start = written & (size - 1);
-      const n = Math.min(free, data.length - at, size - start);
-      bytes.set(data.subarray(at, at + n), start);
+      const n = Math.min(free, piece.length, size - start);
+      bytes.set(piece.subarray(0, n), start);
       Atomics.store(state, 0, (written + n) | 0);
       Atomics.notify(state, 0);
-      at += n;
+      if (n === piece.length) queue.shift();
+      else queue[0] = piece.subarray(n);
+      queued -= n;
+      if (roomWaiter && queued < QUEUE_MOST) roomWaiter();
     }
+    moving = false;
+  };
+  const put = (piece) => {
+    queue.push(piece.slice()); // (stdin's chunk may be reused)
+    queued += piece.length;
+    if (!moving) moved = move();
   };
 
+  const header = new Uint8Array(HEADER);
+  let have = 0; // bytes of a header read so far
+  let left = 0; // bytes of a frame's body still to come
   for await (const chunk of Deno.stdin.readable) {
     let i = 0;
     while (i < chunk.length) {
@@ -74,7 +97,10 @@ const read = async (ring, state) => {
       put(header);
       left = length;
     }
+    if (queued >= QUEUE_MOST) await new Promise((resolve) => (roomWaiter = resolve));
+    roomWaiter = null;
   }
+  await moved;
   Atomics.store(state, 2, 1); // the kernel closed our stdin
   Atomics.notify(state, 0);
 };

@@ -46,6 +46,14 @@ const interrupt = new Int32Array(new SharedArrayBuffer(4));
 const reader = new Worker(new URL("./reader.js", import.meta.url).href, { type: "module" });
 reader.postMessage({ ring, state, interrupt });
 
+// What would let model code write to disk or run beside the step, past Deno's
+// permissions: Web Storage and the Cache API write under DENO_DIR without asking for
+// write access (and outlive the run), and a Worker runs on after a step is stopped.
+for (const name of ["localStorage", "sessionStorage", "caches", "Worker", "SharedWorker"]) {
+  delete globalThis[name];
+  if (name in globalThis) throw new Error(`the sandbox could not remove ${name}`);
+}
+
 const pyodide = await load();
 await Deno.permissions.revoke({ name: "read" });
 pyodide.setInterruptBuffer(interrupt);

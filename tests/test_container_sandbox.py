@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import time
 import pytest
 import pytest_asyncio
 
+from rlm_magic.errors import SandboxError
 from rlm_magic.repl.backends import container
 from rlm_magic.repl.base import SandboxSettings
 from rlm_magic.repl.carried import SessionStart
@@ -146,6 +148,9 @@ async def test_what_model_code_tries_against_the_kernel_fails(repl, tmp_path):
         "kernel port": f"socket.create_connection(('127.0.0.1', {server.getsockname()[1]}), 2)",
         "internet": "socket.create_connection(('1.1.1.1', 443), 2)",
         "root": "open('/usr/evil', 'w')",
+        "pid 1's environment": "open('/proc/1/environ', 'rb').read()",
+        "pid 1's stderr": "open('/proc/1/fd/2', 'wb')",
+        "pid 1's memory": "open('/proc/1/mem', 'rb')",
         "disk": "open('big', 'wb').write(b'x' * (80 * 2**20))",
     }
     code = "import json, os, socket\nfailed = {}\n"
@@ -156,8 +161,7 @@ async def test_what_model_code_tries_against_the_kernel_fails(repl, tmp_path):
         )
     code += (
         "os.path.exists('big') and os.remove('big')\n"
-        f"failed['key'] = any({FAKE_KEY!r} in v for v in os.environ.values()) or "
-        f"{FAKE_KEY.encode()!r} in open('/proc/1/environ', 'rb').read()\n"
+        f"failed['key'] = any({FAKE_KEY!r} in v for v in os.environ.values())\n"
         "print(json.dumps(failed))"
     )
     try:
@@ -173,6 +177,9 @@ async def test_what_model_code_tries_against_the_kernel_fails(repl, tmp_path):
         "kernel port": "Connection refused",  # the container's own loopback
         "internet": "Network is unreachable",
         "root": "Read-only file system",
+        "pid 1's environment": "Permission denied",  # the supervisor's: not model code's
+        "pid 1's stderr": "Permission denied",
+        "pid 1's memory": "Permission denied",
         "disk": "No space left on device",
         "key": False,
     }
@@ -300,3 +307,113 @@ async def test_an_image_that_is_not_built_is_said_in_one_line_naming_the_command
     why = container.unavailable()
     assert why is not None and "\n" not in why
     assert "localhost/rlm-no-such-image" in why and why.endswith(container.BUILD_IMAGE)
+
+
+def _pipes() -> set[str]:
+    """The pipes this process holds open (``pipe:[inode]``: a new pipe has a new inode)."""
+    held = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue  # closed since listed
+        if target.startswith("pipe:"):
+            held.add(target)
+    return held
+
+
+async def test_a_closed_sandbox_leaves_none_of_its_pipes_open_in_the_kernel():
+    before = _pipes()
+    sandbox = _new_repl()
+    await sandbox.start()
+    assert (await sandbox.run("print(1)")).as_text() == "1"
+    assert _pipes() - before  # its stdout and stderr, at least
+    await sandbox.aclose()
+    assert await eventually(lambda: not _pipes() - before, timeout=5), _pipes() - before
+
+
+async def test_a_container_that_never_answers_the_handshake_fails_in_one_line_and_is_removed(
+    monkeypatch,
+):
+    monkeypatch.setattr(container, "HANDSHAKE_S", 1.0)
+    monkeypatch.setattr(container, "BOOT", "import time\ntime.sleep(600)")
+    stalled = _new_repl()
+    started = time.perf_counter()
+    await stalled.start()
+    try:
+        with pytest.raises(SandboxError) as raised:
+            await stalled.run("pass")
+        name = stalled._sandbox.name
+    finally:
+        await stalled.aclose()
+    why = str(raised.value)
+    assert "did not start within 1s" in why and "\n" not in why
+    assert time.perf_counter() - started < 15
+    assert name not in _containers()
+
+
+async def test_a_forged_exit_line_does_not_make_the_kernel_say_the_sandbox_ran_out_of_memory():
+    """Model code (the supervisor's uid) writes the line pid 1 ends with, saying "oom",
+    and keeps pid 1 from writing its own (a SIGINT storm from an orphan); then it dies."""
+    forger = _new_repl()
+    await forger.start()
+    try:
+        died = await forger.run(
+            "import os, signal, time\n"
+            f"line = b'\\n{container.EXIT_MARK} oom\\n'\n"
+            "if os.fork() == 0:\n"
+            "    try:\n"
+            "        with open('/proc/1/fd/2', 'wb', buffering=0) as err:\n"
+            "            err.write(line)\n"
+            "    except OSError:\n"
+            "        pass\n"
+            "    while True:\n"
+            "        os.kill(1, signal.SIGINT)\n"
+            "time.sleep(0.3)\n"
+            "os.kill(os.getpid(), signal.SIGKILL)"
+        )
+    finally:
+        await forger.aclose()
+    assert "ran out of memory" not in died.error
+    assert "the sandbox process died (SIGKILL)" in died.error
+
+
+async def test_an_exit_line_without_this_launchs_token_is_not_believed():
+    said = f"\n{container.EXIT_MARK} oom\n{container.EXIT_MARK} wrong-token oom\n".encode()
+    assert container.how_it_ended(said, "right-token") is None
+    said += f"{container.EXIT_MARK} right-token signal 9\n".encode()
+    assert container.how_it_ended(said, "right-token") == "signal 9"
+
+
+async def test_the_runtimes_configuration_cannot_hand_the_kernels_environment_to_the_sandbox(
+    tmp_path, monkeypatch
+):
+    """podman's containers.conf may pass the client's variables on (env_host, env): the
+    client gets none of the kernel's, and the container none of the client's."""
+    found = _runtime()
+    if found.name != "podman":
+        pytest.skip("containers.conf is podman's")
+    conf = tmp_path / "containers.conf"
+    conf.write_text('[containers]\nenv_host = true\nenv = ["RLM_TEST_SECRET"]\n')
+    monkeypatch.setenv("CONTAINERS_CONF", str(conf))
+    monkeypatch.setenv("RLM_TEST_SECRET", FAKE_KEY)
+    client = container.client_environment()
+    assert "RLM_TEST_SECRET" not in client and client["CONTAINERS_CONF"] == str(conf)
+    show = "import os; print(os.environ.get('RLM_TEST_SECRET'))"
+    plain = subprocess.run(
+        [found.binary, "run", "--rm", *found.flags, *container._ulimits(), container.image()]
+        + ["python3", "-c", show],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if plain.stdout.strip() != FAKE_KEY:  # what this test guards against must happen here
+        pytest.skip(f"this podman does not pass the configured variables on: {plain.stderr}")
+    sandbox = _new_repl()
+    await sandbox.start()
+    try:
+        seen = (await sandbox.run(show)).as_text()
+        isolation = sandbox.isolation
+    finally:
+        await sandbox.aclose()
+    assert seen == "None" and isolation is not None and isolation["environment"] is True

@@ -15,6 +15,17 @@ The bridge is the container's stdin and stdout (``-i``), read and written by thr
 (``sandbox.pipes``). A step is stopped by an interrupt frame that the worker turns into
 SIGINT on its main thread (the namespace is kept); a container that does not stop is
 killed with ``<runtime> kill`` and removed with ``<runtime> rm -f``.
+
+The runtime's client gets none of the kernel's environment either (``_CLIENT_ENVIRONMENT``:
+where its configuration, storage and daemon are), so a ``containers.conf`` that passes
+the client's variables on has none of the kernel's to pass. Its pid 1, a supervisor,
+says how the worker ended on stderr under a token of this launch that model code never
+holds (``stream_worker.run``): the kernel believes no other such line, so model code
+cannot make it tell the user the memory limit killed a sandbox it killed itself.
+
+Why one module: the container's command, its client's environment and the process that
+runs it are one contract with ``stream_worker`` (the boot frames, the exit line), read
+together when either side changes.
 """
 
 from __future__ import annotations
@@ -28,13 +39,13 @@ import subprocess
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ...errors import SandboxError
 from .. import bridge
 from ..base import SandboxSettings
 from ..sandbox import pipes
-from ..sandbox.process import SandboxProcess
+from ..sandbox.process import CARRIED_LOAD_S, SandboxProcess
 
 RUNTIMES = ("podman", "docker")
 DEFAULT_IMAGE = "localhost/rlm-sandbox"
@@ -43,11 +54,27 @@ USER = "65534:65534"  # nobody
 LABEL = "rlm-magic.sandbox"  # on every sandbox container: `podman ps -a --filter label=...`
 HOST = Path(__file__).with_name("container_host")
 _REPL = Path(__file__).parent.parent  # rlm_magic/repl: the worker's shared code
-INTERRUPT = b"I" + (0).to_bytes(8, "big")  # stream_worker.INTERRUPT: SIGINT, in band
 EXIT_MARK = "rlm-sandbox exit:"  # stream_worker.EXIT_MARK: how the worker ended
+# From the first byte written to 'ready': a container start, and the carried variables'
+# load, which has its own limit inside this one.
+HANDSHAKE_S = 60 + CARRIED_LOAD_S
 _STDERR_KEPT = 4096
 _GRACE_S = 0.5  # for a container to end at its bridge's end, before it is killed
 _PROXIES = ("HTTP_PROXY", "HTTPS_PROXY", "FTP_PROXY", "NO_PROXY", "ALL_PROXY")
+# The kernel's variables the runtime's client gets: where it finds its programs, its
+# configuration, storage and daemon (podman, docker; Windows' own). No others: podman's
+# containers.conf may hand the client's environment to the container (env_host, env).
+_CLIENT_ENVIRONMENT = (
+    *("PATH", "HOME", "TMPDIR", "DBUS_SESSION_BUS_ADDRESS"),
+    *("XDG_RUNTIME_DIR", "XDG_CONFIG_HOME", "XDG_DATA_HOME"),
+    *("CONTAINERS_CONF", "CONTAINERS_CONF_OVERRIDE", "CONTAINERS_STORAGE_CONF"),
+    *("CONTAINERS_REGISTRIES_CONF", "REGISTRIES_CONFIG_PATH", "CONTAINER_HOST"),
+    *("CONTAINER_CONNECTION", "CONTAINER_SSHKEY", "STORAGE_DRIVER", "STORAGE_OPTS"),
+    *("DOCKER_HOST", "DOCKER_CONFIG", "DOCKER_CONTEXT", "DOCKER_CERT_PATH"),
+    *("DOCKER_TLS_VERIFY", "DOCKER_API_VERSION"),
+    *("SYSTEMROOT", "SYSTEMDRIVE", "WINDIR", "USERPROFILE", "APPDATA", "LOCALAPPDATA"),
+    *("PROGRAMDATA", "TEMP", "TMP", "COMSPEC", "PATHEXT"),
+)
 
 # The container's command: read the first frame (the worker's code) from stdin and run
 # stream_worker.run with it. Nothing else of the package is in the container.
@@ -154,8 +181,19 @@ def _try(found: Runtime, image: str) -> Runtime | str:
 _PROBE = SandboxSettings(memory_mb=64, disk_mb=1, max_processes=8)
 
 
+def client_environment() -> dict[str, str]:
+    """The runtime client's whole environment (``_CLIENT_ENVIRONMENT``)."""
+    return {name: os.environ[name] for name in _CLIENT_ENVIRONMENT if name in os.environ}
+
+
 def _run(command: list[str]) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(command, capture_output=True, stdin=subprocess.DEVNULL, timeout=60)
+    return subprocess.run(
+        command,
+        capture_output=True,
+        stdin=subprocess.DEVNULL,
+        timeout=60,
+        env=client_environment(),
+    )
 
 
 def _last_line(said: bytes) -> str:
@@ -189,9 +227,11 @@ def _command(found: Runtime, name: str, settings: SandboxSettings, code: str) ->
         command += [f"--memory={settings.memory_mb}m", f"--memory-swap={settings.memory_mb}m"]
     if found.name == "podman":
         # Podman's own defaults: a tmpfs on /tmp, /run and /var/tmp under --read-only, the
-        # client's proxy variables in the container, and rlimits its runtime (our child)
-        # may not raise past ours.
+        # client's proxy variables in the container, containers.conf's variables and the
+        # client's (env, env_host), and rlimits its runtime (our child) may not raise past
+        # ours. --unsetenv-all drops podman's and the image's; ours (--env) stay.
         command += ["--read-only-tmpfs=false", "--http-proxy=false", *_ulimits()]
+        command += ["--env-host=false", "--unsetenv-all"]
     else:
         # The docker client adds the proxies of its config.json unless they are set.
         command += [f"--env={var}=" for name in _PROXIES for var in (name, name.lower())]
@@ -222,7 +262,8 @@ _boot_frame: bytes | None = None
 
 
 def boot_frame() -> bytes:
-    """The first frame the container reads: the worker's code (read once)."""
+    """The first frame the container reads: the worker's code (read once). Its second
+    is ``token_frame``."""
     global _boot_frame
     if _boot_frame is None:
         files = {
@@ -235,11 +276,28 @@ def boot_frame() -> bytes:
     return _boot_frame
 
 
+def token_frame(token: str) -> bytes:
+    """The second frame: this launch's token, which pid 1 reads once the worker is
+    forked (so the worker's memory never holds it) and prefixes its exit line with."""
+    return bridge.frame({"op": "token", "token": token})
+
+
+def how_it_ended(said: bytes, token: str) -> str | None:
+    """What pid 1's exit line in ``said`` (the container's stderr) says ("oom",
+    "signal 9", "status 1"), if one carries ``token``; another line is not believed."""
+    mark = f"{EXIT_MARK} {token} "
+    lines = said.decode("utf-8", "replace").splitlines()
+    how = next((line for line in reversed(lines) if line.startswith(mark)), None)
+    return None if how is None else how[len(mark) :].strip()
+
+
 def _in_background(command: list[str]) -> None:
     """Run a runtime command without waiting for it (a thread reaps it)."""
     quiet = subprocess.DEVNULL
     try:
-        started = subprocess.Popen(command, stdin=quiet, stdout=quiet, stderr=quiet)
+        started = subprocess.Popen(
+            command, stdin=quiet, stdout=quiet, stderr=quiet, env=client_environment()
+        )
     except OSError:
         return
     threading.Thread(target=started.wait, name="rlm-container-kill", daemon=True).start()
@@ -269,6 +327,7 @@ class ContainerProcess(SandboxProcess):
         self.relays = False
         self.frame_size = 0
         self.killed = False  # by the kernel: ``kill`` asks the runtime once
+        self.token = tokens.token_hex(16)  # pid 1's exit line carries it (how_it_ended)
         assert process.stdout is not None and process.stdin is not None
         self.reader = pipes.PipeReader(process.stdout, loop, "rlm-container-out")  # type: ignore[assignment]
         self.pipe = pipes.PipeWriter(process.stdin, "rlm-container-in")
@@ -279,9 +338,14 @@ class ContainerProcess(SandboxProcess):
     def _keep_stderr(self) -> None:
         stderr = self.process.stderr
         assert stderr is not None
-        while line := stderr.readline(_STDERR_KEPT):
-            self.said = (self.said + line)[-_STDERR_KEPT:]
-        self.said_all.set()
+        try:
+            while line := stderr.readline(_STDERR_KEPT):
+                self.said = (self.said + line)[-_STDERR_KEPT:]
+        except (OSError, ValueError):
+            pass
+        finally:
+            stderr.close()  # here, at its end: no other thread reads it
+            self.said_all.set()
 
     def init_fields(self, settings: SandboxSettings, isolate: bool) -> dict[str, Any]:
         """What the worker checks the container's layers against."""
@@ -291,14 +355,21 @@ class ContainerProcess(SandboxProcess):
     async def handshake(
         self, init: bytes, pickled: bytes, carried: tuple[bytes, ...] | None = None
     ) -> Any:
-        parts = [boot_frame(), init, bridge.pickle_frame_header(len(pickled)), pickled]
+        parts = [boot_frame(), token_frame(self.token), init]
+        parts += [bridge.pickle_frame_header(len(pickled)), pickled]
         if carried is not None:  # one frame, written part by part: never joined
             parts += [bridge.pickle_frame_header(sum(map(len, carried)), bridge.DATA), *carried]
         for part in parts:
             self.pipe.write(part)
-        ready = self.await_ready(carried is not None)
         try:
-            return await ready
+            return await asyncio.wait_for(self.await_ready(carried is not None), HANDSHAKE_S)
+        except asyncio.TimeoutError:
+            said = self.said.decode("utf-8", "replace").split("\n")
+            last = next((line.strip()[:200] for line in reversed(said) if line.strip()), "")
+            raise SandboxError(
+                f"the container sandbox did not start within {HANDSHAKE_S:g}s"
+                + (f": its stderr ends {last!r}" if last else " (nothing on its stderr)")
+            ) from None
         except (asyncio.IncompleteReadError, ConnectionError) as exc:
             why = await self.exit_reason()
             raise SandboxError(f"the container sandbox did not start: {why} ({exc})") from None
@@ -315,7 +386,7 @@ class ContainerProcess(SandboxProcess):
         """SIGINT goes in band (the worker raises it on its main thread, namespace kept);
         any other signal kills the container."""
         if signum == signals.SIGINT:
-            self.pipe.write(INTERRUPT)
+            self.pipe.write(bridge.INTERRUPT)
         else:
             self.kill()
 
@@ -330,8 +401,9 @@ class ContainerProcess(SandboxProcess):
         await asyncio.to_thread(self.end_now)
 
     def end_now(self) -> None:
-        """End the container, wait for the runtime's client, and remove the container
-        whatever state it was left in (a client killed before it could)."""
+        """End the container, wait for the runtime's client, remove the container
+        whatever state it was left in (a client killed before it could), and close the
+        kernel's ends of its pipes."""
         self.pipe.close()  # the worker ends at its bridge's end: faster than a kill
         try:
             self.process.wait(_GRACE_S)
@@ -349,6 +421,13 @@ class ContainerProcess(SandboxProcess):
             _run(remove)
         except (OSError, subprocess.TimeoutExpired):
             pass
+        self._close_pipes()
+
+    def _close_pipes(self) -> None:
+        """Its stdout, with the reader that reads it (stdin is closed by its writer;
+        stderr by the thread that reads it, at its end, which the client's exit brings)."""
+        cast(pipes.PipeReader, self.reader).close()
+        self.said_all.wait(1)
 
     async def exit_reason(self) -> str:
         try:
@@ -356,12 +435,11 @@ class ContainerProcess(SandboxProcess):
         except asyncio.TimeoutError:
             return "it closed the bridge"
         await asyncio.to_thread(self.said_all.wait, 1)
-        said = self.said.decode("utf-8", "replace").strip().splitlines()
-        how = next((line for line in reversed(said) if line.startswith(EXIT_MARK)), None)
+        how = how_it_ended(self.said, self.token)
         if how is None:
+            said = self.said.decode("utf-8", "replace").strip().splitlines()
             reason = f"the sandbox's container ended (status {code})"
             return f"{reason}: {said[-1][:300]}" if said else reason
-        how = how[len(EXIT_MARK) :].strip()
         if how == "oom":
             return (
                 "the sandbox ran out of memory: its container's limit of "
@@ -394,6 +472,7 @@ def _start(command: list[str]) -> subprocess.Popen[bytes]:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,  # the notebook's Ctrl-C is not the sandbox's
+            env=client_environment(),
         )
     except OSError as exc:
         raise SandboxError(f"the container sandbox could not start: {exc}") from None

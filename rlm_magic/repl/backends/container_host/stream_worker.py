@@ -9,6 +9,12 @@ worker dies, says on stderr how (the memory cgroup's OOM kills are told apart fr
 other deaths), and the child is the worker. The container is the isolation: the worker
 applies no layer of its own; it checks the container's from inside and reports them.
 
+Model code runs as pid 1's uid, so pid 1 keeps what it says out of model code's reach:
+it is not dumpable (its ``/proc/1`` files, descriptors and memory are closed to that
+uid, and it cannot be traced), it ignores SIGINT (an orphan's storm cannot stop its
+last line), and its exit line carries a token of this launch it reads from the bridge
+after the fork, so the worker's memory never holds it (``container.how_it_ended``).
+
 Runs inside the container only (Python 3.11 of the image, standard library only).
 """
 
@@ -16,6 +22,7 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.util
+import json
 import os
 import signal
 import sys
@@ -24,10 +31,10 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-# The kind of an interrupt frame (no body): the kernel's SIGINT (container.INTERRUPT).
-INTERRUPT = b"I"
-# What pid 1 writes on stderr when the worker is gone (container.exit_reason reads it).
+# What pid 1 writes on stderr when the worker is gone, with its token and how
+# (container.how_it_ended reads it).
 EXIT_MARK = "rlm-sandbox exit:"
+_PR_SET_DUMPABLE = 4  # prctl(2)
 # The environment the kernel gives (container.launch) and what the runtime and Python
 # add; a proxy variable the docker client would add is overridden empty.
 _ENVIRONMENT = {"PATH", "HOME", "TMPDIR", "LANG", "LC_CTYPE", "HOSTNAME", "TERM", "container"}
@@ -65,10 +72,17 @@ class _FromMemory(importlib.abc.MetaPathFinder, importlib.abc.InspectLoader):
 
 
 def run(files: dict[str, str]) -> None:
-    """pid 1's part: fork the worker, reap every process, and say how the worker ended."""
+    """pid 1's part: fork the worker, read this launch's token, reap every process, and
+    say how the worker ended under the token."""
     counted = _oom_kills()
+    _dumpable(False)  # before the fork: closed to model code's uid from its start
+    go, went = os.pipe()
     child = os.fork()
     if child == 0:
+        os.close(went)
+        os.read(go, 1)  # until pid 1 has read its token off the bridge (or is gone)
+        os.close(go)
+        _dumpable(True)  # its own /proc/self again (oom_score_adj, status)
         try:
             _be_the_worker(files)
         except BaseException:  # noqa: BLE001 - said on stderr (the kernel quotes it)
@@ -76,16 +90,23 @@ def run(files: dict[str, str]) -> None:
 
             traceback.print_exc(limit=-1)
         os._exit(1)
+    # The kernel's interrupts are the worker's (in band); an orphan's storm of SIGINT
+    # cannot stop pid 1 before its last line.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.close(go)
+    try:
+        token = str(json.loads(_read_frame(0))["token"])
+    except (EOFError, OSError, ValueError, KeyError, TypeError):
+        os._exit(1)  # the kernel is gone, or sent something else: no worker to watch
+    os.close(went)  # the worker goes on; the bridge is its alone
     null = os.open(os.devnull, os.O_RDWR)
-    os.dup2(null, 0)  # the bridge is the worker's alone
+    os.dup2(null, 0)
     os.dup2(null, 1)
     while True:
         try:
             pid, status = os.wait()
         except ChildProcessError:
             os._exit(1)
-        except KeyboardInterrupt:
-            continue
         if pid == child:
             break
     if os.WIFSIGNALED(status):
@@ -95,8 +116,35 @@ def run(files: dict[str, str]) -> None:
     else:
         code = os.WEXITSTATUS(status)
         how = f"status {code}"
-    os.write(2, f"\n{EXIT_MARK} {how}\n".encode())
+    os.write(2, f"\n{EXIT_MARK} {token} {how}\n".encode())
     os._exit(code)
+
+
+def _dumpable(dumpable: bool) -> None:
+    """prctl(PR_SET_DUMPABLE): a process that is not dumpable has its /proc files owned
+    by root and cannot be traced or read by its uid's other processes."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(_PR_SET_DUMPABLE, int(dumpable), 0, 0, 0)
+    except (ImportError, OSError, AttributeError):
+        pass  # the token still holds where the memory cannot be read (Yama)
+
+
+def _read_frame(fd: int) -> bytearray:
+    """One frame's body off ``fd`` (a 9-byte header: its kind, its length)."""
+    header = _exactly(fd, 9)
+    return _exactly(fd, int.from_bytes(header[1:], "big"))
+
+
+def _exactly(fd: int, size: int) -> bytearray:
+    data = bytearray()
+    while len(data) < size:
+        chunk = os.read(fd, min(size - len(data), 2**20))
+        if not chunk:
+            raise EOFError("the kernel closed the bridge")
+        data += chunk
+    return data
 
 
 def _oom_kills() -> int:
@@ -162,18 +210,12 @@ def _stream_worker(process_worker: ModuleType) -> Any:
                     view = view[os.write(self.bridge_out, view) :]
 
         def read_exactly(self, size: int) -> bytearray:
-            data = bytearray()
-            while len(data) < size:
-                chunk = os.read(self.bridge_in, min(size - len(data), 2**20))
-                if not chunk:
-                    raise EOFError("the kernel closed the bridge")
-                data += chunk
-            return data
+            return _exactly(self.bridge_in, size)
 
         def receive(self) -> tuple[bytes, bytes | bytearray]:
             while True:
                 header = bytes(self.read_exactly(bridge.HEADER.size))
-                if header[:1] != INTERRUPT:
+                if header[:1] != bridge.INTERRUPT_KIND:
                     break
                 _interrupt_main()  # the kernel's SIGINT, in band
             kind, length = bridge.parse_header(

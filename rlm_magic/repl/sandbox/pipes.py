@@ -38,6 +38,17 @@ class PipeReader:
         threading.Thread(target=self._pump, name=name, daemon=True).start()
 
     def _pump(self) -> None:
+        try:
+            self._read_until_the_end()
+        finally:
+            # Closed here, by the only thread that reads it: a close from another could
+            # let a read land on the descriptor number reused meanwhile.
+            try:
+                self._pipe.close()
+            except OSError:
+                pass
+
+    def _read_until_the_end(self) -> None:
         while True:
             with self._room:
                 while self._unread >= HIGH_WATER and not self._closed:
@@ -86,16 +97,13 @@ class PipeReader:
         return data
 
     def close(self) -> None:
-        """Stop reading (the thread ends), drop what was read, close the pipe."""
+        """Stop reading and drop what was read; the thread closes the pipe as it ends
+        (at once if it waits for room, at the pipe's end once the child is gone)."""
         with self._room:
             self._closed = True
             self._room.notify()
         self._buffer = bytearray()
         self._feed(b"")  # a reader still waiting gets IncompleteReadError
-        try:
-            self._pipe.close()
-        except OSError:
-            pass
 
 
 class PipeWriter:

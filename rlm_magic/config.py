@@ -267,9 +267,11 @@ class RLMConfig(Configurable):
         "(the strongest that works here: 'process' on Linux with user namespaces, "
         "else 'wasm' when Deno is installed).",
     ).tag(config=True)
-    sandbox_memory_mb = Int(4096, help="Address-space limit of a sandbox process, in MB.").tag(
-        config=True
-    )
+    sandbox_memory_mb = Int(
+        4096,
+        help="Memory limit of a sandbox, in MB: address space per process ('process'), "
+        "WebAssembly memory ('wasm'), the container's ('container').",
+    ).tag(config=True)
     sandbox_disk_mb = Int(
         512,
         help="Size of the sandbox's working folder (a tmpfs: it "
@@ -292,8 +294,8 @@ class RLMConfig(Configurable):
     ).tag(config=True)
     sandbox_require_isolation = Bool(
         False,
-        help="Refuse to start a sandbox unless every "
-        "isolation layer holds (user, pid, "
+        help="Refuse to start a sandbox unless every isolation layer its backend "
+        "requires holds (result.isolation lists them: for 'process' user, pid, "
         "filesystem, network, syscalls, processes).",
     ).tag(config=True)
 

@@ -267,7 +267,10 @@ async def test_a_sessions_variables_carry_to_a_new_container_and_it_is_gone_afte
     assert name not in _containers()
 
 
-async def test_a_memory_hog_is_killed_and_said_and_the_next_step_runs_in_a_fresh_container():
+async def test_a_memory_hog_is_killed_and_said_and_the_next_step_runs_in_a_fresh_container(
+    tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)  # the notebook's folder, which the kill must leave alone
     hog = _new_repl(settings=SandboxSettings(memory_mb=128, max_processes=16, disk_mb=8))
     await hog.start()
     try:
@@ -279,6 +282,7 @@ async def test_a_memory_hog_is_killed_and_said_and_the_next_step_runs_in_a_fresh
         await hog.aclose()
     assert "ran out of memory" in killed.error and "limit of 128 MB" in killed.error
     assert LOST in killed.error and after.as_text() == "False ctx"
+    assert list(tmp_path.iterdir()) == []  # (podman's monitor wrote "oom" where it ran)
 
 
 async def test_a_step_that_ignores_the_interrupt_is_killed_with_its_container():

@@ -36,6 +36,7 @@ import secrets as tokens
 import shutil
 import signal as signals
 import subprocess
+import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -422,6 +423,8 @@ class ContainerProcess(SandboxProcess):
         except (OSError, subprocess.TimeoutExpired):
             pass
         self._close_pipes()
+        if self.workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
     def _close_pipes(self) -> None:
         """Its stdout, with the reader that reads it (stdin is closed by its writer;
@@ -458,16 +461,22 @@ async def launch(secrets: tuple[str | None, ...], settings: SandboxSettings) -> 
     if isinstance(found, str):
         raise SandboxError(f"RLM.sandbox = 'container' cannot run here: {found}")
     name = f"rlm-sandbox-{os.getpid()}-{tokens.token_hex(6)}"
-    process = _start(_command(found, name, settings, BOOT))
-    return ContainerProcess(process, asyncio.get_running_loop(), found, name, settings)
+    folder = tempfile.mkdtemp(prefix="rlm-container-")
+    process = _start(_command(found, name, settings, BOOT), folder)
+    sandbox = ContainerProcess(process, asyncio.get_running_loop(), found, name, settings)
+    sandbox.workdir = folder
+    return sandbox
 
 
-def _start(command: list[str]) -> subprocess.Popen[bytes]:
+def _start(command: list[str], folder: str) -> subprocess.Popen[bytes]:
     """The runtime's client, on the loop: a fork and exec of a few milliseconds (the
-    container starts while the kernel sends it the handshake)."""
+    container starts while the kernel sends it the handshake). It runs in ``folder``, a
+    folder of its own: podman's monitor writes files where it runs ("oom" after an
+    out-of-memory kill), which must not land in the notebook's folder."""
     try:
         return subprocess.Popen(
             command,
+            cwd=folder,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -114,3 +114,11 @@ def test_the_package_imports_where_the_posix_only_modules_are_missing():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "wasm"
+
+
+def test_the_runner_loads_the_pyodide_the_kernel_fetches_and_reports_its_layers():
+    runner = (wasm.HOST / "runner.js").read_text()
+    assert f'from "npm:pyodide@{wasm.PYODIDE_VERSION}"' in runner
+    worker = (wasm.HOST / "pyodide_worker.py").read_text()
+    for layer in wasm.WasmProcess.LAYERS:  # the worker says each layer the kernel reads
+        assert f'"{layer}":' in worker, layer

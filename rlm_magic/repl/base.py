@@ -1,6 +1,7 @@
 """What a run needs of a REPL, typed: the ``REPL`` interface both REPLs implement
-(``AsyncREPL`` in threads of this kernel, ``SandboxREPL`` in a process of its own), and
-``SandboxSettings``, the plain values a sandbox runs with.
+(``AsyncREPL`` in threads of this kernel, ``SandboxREPL`` in a sandbox of any backend),
+what each adds for a run's workspace and a session (``IsolatedREPL``, ``KeptREPL``),
+and ``SandboxSettings``, the plain values a sandbox runs with.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from .steps import StepOutput
 
 if TYPE_CHECKING:
     from ..config import RLMConfig
+    from .carried import Carried
 
 # The helpers model code calls, by name: coroutine functions served on the kernel's loop.
 Helpers = dict[str, Callable[..., Coroutine[Any, Any, Any]]]
@@ -83,6 +85,33 @@ class REPL(Protocol):
     def close(self) -> None:
         """``aclose`` without a loop to wait on (the kernel is shutting down)."""
         ...
+
+
+class IsolatedREPL(REPL, Protocol):
+    """A REPL in a sandbox of its own, whichever backend's: started before its first
+    use (while the root model thinks), and, for a session's next question, its
+    variables carried out as plain data (the next question runs in a fresh sandbox)."""
+
+    # The carried variables could not be loaded safely: the session drops them.
+    carried_refused: bool
+
+    async def start(self) -> None: ...
+
+    async def carry_out(self) -> Carried: ...
+
+
+class KeptREPL(REPL, Protocol):
+    """A REPL in this kernel that a session keeps from question to question."""
+
+    def rebind(self, helpers: Helpers, budget: SubCallBudget) -> None:
+        """Serve the next run's helpers, to its budget."""
+        ...
+
+    def mark_carried(self) -> None:
+        """What the namespace holds now is earlier questions' data."""
+        ...
+
+    async def set_context(self, value: Any, names: list[str]) -> None: ...
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .base import REPL, Helpers, SubCallBudget
+from .base import Helpers, KeptREPL, SubCallBudget
 from .capture import OutputSink, routing_installed
 from .provenance import (
     Replayed,
@@ -365,4 +365,4 @@ def _on_loop_thread(loop: asyncio.AbstractEventLoop) -> bool:
 
 
 if TYPE_CHECKING:
-    _: type[REPL] = AsyncREPL  # mypy checks that it has the run's REPL interface
+    _: type[KeptREPL] = AsyncREPL  # mypy checks that it has the interface a session keeps

@@ -26,8 +26,8 @@ from ..repl import backends
 from ..repl.backends import Backend
 
 if TYPE_CHECKING:
+    from ..repl.base import KeptREPL
     from ..repl.carried import Carried
-    from ..repl.inprocess import AsyncREPL
     from .result import RLMResult
 
 
@@ -68,7 +68,7 @@ class RLMSession:
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         # In this kernel: the REPL made by the first run, kept open between runs.
-        self.repl: AsyncREPL | None = None
+        self.repl: KeptREPL | None = None
         self.namespace: dict[str, Any] | None = None
         # Sandboxed: the variables the last question left, as plain data for the next.
         self.carried: Carried | None = None
@@ -106,7 +106,7 @@ class RLMSession:
             finally:
                 self.record(result)
 
-    def keep(self, repl: AsyncREPL, namespace: dict[str, Any] | None = None) -> None:
+    def keep(self, repl: KeptREPL, namespace: dict[str, Any] | None = None) -> None:
         """Keep the in-process REPL a run made, and its namespace, for the next ones."""
         self.repl, self.namespace = repl, namespace
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from ..repl.base import REPL, Helpers
+from ..repl.base import REPL, Helpers, IsolatedREPL
 from ..repl.bridge import BridgeError
 from ..repl.carried import SessionStart
 from ..repl.inprocess import AsyncREPL
@@ -67,6 +67,7 @@ class Workspace:
             else {"__name__": "__rlm__", "__builtins__": repl_builtins()}
         )
         self.repl: REPL | None = None
+        self.isolated: IsolatedREPL | None = None  # the same REPL, when in a sandbox
         self._preexisting = set(self.namespace) if self.live else set()  # the notebook's
         self._touched: list[str] = []
         self._saved: dict[str, Any] = {}
@@ -94,8 +95,8 @@ class Workspace:
         context_names: tuple[str, ...] = (),
         pickled: bytes | None = None,
         session: SessionStart | None = None,
-    ) -> SandboxREPL:
-        return SandboxREPL(
+    ) -> IsolatedREPL:
+        self.isolated = SandboxREPL(
             context,
             self.helpers,
             max_output_chars=self.max_output_chars,
@@ -107,6 +108,7 @@ class Workspace:
             session=session,
             launcher=self.sandbox.launcher or launch_process,
         )
+        return self.isolated
 
     async def _session_repl(self, session: RLMSession, injected: dict[str, Any]) -> None:
         """The session's REPL: a new context joins the earlier ones as context_N and
@@ -175,10 +177,10 @@ class Workspace:
             result.variables = {
                 name: value for name, value in variables.items() if name not in self._preexisting
             }
-            if self.session is not None and isinstance(repl, SandboxREPL):
+            if self.session is not None and self.isolated is not None:
                 try:
                     await asyncio.wait_for(
-                        self._carry(self.session, repl, result),
+                        self._carry(self.session, self.isolated, result),
                         INTERRUPTED_WAIT_S if interrupted else None,
                     )
                 except asyncio.TimeoutError:
@@ -191,7 +193,7 @@ class Workspace:
                 await repl.aclose()  # stopped steps may send nothing more
 
     @staticmethod
-    async def _carry(session: RLMSession, repl: SandboxREPL, result: RLMResult) -> None:
+    async def _carry(session: RLMSession, repl: IsolatedREPL, result: RLMResult) -> None:
         """Keep the model's variables, as plain data, for the session's next question;
         if the sandbox cannot give them, the session keeps those it had."""
         if repl.carried_refused:  # the run failed saying so; the next starts clean

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from ..._terminal_text import visible
 from ...errors import SandboxError
 from .. import bridge, carried
-from ..base import REPL, Helpers, SandboxSettings, SubCallBudget
+from ..base import Helpers, IsolatedREPL, SandboxSettings, SubCallBudget
 from ..bridge import Message
 from ..carried import Carried, SessionStart
 from ..finishers import BLOCK_FINISHES
@@ -527,4 +527,4 @@ class SandboxREPL:
 
 
 if TYPE_CHECKING:
-    _: type[REPL] = SandboxREPL  # mypy checks that it has the run's REPL interface
+    _: type[IsolatedREPL] = SandboxREPL  # mypy checks that it has a sandbox's interface

@@ -694,6 +694,11 @@ if pytest is not None:
             # kernel's user owns, as an ordinary user's own cache is)
             shutil.copytree(_wasm_cache(), victim / "wasm-cache")
             _cache_digests[victim] = _digest(victim / "wasm-cache")
+            if not _reachable(_deno_folder()):
+                # and Deno, from a venv that user cannot enter (a clone in a 0700
+                # folder): found on PATH (_run_attacks)
+                (victim / "deno-bin").mkdir()
+                shutil.copy2(os.path.join(_deno_folder(), "deno"), victim / "deno-bin")
         command = [sys.executable, str(victim / "attack.py"), str(victim), backend]
         if user == "unprivileged":
             # An ordinary id: not 65534, the overflow id every id reads as inside a user
@@ -804,8 +809,6 @@ if pytest is not None:
             users.remove("unprivileged")  # no Python that user may run: skipped below
         started = {}
         runs = [(u, b) for u in users for b in _backends()]
-        if not _reachable(_deno_folder()):  # (a venv under /root: skipped below)
-            runs = [run for run in runs if run != ("unprivileged", "wasm")]
         for user, backend in runs:
             victim, command = _victim(user, backend)
             command, packages = _packages_for(user, victim, command)
@@ -821,7 +824,9 @@ if pytest is not None:
             }
             if backend == "wasm":
                 # Deno from PATH (the other user's Python has not this venv's scripts)
-                env["PATH"] = os.pathsep.join([_deno_folder(), env["PATH"]])
+                copied = victim / "deno-bin"
+                deno = str(copied) if copied.is_dir() else _deno_folder()
+                env["PATH"] = os.pathsep.join([deno, env["PATH"]])
                 env["RLM_WASM_CACHE"] = str(victim / "wasm-cache")
             started[user, backend] = (
                 victim,

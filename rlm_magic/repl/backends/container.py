@@ -47,6 +47,7 @@ from .. import bridge
 from ..base import SandboxSettings
 from ..sandbox import pipes
 from ..sandbox.process import CARRIED_LOAD_S, SandboxProcess
+from . import sources
 
 RUNTIMES = ("podman", "docker")
 DEFAULT_IMAGE = "localhost/rlm-sandbox"
@@ -54,7 +55,6 @@ BUILD_IMAGE = f"bash {Path(__file__).with_name('container_host') / 'build_image.
 USER = "65534:65534"  # nobody
 LABEL = "rlm-magic.sandbox"  # on every sandbox container: `podman ps -a --filter label=...`
 HOST = Path(__file__).with_name("container_host")
-_REPL = Path(__file__).parent.parent  # rlm_magic/repl: the worker's shared code
 EXIT_MARK = "rlm-sandbox exit:"  # stream_worker.EXIT_MARK: how the worker ended
 # From the first byte written to 'ready': a container start, and the carried variables'
 # load, which has its own limit inside this one.
@@ -259,22 +259,10 @@ def _ulimits() -> list[str]:
     return flags
 
 
-_boot_frame: bytes | None = None
-
-
 def boot_frame() -> bytes:
-    """The first frame the container reads: the worker's code (read once). Its second
-    is ``token_frame``."""
-    global _boot_frame
-    if _boot_frame is None:
-        files = {
-            f"rlm_magic/repl/{path.name}": path.read_text("utf-8")
-            for path in sorted(_REPL.glob("*.py"))
-            if path.name != "__init__.py"  # the package's: it would import the rest
-        }
-        files["stream_worker.py"] = (HOST / "stream_worker.py").read_text("utf-8")
-        _boot_frame = bridge.frame({"op": "boot", "files": files})
-    return _boot_frame
+    """The first frame the container reads: the worker's code. Its second is
+    ``token_frame``."""
+    return sources.boot_frame(HOST / "stream_worker.py")
 
 
 def token_frame(token: str) -> bytes:

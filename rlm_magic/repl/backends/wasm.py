@@ -30,14 +30,11 @@ from .. import bridge
 from ..base import SandboxSettings
 from ..sandbox.pipes import PipeReader, PipeWriter
 from ..sandbox.process import CARRIED_LOAD_S, SandboxProcess
+from . import sources
 
 PYODIDE_VERSION = "314.0.8"  # as runner.js imports it
 HOST = Path(__file__).with_name("wasm_host")
 _RUNNER = HOST / "runner.js"
-_REPL = Path(__file__).parent.parent  # rlm_magic/repl: the worker's shared code
-# The worker's code, as it runs inside Pyodide: the REPL's shared modules and the wasm
-# worker (the kernel-side packages, sandbox/ and backends/, are not sent).
-_SENT_PACKAGES = ("",)
 _PAGE = 2**16  # WebAssembly's page
 _STDERR_KEPT = 4096  # of what Deno says when it fails
 _START_S = 60.0  # for Deno to load Pyodide (under a second from the snapshot)
@@ -171,29 +168,12 @@ def _pyodide_folder() -> Path:
     return cache_dir() / "npm" / "registry.npmjs.org" / "pyodide" / PYODIDE_VERSION
 
 
-def _worker_sources() -> dict[str, str]:
-    files = {"rlm_magic/__init__.py": "", "rlm_magic/repl/__init__.py": ""}
-    for package in _SENT_PACKAGES:
-        folder = _REPL / package
-        for path in sorted(folder.glob("*.py")):
-            if path.name == "__init__.py" and not package:
-                continue
-            files[f"rlm_magic/repl/{package + '/' if package else ''}{path.name}"] = path.read_text(
-                "utf-8"
-            )
-    files["pyodide_worker.py"] = (HOST / "pyodide_worker.py").read_text("utf-8")
-    return files
-
-
-_boot_frame: bytes | None = None
-
-
 def boot_frame() -> bytes:
-    """The first frame a wasm sandbox reads: the worker's code (read once)."""
-    global _boot_frame
-    if _boot_frame is None:
-        _boot_frame = bridge.frame({"op": "boot", "files": _worker_sources()})
-    return _boot_frame
+    """The first frame a wasm sandbox reads: the worker's code, and the packages it is
+    imported from (Pyodide imports files: empty ``__init__``s, not the package's)."""
+    return sources.boot_frame(
+        HOST / "pyodide_worker.py", "rlm_magic/__init__.py", "rlm_magic/repl/__init__.py"
+    )
 
 
 class WasmProcess(SandboxProcess):

@@ -30,6 +30,7 @@ from .support.kernels import (  # noqa: E402
     configure,
     interrupt_and_check,
     interrupt_timed,
+    into_the_step_after_its_sub_call,
     kernel_dir,
     ready_kernel,
     run_python,
@@ -426,18 +427,12 @@ def test_interrupt_a_sandboxed_step(rlm_kernel, server, label, code):
     )
     rlm_kernel.run("data = 'some context'")
 
-    def ready_and_running(msg_id):
-        if len(server.requests_for(SUB)) < 1:
-            return False
-        time.sleep(0.3)  # past the sub-call, into the step's last statement
-        return True
-
     usage = interrupt_and_check(
         rlm_kernel,
         server,
         label,
         "%%rlm --sandbox -c data\nWhat is in the data?",
-        ready_and_running,
+        into_the_step_after_its_sub_call(server),
     )
     assert usage["calls"] == 2, usage
     assert rlm_kernel.value("_rlm.sandbox, _rlm.stop_reason") == ("process", "interrupted")

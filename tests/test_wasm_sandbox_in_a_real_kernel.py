@@ -5,15 +5,13 @@ container sandbox (issue 40)."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 pytest.importorskip("jupyter_client")
 
 from rlm_magic.repl.backends import container, wasm  # noqa: E402
 
-from .support.kernels import interrupt_and_check  # noqa: E402
+from .support.kernels import interrupt_and_check, into_the_step_after_its_sub_call  # noqa: E402
 
 pytestmark = pytest.mark.kernel
 needs_wasm = pytest.mark.skipif(wasm.unavailable() is not None, reason=str(wasm.unavailable()))
@@ -117,18 +115,12 @@ def test_an_interrupt_stops_a_sandboxed_step_at_once(rlm_kernel, server, backend
     server.script(ROOT, [f"```repl\nimport time\nprint(llm_query('started'))\n{code}\n```"])
     rlm_kernel.run(f"data = 'some context'\n%config RLM.sandbox = {backend!r}")
 
-    def ready_and_running(msg_id):
-        if len(server.requests_for(SUB)) < 1:
-            return False
-        time.sleep(0.3)  # past the sub-call, into the step's last statement
-        return True
-
     usage = interrupt_and_check(
         rlm_kernel,
         server,
         label,
         "%%rlm -c data\nWhat is in the data?",
-        ready_and_running,
+        into_the_step_after_its_sub_call(server),
         ready_timeout=60,  # the first start may fetch Pyodide
     )
     rlm_kernel.run("%config RLM.sandbox = 'auto'")

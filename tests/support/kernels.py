@@ -233,3 +233,17 @@ def interrupt_and_check(
         "'errors': _u.total.errors - _usage_before.total.errors, "
         "'cancelled': _u.total.cancelled - _usage_before.total.cancelled}"
     )
+
+
+def into_the_step_after_its_sub_call(server):
+    """``interrupt_and_check``'s ``ready`` for a step that makes one sub-call and then
+    runs on: true once the sub-model was asked, and a moment after, so the interrupt
+    lands in the step's last statement."""
+
+    def ready(msg_id: str) -> bool:
+        if len(server.requests_for("sub-model")) < 1:
+            return False
+        time.sleep(0.3)  # past the sub-call, into the step's last statement
+        return True
+
+    return ready
